@@ -1,0 +1,119 @@
+//! The admin listener: `/healthz`, `/metrics`, `/_routes`.
+//! (Per-route `/_…` endpoints live on the main listener, see `routes.rs`.)
+
+
+
+use crate::controller::is_draining;
+use crate::metrics::metrics;
+use crate::registry::{now_ms, Registry};
+use async_trait::async_trait;
+use http::Response;
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use serde_json::json;
+use std::sync::Arc;
+
+pub struct AdminApp {
+    registry: Arc<Registry>,
+}
+
+impl AdminApp {
+    pub fn new(registry: Arc<Registry>) -> Self {
+        AdminApp { registry }
+    }
+}
+
+fn respond(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .header("content-length", body.len())
+        .body(body)
+        .unwrap_or_else(|_| Response::new(Vec::new()))
+}
+
+pub fn json_response(status: u16, value: &serde_json::Value) -> Response<Vec<u8>> {
+    let mut body = serde_json::to_vec_pretty(value).unwrap_or_default();
+    body.push(b'\n');
+    respond(status, "application/json", body)
+}
+
+#[async_trait]
+impl ServeHttp for AdminApp {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let path = session.req_header().uri.path().to_string();
+        match path.as_str() {
+            "/healthz" => {
+                if is_draining() {
+                    json_response(503, &json!({"status": "draining"}))
+                } else {
+                    json_response(200, &json!({"status": "ok"}))
+                }
+            }
+            "/metrics" => {
+                refresh_state_gauges(&self.registry);
+                respond(200, "text/plain; version=0.0.4", metrics().encode())
+            }
+            "/_routes" => json_response(200, &routes_json(&self.registry)),
+            _ => json_response(
+                404,
+                &json!({"error": {"type": "not_found", "message": "admin endpoints: /healthz, /metrics, /_routes"}}),
+            ),
+        }
+    }
+}
+
+/// Mirrors runtime state into the gauges just before a scrape.
+pub fn refresh_state_gauges(registry: &Registry) {
+    let m = metrics();
+    m.in_flight.reset();
+    m.peer_ready.reset();
+    m.session_bindings.reset();
+    let now = now_ms();
+    for (name, route) in registry.snapshot().iter() {
+        let bindings = route.runtime.sessions.bindings_per_peer();
+        for p in &route.peers {
+            let labels = [name.as_str(), p.config.name.as_str()];
+            m.in_flight.with_label_values(&labels).set(p.state.in_flight() as i64);
+            m.peer_ready
+                .with_label_values(&labels)
+                .set(p.state.is_ready(now) as i64);
+            let bound = bindings
+                .iter()
+                .find(|(id, _)| *id == p.state.id)
+                .map(|(_, n)| *n)
+                .unwrap_or(0);
+            m.session_bindings.with_label_values(&labels).set(bound as i64);
+        }
+    }
+}
+
+pub fn routes_json(registry: &Registry) -> serde_json::Value {
+    let now = now_ms();
+    let snapshot = registry.snapshot();
+    let mut names: Vec<&String> = snapshot.keys().collect();
+    names.sort();
+    let routes: Vec<serde_json::Value> = names
+        .into_iter()
+        .filter_map(|name| snapshot.get(name))
+        .map(|route| {
+            let c = &route.config;
+            json!({
+                "name": c.name,
+                "file": c.file.display().to_string(),
+                "mode": c.balancing.mode.as_str(),
+                "max_body_size": c.max_body_size,
+                "peers": route.peers.iter().map(|p| json!({
+                    "name": p.config.name,
+                    "address": p.config.address(),
+                    "priority": p.config.priority,
+                    "max_concurrency": p.config.max_concurrency,
+                    "ready": p.state.is_ready(now),
+                    "in_flight": p.state.in_flight(),
+                })).collect::<Vec<_>>(),
+                "models": c.peers_by_model.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({ "routes": routes })
+}

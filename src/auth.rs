@@ -1,0 +1,782 @@
+//! API keys: the key file, and matching the key a request presents.
+//!
+//! # Key file format
+//!
+//! `key1:owner1,key2:owner2`, or one entry per line, or both mixed. Blank
+//! lines and lines whose first non-blank character is `#` are ignored (a `#`
+//! later in a line is ordinary text). Whitespace around each entry, key and
+//! owner is trimmed, and a UTF-8 byte-order mark at the start is skipped.
+//! Empty entries (`a:x,,b:y`, a trailing comma) are skipped silently.
+//!
+//! Choices, each of which produces a warning when it applies:
+//! - The key is everything before the **first** `:`, the owner everything
+//!   after it, so owners may contain `:` (`svc:team:prod`) and keys may not.
+//!   Generated API keys are token-shaped and never contain `:`, while owner
+//!   labels like `team:service` are common.
+//! - An entry without `:` is accepted as a key owned by `"unknown"`. The
+//!   usual way to get this wrong is a file holding just the key; dropping it
+//!   would leave zero keys, which fails open, so accepting it is the safer
+//!   reading. An empty owner (`key:`) is also recorded as `"unknown"`.
+//! - A key must be printable ASCII without whitespace (what a client can put
+//!   in a header verbatim). Anything else — usually keys separated by spaces
+//!   instead of commas — is dropped.
+//! - A key listed twice keeps its first owner.
+//!
+//! Warnings name the line, the entry and (when known) the owner, never key
+//! text, so they can go straight to the log.
+//!
+//! # Fail-open
+//!
+//! With no usable key file requests are let through (see the README's
+//! "Authentication"): a broken secret that 401s the whole gateway is worse
+//! than a short window without authentication. A file that parses to zero
+//! keys is treated the same way — [`KeySet::is_empty`] means "not
+//! configured" — and reported as status `ok` with 0 keys plus a logged
+//! warning, so `api_keys_configured: false` is the signal to alert on.
+//!
+//! # Matching
+//!
+//! Keys are held only as SHA-256 digests. [`KeySet::check`] hashes the
+//! presented key and compares it with every stored digest in constant time,
+//! without stopping at a match, so response timing reveals neither how much of
+//! a key was right, nor the stored keys' lengths, nor which entry matched.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::ErrorKind;
+use std::path::Path;
+
+use subtle::{Choice, ConditionallySelectable, ConstantTimeEq};
+
+/// Owner recorded for an entry that names none.
+pub const UNKNOWN_OWNER: &str = "unknown";
+
+/// Outcome of reading the key file, as `/_health_status` reports it.
+///
+/// `Missing` and `Unreadable` both fail open but mean opposite things:
+/// missing is presumably deliberate, unreadable is a broken mount or wrong
+/// permissions that an operator has to fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyFileStatus {
+    Ok,
+    Missing,
+    Unreadable,
+}
+
+impl KeyFileStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyFileStatus::Ok => "ok",
+            KeyFileStatus::Missing => "missing",
+            KeyFileStatus::Unreadable => "unreadable",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct KeyEntry {
+    digest: [u8; 32],
+    owner: String,
+}
+
+/// The accepted API keys and their owners.
+///
+/// `Debug` shows the key count and owners only; key material is never held
+/// in clear, so it cannot leak through logs or panics either.
+#[derive(Default, Clone)]
+pub struct KeySet {
+    entries: Vec<KeyEntry>,
+}
+
+impl fmt::Debug for KeySet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let owners: Vec<&str> = self.entries.iter().map(|e| e.owner.as_str()).collect();
+        f.debug_struct("KeySet")
+            .field("keys", &self.entries.len())
+            .field("owners", &owners)
+            .finish()
+    }
+}
+
+impl KeySet {
+    /// Reads and parses the key file, logging what an operator needs to know
+    /// (never key text): an error when the file is missing or unreadable, a
+    /// warning per malformed entry, and a warning when no key survived, since
+    /// that leaves authentication off.
+    ///
+    /// Only "no such file" is `Missing`. Everything else that stops the read
+    /// is `Unreadable`: permissions, a directory, a path through a regular
+    /// file, content that is not UTF-8, and a dangling symlink — Kubernetes
+    /// secret mounts are symlinks, and one pointing nowhere is a broken
+    /// mount, not an absent file. (Mode 000 only reads as `Unreadable` when
+    /// not running as root.)
+    ///
+    /// `Ok` always comes with `Some(set)`, possibly empty; the other statuses
+    /// come with `None`.
+    pub fn load(path: &Path) -> (KeyFileStatus, Option<KeySet>) {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == ErrorKind::NotFound && !is_dangling_symlink(path) => {
+                log::error!(
+                    "api key file {} does not exist: authentication is OFF (fail-open)",
+                    path.display()
+                );
+                return (KeyFileStatus::Missing, None);
+            }
+            Err(error) => {
+                log::error!(
+                    "api key file {} exists but cannot be read ({error}): authentication is OFF (fail-open)",
+                    path.display()
+                );
+                return (KeyFileStatus::Unreadable, None);
+            }
+        };
+        let Ok(text) = String::from_utf8(bytes) else {
+            log::error!(
+                "api key file {} is not valid UTF-8: authentication is OFF (fail-open)",
+                path.display()
+            );
+            return (KeyFileStatus::Unreadable, None);
+        };
+        let (set, warnings) = KeySet::parse(&text);
+        for warning in &warnings {
+            log::warn!("api key file {}: {warning}", path.display());
+        }
+        if set.is_empty() {
+            log::warn!(
+                "api key file {} holds no valid keys: authentication is OFF (fail-open)",
+                path.display()
+            );
+        } else {
+            log::info!("api key file {}: {} keys loaded", path.display(), set.len());
+        }
+        (KeyFileStatus::Ok, Some(set))
+    }
+
+    /// Parses key file text (format in the module docs). Returns the keys
+    /// that were usable and one warning per entry that was dropped or
+    /// reinterpreted; warnings never contain key text.
+    pub fn parse(text: &str) -> (KeySet, Vec<String>) {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let mut entries: Vec<KeyEntry> = Vec::new();
+        let mut warnings = Vec::new();
+        // Where each key was first seen and who owns it, so a duplicate's
+        // warning can point at the original without quoting the key.
+        let mut first_seen: HashMap<[u8; 32], (String, usize)> = HashMap::new();
+
+        for (line_index, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            for (entry_index, entry) in line.split(',').enumerate() {
+                let entry = entry.trim();
+                if entry.is_empty() {
+                    continue;
+                }
+                let location = format!("line {}, entry {}", line_index + 1, entry_index + 1);
+                let (key, owner) = match entry.split_once(':') {
+                    Some((key, owner)) => (key.trim(), owner.trim()),
+                    None => {
+                        warnings.push(format!(
+                            "{location}: no ':' separator; accepted as a key with owner \"{UNKNOWN_OWNER}\""
+                        ));
+                        (entry, "")
+                    }
+                };
+                if key.is_empty() {
+                    warnings.push(format!("{location}: empty key; entry ignored"));
+                    continue;
+                }
+                if !key.bytes().all(|byte| byte.is_ascii_graphic()) {
+                    warnings.push(format!(
+                        "{location} (owner \"{owner}\"): key contains whitespace or characters other than printable ASCII; entry ignored"
+                    ));
+                    continue;
+                }
+                let owner = if owner.is_empty() {
+                    if entry.contains(':') {
+                        warnings.push(format!(
+                            "{location}: empty owner; recorded as \"{UNKNOWN_OWNER}\""
+                        ));
+                    }
+                    UNKNOWN_OWNER
+                } else {
+                    owner
+                };
+                let digest = sha256::digest(key.as_bytes());
+                if let Some((original, kept_index)) = first_seen.get(&digest) {
+                    let kept_owner = entries
+                        .get(*kept_index)
+                        .map_or(UNKNOWN_OWNER, |e| e.owner.as_str());
+                    warnings.push(format!(
+                        "{location}: same key as {original}; the first owner (\"{kept_owner}\") is kept"
+                    ));
+                    continue;
+                }
+                first_seen.insert(digest, (location, entries.len()));
+                entries.push(KeyEntry {
+                    digest,
+                    owner: owner.to_string(),
+                });
+            }
+        }
+        (KeySet { entries }, warnings)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// No keys means authentication is not configured: callers let requests
+    /// through rather than 401 everything (see the module docs).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The owner of `presented` if it is one of the keys, else `None` (always
+    /// `None` for an empty set — the caller decides about fail-open).
+    ///
+    /// Comparison is over SHA-256 digests with `subtle`, visiting every entry
+    /// whatever matches, so the time taken depends only on the number of keys
+    /// and the length of the presented key, which the client already knows.
+    pub fn check(&self, presented: &[u8]) -> Option<&str> {
+        let presented_digest = sha256::digest(presented);
+        let mut matched = Choice::from(0);
+        let mut matched_index = 0u64;
+        for (index, entry) in self.entries.iter().enumerate() {
+            let is_this_key = entry.digest[..].ct_eq(&presented_digest[..]);
+            matched_index =
+                u64::conditional_select(&matched_index, &(index as u64), is_this_key & !matched);
+            matched |= is_this_key;
+        }
+        if !bool::from(matched) {
+            return None;
+        }
+        usize::try_from(matched_index)
+            .ok()
+            .and_then(|index| self.entries.get(index))
+            .map(|entry| entry.owner.as_str())
+    }
+}
+
+fn is_dangling_symlink(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink())
+}
+
+/// The key a request presents: `Authorization: Bearer <key>` (scheme in any
+/// case, surrounding whitespace ignored), else `x-api-key`. OpenAI clients
+/// send the former, Anthropic-style clients the latter. An `Authorization`
+/// header with another scheme, or `Bearer` with nothing after it, does not
+/// hide a usable `x-api-key`.
+pub fn presented_key(headers: &http::HeaderMap) -> Option<&[u8]> {
+    headers
+        .get_all(http::header::AUTHORIZATION)
+        .iter()
+        .find_map(|value| bearer_token(value.as_bytes()))
+        .or_else(|| {
+            headers
+                .get_all("x-api-key")
+                .iter()
+                .map(|value| value.as_bytes().trim_ascii())
+                .find(|key| !key.is_empty())
+        })
+}
+
+fn bearer_token(header_value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = header_value
+        .trim_ascii()
+        .split_at_checked(b"bearer".len())?;
+    let separated = rest
+        .first()
+        .is_some_and(|byte| *byte == b' ' || *byte == b'\t');
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !separated {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// SHA-256 (FIPS 180-4), here only to turn keys into fixed-size digests for
+/// constant-time comparison. It is in-tree because the crate has no hashing
+/// dependency; swapping in the `sha2` crate changes nothing else. The
+/// implementation has no data-dependent branches or table lookups.
+mod sha256 {
+    const ROUND_CONSTANTS: [u32; 64] = [
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+        0xc67178f2,
+    ];
+
+    const INITIAL_STATE: [u32; 8] = [
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+        0x5be0cd19,
+    ];
+
+    const BLOCK_LEN: usize = 64;
+    /// The message length trailer occupies the last 8 bytes of the final block.
+    const LENGTH_OFFSET: usize = BLOCK_LEN - 8;
+
+    pub(super) fn digest(message: &[u8]) -> [u8; 32] {
+        let mut state = INITIAL_STATE;
+        let mut blocks = message.chunks_exact(BLOCK_LEN);
+        for block in &mut blocks {
+            compress(&mut state, block);
+        }
+
+        // Padding: 0x80, zeros, then the bit length; it spills into a second
+        // block when the tail leaves no room for the 0x80 and the length.
+        let tail = blocks.remainder();
+        let mut final_blocks = [0u8; 2 * BLOCK_LEN];
+        final_blocks[..tail.len()].copy_from_slice(tail);
+        final_blocks[tail.len()] = 0x80;
+        let final_len = if tail.len() < LENGTH_OFFSET {
+            BLOCK_LEN
+        } else {
+            2 * BLOCK_LEN
+        };
+        let bit_len = (message.len() as u64).wrapping_mul(8);
+        final_blocks[final_len - 8..final_len].copy_from_slice(&bit_len.to_be_bytes());
+        for block in final_blocks[..final_len].chunks_exact(BLOCK_LEN) {
+            compress(&mut state, block);
+        }
+
+        let mut out = [0u8; 32];
+        for (bytes, word) in out.chunks_exact_mut(4).zip(state) {
+            bytes.copy_from_slice(&word.to_be_bytes());
+        }
+        out
+    }
+
+    fn compress(state: &mut [u32; 8], block: &[u8]) {
+        let mut schedule = [0u32; 64];
+        for (word, bytes) in schedule.iter_mut().zip(block.chunks_exact(4)) {
+            *word = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        }
+        for i in 16..64 {
+            let w15 = schedule[i - 15];
+            let w2 = schedule[i - 2];
+            let sigma0 = w15.rotate_right(7) ^ w15.rotate_right(18) ^ (w15 >> 3);
+            let sigma1 = w2.rotate_right(17) ^ w2.rotate_right(19) ^ (w2 >> 10);
+            schedule[i] = schedule[i - 16]
+                .wrapping_add(sigma0)
+                .wrapping_add(schedule[i - 7])
+                .wrapping_add(sigma1);
+        }
+
+        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut h] = *state;
+        for (round_constant, word) in ROUND_CONSTANTS.iter().zip(schedule) {
+            let big_sigma1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
+            let choose = (e & f) ^ (!e & g);
+            let temp1 = h
+                .wrapping_add(big_sigma1)
+                .wrapping_add(choose)
+                .wrapping_add(*round_constant)
+                .wrapping_add(word);
+            let big_sigma0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
+            let majority = (a & b) ^ (a & c) ^ (b & c);
+            let temp2 = big_sigma0.wrapping_add(majority);
+            h = g;
+            g = f;
+            f = e;
+            e = d.wrapping_add(temp1);
+            d = c;
+            c = b;
+            b = a;
+            a = temp1.wrapping_add(temp2);
+        }
+        for (word, round_output) in state.iter_mut().zip([a, b, c, d, e, f, g, h]) {
+            *word = word.wrapping_add(round_output);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, HeaderValue};
+
+    fn parse_ok(text: &str) -> KeySet {
+        let (set, warnings) = KeySet::parse(text);
+        assert!(warnings.is_empty(), "unexpected warnings: {warnings:?}");
+        set
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    // ---- sha256 -------------------------------------------------------
+
+    #[test]
+    fn sha256_matches_reference_vectors() {
+        let long_vector = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+        let cases: [(&[u8], &str); 3] = [
+            (
+                b"",
+                "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+            ),
+            (
+                b"abc",
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+            ),
+            (
+                long_vector.as_bytes(),
+                "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
+            ),
+        ];
+        for (message, expected) in cases {
+            assert_eq!(hex(&sha256::digest(message)), expected);
+        }
+    }
+
+    #[test]
+    fn sha256_padding_boundaries() {
+        // Lengths around the 56-byte point where padding needs a second block.
+        let cases = [
+            (
+                55,
+                "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318",
+            ),
+            (
+                56,
+                "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a",
+            ),
+            (
+                63,
+                "7d3e74a05d7db15bce4ad9ec0658ea98e3f06eeecf16b4c6fff2da457ddc2f34",
+            ),
+            (
+                64,
+                "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb",
+            ),
+            (
+                65,
+                "635361c48bb9eab14198e76ea8ab7f1a41685d6ad62aa9146d301d4f17eb0ae0",
+            ),
+            (
+                119,
+                "31eba51c313a5c08226adf18d4a359cfdfd8d2e816b13f4af952f7ea6584dcfb",
+            ),
+            (
+                120,
+                "2f3d335432c70b580af0e8e1b3674a7c020d683aa5f73aaaedfdc55af904c21c",
+            ),
+        ];
+        for (len, expected) in cases {
+            assert_eq!(
+                hex(&sha256::digest(&vec![b'a'; len])),
+                expected,
+                "len {len}"
+            );
+        }
+    }
+
+    // ---- parse ------------------------------------------------------------
+
+    #[test]
+    fn parse_comma_separated() {
+        let set = parse_ok("k1:alice,k2:bob");
+        assert_eq!(set.len(), 2);
+        assert_eq!(set.check(b"k1"), Some("alice"));
+        assert_eq!(set.check(b"k2"), Some("bob"));
+    }
+
+    #[test]
+    fn parse_one_per_line() {
+        let set = parse_ok("k1:alice\nk2:bob\n");
+        assert_eq!(set.len(), 2);
+        assert_eq!(set.check(b"k2"), Some("bob"));
+    }
+
+    #[test]
+    fn parse_mixed_commas_and_lines_with_crlf() {
+        let set = parse_ok("k1:alice,k2:bob\r\nk3:carol\r\n  k4 : dave ,  k5:erin  \n");
+        assert_eq!(set.len(), 5);
+        assert_eq!(set.check(b"k4"), Some("dave"));
+        assert_eq!(set.check(b"k5"), Some("erin"));
+    }
+
+    #[test]
+    fn parse_skips_comments_blanks_and_empty_entries() {
+        let text = "# rotation 2024-06\n\n   \n  # indented comment\nk1:alice,,k2:bob,\n,\n";
+        let set = parse_ok(text);
+        assert_eq!(set.len(), 2);
+        assert_eq!(set.check(b"# rotation 2024-06"), None);
+    }
+
+    #[test]
+    fn parse_skips_leading_byte_order_mark() {
+        let set = parse_ok("\u{feff}k1:alice");
+        assert_eq!(set.check(b"k1"), Some("alice"));
+    }
+
+    #[test]
+    fn parse_empty_text_is_zero_keys_without_warnings() {
+        let set = parse_ok("");
+        assert!(set.is_empty());
+        assert!(parse_ok("# only comments\n\n").is_empty());
+    }
+
+    #[test]
+    fn parse_splits_at_first_colon_so_owners_may_contain_colons() {
+        let set = parse_ok("k1:team:svc:prod");
+        assert_eq!(set.check(b"k1"), Some("team:svc:prod"));
+        assert_eq!(set.check(b"k1:team"), None);
+    }
+
+    #[test]
+    fn parse_entry_without_colon_is_a_key_owned_by_unknown() {
+        let (set, warnings) = KeySet::parse("sk-bare-key");
+        assert_eq!(set.check(b"sk-bare-key"), Some(UNKNOWN_OWNER));
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("line 1, entry 1"), "{warnings:?}");
+    }
+
+    #[test]
+    fn parse_empty_owner_is_unknown_with_warning() {
+        let (set, warnings) = KeySet::parse("k1:  ");
+        assert_eq!(set.check(b"k1"), Some(UNKNOWN_OWNER));
+        assert_eq!(warnings.len(), 1);
+    }
+
+    #[test]
+    fn parse_drops_empty_keys() {
+        let (set, warnings) = KeySet::parse(":alice,k2:bob");
+        assert_eq!(set.len(), 1);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("empty key"));
+    }
+
+    #[test]
+    fn parse_drops_keys_with_whitespace_or_non_ascii() {
+        let (set, warnings) = KeySet::parse("k1 k2:alice\nkëy:bob\nk3\u{7}:carol\nk4:dave");
+        assert_eq!(set.len(), 1);
+        assert_eq!(set.check(b"k4"), Some("dave"));
+        assert_eq!(warnings.len(), 3);
+        assert!(warnings[0].contains("alice"), "owner helps find the entry");
+    }
+
+    #[test]
+    fn parse_duplicate_key_keeps_first_owner() {
+        let (set, warnings) = KeySet::parse("k1:alice\nk2:bob,k1:mallory");
+        assert_eq!(set.len(), 2);
+        assert_eq!(set.check(b"k1"), Some("alice"));
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("line 2, entry 2"));
+        assert!(warnings[0].contains("line 1, entry 1"));
+        assert!(warnings[0].contains("alice"));
+    }
+
+    #[test]
+    fn warnings_never_contain_key_text() {
+        let secret = "SECRETzq9";
+        let text = format!(
+            "{secret}\n{secret}A:\n{secret}B {secret}C:x\n{secret}D:o1,{secret}D:o2\n{secret}\u{e9}:o"
+        );
+        let (_, warnings) = KeySet::parse(&text);
+        assert_eq!(warnings.len(), 5, "{warnings:?}");
+        for warning in &warnings {
+            assert!(!warning.contains("SECRET"), "key text leaked: {warning}");
+        }
+    }
+
+    // ---- check ------------------------------------------------------------
+
+    #[test]
+    fn check_accepts_exact_keys_only() {
+        let set = parse_ok("sk-alpha-123:alice,sk-beta-456:bob");
+        assert_eq!(set.check(b"sk-alpha-123"), Some("alice"));
+        assert_eq!(set.check(b"sk-beta-456"), Some("bob"));
+        for wrong in [
+            &b"sk-alpha-124"[..],
+            b"sk-alpha-12",
+            b"sk-alpha-1234",
+            b"sk-alpha-123 ",
+            b"SK-ALPHA-123",
+            b"sk-alpha-123sk-beta-456",
+            b"",
+            b"alice",
+        ] {
+            assert_eq!(
+                set.check(wrong),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(wrong)
+            );
+        }
+    }
+
+    #[test]
+    fn check_finds_any_position_among_many_keys() {
+        let text: Vec<String> = (0..50).map(|i| format!("key-{i}:owner-{i}")).collect();
+        let set = parse_ok(&text.join(","));
+        assert_eq!(set.len(), 50);
+        assert_eq!(set.check(b"key-0"), Some("owner-0"));
+        assert_eq!(set.check(b"key-27"), Some("owner-27"));
+        assert_eq!(set.check(b"key-49"), Some("owner-49"));
+        assert_eq!(set.check(b"key-50"), None);
+    }
+
+    #[test]
+    fn check_on_empty_set_matches_nothing() {
+        let set = KeySet::default();
+        assert!(set.is_empty());
+        assert_eq!(set.check(b""), None);
+        assert_eq!(set.check(b"anything"), None);
+    }
+
+    // ---- Debug ------------------------------------------------------------
+
+    #[test]
+    fn debug_output_has_no_key_material() {
+        let set = parse_ok("SECRETzq9:alice,OTHERxy7:bob");
+        let debug = format!("{set:?} {set:#?}");
+        assert!(
+            !debug.contains("SECRET") && !debug.contains("OTHER"),
+            "{debug}"
+        );
+        let digest_hex = hex(&sha256::digest(b"SECRETzq9"));
+        assert!(!debug.contains(&digest_hex[..8]), "{debug}");
+        assert!(debug.contains("alice") && debug.contains('2'), "{debug}");
+    }
+
+    // ---- load -------------------------------------------------------------
+
+    #[test]
+    fn load_reads_keys_from_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("keys");
+        std::fs::write(&path, "k1:alice,k2:bob\n").expect("write");
+        let (status, set) = KeySet::load(&path);
+        assert_eq!(status, KeyFileStatus::Ok);
+        assert_eq!(status.as_str(), "ok");
+        let set = set.expect("Ok comes with a set");
+        assert_eq!(set.check(b"k2"), Some("bob"));
+    }
+
+    #[test]
+    fn load_empty_file_is_ok_with_zero_keys() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("keys");
+        std::fs::write(&path, "# nothing yet\n").expect("write");
+        let (status, set) = KeySet::load(&path);
+        assert_eq!(status, KeyFileStatus::Ok);
+        assert!(set.expect("Ok comes with a set").is_empty());
+    }
+
+    #[test]
+    fn load_missing_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (status, set) = KeySet::load(&dir.path().join("no-such-file"));
+        assert_eq!(status, KeyFileStatus::Missing);
+        assert_eq!(status.as_str(), "missing");
+        assert!(set.is_none());
+    }
+
+    #[test]
+    fn load_directory_is_unreadable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (status, set) = KeySet::load(dir.path());
+        assert_eq!(status, KeyFileStatus::Unreadable);
+        assert_eq!(status.as_str(), "unreadable");
+        assert!(set.is_none());
+    }
+
+    #[test]
+    fn load_invalid_utf8_is_unreadable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("keys");
+        std::fs::write(&path, b"k1:alice,\xff\xfe:bob").expect("write");
+        assert_eq!(KeySet::load(&path).0, KeyFileStatus::Unreadable);
+    }
+
+    #[test]
+    fn load_path_through_a_regular_file_is_unreadable() {
+        // A secret mounted as a file where a directory was expected.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("api-keys");
+        std::fs::write(&file, "k1:alice").expect("write");
+        assert_eq!(
+            KeySet::load(&file.join("keys")).0,
+            KeyFileStatus::Unreadable
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn load_dangling_symlink_is_unreadable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let link = dir.path().join("keys");
+        std::os::unix::fs::symlink(dir.path().join("..data/keys"), &link).expect("symlink");
+        assert_eq!(KeySet::load(&link).0, KeyFileStatus::Unreadable);
+    }
+
+    // ---- presented_key ----------------------------------------------------
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn presented_key_reads_bearer_in_any_case_and_trims() {
+        for value in [
+            "Bearer sk-1",
+            "bearer sk-1",
+            "BEARER sk-1",
+            "  Bearer    sk-1  ",
+            "Bearer\tsk-1",
+        ] {
+            let map = headers(&[("authorization", value)]);
+            assert_eq!(presented_key(&map), Some(&b"sk-1"[..]), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn presented_key_rejects_malformed_bearer() {
+        for value in [
+            "Bearer",
+            "Bearer   ",
+            "Bearersk-1",
+            "Basic dXNlcjpwYXNz",
+            "sk-1",
+        ] {
+            let map = headers(&[("authorization", value)]);
+            assert_eq!(presented_key(&map), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn presented_key_falls_back_to_x_api_key() {
+        let map = headers(&[("x-api-key", " sk-2 ")]);
+        assert_eq!(presented_key(&map), Some(&b"sk-2"[..]));
+        let map = headers(&[("authorization", "Basic abc"), ("x-api-key", "sk-2")]);
+        assert_eq!(presented_key(&map), Some(&b"sk-2"[..]));
+        let map = headers(&[("authorization", "Bearer "), ("x-api-key", "sk-2")]);
+        assert_eq!(presented_key(&map), Some(&b"sk-2"[..]));
+        let map = headers(&[("x-api-key", "  ")]);
+        assert_eq!(presented_key(&map), None);
+    }
+
+    #[test]
+    fn presented_key_prefers_bearer_over_x_api_key() {
+        let map = headers(&[("x-api-key", "sk-2"), ("authorization", "Bearer sk-1")]);
+        assert_eq!(presented_key(&map), Some(&b"sk-1"[..]));
+    }
+
+    #[test]
+    fn presented_key_absent() {
+        assert_eq!(presented_key(&HeaderMap::new()), None);
+    }
+}

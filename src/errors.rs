@@ -1,0 +1,94 @@
+//! The JSON error contract: every error the gateway itself answers is
+//! `{"error": {"type": …, "message": …, …}}`. Field names are public: add,
+//! never rename.
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+/// An error response the gateway answers locally.
+#[derive(Debug, Clone)]
+pub struct ErrorResponse {
+    pub status: u16,
+    pub error_type: &'static str,
+    pub message: String,
+    /// Extra fields merged into the `error` object (e.g. `limit`, `in_flight`).
+    pub extra: Map<String, Value>,
+    pub retry_after: Option<u32>,
+}
+
+impl ErrorResponse {
+    pub fn new(status: u16, error_type: &'static str, message: impl Into<String>) -> Self {
+        ErrorResponse {
+            status,
+            error_type,
+            message: message.into(),
+            extra: Map::new(),
+            retry_after: None,
+        }
+    }
+
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.extra.insert(key.to_string(), value.into());
+        self
+    }
+
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    pub fn body(&self) -> Bytes {
+        let mut obj = Map::new();
+        obj.insert("type".into(), json!(self.error_type));
+        obj.insert("message".into(), json!(self.message));
+        for (k, v) in &self.extra {
+            obj.insert(k.clone(), v.clone());
+        }
+        let mut out = serde_json::to_vec(&json!({ "error": obj })).unwrap_or_default();
+        out.push(b'\n');
+        Bytes::from(out)
+    }
+
+    pub fn not_found_route(route: &str) -> Self {
+        Self::new(404, "route_not_found", format!("no route named {route:?}"))
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(404, "not_found", message)
+    }
+
+    pub fn body_too_large(limit: u64) -> Self {
+        Self::new(413, "request_too_large", format!("request body exceeds {limit} bytes"))
+            .with("limit", limit)
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "invalid_request", message)
+    }
+
+    pub fn no_ready_peer(route: &str) -> Self {
+        Self::new(503, "no_healthy_upstream", format!("route {route:?} has no ready peer"))
+            .retry_after(5)
+    }
+
+    pub fn upstream_failed(message: impl Into<String>) -> Self {
+        Self::new(502, "upstream_error", message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_is_the_contract_shape() {
+        let e = ErrorResponse::new(429, "concurrency_limit", "busy")
+            .with("limit", 8)
+            .retry_after(1);
+        let v: Value = serde_json::from_slice(&e.body()).unwrap();
+        assert_eq!(v["error"]["type"], "concurrency_limit");
+        assert_eq!(v["error"]["message"], "busy");
+        assert_eq!(v["error"]["limit"], 8);
+        assert_eq!(e.retry_after, Some(1));
+    }
+}

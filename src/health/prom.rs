@@ -1,0 +1,84 @@
+//! Reading engine load out of Prometheus text from vLLM and SGLang.
+
+use crate::placement::EngineLoad;
+
+/// Sums each known metric over its label sets (an engine serving several
+/// models reports one series per model). None when the text has none of
+/// the load metrics, so a non-engine `/metrics` does not look like an idle engine.
+pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
+    let mut waiting = None::<f64>;
+    let mut running = None::<f64>;
+    let mut kv = None::<f64>;
+    for line in text.lines() {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = &line[..name_end];
+        let is_kv = matches!(name, "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage");
+        let slot = match name {
+            "vllm:num_requests_waiting" | "sglang:num_queue_reqs" => &mut waiting,
+            "vllm:num_requests_running" | "sglang:num_running_reqs" => &mut running,
+            _ if is_kv => &mut kv,
+            _ => continue,
+        };
+        // The value follows the (possibly labelled) name; a timestamp may follow it.
+        // rfind: a label value may itself contain '}', the sample value never does.
+        let after_labels = match line.rfind('}') {
+            Some(close) if line[name_end..].starts_with('{') => &line[close + 1..],
+            _ => &line[name_end..],
+        };
+        let Some(value) = after_labels.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        if !value.is_finite() {
+            continue;
+        }
+        // KV usage is a fraction per engine: the busiest series is what matters.
+        if is_kv {
+            *slot = Some(slot.map_or(value, |v: f64| v.max(value)));
+        } else {
+            *slot = Some(slot.unwrap_or(0.0) + value);
+        }
+    }
+    if waiting.is_none() && running.is_none() && kv.is_none() {
+        return None;
+    }
+    Some(EngineLoad {
+        waiting: waiting.unwrap_or(0.0).max(0.0) as u32,
+        running: running.unwrap_or(0.0).max(0.0) as u32,
+        kv_usage: kv.unwrap_or(0.0).clamp(0.0, 1.0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllm() {
+        let text = "# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\n\
+vllm:num_requests_waiting{model_name=\"m\"} 3.0\nvllm:num_requests_running{model_name=\"m\"} 7\n\
+vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:other 9\n";
+        let l = parse_engine_load(text).unwrap();
+        assert_eq!((l.waiting, l.running), (3, 7));
+        assert!((l.kv_usage - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reads_old_vllm_and_sglang() {
+        let l = parse_engine_load("vllm:gpu_cache_usage_perc 0.99\n").unwrap();
+        assert!((l.kv_usage - 0.99).abs() < 1e-9);
+        let l = parse_engine_load("sglang:num_queue_reqs{a=\"b,c}\"} 2\nsglang:num_running_reqs 4 1700000000\nsglang:token_usage 0.25\n").unwrap();
+        assert_eq!((l.waiting, l.running), (2, 4));
+        assert!((l.kv_usage - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn sums_series_and_ignores_unknown() {
+        let l = parse_engine_load("vllm:num_requests_waiting{m=\"a\"} 1\nvllm:num_requests_waiting{m=\"b\"} 2\n").unwrap();
+        assert_eq!(l.waiting, 3);
+        assert!(parse_engine_load("process_cpu_seconds_total 3\n").is_none());
+        assert!(parse_engine_load("vllm:num_requests_waiting NaN\n").is_none());
+    }
+}

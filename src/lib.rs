@@ -1,0 +1,33 @@
+//! llm-gateway: a session-affine, load-aware gateway for OpenAI-compatible
+//! inference engines, built on Pingora.
+//!
+//! Where things live (see README.md "Code map" for the longer version):
+//! - `config`     gateway.yaml and route files → validated values
+//! - `registry`   the live route table, reload, runtime state kept across reloads
+//! - `proxy`      the Pingora `ProxyHttp` implementation, one file per phase group
+//! - `session`    session id extraction and the per-route session table
+//! - `placement`  load_aware / hash / least_conn peer choice (pure, clock-injected)
+//! - `health`     active probes and engine metric scraping
+//! - `admin`      /healthz, /metrics, /_routes and the per-route /_ endpoints
+//! - `sim`        a simulated OpenAI-compatible engine for the demo, tests and benches
+//! - `auth`, `reject`, `sse`, `postprocess`, `usage`: request guards and response rewriting
+
+pub mod admin;
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod controller;
+pub mod demo;
+pub mod errors;
+pub mod hash;
+pub mod health;
+pub mod metrics;
+pub mod placement;
+pub mod postprocess;
+pub mod proxy;
+pub mod registry;
+pub mod reject;
+pub mod session;
+pub mod sim;
+pub mod sse;
+pub mod usage;

@@ -1,0 +1,163 @@
+//! Prometheus metrics (prefix `llm_gateway_`).
+//!
+//! Counters are bumped on the request path. Gauges that mirror runtime state
+//! (in-flight, readiness, session bindings) are filled from the registry at
+//! scrape time instead, so the hot path pays nothing for them and a peer that
+//! leaves the config leaves the output too.
+//!
+//! Labels carry route and peer *names* only, never a session id or a key.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use std::sync::LazyLock;
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: IntCounterVec,
+    pub request_duration: HistogramVec,
+    pub reloads: IntCounterVec,
+    pub in_flight: IntGaugeVec,
+    pub peer_ready: IntGaugeVec,
+    pub session_bindings: IntGaugeVec,
+    pub placements: IntCounterVec,
+    pub prompt_tokens: IntCounterVec,
+    pub cached_prompt_tokens: IntCounterVec,
+    pub completion_tokens: IntCounterVec,
+    pub ttft: HistogramVec,
+    pub api_keys_configured: IntGauge,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric registered once");
+    g
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> HistogramVec {
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .expect("static metric definition");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("metric registered once");
+    h
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let registry = Registry::new();
+        let latency_buckets = vec![
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+        ];
+        let api_keys_configured = IntGauge::new(
+            "llm_gateway_api_keys_configured",
+            "1 when a readable API key file with at least one key is loaded",
+        )
+        .expect("static metric definition");
+        registry
+            .register(Box::new(api_keys_configured.clone()))
+            .expect("metric registered once");
+        Metrics {
+            requests: counter(
+                &registry,
+                "llm_gateway_requests_total",
+                "Requests answered, by route, peer (\"-\" when none was chosen) and status code",
+                &["route", "peer", "code"],
+            ),
+            request_duration: histogram(
+                &registry,
+                "llm_gateway_request_duration_seconds",
+                "Time from request start to the last response byte",
+                &["route"],
+                latency_buckets.clone(),
+            ),
+            reloads: counter(
+                &registry,
+                "llm_gateway_reloads_total",
+                "Route reloads; result=error counts reloads in which at least one file was rejected",
+                &["result"],
+            ),
+            in_flight: gauge(
+                &registry,
+                "llm_gateway_in_flight",
+                "Requests in flight through this gateway",
+                &["route", "peer"],
+            ),
+            peer_ready: gauge(
+                &registry,
+                "llm_gateway_peer_ready",
+                "1 when the peer is ready (not banned)",
+                &["route", "peer"],
+            ),
+            session_bindings: gauge(
+                &registry,
+                "llm_gateway_session_bindings",
+                "Sessions remembered on each peer (used within idle_timeout)",
+                &["route", "peer"],
+            ),
+            placements: counter(
+                &registry,
+                "llm_gateway_placements_total",
+                "Placement decisions by kind (new, sticky, spill, migrated, ...) and reason",
+                &["route", "peer", "kind", "reason"],
+            ),
+            prompt_tokens: counter(
+                &registry,
+                "llm_gateway_prompt_tokens_total",
+                "Prompt tokens reported by engines in usage",
+                &["route", "peer"],
+            ),
+            cached_prompt_tokens: counter(
+                &registry,
+                "llm_gateway_cached_prompt_tokens_total",
+                "Prompt tokens the engine served from its prefix cache",
+                &["route", "peer"],
+            ),
+            completion_tokens: counter(
+                &registry,
+                "llm_gateway_completion_tokens_total",
+                "Completion tokens reported by engines in usage",
+                &["route", "peer"],
+            ),
+            ttft: histogram(
+                &registry,
+                "llm_gateway_time_to_first_token_seconds",
+                "Time from request start to the first streamed content event",
+                &["route"],
+                latency_buckets,
+            ),
+            api_keys_configured,
+            registry,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        // Encoding our own registry into a Vec cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &METRICS
+}

@@ -1,0 +1,159 @@
+//! Peer choice for one request: `load_aware` (the session table), `hash` and
+//! `least_conn`.
+//!
+//! Everything here is pure and clock-injected: callers pass a snapshot of the
+//! route's peers ([`PeerLoad`]) and the current time in milliseconds, so every
+//! rule is unit-tested without a network or a real clock. The rules follow the
+//! load-aware session table design (`seeds/loadaware-session-table-pr.txt`):
+//! a session stays on the replica holding its prefix cache unless that replica
+//! is actually backed up, because every needless move re-prefills a long
+//! conversation on a cold replica.
+//!
+//! Load of a peer ([`PeerLoad::load`]) is the requests in flight through this
+//! gateway, raised to the engine's own `running + waiting` when its metrics
+//! are fresh. The maximum of the two is used because each misses something:
+//! `in_flight` sees requests admitted a moment ago that the last scrape has
+//! not, and the engine sees traffic from other gateway replicas and requests
+//! this gateway has already stopped counting.
+
+mod load;
+mod rules;
+mod table;
+
+pub use load::{hash_place, least_conn, rendezvous};
+pub use table::{SessionTable, TableConfig};
+
+/// Stable id of a peer, assigned by the registry per (route, host:port) in order
+/// of first appearance, and kept across reloads.
+pub type PeerId = u32;
+
+/// The engine's own view of its load, from its Prometheus metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EngineLoad {
+    /// Requests queued in the engine, not yet scheduled.
+    pub waiting: u32,
+    /// Requests the engine is decoding or prefilling.
+    pub running: u32,
+    /// KV-cache usage, 0.0 to 1.0.
+    pub kv_usage: f64,
+}
+
+/// One peer of a route, as the placement rules see it at this instant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PeerLoad {
+    pub id: PeerId,
+    /// Not banned, not failing probes, still configured.
+    pub ready: bool,
+    /// Requests in flight through this gateway.
+    pub in_flight: u32,
+    pub max_concurrency: u32,
+    /// `Some` only while the engine metrics are fresh (read within two scrape
+    /// intervals); stale numbers would steer sessions by a past that is gone.
+    pub engine: Option<EngineLoad>,
+    /// Engine metrics fresh and KV usage at or above the route's threshold.
+    pub kv_full: bool,
+}
+
+impl PeerLoad {
+    /// A ready peer with nothing in flight and no engine metrics.
+    pub fn idle(id: PeerId, max_concurrency: u32) -> Self {
+        PeerLoad {
+            id,
+            ready: true,
+            in_flight: 0,
+            max_concurrency,
+            engine: None,
+            kv_full: false,
+        }
+    }
+
+    /// Requests this peer carries: `max(in_flight, running + waiting)` with
+    /// fresh engine metrics, else `in_flight` (see the module docs for why).
+    pub fn load(&self) -> u32 {
+        match self.engine {
+            Some(engine) => self
+                .in_flight
+                .max(engine.running.saturating_add(engine.waiting)),
+            None => self.in_flight,
+        }
+    }
+
+    /// Requests the engine reports queued; 0 without fresh metrics.
+    pub fn waiting(&self) -> u32 {
+        self.engine.map_or(0, |engine| engine.waiting)
+    }
+
+    /// Every gateway slot is taken (a peer with no slots is always saturated).
+    pub fn saturated(&self) -> bool {
+        self.in_flight >= self.max_concurrency
+    }
+}
+
+/// How a placement was decided; `as_str` is the metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PlacementKind {
+    /// A session seen for the first time, now remembered.
+    New,
+    /// A known session on its remembered peer.
+    Sticky,
+    /// A known session moved off a backed-up peer.
+    Spill,
+    /// A known session moved because its peer is not ready or gone.
+    Migrated,
+    /// The chosen peer had no room in the table: hash home, not remembered.
+    TableFull,
+    /// Mode `hash`: the rendezvous home.
+    Hash,
+    /// Mode `hash`: the home was not ready or saturated; least connections.
+    HashFallback,
+    /// No session id: least connections.
+    LeastConn,
+}
+
+impl PlacementKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PlacementKind::New => "new",
+            PlacementKind::Sticky => "sticky",
+            PlacementKind::Spill => "spill",
+            PlacementKind::Migrated => "migrated",
+            PlacementKind::TableFull => "table_full",
+            PlacementKind::Hash => "hash",
+            PlacementKind::HashFallback => "hash_fallback",
+            PlacementKind::LeastConn => "least_conn",
+        }
+    }
+}
+
+/// Why a session left its peer (or its hash home); `as_str` is the metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The peer was backed up: requests queued (or, in mode `hash`, every
+    /// gateway slot taken, so the request would have queued).
+    Waiting,
+    /// The peer's KV cache was full while it had requests queued.
+    KvFull,
+    /// The peer is banned, failing probes or no longer configured.
+    NotReady,
+    /// The session table had no room for the chosen peer.
+    TableFull,
+}
+
+impl Reason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reason::Waiting => "waiting",
+            Reason::KvFull => "kv_full",
+            Reason::NotReady => "not_ready",
+            Reason::TableFull => "table_full",
+        }
+    }
+}
+
+/// Where one request goes, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub peer: PeerId,
+    pub kind: PlacementKind,
+    pub reason: Option<Reason>,
+}

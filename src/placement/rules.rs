@@ -1,0 +1,237 @@
+//! The load-aware placement rules as a pure function of what the table
+//! remembers about a session and the peers' loads at this instant.
+//!
+//! Kept apart from the table so that the table owns storage, locking and time,
+//! and these rules can be read (and reasoned about) on one screen.
+
+use super::load::{least_loaded, least_loaded_preferring_kv_room};
+use super::{PeerId, PeerLoad, Reason};
+
+/// The tunables the rules read, copied out of the table config per call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Limits {
+    pub spill_margin: u32,
+    pub spill_margin_blind: u32,
+    pub cooldown_ms: u64,
+}
+
+/// What the table remembers about a live session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Remembered {
+    pub peer: PeerId,
+    /// Time since the session last moved; `None` if it never has.
+    pub since_move_ms: Option<u64>,
+}
+
+/// What should happen to the session's binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Decision {
+    NoReadyPeer,
+    New { to: PeerId },
+    Stay { on: PeerId },
+    Spill { from: PeerId, to: PeerId, reason: Reason },
+    Migrate { from: PeerId, to: PeerId },
+}
+
+/// The remembered peer's state, kept for the explanation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HomeState {
+    pub load: u32,
+    pub waiting: u32,
+    pub fresh: bool,
+    pub kv_full: bool,
+}
+
+/// The facts behind a decision, turned into prose only by `peek`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Why {
+    NoReadyPeer,
+    NewSession {
+        load: u32,
+        kv_room: bool,
+    },
+    HomeGone {
+        still_configured: bool,
+        load: u32,
+    },
+    OnlyReadyPeer,
+    Cooldown {
+        left_ms: u64,
+    },
+    NoKvRoomElsewhere {
+        home: HomeState,
+    },
+    Backed {
+        home: HomeState,
+        target_load: u32,
+        margin: u32,
+    },
+    KvFullShed {
+        home: HomeState,
+        target_load: u32,
+    },
+    NotBackedUp {
+        home: HomeState,
+        target_load: u32,
+        margin: u32,
+    },
+}
+
+pub(super) fn decide(
+    sid: u64,
+    remembered: Option<Remembered>,
+    peers: &[PeerLoad],
+    limits: Limits,
+) -> (Decision, Why) {
+    let Some(remembered) = remembered else {
+        return match least_loaded_preferring_kv_room(sid, peers) {
+            Some(to) => (
+                Decision::New { to: to.id },
+                Why::NewSession {
+                    load: to.load(),
+                    kv_room: !to.kv_full,
+                },
+            ),
+            None => (Decision::NoReadyPeer, Why::NoReadyPeer),
+        };
+    };
+
+    let from = remembered.peer;
+    let Some(home) = peers.iter().find(|p| p.id == from && p.ready) else {
+        // The session loses its cache wherever it goes, so it is placed like
+        // a new one; the cooldown only guards against moves for pressure.
+        return match least_loaded_preferring_kv_room(sid, peers) {
+            Some(to) => (
+                Decision::Migrate { from, to: to.id },
+                Why::HomeGone {
+                    still_configured: peers.iter().any(|p| p.id == from),
+                    load: to.load(),
+                },
+            ),
+            None => (Decision::NoReadyPeer, Why::NoReadyPeer),
+        };
+    };
+    let stay = Decision::Stay { on: from };
+
+    if !peers.iter().any(|p| p.ready && p.id != from) {
+        return (stay, Why::OnlyReadyPeer);
+    }
+    if let Some(since_move_ms) = remembered.since_move_ms {
+        if since_move_ms < limits.cooldown_ms {
+            let left_ms = limits.cooldown_ms - since_move_ms;
+            return (stay, Why::Cooldown { left_ms });
+        }
+    }
+
+    let home_state = HomeState {
+        load: home.load(),
+        waiting: home.waiting(),
+        fresh: home.engine.is_some(),
+        kv_full: home.kv_full,
+    };
+    // A move re-prefills the whole conversation; onto a KV-full peer that
+    // prefill would also evict someone else's cache and likely queue, so a
+    // pressure move only ever goes to a peer with KV room.
+    let Some(target) = least_loaded(sid, peers, |p| p.ready && p.id != from && !p.kv_full) else {
+        return (stay, Why::NoKvRoomElsewhere { home: home_state });
+    };
+    let target_load = target.load();
+    let spill = |reason| Decision::Spill {
+        from,
+        to: target.id,
+        reason,
+    };
+
+    // With fresh metrics the engine says whether anything is actually queued;
+    // blind, only a wider gap in gateway in-flight counts is trusted.
+    let (margin, queued) = if home_state.fresh {
+        (limits.spill_margin, home_state.waiting > 0)
+    } else {
+        (limits.spill_margin_blind, true)
+    };
+    if queued && home_state.load >= target_load.saturating_add(margin) {
+        let why = Why::Backed {
+            home: home_state,
+            target_load,
+            margin,
+        };
+        return (spill(Reason::Waiting), why);
+    }
+    // "No busier" is the floor that stops a herd: without it every session of
+    // a KV-full peer would pile onto busier peers and push them to KV-full.
+    if home_state.kv_full && home_state.waiting > 0 && target_load <= home_state.load {
+        let why = Why::KvFullShed {
+            home: home_state,
+            target_load,
+        };
+        return (spill(Reason::KvFull), why);
+    }
+    let why = Why::NotBackedUp {
+        home: home_state,
+        target_load,
+        margin,
+    };
+    (stay, why)
+}
+
+/// Human explanation of a decision for `/_route_debug`.
+pub(super) fn explain(decision: Decision, why: Why) -> String {
+    match (decision, why) {
+        (_, Why::NoReadyPeer) => "no ready peer".to_owned(),
+        (Decision::New { to }, Why::NewSession { load, kv_room }) => {
+            let room = if kv_room {
+                "with KV room"
+            } else {
+                "(every ready peer is KV-full)"
+            };
+            format!("unknown session: least-loaded ready peer {room} is {to} (load {load})")
+        }
+        (Decision::Migrate { from, to }, Why::HomeGone { still_configured, load }) => {
+            let state = if still_configured {
+                "is not ready"
+            } else {
+                "is no longer configured"
+            };
+            format!("remembered peer {from} {state}: moves to least-loaded ready peer {to} (load {load})")
+        }
+        (_, Why::OnlyReadyPeer) => "remembered peer is the only ready peer: stays".to_owned(),
+        (_, Why::Cooldown { left_ms }) => {
+            format!("moved recently: no move for pressure for another {left_ms} ms: stays")
+        }
+        (_, Why::NoKvRoomElsewhere { home }) => {
+            format!("{}; no other ready peer has KV room: stays", describe(home))
+        }
+        (Decision::Spill { to, .. }, Why::Backed { home, target_load, margin }) => format!(
+            "{}; backed up: load {} >= {target_load} (least-loaded peer {to} with KV room) + {margin}: spills",
+            describe(home),
+            home.load
+        ),
+        (Decision::Spill { to, .. }, Why::KvFullShed { home, target_load }) => format!(
+            "{}; KV-full and queuing, peer {to} has KV room and is no busier (load {target_load}): spills",
+            describe(home)
+        ),
+        (_, Why::NotBackedUp { home, target_load, margin }) => {
+            let threshold = target_load.saturating_add(margin);
+            let condition = if home.fresh {
+                format!("waiting > 0 and load >= {threshold}")
+            } else {
+                format!("load >= {threshold} (blind margin {margin})")
+            };
+            format!(
+                "{}; least-loaded other peer with KV room has load {target_load}; a spill needs {condition}: stays",
+                describe(home)
+            )
+        }
+        (decision, why) => format!("{decision:?} because {why:?}"),
+    }
+}
+
+fn describe(home: HomeState) -> String {
+    let metrics = if home.fresh {
+        format!("waiting {}", home.waiting)
+    } else {
+        "no fresh engine metrics".to_owned()
+    };
+    let kv = if home.kv_full { ", KV-full" } else { "" };
+    format!("remembered peer load {} ({metrics}{kv})", home.load)
+}

@@ -1,0 +1,580 @@
+//! The per-route session table: which peer each live session is bound to.
+//!
+//! Storage: `SHARD_COUNT` shards, each a `parking_lot::Mutex` around a hash map
+//! from the session hash to a 12-byte [`Binding`]. A session's shard is chosen
+//! by a per-process keyed hash of its id, and every map uses its own keyed
+//! hasher too: session hashes are public (`X-Routed-Session`) and unkeyed, so
+//! a client could otherwise craft ids that pile into one shard or one probe
+//! chain.
+//!
+//! Each decision is made while holding the session's shard lock, so racing
+//! first requests of one session serialise: the first inserts, the rest find
+//! its binding and stick to it. Locks are held for a map lookup plus a pass
+//! over the peer list, never for a scan, except by expiry scans, which lock one
+//! shard at a time.
+//!
+//! Time: the caller passes `now_ms` (any monotonic-enough millisecond clock);
+//! the table stores deciseconds since the first `now_ms` it saw, as `u32`
+//! (13 years of uptime). Decisecond steps are far below the one-minute scale of
+//! both the idle timeout and the cooldown, and halve the entry size compared
+//! with `u64` milliseconds.
+//!
+//! Expiry: each shard keeps a lower bound on the oldest `last_seen` it holds.
+//! Inserts lower it, refreshes leave it alone (they only make entries newer),
+//! and a scan of the shard resets it to the exact oldest. A shard is scanned
+//! only when that bound says something in it can have expired, so a full
+//! table with a client sending a fresh id per request costs a few atomic loads
+//! per request, not an O(n) scan under a lock.
+//!
+//! Counts: per-peer binding counts are atomics, reserved with a conditional
+//! increment before an insert, so the per-peer cap is exact and checked in O(1).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::load::rendezvous;
+use super::rules::{self, Decision, Limits, Remembered};
+use super::{PeerId, PeerLoad, Placement, PlacementKind, Reason};
+
+/// Enough shards that worker threads (a few dozen at most) rarely meet on one
+/// lock, few enough that a scan's per-shard fixed costs stay negligible.
+const SHARD_COUNT: usize = 64;
+const SHARD_BITS: u32 = SHARD_COUNT.trailing_zeros();
+const TICK_MS: u64 = 100;
+/// Shard bound of an empty shard: nothing in it can expire.
+const EMPTY_SHARD: u32 = u32::MAX;
+/// Largest tick stored, so `tick + 1` (the moved-at encoding) never overflows.
+const MAX_TICK: u32 = u32::MAX - 1;
+
+/// Tunables of one route's table; `set_config` applies a reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableConfig {
+    /// A session unused for this long is forgotten.
+    pub idle_timeout_ms: u64,
+    /// Past this many bindings on a peer, new sessions whose chosen peer it is
+    /// go to their hash home unremembered.
+    pub max_sessions_per_peer: usize,
+    /// After a move, no further move for pressure for this long.
+    pub cooldown_ms: u64,
+    /// With fresh engine metrics: spill when queuing and at least this many
+    /// requests above the least-loaded other peer with KV room.
+    pub spill_margin: u32,
+    /// Without fresh engine metrics: spill when at least this many requests
+    /// above it (wider, as in-flight counts alone cannot see a queue).
+    pub spill_margin_blind: u32,
+}
+
+impl Default for TableConfig {
+    fn default() -> Self {
+        TableConfig {
+            idle_timeout_ms: 30 * 60 * 1000,
+            max_sessions_per_peer: 100_000,
+            cooldown_ms: 60_000,
+            spill_margin: 4,
+            spill_margin_blind: 8,
+        }
+    }
+}
+
+/// One remembered session, 12 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Binding {
+    peer: PeerId,
+    last_seen: u32,
+    /// Tick of the last move plus one; 0 when the session never moved.
+    moved_at_plus_one: u32,
+}
+
+impl Binding {
+    fn moved_at(&self) -> Option<u32> {
+        self.moved_at_plus_one.checked_sub(1)
+    }
+}
+
+type ShardMap = HashMap<u64, Binding, ahash::RandomState>;
+
+/// Aligned to a cache line so that neighbouring shards' locks and bounds do
+/// not share one, which would make uncontended shards contend in hardware.
+#[repr(align(64))]
+struct Shard {
+    map: Mutex<ShardMap>,
+    /// Lower bound on the oldest `last_seen` in `map`, `EMPTY_SHARD` when it
+    /// holds nothing. Written only under `map`'s lock; read without it.
+    oldest_bound: AtomicU32,
+}
+
+/// The config, stored field by field so readers never take a lock; a reload
+/// racing a placement may mix old and new fields for that one placement.
+struct LiveConfig {
+    idle_timeout_ms: AtomicU64,
+    max_sessions_per_peer: AtomicUsize,
+    cooldown_ms: AtomicU64,
+    spill_margin: AtomicU32,
+    spill_margin_blind: AtomicU32,
+}
+
+impl LiveConfig {
+    fn new(cfg: TableConfig) -> Self {
+        let live = LiveConfig {
+            idle_timeout_ms: AtomicU64::new(0),
+            max_sessions_per_peer: AtomicUsize::new(0),
+            cooldown_ms: AtomicU64::new(0),
+            spill_margin: AtomicU32::new(0),
+            spill_margin_blind: AtomicU32::new(0),
+        };
+        live.store(cfg);
+        live
+    }
+
+    fn store(&self, cfg: TableConfig) {
+        self.idle_timeout_ms.store(cfg.idle_timeout_ms, Relaxed);
+        self.max_sessions_per_peer
+            .store(cfg.max_sessions_per_peer, Relaxed);
+        self.cooldown_ms.store(cfg.cooldown_ms, Relaxed);
+        self.spill_margin.store(cfg.spill_margin, Relaxed);
+        self.spill_margin_blind.store(cfg.spill_margin_blind, Relaxed);
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            spill_margin: self.spill_margin.load(Relaxed),
+            spill_margin_blind: self.spill_margin_blind.load(Relaxed),
+            cooldown_ms: self.cooldown_ms.load(Relaxed),
+        }
+    }
+}
+
+/// Where each live session of one route runs. `Send + Sync`: one per route,
+/// shared by every worker thread.
+pub struct SessionTable {
+    shards: Box<[Shard]>,
+    shard_selector: ahash::RandomState,
+    config: LiveConfig,
+    /// The `now_ms` that tick 0 stands for; `u64::MAX` until the first call.
+    epoch_ms: AtomicU64,
+    /// Bindings per peer. The lock is written only when a peer is first seen
+    /// or forgotten; placements take it shared and update the atomics.
+    per_peer: RwLock<HashMap<PeerId, AtomicUsize>>,
+    total: AtomicUsize,
+    shard_scans: AtomicU64,
+}
+
+/// What `peek` and `place` need from one locked look at the session's shard.
+enum Attempt {
+    Done(Option<Placement>),
+    /// The target had no room and something may have expired: scan, retry.
+    SweepAndRetry,
+}
+
+impl SessionTable {
+    pub fn new(cfg: TableConfig) -> Self {
+        let shards = (0..SHARD_COUNT)
+            .map(|_| Shard {
+                map: Mutex::new(ShardMap::with_hasher(ahash::RandomState::new())),
+                oldest_bound: AtomicU32::new(EMPTY_SHARD),
+            })
+            .collect();
+        SessionTable {
+            shards,
+            shard_selector: ahash::RandomState::new(),
+            config: LiveConfig::new(cfg),
+            epoch_ms: AtomicU64::new(u64::MAX),
+            per_peer: RwLock::new(HashMap::new()),
+            total: AtomicUsize::new(0),
+            shard_scans: AtomicU64::new(0),
+        }
+    }
+
+    /// Applies a reload. A shorter idle timeout takes effect at the next sweep
+    /// (and at once for sessions looked up); a lower per-peer cap only stops
+    /// new bindings, it evicts none.
+    pub fn set_config(&self, cfg: TableConfig) {
+        self.config.store(cfg);
+    }
+
+    pub fn config(&self) -> TableConfig {
+        let limits = self.config.limits();
+        TableConfig {
+            idle_timeout_ms: self.config.idle_timeout_ms.load(Relaxed),
+            max_sessions_per_peer: self.config.max_sessions_per_peer.load(Relaxed),
+            cooldown_ms: limits.cooldown_ms,
+            spill_margin: limits.spill_margin,
+            spill_margin_blind: limits.spill_margin_blind,
+        }
+    }
+
+    /// Places one request of session `sid` and records the outcome. `None`
+    /// iff no peer is ready.
+    pub fn place(&self, sid: u64, peers: &[PeerLoad], now_ms: u64) -> Option<Placement> {
+        let now = self.tick(now_ms);
+        // One retry is enough: the scan resets every bound it visits, so a
+        // second attempt would find nothing more to expire.
+        for may_sweep in [true, false] {
+            match self.try_place(sid, peers, now, may_sweep) {
+                Attempt::Done(placement) => return placement,
+                Attempt::SweepAndRetry => {
+                    self.sweep_ticks(now);
+                }
+            }
+        }
+        table_full(sid, peers)
+    }
+
+    fn try_place(&self, sid: u64, peers: &[PeerLoad], now: u32, may_sweep: bool) -> Attempt {
+        let shard = self.shard(sid);
+        let mut map = shard.map.lock();
+        let remembered = self.live_binding(&mut map, sid, now);
+        let (decision, _) = rules::decide(sid, remembered, peers, self.config.limits());
+        let cap = self.config.max_sessions_per_peer.load(Relaxed);
+        let placed = |peer, kind, reason| Attempt::Done(Some(Placement { peer, kind, reason }));
+        match decision {
+            Decision::NoReadyPeer => Attempt::Done(None),
+            Decision::Stay { on } => {
+                touch(&mut map, sid, now);
+                placed(on, PlacementKind::Sticky, None)
+            }
+            Decision::New { to } => {
+                if self.reserve(to, cap) {
+                    let binding = Binding {
+                        peer: to,
+                        last_seen: now,
+                        moved_at_plus_one: 0,
+                    };
+                    map.insert(sid, binding);
+                    self.total.fetch_add(1, Relaxed);
+                    if now < shard.oldest_bound.load(Relaxed) {
+                        shard.oldest_bound.store(now, Relaxed);
+                    }
+                    return placed(to, PlacementKind::New, None);
+                }
+                if may_sweep && self.may_hold_expired(now) {
+                    return Attempt::SweepAndRetry;
+                }
+                Attempt::Done(table_full(sid, peers))
+            }
+            Decision::Spill { from, to, reason } => {
+                // Moving keeps the table's size; it must not break the other
+                // peer's cap though, and staying is still a valid answer.
+                if self.reserve(to, cap) {
+                    self.rebind(&mut map, sid, from, to, now);
+                    return placed(to, PlacementKind::Spill, Some(reason));
+                }
+                touch(&mut map, sid, now);
+                placed(from, PlacementKind::Sticky, None)
+            }
+            Decision::Migrate { from, to } => {
+                if self.reserve(to, cap) {
+                    self.rebind(&mut map, sid, from, to, now);
+                    return placed(to, PlacementKind::Migrated, Some(Reason::NotReady));
+                }
+                if may_sweep && self.may_hold_expired(now) {
+                    return Attempt::SweepAndRetry;
+                }
+                // Its peer is gone and there is no room elsewhere: forget it,
+                // so it is not counted against a peer it no longer uses.
+                if map.remove(&sid).is_some() {
+                    self.total.fetch_sub(1, Relaxed);
+                    self.release(from, 1);
+                }
+                Attempt::Done(table_full(sid, peers))
+            }
+        }
+    }
+
+    /// The decision `place` would make now, and why, changing nothing. When
+    /// the chosen peer's table share is full, `place` would first run an
+    /// expiry scan if one could free room; the explanation says so.
+    pub fn peek(&self, sid: u64, peers: &[PeerLoad], now_ms: u64) -> Option<(Placement, String)> {
+        let now = self.tick(now_ms);
+        let remembered = {
+            let map = self.shard(sid).map.lock();
+            map.get(&sid)
+                .copied()
+                .filter(|binding| !self.expired(binding.last_seen, now))
+                .map(|binding| self.remembered(binding, now))
+        };
+        let (decision, why) = rules::decide(sid, remembered, peers, self.config.limits());
+        let mut explanation = rules::explain(decision, why);
+        let cap = self.config.max_sessions_per_peer.load(Relaxed);
+        let placement = |peer, kind, reason| Placement { peer, kind, reason };
+        let mut no_room = |to: PeerId| {
+            explanation.push_str(&format!(
+                "; but peer {to} already holds {cap} sessions, so the session goes to its hash home unremembered"
+            ));
+            if self.may_hold_expired(now) {
+                explanation.push_str(" (unless the expiry scan place() runs first frees room)");
+            }
+            table_full(sid, peers)
+        };
+        let result = match decision {
+            Decision::NoReadyPeer => None,
+            Decision::Stay { on } => Some(placement(on, PlacementKind::Sticky, None)),
+            Decision::New { to } if self.has_room(to, cap) => {
+                Some(placement(to, PlacementKind::New, None))
+            }
+            Decision::Migrate { to, .. } if self.has_room(to, cap) => Some(placement(
+                to,
+                PlacementKind::Migrated,
+                Some(Reason::NotReady),
+            )),
+            Decision::New { to } | Decision::Migrate { to, .. } => no_room(to),
+            Decision::Spill { to, reason, .. } if self.has_room(to, cap) => {
+                Some(placement(to, PlacementKind::Spill, Some(reason)))
+            }
+            Decision::Spill { from, to, .. } => {
+                explanation.push_str(&format!(
+                    "; but peer {to} already holds {cap} sessions, so the session stays"
+                ));
+                Some(placement(from, PlacementKind::Sticky, None))
+            }
+        };
+        result.map(|placement| (placement, explanation))
+    }
+
+    /// Removes every expired session and returns how many. Shards whose bound
+    /// says nothing in them can have expired are skipped without locking, so
+    /// this costs `SHARD_COUNT` atomic loads when there is nothing to do.
+    pub fn sweep(&self, now_ms: u64) -> usize {
+        self.sweep_ticks(self.tick(now_ms))
+    }
+
+    fn sweep_ticks(&self, now: u32) -> usize {
+        let mut removed_total = 0;
+        let mut removed_per_peer: Vec<(PeerId, usize)> = Vec::new();
+        for shard in self.shards.iter() {
+            if !self.shard_may_hold_expired(shard, now) {
+                continue;
+            }
+            let mut map = shard.map.lock();
+            self.shard_scans.fetch_add(1, Relaxed);
+            let mut oldest = EMPTY_SHARD;
+            map.retain(|_, binding| {
+                if self.expired(binding.last_seen, now) {
+                    count_for(&mut removed_per_peer, binding.peer);
+                    false
+                } else {
+                    oldest = oldest.min(binding.last_seen);
+                    true
+                }
+            });
+            shard.oldest_bound.store(oldest, Relaxed);
+            drop(map);
+            for (peer, count) in removed_per_peer.drain(..) {
+                self.total.fetch_sub(count, Relaxed);
+                self.release(peer, count);
+                removed_total += count;
+            }
+        }
+        removed_total
+    }
+
+    /// Binding counts of every peer the table has bound a session to (zero
+    /// counts included, so a gauge can fall to 0), ordered by peer id.
+    pub fn bindings_per_peer(&self) -> Vec<(PeerId, usize)> {
+        let per_peer = self.per_peer.read();
+        let mut counts: Vec<(PeerId, usize)> = per_peer
+            .iter()
+            .map(|(peer, count)| (*peer, count.load(Relaxed)))
+            .collect();
+        counts.sort_unstable();
+        counts
+    }
+
+    /// Remembered sessions, including expired ones not yet swept.
+    pub fn len(&self) -> usize {
+        self.total.load(Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Age of the least recently used session. Exact: it visits every entry,
+    /// one shard lock at a time, so call it from metrics or debug endpoints,
+    /// never per request. It also tightens each shard's expiry bound.
+    pub fn oldest_age_ms(&self, now_ms: u64) -> Option<u64> {
+        let now = self.tick(now_ms);
+        let mut oldest = EMPTY_SHARD;
+        for shard in self.shards.iter() {
+            let map = shard.map.lock();
+            let shard_oldest = map
+                .values()
+                .map(|binding| binding.last_seen)
+                .min()
+                .unwrap_or(EMPTY_SHARD);
+            shard.oldest_bound.store(shard_oldest, Relaxed);
+            oldest = oldest.min(shard_oldest);
+        }
+        (oldest != EMPTY_SHARD).then(|| u64::from(now.saturating_sub(oldest)) * TICK_MS)
+    }
+
+    /// Drops every binding to a peer that a reload removed. O(n), reloads only.
+    /// (Without it those sessions would still migrate on their next request;
+    /// this frees their memory and their gauge at once.)
+    pub fn forget_peer(&self, id: PeerId) {
+        for shard in self.shards.iter() {
+            let mut map = shard.map.lock();
+            let before = map.len();
+            map.retain(|_, binding| binding.peer != id);
+            self.total.fetch_sub(before - map.len(), Relaxed);
+        }
+        self.per_peer.write().remove(&id);
+    }
+
+    /// How many shard scans expiry has run (by `sweep` or by a placement that
+    /// found its peer's share full); observability for the skip logic.
+    pub fn expiry_scans(&self) -> u64 {
+        self.shard_scans.load(Relaxed)
+    }
+
+    /// Estimate of the heap the table's maps hold, from their capacities and
+    /// the std (hashbrown) layout: one entry slot plus one control byte per
+    /// bucket, buckets a power of two at most 7/8 full.
+    pub fn approx_heap_bytes(&self) -> usize {
+        const GROUP_WIDTH: usize = 16;
+        let slot = std::mem::size_of::<(u64, Binding)>() + 1;
+        self.shards
+            .iter()
+            .map(|shard| {
+                let capacity = shard.map.lock().capacity();
+                if capacity == 0 {
+                    return 0;
+                }
+                let buckets = if capacity < 8 {
+                    capacity + 1
+                } else {
+                    (capacity * 8 / 7).next_power_of_two()
+                };
+                buckets * slot + GROUP_WIDTH
+            })
+            .sum()
+    }
+
+    fn shard(&self, sid: u64) -> &Shard {
+        let index = (self.shard_selector.hash_one(sid) >> (u64::BITS - SHARD_BITS)) as usize;
+        // The index is below SHARD_COUNT by construction; `min` keeps any
+        // future change of the constants from turning into a panic.
+        &self.shards[index.min(self.shards.len() - 1)]
+    }
+
+    fn tick(&self, now_ms: u64) -> u32 {
+        let epoch = match self
+            .epoch_ms
+            .compare_exchange(u64::MAX, now_ms, Relaxed, Relaxed)
+        {
+            Ok(_) => now_ms,
+            Err(epoch) => epoch,
+        };
+        let ticks = now_ms.saturating_sub(epoch) / TICK_MS;
+        u32::try_from(ticks).unwrap_or(MAX_TICK).min(MAX_TICK)
+    }
+
+    fn expired(&self, last_seen: u32, now: u32) -> bool {
+        let idle_ms = self.config.idle_timeout_ms.load(Relaxed);
+        u64::from(now.saturating_sub(last_seen)) * TICK_MS >= idle_ms
+    }
+
+    fn shard_may_hold_expired(&self, shard: &Shard, now: u32) -> bool {
+        let bound = shard.oldest_bound.load(Relaxed);
+        bound != EMPTY_SHARD && self.expired(bound, now)
+    }
+
+    fn may_hold_expired(&self, now: u32) -> bool {
+        self.shards
+            .iter()
+            .any(|shard| self.shard_may_hold_expired(shard, now))
+    }
+
+    fn remembered(&self, binding: Binding, now: u32) -> Remembered {
+        Remembered {
+            peer: binding.peer,
+            since_move_ms: binding
+                .moved_at()
+                .map(|moved_at| u64::from(now.saturating_sub(moved_at)) * TICK_MS),
+        }
+    }
+
+    /// The session's binding if it is live; an expired one is removed here so
+    /// that a session returning after its idle timeout is placed afresh.
+    fn live_binding(&self, map: &mut ShardMap, sid: u64, now: u32) -> Option<Remembered> {
+        let binding = *map.get(&sid)?;
+        if self.expired(binding.last_seen, now) {
+            map.remove(&sid);
+            self.total.fetch_sub(1, Relaxed);
+            self.release(binding.peer, 1);
+            return None;
+        }
+        Some(self.remembered(binding, now))
+    }
+
+    fn rebind(&self, map: &mut ShardMap, sid: u64, from: PeerId, to: PeerId, now: u32) {
+        if let Some(binding) = map.get_mut(&sid) {
+            binding.peer = to;
+            binding.last_seen = binding.last_seen.max(now);
+            binding.moved_at_plus_one = now + 1;
+        }
+        self.release(from, 1);
+    }
+
+    /// Takes one of `peer`'s `cap` binding slots; false when none is left.
+    fn reserve(&self, peer: PeerId, cap: usize) -> bool {
+        let increment = |count: usize| (count < cap).then_some(count + 1);
+        if let Some(count) = self.per_peer.read().get(&peer) {
+            return count.fetch_update(Relaxed, Relaxed, increment).is_ok();
+        }
+        let mut per_peer = self.per_peer.write();
+        let count = per_peer.entry(peer).or_insert_with(|| AtomicUsize::new(0));
+        count.fetch_update(Relaxed, Relaxed, increment).is_ok()
+    }
+
+    fn has_room(&self, peer: PeerId, cap: usize) -> bool {
+        let count = self
+            .per_peer
+            .read()
+            .get(&peer)
+            .map_or(0, |count| count.load(Relaxed));
+        count < cap
+    }
+
+    fn release(&self, peer: PeerId, n: usize) {
+        if let Some(count) = self.per_peer.read().get(&peer) {
+            // Saturating: a binding inserted for a peer while `forget_peer`
+            // dropped its counter must not wrap the recreated one.
+            let _ = count.fetch_update(Relaxed, Relaxed, |c| Some(c.saturating_sub(n)));
+        }
+    }
+}
+
+/// Refreshes a live session's `last_seen`; never moves it backwards when
+/// callers' clocks race.
+fn touch(map: &mut ShardMap, sid: u64, now: u32) {
+    if let Some(binding) = map.get_mut(&sid) {
+        binding.last_seen = binding.last_seen.max(now);
+    }
+}
+
+fn count_for(counts: &mut Vec<(PeerId, usize)>, peer: PeerId) {
+    match counts.iter_mut().find(|(p, _)| *p == peer) {
+        Some((_, count)) => *count += 1,
+        None => counts.push((peer, 1)),
+    }
+}
+
+/// The rendezvous home, unremembered: the placement for a session the table
+/// has no room for. Hashing keeps a repeated id on one peer even so.
+fn table_full(sid: u64, peers: &[PeerLoad]) -> Option<Placement> {
+    rendezvous(sid, peers).map(|peer| Placement {
+        peer,
+        kind: PlacementKind::TableFull,
+        reason: Some(Reason::TableFull),
+    })
+}
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<SessionTable>();
+    assert!(std::mem::size_of::<Binding>() == 12);
+    assert!(SHARD_COUNT.is_power_of_two());
+};

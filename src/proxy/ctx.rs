@@ -1,0 +1,113 @@
+//! Per-request state shared by the proxy hooks.
+
+use crate::registry::{InFlightGuard, Route};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Requests between `new_ctx` and the end of `logging` (or cancellation).
+/// Graceful shutdown waits for this to reach zero.
+pub static ACTIVE_REQUESTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts the request in `ACTIVE_REQUESTS` for as long as it lives.
+#[derive(Debug)]
+pub struct ActiveRequest(());
+
+impl ActiveRequest {
+    fn new() -> Self {
+        ACTIVE_REQUESTS.fetch_add(1, Ordering::AcqRel);
+        ActiveRequest(())
+    }
+}
+
+impl Drop for ActiveRequest {
+    fn drop(&mut self) {
+        ACTIVE_REQUESTS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pub struct RequestCtx {
+    pub started: Instant,
+    /// The route version this request was admitted under; kept to the end.
+    pub route: Option<Arc<Route>>,
+    /// The whole request body as the engine will receive it.
+    pub body: Bytes,
+    /// True once a body was read, so the upstream request gets its real
+    /// Content-Length even when it is 0.
+    pub body_read: bool,
+    /// Parsed once in `request_filter`; later phases reuse it.
+    pub json: Option<serde_json::Value>,
+    /// The replayed request carries a placeholder body; whether the real body
+    /// already went out in the current upstream attempt.
+    pub body_sent_this_attempt: bool,
+    /// Indices into `route.peers` this request may use (model pool + tier).
+    pub pool: Vec<usize>,
+    /// Peers tried so far, in order (indices into `route.peers`).
+    pub tried: Vec<usize>,
+    /// The peer of the current attempt.
+    pub peer: Option<usize>,
+    /// In-flight slot on `peer`; dropped on every exit path.
+    pub slot: Option<InFlightGuard>,
+    /// Upstream attempts started.
+    pub attempts: u32,
+    /// Status of a response the gateway answered itself.
+    pub local_status: Option<u16>,
+    /// Why the last upstream attempt failed, for the final 502.
+    pub last_upstream_error: Option<String>,
+    /// X-Routed-* values decided before proxying.
+    pub routed: RoutedInfo,
+    _active: ActiveRequest,
+}
+
+/// What the X-Routed-* response headers report.
+#[derive(Debug, Default, Clone)]
+pub struct RoutedInfo {
+    pub session_hex: Option<String>,
+    pub source: Option<&'static str>,
+    pub source_owned: Option<String>,
+    pub mode: &'static str,
+}
+
+impl RequestCtx {
+    pub fn new() -> Self {
+        RequestCtx {
+            started: Instant::now(),
+            route: None,
+            body: Bytes::new(),
+            body_read: false,
+            json: None,
+            body_sent_this_attempt: false,
+            pool: Vec::new(),
+            tried: Vec::new(),
+            peer: None,
+            slot: None,
+            attempts: 0,
+            local_status: None,
+            last_upstream_error: None,
+            routed: RoutedInfo::default(),
+            _active: ActiveRequest::new(),
+        }
+    }
+
+    pub fn route_name(&self) -> &str {
+        self.route.as_ref().map(|r| r.name()).unwrap_or("-")
+    }
+
+    pub fn peer_name(&self) -> &str {
+        match (&self.route, self.peer) {
+            (Some(route), Some(i)) => route
+                .peers
+                .get(i)
+                .map(|p| p.config.name.as_str())
+                .unwrap_or("-"),
+            _ => "-",
+        }
+    }
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        Self::new()
+    }
+}

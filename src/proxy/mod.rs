@@ -1,0 +1,329 @@
+//! The Pingora `ProxyHttp` implementation. Hooks stay short and read like the
+//! request's life; the decisions live in the modules they call.
+//!
+//! request_filter           route → body → session → pool → pick (→ replay the body)
+//! upstream_peer            the pick; on a retry, the next untried ready peer
+//! upstream_request_filter  Host, real Content-Length
+//! request_body_filter      swap the replay placeholder for the real body
+//! response_filter          X-Routed-* headers
+//! response_body_filter     stream observation (usage tokens, TTFT)
+//! logging                  metrics, release the in-flight slot
+
+pub mod ctx;
+pub mod pick;
+pub mod replay;
+pub mod request;
+
+use crate::errors::ErrorResponse;
+use crate::metrics::metrics;
+use crate::registry::{now_ms, Registry};
+use async_trait::async_trait;
+use bytes::Bytes;
+use ctx::RequestCtx;
+use pingora::http::ResponseHeader;
+use pingora::prelude::HttpPeer;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{Error, ErrorSource, ErrorType, Result};
+use request::Local;
+use std::sync::Arc;
+
+pub struct Gateway {
+    pub registry: Arc<Registry>,
+}
+
+impl Gateway {
+    pub fn new(registry: Arc<Registry>) -> Self {
+        Gateway { registry }
+    }
+
+    /// Everything before proxying. `Ok(())` means: proxy the (replayed) request.
+    async fn admit(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Local> {
+        let path = session
+            .req_header()
+            .uri
+            .path_and_query()
+            .map(|pq| pq.as_str().to_string())
+            .unwrap_or_else(|| "/".into());
+        let Some((name, rest)) = request::split_route(&path) else {
+            return Err(ErrorResponse::not_found("requests go to /<route>/v1/...").into());
+        };
+        let route = self
+            .registry
+            .route(name)
+            .ok_or_else(|| Local::Error(ErrorResponse::not_found_route(name)))?;
+        ctx.route = Some(Arc::clone(&route));
+        if !rest.starts_with("/v1/") {
+            return Err(ErrorResponse::not_found(format!(
+                "route {name:?} serves /{name}/v1/...; {rest:?} is not an endpoint"
+            ))
+            .into());
+        }
+
+        if request::has_body(session) {
+            ctx.body = request::read_body(session, route.config.max_body_size).await?;
+            ctx.body_read = true;
+        }
+        if request::is_llm_endpoint(&rest) {
+            ctx.json = Some(request::parse_llm_body(&ctx.body)?);
+        }
+
+        ctx.pool = pick::pool(&route);
+        let (peer, slot) = pick::first(&route, &ctx.pool)?;
+        ctx.peer = Some(peer);
+        ctx.slot = Some(slot);
+        ctx.routed.mode = "least_conn";
+
+        let uri = rest
+            .parse::<http::Uri>()
+            .map_err(|_| Local::Error(ErrorResponse::bad_request("invalid request path")))?;
+        session.req_header_mut().set_uri(uri);
+        if ctx.body_read && !ctx.body.is_empty() {
+            if session.as_downstream().is_http2() {
+                // h2c is not offered on the listener; refuse rather than hang.
+                return Err(ErrorResponse::new(505, "http_version_not_supported", "request bodies need HTTP/1.1").into());
+            }
+            replay::replay_h1(session).await.map_err(|e| {
+                Local::Error(ErrorResponse::new(500, "internal_error", format!("body replay failed: {e}")))
+            })?;
+        }
+        Ok(())
+    }
+
+    async fn respond_local(&self, session: &mut Session, ctx: &mut RequestCtx, local: Local) {
+        let (status, body, retry_after) = match local {
+            Local::Error(e) => (e.status, e.body(), e.retry_after),
+            Local::Json(status, value) => {
+                let mut bytes = serde_json::to_vec(&value).unwrap_or_default();
+                bytes.push(b'\n');
+                (status, Bytes::from(bytes), None)
+            }
+        };
+        ctx.local_status = Some(status);
+        // The peer slot is not needed for a local answer.
+        ctx.slot = None;
+        if let Err(e) = write_json(session, status, body, retry_after).await {
+            log::debug!("could not write local response: {e}");
+        }
+    }
+
+    fn build_peer(&self, ctx: &RequestCtx) -> Result<Box<HttpPeer>> {
+        let (Some(route), Some(i)) = (&ctx.route, ctx.peer) else {
+            return Error::e_explain(ErrorType::InternalError, "no peer chosen");
+        };
+        let p = &route.peers[i];
+        let Some(addr) = p.addr else {
+            return Error::e_explain(ErrorType::ConnectNoRoute, format!("peer {} has no address", p.config.name));
+        };
+        let mut peer = HttpPeer::new(addr, false, String::new());
+        let t = &route.config.timeouts;
+        peer.options.connection_timeout = Some(t.connect);
+        peer.options.read_timeout = Some(t.read);
+        peer.options.idle_timeout = Some(t.idle);
+        Ok(Box::new(peer))
+    }
+}
+
+/// Writes a complete JSON response the gateway answers itself.
+pub async fn write_json(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+) -> Result<()> {
+    let mut resp = ResponseHeader::build(status, Some(4))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    if let Some(secs) = retry_after {
+        resp.insert_header("retry-after", secs.to_string())?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::new()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        match self.admit(session, ctx).await {
+            Ok(()) => Ok(false),
+            Err(local) => {
+                self.respond_local(session, ctx, local).await;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+        if ctx.attempts > 0 {
+            // A retry: the previous attempt's slot goes back before the next pick.
+            ctx.slot = None;
+            let route = ctx
+                .route
+                .clone()
+                .ok_or_else(|| Error::explain(ErrorType::InternalError, "retry without route"))?;
+            match pick::retry(&route, &ctx.pool, &ctx.tried) {
+                Some((peer, slot)) => {
+                    ctx.peer = Some(peer);
+                    ctx.slot = Some(slot);
+                }
+                None => {
+                    ctx.peer = None;
+                    return Error::e_explain(ErrorType::ConnectNoRoute, "no untried ready peer left");
+                }
+            }
+        }
+        if let Some(p) = ctx.peer {
+            ctx.tried.push(p);
+        }
+        ctx.attempts += 1;
+        ctx.body_sent_this_attempt = false;
+        self.build_peer(ctx)
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let (Some(route), Some(i)) = (&ctx.route, ctx.peer) {
+            // Passive health check: a peer that refuses connections is not
+            // ready until a probe (or the ban TTL) says otherwise.
+            let p = &route.peers[i];
+            p.state.ban(now_ms(), route.config.health.ban_ttl);
+            log::warn!(
+                "route {} peer {}: connect failed ({}), marked not ready",
+                route.name(),
+                p.config.name,
+                e.etype().as_str()
+            );
+            ctx.last_upstream_error = Some(format!("connect to {} failed: {}", p.config.name, e.etype().as_str()));
+            e.set_retry(pick::has_untried_ready(route, &ctx.pool, &ctx.tried));
+        }
+        e
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream: &mut pingora::http::RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let (Some(route), Some(i)) = (&ctx.route, ctx.peer) {
+            let p = &route.peers[i].config;
+            upstream.insert_header("host", format!("{}:{}", p.host, p.port))?;
+        }
+        if ctx.body_read {
+            upstream.remove_header("transfer-encoding");
+            upstream.insert_header("content-length", ctx.body.len().to_string())?;
+        }
+        Ok(())
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if !ctx.body_read {
+            return Ok(());
+        }
+        // The replayed request carries only a placeholder; the real body goes
+        // out once per attempt, whatever chunks pingora hands us.
+        *body = if ctx.body_sent_this_attempt || ctx.body.is_empty() {
+            None
+        } else {
+            ctx.body_sent_this_attempt = true;
+            Some(ctx.body.clone())
+        };
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let Some(route) = &ctx.route else { return Ok(()) };
+        if !route.config.routed_headers {
+            return Ok(());
+        }
+        if let Some(hex) = &ctx.routed.session_hex {
+            resp.insert_header("x-routed-session", hex.as_str())?;
+        }
+        if let Some(src) = ctx.routed.source_owned.as_deref().or(ctx.routed.source) {
+            resp.insert_header("x-routed-source", src)?;
+        }
+        resp.insert_header("x-routed-mode", ctx.routed.mode)?;
+        resp.insert_header("x-routed-peer", ctx.peer_name().to_string())?;
+        resp.insert_header("x-routed-retries", ctx.attempts.saturating_sub(1).to_string())?;
+        Ok(())
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+        let code = match e.etype() {
+            ErrorType::HTTPStatus(code) => *code,
+            _ => match e.esource() {
+                ErrorSource::Downstream => match e.etype() {
+                    ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed => 0,
+                    _ => 400,
+                },
+                ErrorSource::Upstream => 502,
+                _ if ctx.attempts > 0 => 502,
+                _ => 500,
+            },
+        };
+        if code > 0 && session.response_written().is_none() {
+            let err = match code {
+                502 => {
+                    let tried = ctx.tried.len();
+                    let detail = ctx.last_upstream_error.clone().unwrap_or_else(|| e.to_string());
+                    ErrorResponse::upstream_failed(format!("upstream failed after {tried} attempt(s): {detail}"))
+                        .with("attempts", tried)
+                }
+                400 => ErrorResponse::bad_request(format!("bad request: {}", e.etype().as_str())),
+                c => ErrorResponse::new(c, "internal_error", e.etype().as_str().to_string()),
+            };
+            ctx.local_status = Some(code);
+            let _ = write_json(session, code, err.body(), err.retry_after).await;
+        }
+        ctx.slot = None;
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        ctx.slot = None;
+        let code = session
+            .response_written()
+            .map(|r| r.status.as_u16())
+            .or(ctx.local_status)
+            .unwrap_or(0);
+        let m = metrics();
+        let route = ctx.route_name();
+        m.requests
+            .with_label_values(&[route, ctx.peer_name(), itoa_status(code)])
+            .inc();
+        m.request_duration
+            .with_label_values(&[route])
+            .observe(ctx.started.elapsed().as_secs_f64());
+    }
+}
+
+/// Status codes as label values without a per-request allocation.
+fn itoa_status(code: u16) -> &'static str {
+    static TEXT: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| (0u16..600).map(|c| c.to_string()).collect());
+    TEXT.get(code as usize).map(String::as_str).unwrap_or("other")
+}

@@ -1,0 +1,76 @@
+//! Handing a body that `request_filter` already read back to Pingora's proxy loop.
+//!
+//! Pingora 0.9.1 forwards a pre-read body only through its retry buffer, which
+//! is capped at 64 KiB; larger bodies then hang. Long-context prompts are far
+//! above that. The fix uses public API only: take the TCP stream out of the
+//! downstream session and let pingora-core re-parse a synthetic request from
+//! its pipelined-prefix buffer. The synthetic request carries a 1-byte
+//! placeholder body; `request_body_filter` swaps the placeholder for the real
+//! body on every upstream attempt. A placeholder rather than the whole body,
+//! because the re-parse checks the whole prefix against the 1 MiB header cap.
+//!
+//! All hooks still run once per request, keep-alive and retries keep working,
+//! and the client address and socket digest survive (same stream). Pinned to
+//! pingora =0.9.1; `tests/body.rs` fails loudly if a bump breaks this.
+//! Background: /work/shared/pingora-body.md.
+
+use bytes::BytesMut;
+use pingora::protocols::http::v1::client::http_req_header_to_wire;
+use pingora::protocols::http::ServerSession;
+use pingora::{Error, ErrorType, Result};
+use pingora::proxy::Session;
+
+/// The body the synthetic request carries; `request_body_filter` replaces it.
+pub const PLACEHOLDER: &[u8] = b" ";
+
+/// Rebuilds the downstream session so that pingora proxies the current
+/// request header (already rewritten by the caller) with a placeholder body.
+/// HTTP/1.x only: the caller must not call this for h2 sessions.
+pub async fn replay_h1(session: &mut Session) -> Result<()> {
+    let mut head = session.req_header().clone();
+    head.remove_header("transfer-encoding");
+    // Already answered before the body was read; the replayed request must
+    // not make pingora answer it twice.
+    head.remove_header("expect");
+    head.insert_header("content-length", PLACEHOLDER.len().to_string())?;
+    // Serialize before touching the session: if this failed after the swap
+    // below, the error response would have no connection to go to.
+    let mut prefix: BytesMut = http_req_header_to_wire(&head)
+        .ok_or_else(|| Error::explain(ErrorType::InternalError, "cannot serialize request head"))?;
+    prefix.extend_from_slice(PLACEHOLDER);
+
+    let ds = &mut session.downstream_session;
+    let keepalive = ds.get_keepalive();
+    let reuses = ds.get_keepalive_reuses_remaining();
+    let read_timeout = ds.get_read_timeout();
+    let write_timeout = ds.get_write_timeout();
+    // `Connection: close` would veto keep-alive and make finish() close the
+    // socket; the serialized head above still carries it for the new session.
+    ds.req_header_mut().remove_header("connection");
+    ds.set_keepalive(Some(0));
+    ds.set_keepalive_reuses_remaining(None);
+    // So finish() hands back bytes the client already sent after the body.
+    ds.set_pipelining_enabled(true);
+
+    let placeholder = ServerSession::new_http1(Box::new(std::io::Cursor::new(Vec::<u8>::new())));
+    let old = std::mem::replace(ds, Box::new(placeholder));
+    let reusable = old
+        .finish()
+        .await?
+        .ok_or_else(|| Error::explain(ErrorType::InternalError, "downstream not reusable for replay"))?;
+    let (stream, overread) = reusable.into_parts();
+    if let Some(extra) = overread {
+        prefix.extend_from_slice(&extra);
+    }
+    let mut fresh = ServerSession::new_http1(stream);
+    fresh.set_pipelined_prefix(prefix);
+    if !fresh.read_request().await? {
+        return Error::e_explain(ErrorType::InternalError, "replayed request did not parse");
+    }
+    fresh.set_keepalive(keepalive);
+    fresh.set_keepalive_reuses_remaining(reuses);
+    fresh.set_read_timeout(read_timeout);
+    fresh.set_write_timeout(write_timeout);
+    *ds = Box::new(fresh);
+    Ok(())
+}

@@ -1,0 +1,404 @@
+//! The live route table and the runtime state that outlives a reload.
+//!
+//! A request takes one `Arc<RouteTable>` snapshot and keeps it to the end, so
+//! a reload never changes a request mid-flight. Runtime state (in-flight
+//! counts, bans, engine load, the session table) lives in `RouteRuntime`,
+//! keyed by route name and, per peer, by `host:port`: a reload hands the same
+//! state to every peer that is still configured and drops it for the rest.
+
+use crate::config::{ConfigError, GatewayConfig, PeerConfig, RouteConfig};
+use crate::placement::{EngineLoad, PeerId, PeerLoad, SessionTable, TableConfig};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+/// Milliseconds since process start: a monotonic clock the pure modules can
+/// take as a plain number.
+pub fn now_ms() -> u64 {
+    static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+    EPOCH.elapsed().as_millis() as u64
+}
+
+/// Last engine metrics read from a peer's `/metrics`.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineSample {
+    pub load: EngineLoad,
+    pub read_at_ms: u64,
+}
+
+/// Runtime state of one peer (route + host:port). Shared by all worker threads.
+#[derive(Debug)]
+pub struct PeerState {
+    pub id: PeerId,
+    pub address: String,
+    in_flight: AtomicU32,
+    /// 0 = not banned; else `now_ms()` until which the peer is not ready.
+    banned_until_ms: AtomicU64,
+    /// Set by a failing probe or a live connect failure, cleared by a passing probe.
+    failing: AtomicBool,
+    engine: Mutex<Option<EngineSample>>,
+}
+
+impl PeerState {
+    fn new(id: PeerId, address: String) -> Self {
+        PeerState {
+            id,
+            address,
+            in_flight: AtomicU32::new(0),
+            banned_until_ms: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
+            engine: Mutex::new(None),
+        }
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn is_ready(&self, now_ms: u64) -> bool {
+        let until = self.banned_until_ms.load(Ordering::Relaxed);
+        until == 0 || now_ms >= until
+    }
+
+    /// Remaining ban, for the status endpoints.
+    pub fn banned_for_ms(&self, now_ms: u64) -> u64 {
+        self.banned_until_ms
+            .load(Ordering::Relaxed)
+            .saturating_sub(now_ms)
+    }
+
+    pub fn ban(&self, now_ms: u64, ttl: Duration) {
+        self.failing.store(true, Ordering::Relaxed);
+        self.banned_until_ms
+            .store(now_ms + ttl.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    pub fn unban(&self) {
+        self.failing.store(false, Ordering::Relaxed);
+        self.banned_until_ms.store(0, Ordering::Relaxed);
+    }
+
+    pub fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+
+    pub fn record_engine(&self, load: EngineLoad, now_ms: u64) {
+        *self.engine.lock() = Some(EngineSample {
+            load,
+            read_at_ms: now_ms,
+        });
+    }
+
+    pub fn engine_sample(&self) -> Option<EngineSample> {
+        *self.engine.lock()
+    }
+
+    /// Reserves an in-flight slot unless the peer already carries `limit`.
+    /// One atomic read-modify-write, so the limit holds across worker threads.
+    pub fn try_acquire(self: &Arc<Self>, limit: u32) -> Option<InFlightGuard> {
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| InFlightGuard {
+                peer: Arc::clone(self),
+            })
+    }
+}
+
+/// An in-flight slot on a peer. Dropping it releases the slot, so every exit
+/// path of a request (local response, connect failure, upstream death, client
+/// disconnect, a panic unwinding the task) gives it back.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    peer: Arc<PeerState>,
+}
+
+impl InFlightGuard {
+    pub fn peer(&self) -> &Arc<PeerState> {
+        &self.peer
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A configured peer of the current route version with its runtime state.
+#[derive(Debug)]
+pub struct RoutePeer {
+    pub config: PeerConfig,
+    pub state: Arc<PeerState>,
+    /// Resolved at load time so the request path never blocks on DNS; None
+    /// when the host did not resolve (the peer is then never chosen).
+    pub addr: Option<SocketAddr>,
+}
+
+/// Per-route state that survives reloads.
+pub struct RouteRuntime {
+    peers: Mutex<HashMap<String, Arc<PeerState>>>,
+    next_peer_id: AtomicU32,
+    pub sessions: SessionTable,
+    /// Bumped on every reload that changes this route; background tasks of an
+    /// older generation stop by themselves.
+    pub generation: AtomicUsize,
+}
+
+impl RouteRuntime {
+    fn new(config: &RouteConfig) -> Self {
+        RouteRuntime {
+            peers: Mutex::new(HashMap::new()),
+            next_peer_id: AtomicU32::new(0),
+            sessions: SessionTable::new(table_config(config)),
+            generation: AtomicUsize::new(0),
+        }
+    }
+
+    /// The state for `address`, created on first sight. Ids are never reused
+    /// within a route, so a binding to a removed peer can never point at a new one.
+    fn peer_state(&self, address: &str) -> Arc<PeerState> {
+        let mut peers = self.peers.lock();
+        if let Some(p) = peers.get(address) {
+            return Arc::clone(p);
+        }
+        let id = self.next_peer_id.fetch_add(1, Ordering::Relaxed);
+        let p = Arc::new(PeerState::new(id, address.to_string()));
+        peers.insert(address.to_string(), Arc::clone(&p));
+        p
+    }
+
+    /// Drops state of peers no longer configured and returns their ids.
+    fn retain_peers(&self, keep: &[String]) -> Vec<PeerId> {
+        let mut peers = self.peers.lock();
+        let gone: Vec<PeerId> = peers
+            .iter()
+            .filter(|(addr, _)| !keep.contains(addr))
+            .map(|(_, p)| p.id)
+            .collect();
+        peers.retain(|addr, _| keep.contains(addr));
+        gone
+    }
+}
+
+fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Some(SocketAddr::new(ip, port));
+    }
+    match (host, port).to_socket_addrs() {
+        Ok(mut addrs) => addrs.next(),
+        Err(e) => {
+            log::error!("peer {host}:{port}: cannot resolve ({e}); it will not be used until a reload resolves it");
+            None
+        }
+    }
+}
+
+fn table_config(config: &RouteConfig) -> TableConfig {
+    TableConfig {
+        idle_timeout_ms: config.balancing.idle_timeout.as_millis() as u64,
+        ..TableConfig::default()
+    }
+}
+
+/// One route version: immutable config plus shared runtime state.
+pub struct Route {
+    pub config: RouteConfig,
+    pub peers: Vec<RoutePeer>,
+    pub runtime: Arc<RouteRuntime>,
+}
+
+impl Route {
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The load view placement works on, for the peers at `indices`.
+    pub fn peer_loads(&self, indices: &[usize], now_ms: u64) -> Vec<PeerLoad> {
+        let engine_cfg = self.config.engine_metrics.as_ref();
+        indices
+            .iter()
+            .filter_map(|&i| self.peers.get(i))
+            .map(|p| {
+                let fresh = engine_cfg.and_then(|cfg| {
+                    let sample = p.state.engine_sample()?;
+                    let max_age = 2 * cfg.interval.as_millis() as u64;
+                    (now_ms.saturating_sub(sample.read_at_ms) <= max_age).then_some(sample.load)
+                });
+                let kv_full = match (fresh, engine_cfg) {
+                    (Some(load), Some(cfg)) => load.kv_usage >= cfg.kv_full_threshold,
+                    _ => false,
+                };
+                PeerLoad {
+                    id: p.state.id,
+                    ready: p.state.is_ready(now_ms),
+                    in_flight: p.state.in_flight(),
+                    max_concurrency: p.config.max_concurrency,
+                    engine: fresh,
+                    kv_full,
+                }
+            })
+            .collect()
+    }
+
+    pub fn peer_by_id(&self, id: PeerId) -> Option<(usize, &RoutePeer)> {
+        self.peers.iter().enumerate().find(|(_, p)| p.state.id == id)
+    }
+}
+
+pub type RouteTable = HashMap<String, Arc<Route>>;
+
+/// What a reload did, for logs, metrics and tests.
+#[derive(Debug, Default, Clone)]
+pub struct ReloadReport {
+    pub added: Vec<String>,
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
+    pub unchanged: Vec<String>,
+    /// Files that failed; their route keeps its previous version (or stays absent).
+    pub errors: Vec<ConfigError>,
+    pub warnings: Vec<String>,
+}
+
+impl ReloadReport {
+    pub fn ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// Owns the current route table and the runtime registry behind it.
+pub struct Registry {
+    table: RwLock<Arc<RouteTable>>,
+    runtimes: Mutex<HashMap<String, Arc<RouteRuntime>>>,
+    gateway: GatewayConfig,
+    /// Serialises reloads (SIGHUP can arrive while one is running).
+    reload_lock: Mutex<()>,
+}
+
+impl Registry {
+    pub fn new(gateway: GatewayConfig) -> Self {
+        Registry {
+            table: RwLock::new(Arc::new(HashMap::new())),
+            runtimes: Mutex::new(HashMap::new()),
+            gateway,
+            reload_lock: Mutex::new(()),
+        }
+    }
+
+    pub fn gateway(&self) -> &GatewayConfig {
+        &self.gateway
+    }
+
+    /// The current table; cheap (one Arc clone under a read lock).
+    pub fn snapshot(&self) -> Arc<RouteTable> {
+        Arc::clone(&self.table.read())
+    }
+
+    pub fn route(&self, name: &str) -> Option<Arc<Route>> {
+        self.table.read().get(name).cloned()
+    }
+
+    /// Re-reads the routes directory and swaps in the new table. A file that
+    /// fails to parse or validate keeps its previous version (or stays absent
+    /// if new); a file that disappeared removes its route.
+    pub fn reload(&self) -> ReloadReport {
+        let _serial = self.reload_lock.lock();
+        let mut report = ReloadReport::default();
+        let dir = &self.gateway.routes_dir;
+        let loaded = match crate::config::load_routes_dir(dir, &self.gateway) {
+            Ok(l) => l,
+            Err(e) => {
+                // An unreadable directory says nothing about which routes
+                // should exist: keep serving what we have.
+                report.errors.push(e);
+                return report;
+            }
+        };
+        let old = self.snapshot();
+        let mut next: RouteTable = HashMap::with_capacity(loaded.len());
+        for (name, result) in loaded {
+            match result {
+                Ok(config) => {
+                    report.warnings.extend(
+                        config
+                            .warnings
+                            .iter()
+                            .map(|w| format!("{}: {w}", config.file.display())),
+                    );
+                    match old.get(&name) {
+                        Some(prev) if prev.config == config => {
+                            report.unchanged.push(name.clone());
+                            next.insert(name, Arc::clone(prev));
+                        }
+                        Some(_) => {
+                            report.changed.push(name.clone());
+                            next.insert(name, self.build_route(config));
+                        }
+                        None => {
+                            report.added.push(name.clone());
+                            next.insert(name, self.build_route(config));
+                        }
+                    }
+                }
+                Err(e) => {
+                    if let Some(prev) = old.get(&name) {
+                        next.insert(name, Arc::clone(prev));
+                    }
+                    report.errors.push(e);
+                }
+            }
+        }
+        for name in old.keys() {
+            if !next.contains_key(name) {
+                report.removed.push(name.clone());
+            }
+        }
+        {
+            let mut runtimes = self.runtimes.lock();
+            runtimes.retain(|name, _| next.contains_key(name));
+        }
+        report.added.sort();
+        report.changed.sort();
+        report.removed.sort();
+        report.unchanged.sort();
+        *self.table.write() = Arc::new(next);
+        report
+    }
+
+    fn build_route(&self, config: RouteConfig) -> Arc<Route> {
+        let runtime = {
+            let mut runtimes = self.runtimes.lock();
+            Arc::clone(
+                runtimes
+                    .entry(config.name.clone())
+                    .or_insert_with(|| Arc::new(RouteRuntime::new(&config))),
+            )
+        };
+        let addresses: Vec<String> = config.peers.iter().map(PeerConfig::address).collect();
+        for gone in runtime.retain_peers(&addresses) {
+            runtime.sessions.forget_peer(gone);
+        }
+        runtime.sessions.set_config(table_config(&config));
+        runtime.generation.fetch_add(1, Ordering::AcqRel);
+        let peers = config
+            .peers
+            .iter()
+            .map(|pc| RoutePeer {
+                config: pc.clone(),
+                state: runtime.peer_state(&pc.address()),
+                addr: resolve(&pc.host, pc.port),
+            })
+            .collect();
+        Arc::new(Route {
+            config,
+            peers,
+            runtime,
+        })
+    }
+}

@@ -1,0 +1,9 @@
+//! Session identity: which conversation a request belongs to.
+//!
+//! Only a 64-bit stable hash of the client's value is ever kept (see
+//! [`extract`]); the per-route session table that remembers where each
+//! session runs lives in [`crate::placement`], next to the rules that use it.
+
+pub mod extract;
+
+pub use extract::{extract_session, SessionId, SessionSource, MAX_SESSION_VALUE_BYTES};

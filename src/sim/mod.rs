@@ -1,0 +1,311 @@
+//! A simulated OpenAI-compatible inference engine.
+//!
+//! It stands in for vLLM wherever the gateway needs a real upstream: the demo,
+//! `llm-gateway sim`, the integration tests and the replay benchmark. It
+//! reproduces what a gateway can observe from vLLM: continuous batching with a
+//! FIFO waiting queue, block-granular prefix caching with LRU eviction (visible
+//! as `usage.prompt_tokens_details.cached_tokens` and in time-to-first-token),
+//! SSE streaming with one frame per token, vLLM's Prometheus gauge names, and
+//! failure modes that tests can switch on at any time through [`Faults`].
+//!
+//! The HTTP/1.1 server is hand-written on plain tokio (see `http.rs`) so that
+//! framing is under the tests' control: each SSE frame leaves as its own chunk
+//! the moment it is produced, and a stream can be cut without its terminator.
+//!
+//! Per-request test controls (request headers):
+//! - `x-sim-max-tokens: N`     completion length, overriding the body
+//! - `x-sim-frame-delay-ms: N` time between tokens, overriding the config
+//! - `x-sim-gate: NAME`        after the first content frame, wait for
+//!   [`EngineHandle::open_gate`]`(NAME)`; gates stay open once opened
+//! - `x-sim-echo: 1`           answer 200 with the request body bytes verbatim
+
+mod cli;
+mod engine;
+mod http;
+mod kv;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU16, AtomicU32, AtomicU64};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use cli::run_cli;
+
+/// How a simulated engine behaves. Construct with struct-update syntax from
+/// [`EngineConfig::default`] (fast, for tests) or [`EngineConfig::realistic`].
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Model name served; reported by `/v1/models` and the `model_name` metric label.
+    pub name: String,
+    /// Continuous batching: at most this many sequences decode at once, the
+    /// rest wait in FIFO order. 0 is treated as 1.
+    pub max_running: usize,
+    /// KV capacity in tokens, shared by running sequences and idle cached prefixes.
+    pub kv_capacity_tokens: usize,
+    /// Prefill time per prompt token that is not served from the prefix cache.
+    pub prefill_us_per_token: u64,
+    /// Time between streamed tokens of one sequence.
+    pub decode_ms_per_token: u64,
+    /// Completion length when the request sets none.
+    pub default_max_tokens: usize,
+    /// Prefix cache granularity in tokens. 0 is treated as 1.
+    pub block_tokens: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            name: "sim-model".to_string(),
+            max_running: 8,
+            kv_capacity_tokens: 200_000,
+            prefill_us_per_token: 2,
+            decode_ms_per_token: 1,
+            default_max_tokens: 16,
+            block_tokens: 16,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Timings in the range of a mid-size model on one GPU, for the demo and
+    /// benchmarks where time-to-first-token and cache hits should be visible.
+    pub fn realistic() -> Self {
+        EngineConfig {
+            name: "sim-model".to_string(),
+            max_running: 16,
+            kv_capacity_tokens: 400_000,
+            prefill_us_per_token: 20,
+            decode_ms_per_token: 15,
+            default_max_tokens: 64,
+            block_tokens: 16,
+        }
+    }
+}
+
+/// Failure switches, readable by the engine on every request and settable
+/// from tests at any time.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// The next N completion requests answer 500 with a JSON error body.
+    pub fail_next: AtomicU32,
+    /// Completion requests are read but not answered while this is set.
+    pub stall: AtomicBool,
+    /// `GET /health` answers 503 (`/v1/models` keeps working).
+    pub health_down: AtomicBool,
+    /// If non-zero, `GET /health` answers this status (takes precedence over `health_down`).
+    pub health_status: AtomicU16,
+    /// If non-zero, a stream sends this many content frames and then closes
+    /// the connection without the terminating chunk or `[DONE]`.
+    pub die_after_frames: AtomicU32,
+}
+
+/// How many requests [`EngineStats::recorded`] keeps.
+pub const RECORDED_LIMIT: usize = 256;
+
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Completion requests received, including failed, echoed and invalid ones.
+    pub requests: AtomicU64,
+    /// Completion requests currently being handled (queued, running or stalled).
+    pub in_flight: AtomicI64,
+    /// Requests in arrival order, the last [`RECORDED_LIMIT`] of them. The
+    /// gateway's own probe traffic (`GET /health`, `GET /metrics`) is not
+    /// recorded so that it cannot push the interesting requests out.
+    pub recorded: parking_lot::Mutex<Vec<RecordedRequest>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRequest {
+    pub method: String,
+    /// The request target as received, query string included.
+    pub path: String,
+    /// Header names keep the case they were sent with.
+    pub headers: Vec<(String, String)>,
+    /// The body after removing any chunked transfer coding.
+    pub body: Vec<u8>,
+}
+
+impl RecordedRequest {
+    /// First value of a header, matched case-insensitively.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A running engine. Cloning gives another handle to the same engine;
+/// dropping handles does not stop it (see [`EngineHandle::shutdown`]).
+#[derive(Clone)]
+pub struct EngineHandle {
+    pub addr: SocketAddr,
+    pub faults: Arc<Faults>,
+    pub stats: Arc<EngineStats>,
+    shared: Arc<engine::Shared>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("addr", &self.addr)
+            .field("model", &self.shared.cfg.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineHandle {
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// `http://ip:port`, without a trailing slash.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Releases every request waiting on `x-sim-gate: name` and lets later
+    /// requests with that gate pass without waiting.
+    pub fn open_gate(&self, name: &str) {
+        self.shared.open_gate(name);
+    }
+
+    /// Closes the listening socket before returning, so new connections are
+    /// refused from then on, and drops every open connection (in-progress
+    /// responses are cut off). Idempotent; the engine cannot be restarted,
+    /// start a new one on the same port instead.
+    pub fn shutdown(&self) {
+        self.shared.shutdown();
+    }
+}
+
+/// Starts an engine on `listener`, serving on the current tokio runtime.
+pub async fn start_engine(
+    listener: tokio::net::TcpListener,
+    cfg: EngineConfig,
+) -> std::io::Result<EngineHandle> {
+    let addr = listener.local_addr()?;
+    let faults = Arc::new(Faults::default());
+    let stats = Arc::new(EngineStats::default());
+    let shared = Arc::new(engine::Shared::new(
+        cfg,
+        addr,
+        listener,
+        faults.clone(),
+        stats.clone(),
+    ));
+    tokio::spawn(engine::accept_loop(shared.clone()));
+    Ok(EngineHandle {
+        addr,
+        faults,
+        stats,
+        shared,
+    })
+}
+
+/// Engines on their own runtime thread; dropping the cluster shuts them down
+/// and stops the runtime.
+pub struct SimCluster {
+    pub engines: Vec<EngineHandle>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SimCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimCluster")
+            .field("engines", &self.engines)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimCluster {
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.engines.iter().map(|e| e.addr).collect()
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        for e in &self.engines {
+            e.shutdown();
+        }
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Starts `n` engines on 127.0.0.1 (ephemeral ports when `base_port` is 0,
+/// else `base_port`, `base_port + 1`, …) on a dedicated multi-thread tokio
+/// runtime in its own OS thread, so that synchronous code and other runtimes
+/// (Pingora's) can use them. Returns once all of them are listening.
+pub fn spawn_engines(n: usize, base_port: u16, cfg: EngineConfig) -> std::io::Result<SimCluster> {
+    let ports = (0..n)
+        .map(|i| {
+            if base_port == 0 {
+                return Ok(0);
+            }
+            u16::try_from(i)
+                .ok()
+                .and_then(|i| base_port.checked_add(i))
+                .ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!("{n} engines from port {base_port} run past port 65535"),
+                    )
+                })
+        })
+        .collect::<std::io::Result<Vec<u16>>>()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sim-engine")
+        .enable_all()
+        .build()?;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("sim-engines".to_string())
+        .spawn(move || {
+            rt.block_on(async move {
+                let mut engines = Vec::with_capacity(ports.len());
+                for port in ports {
+                    let started = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+                        Ok(listener) => start_engine(listener, cfg.clone()).await,
+                        Err(e) => Err(e),
+                    };
+                    match started {
+                        Ok(engine) => engines.push(engine),
+                        Err(e) => {
+                            engines.iter().for_each(EngineHandle::shutdown);
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    }
+                }
+                if ready_tx.send(Ok(engines)).is_ok() {
+                    // Err means the cluster was dropped without a stop signal; stop either way.
+                    let _ = stop_rx.await;
+                }
+            });
+            // Bounded: connection tasks are cancelled, nothing blocks on them.
+            rt.shutdown_timeout(Duration::from_secs(1));
+        })?;
+    let engines = match ready_rx.recv() {
+        Ok(result) => result?,
+        Err(_) => {
+            let _ = thread.join();
+            return Err(std::io::Error::other("sim engine thread exited early"));
+        }
+    };
+    Ok(SimCluster {
+        engines,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,556 @@
+//! Server-sent-events framing for the response path.
+//!
+//! Upstream chunks are cut wherever the engine's socket writes happened to
+//! land, so an SSE event can straddle two (or more) chunks. [`SseSplitter`]
+//! re-frames them while copying as little as possible: events that are
+//! complete inside a chunk are handed out as slices of that chunk, and only
+//! the unfinished tail is kept between calls.
+//!
+//! Line endings: `\n` and `\r\n` (in any mix) are recognised. A bare `\r`
+//! line ending, which the SSE spec also allows, is not: no OpenAI-compatible
+//! engine emits it, and supporting it would force the splitter to hold a
+//! complete event whose last byte is `\r` until the next chunk shows whether
+//! a `\n` follows — exactly the hold-back this module must avoid.
+
+use std::borrow::Cow;
+
+use crate::usage::{self, Usage};
+
+/// Where the scanner stands relative to the current line. Kept between
+/// `push` calls so that a terminator cut by a chunk boundary (`"\n" | "\n"`,
+/// `"\r\n\r" | "\n"`, ...) is still recognised without re-scanning the tail.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum LineState {
+    /// Nothing of the current line seen yet: a `\n` here ends the event.
+    #[default]
+    LineStart,
+    /// The current line so far is a lone `\r`: a `\n` makes it a blank line.
+    LineStartCr,
+    /// The current line has content; only a `\n` changes anything.
+    InLine,
+}
+
+/// Buffers bigger than this are released rather than kept for reuse, so one
+/// oversized event does not pin its memory for the rest of a long stream.
+const KEEP_BUFFER_CAPACITY: usize = 64 * 1024;
+
+/// Splits a byte stream into SSE events (each ending at a blank line).
+#[derive(Debug, Default)]
+pub struct SseSplitter {
+    /// Bytes of the event that the last chunk ended in the middle of.
+    pending: Vec<u8>,
+    /// Scanner state at the end of `pending`; `LineStart` when it is empty.
+    state: LineState,
+}
+
+impl SseSplitter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds one chunk; calls `on_event` for each complete event, in order,
+    /// with its exact bytes including the terminating blank line. The bytes
+    /// of an unfinished event stay buffered until a later chunk ends it.
+    pub fn push(&mut self, chunk: &[u8], mut on_event: impl FnMut(&[u8])) {
+        let mut rest = chunk;
+        if !self.pending.is_empty() {
+            match scan_event_end(rest, &mut self.state) {
+                Some(end) => {
+                    self.pending.extend_from_slice(&rest[..end]);
+                    on_event(&self.pending);
+                    self.reset_pending();
+                    rest = &rest[end..];
+                }
+                None => {
+                    self.pending.extend_from_slice(rest);
+                    return;
+                }
+            }
+        }
+        // From here on events are emitted straight out of the chunk; only
+        // the final partial one is copied.
+        loop {
+            let mut state = LineState::LineStart;
+            match scan_event_end(rest, &mut state) {
+                Some(end) => {
+                    on_event(&rest[..end]);
+                    rest = &rest[end..];
+                }
+                None => {
+                    self.pending.extend_from_slice(rest);
+                    self.state = state;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// End of stream: the bytes of an unterminated final event, if any.
+    pub fn finish(&mut self) -> Option<Vec<u8>> {
+        self.state = LineState::LineStart;
+        if self.pending.is_empty() {
+            None
+        } else {
+            Some(std::mem::take(&mut self.pending))
+        }
+    }
+
+    /// Bytes currently held back (the unfinished event). Callers use this to
+    /// cap what a peer that never ends an event can make us buffer.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn reset_pending(&mut self) {
+        self.state = LineState::LineStart;
+        if self.pending.capacity() > KEEP_BUFFER_CAPACITY {
+            self.pending = Vec::new();
+        } else {
+            self.pending.clear();
+        }
+    }
+}
+
+/// Advances `state` over `bytes`; returns the index just past the first
+/// event terminator, or `None` (with `state` describing the end of `bytes`).
+fn scan_event_end(bytes: &[u8], state: &mut LineState) -> Option<usize> {
+    let mut i = 0;
+    while i < bytes.len() {
+        match *state {
+            LineState::InLine => match find_byte(&bytes[i..], b'\n') {
+                Some(off) => {
+                    i += off + 1;
+                    *state = LineState::LineStart;
+                }
+                None => return None,
+            },
+            LineState::LineStart | LineState::LineStartCr => {
+                let b = bytes[i];
+                i += 1;
+                if b == b'\n' {
+                    *state = LineState::LineStart;
+                    return Some(i);
+                }
+                *state = if b == b'\r' && *state == LineState::LineStart {
+                    LineState::LineStartCr
+                } else {
+                    LineState::InLine
+                };
+            }
+        }
+    }
+    None
+}
+
+/// Splits an SSE line into its content and its terminator (`\n`, `\r\n` or
+/// nothing for an unterminated last line).
+pub(crate) fn split_line_terminator(line: &[u8]) -> (&[u8], &[u8]) {
+    let content_len = match line {
+        [.., b'\r', b'\n'] => line.len() - 2,
+        [.., b'\n'] => line.len() - 1,
+        _ => line.len(),
+    };
+    line.split_at(content_len)
+}
+
+/// The value of a `data` field line, or `None` for any other line. A line
+/// that is exactly `data` counts too (SSE: a field with no colon has an
+/// empty value).
+pub(crate) fn data_field_value(content: &[u8]) -> Option<&[u8]> {
+    if content == b"data" {
+        return Some(&[]);
+    }
+    let value = content.strip_prefix(b"data:")?;
+    Some(value.strip_prefix(b" ").unwrap_or(value))
+}
+
+/// The data payload of one event: its `data` lines joined by `\n`, with one
+/// optional space after the colon stripped. `None` if there is no data line.
+/// Borrowed in the usual single-line case, so no copy is made.
+pub fn event_data(event: &[u8]) -> Option<Cow<'_, [u8]>> {
+    let mut data: Option<Cow<'_, [u8]>> = None;
+    for line in event.split_inclusive(|&b| b == b'\n') {
+        let (content, _) = split_line_terminator(line);
+        let Some(value) = data_field_value(content) else {
+            continue;
+        };
+        match &mut data {
+            None => data = Some(Cow::Borrowed(value)),
+            Some(joined) => {
+                let joined = joined.to_mut();
+                joined.push(b'\n');
+                joined.extend_from_slice(value);
+            }
+        }
+    }
+    data
+}
+
+/// What the proxy learns from a stream without changing it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Events that carried generated output (see [`observe_event`]).
+    pub content_events: u64,
+    /// The last `usage` object seen (engines report cumulative counts).
+    pub usage: Option<Usage>,
+}
+
+/// Updates `stats` from one event's data payload.
+///
+/// This runs on every frame of every stream, so it avoids JSON parsing on
+/// the hot path:
+/// - usage: a frame is parsed only if the bytes `"usage"` occur in it
+///   (typically just the last frame), and then only the `usage` member is
+///   materialised.
+/// - content: decided by a byte search for a `"content"`, `"text"`,
+///   `"reasoning"`, `"reasoning_content"` or `"arguments"` key whose value
+///   is a non-empty string. For valid JSON this cannot be fooled by string
+///   contents: inside a string every `"` is escaped, and the backslash
+///   parity check rejects those. The trade-off is that the search does not
+///   know which object the key belongs to, so a frame that has such a key
+///   outside `choices[]` (no engine sends one today) would count, and a
+///   malformed frame may be counted either way. `arguments` (tool-call
+///   deltas) is included because a tool-only answer is still generated
+///   output, and leaving it out would make it look like an empty stream.
+pub fn observe_event(event_data: &[u8], stats: &mut StreamStats) {
+    if carries_content(event_data) {
+        stats.content_events += 1;
+    }
+    if contains(event_data, b"\"usage\"") {
+        if let Some(u) = usage::parse_usage_bytes(event_data) {
+            stats.usage = Some(u);
+        }
+    }
+}
+
+const CONTENT_KEYS: [&[u8]; 5] = [
+    b"\"content\"",
+    b"\"text\"",
+    b"\"reasoning\"",
+    b"\"reasoning_content\"",
+    b"\"arguments\"",
+];
+
+fn carries_content(data: &[u8]) -> bool {
+    CONTENT_KEYS
+        .iter()
+        .any(|key| key_has_nonempty_string(data, key))
+}
+
+/// Is there a member `key` (given with its quotes) whose value is a string
+/// of at least one character?
+fn key_has_nonempty_string(data: &[u8], key: &[u8]) -> bool {
+    let mut from = 0;
+    while let Some(off) = find(&data[from..], key) {
+        let at = from + off;
+        from = at + 1;
+        if !quote_is_unescaped(data, at) {
+            continue;
+        }
+        let mut i = skip_json_ws(data, at + key.len());
+        if data.get(i) != Some(&b':') {
+            continue;
+        }
+        i = skip_json_ws(data, i + 1);
+        if data.get(i) == Some(&b'"') && data.get(i + 1).is_some_and(|&b| b != b'"') {
+            return true;
+        }
+    }
+    false
+}
+
+/// A `"` preceded by an odd number of backslashes is inside a string.
+fn quote_is_unescaped(data: &[u8], at: usize) -> bool {
+    let backslashes = data[..at].iter().rev().take_while(|&&b| b == b'\\').count();
+    backslashes % 2 == 0
+}
+
+pub(crate) fn skip_json_ws(data: &[u8], mut i: usize) -> usize {
+    while matches!(data.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// Position of the first `needle` byte. Reads a word at a time because this
+/// is the inner loop of the splitter and of every per-frame pre-check, and
+/// `memchr` is not a dependency.
+pub(crate) fn find_byte(hay: &[u8], needle: u8) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let pattern = LO.wrapping_mul(u64::from(needle));
+    let mut words = hay.chunks_exact(8);
+    let mut base = 0;
+    for word in &mut words {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(word);
+        let x = u64::from_le_bytes(bytes) ^ pattern;
+        // Classic "has a zero byte" test: exact as to whether one exists.
+        if x.wrapping_sub(LO) & !x & HI != 0 {
+            return word.iter().position(|&b| b == needle).map(|i| base + i);
+        }
+        base += 8;
+    }
+    words
+        .remainder()
+        .iter()
+        .position(|&b| b == needle)
+        .map(|i| base + i)
+}
+
+/// Position of the first occurrence of `needle` (non-empty) in `hay`.
+pub(crate) fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    let (&first, tail) = needle.split_first()?;
+    let mut from = 0;
+    while let Some(off) = find_byte(hay.get(from..)?, first) {
+        let at = from + off;
+        if hay.get(at + 1..at + needle.len()) == Some(tail) {
+            return Some(at);
+        }
+        from = at + 1;
+    }
+    None
+}
+
+pub(crate) fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    find(hay, needle).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn collect(splitter: &mut SseSplitter, chunk: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        splitter.push(chunk, |ev| out.push(ev.to_vec()));
+        out
+    }
+
+    fn split_all(chunks: &[&[u8]]) -> (Vec<Vec<u8>>, Option<Vec<u8>>) {
+        let mut s = SseSplitter::new();
+        let mut events = Vec::new();
+        for c in chunks {
+            events.extend(collect(&mut s, c));
+        }
+        (events, s.finish())
+    }
+
+    const LF_STREAM: &[u8] = b"data: {\"a\":1}\n\n: keepalive\n\nevent: x\ndata: l1\ndata: l2\n\ndata: [DONE]\n\n";
+    const CRLF_STREAM: &[u8] =
+        b"data: {\"a\":1}\r\n\r\n: keepalive\r\n\r\nevent: x\r\ndata: l1\r\ndata: l2\r\n\r\ndata: [DONE]\r\n\r\n";
+    const MIXED_STREAM: &[u8] = b"data: a\r\n\ndata: b\n\r\ndata: c\r\n\r\n";
+
+    fn expected(stream: &[u8], term: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut rest = stream;
+        while let Some(i) = find(rest, term) {
+            out.push(rest[..i + term.len()].to_vec());
+            rest = &rest[i + term.len()..];
+        }
+        assert!(rest.is_empty());
+        out
+    }
+
+    #[test]
+    fn splits_whole_stream() {
+        for (stream, term) in [(LF_STREAM, &b"\n\n"[..]), (CRLF_STREAM, b"\r\n\r\n")] {
+            let (events, rest) = split_all(&[stream]);
+            assert_eq!(events, expected(stream, term));
+            assert_eq!(events.len(), 4);
+            assert_eq!(rest, None);
+        }
+        let (events, _) = split_all(&[MIXED_STREAM]);
+        assert_eq!(
+            events,
+            vec![b"data: a\r\n\n".to_vec(), b"data: b\n\r\n".to_vec(), b"data: c\r\n\r\n".to_vec()]
+        );
+    }
+
+    #[test]
+    fn every_split_point_in_two_and_three_chunks() {
+        for stream in [LF_STREAM, CRLF_STREAM, MIXED_STREAM] {
+            let (whole, _) = split_all(&[stream]);
+            for i in 0..=stream.len() {
+                let (events, rest) = split_all(&[&stream[..i], &stream[i..]]);
+                assert_eq!(events, whole, "split at {i}");
+                assert_eq!(rest, None);
+                for j in i..=stream.len() {
+                    let (events, rest) =
+                        split_all(&[&stream[..i], &stream[i..j], &stream[j..]]);
+                    assert_eq!(events, whole, "split at {i},{j}");
+                    assert_eq!(rest, None);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn complete_event_is_never_held() {
+        let mut s = SseSplitter::new();
+        assert!(collect(&mut s, b"data: x\n").is_empty());
+        assert_eq!(s.pending_len(), 8);
+        // The blank line arriving alone completes the held event at once.
+        assert_eq!(collect(&mut s, b"\n"), vec![b"data: x\n\n".to_vec()]);
+        assert_eq!(s.pending_len(), 0);
+        // CRLF terminator cut between '\r' and '\n'.
+        assert!(collect(&mut s, b"data: y\r\n\r").is_empty());
+        assert_eq!(collect(&mut s, b"\ndata: z"), vec![b"data: y\r\n\r\n".to_vec()]);
+        assert_eq!(s.finish(), Some(b"data: z".to_vec()));
+        assert_eq!(s.finish(), None);
+    }
+
+    #[test]
+    fn comments_and_blank_events_pass_as_events() {
+        let (events, _) = split_all(&[b"\n: keepalive\n\n\r\n"]);
+        assert_eq!(
+            events,
+            vec![b"\n".to_vec(), b": keepalive\n\n".to_vec(), b"\r\n".to_vec()]
+        );
+    }
+
+    #[test]
+    fn bare_cr_is_content() {
+        let (events, rest) = split_all(&[b"data: a\r\r\ndata: b\n\n"]);
+        assert_eq!(events, vec![b"data: a\r\r\ndata: b\n\n".to_vec()]);
+        assert_eq!(rest, None);
+    }
+
+    #[test]
+    fn event_data_variants() {
+        assert_eq!(event_data(b"data: {\"a\":1}\n\n").as_deref(), Some(&b"{\"a\":1}"[..]));
+        assert!(matches!(event_data(b"data: x\n\n"), Some(Cow::Borrowed(_))));
+        assert_eq!(event_data(b"data:x\r\n\r\n").as_deref(), Some(&b"x"[..]));
+        assert_eq!(event_data(b"data:  x\n\n").as_deref(), Some(&b" x"[..]));
+        assert_eq!(
+            event_data(b"event: e\ndata: l1\n: c\ndata:l2\ndata\n\n").as_deref(),
+            Some(&b"l1\nl2\n"[..])
+        );
+        assert_eq!(event_data(b": keepalive\n\n"), None);
+        assert_eq!(event_data(b"\n"), None);
+        assert_eq!(event_data(b"datax: y\n\n"), None);
+        assert_eq!(event_data(b"data: [DONE]").as_deref(), Some(&b"[DONE]"[..]));
+    }
+
+    #[test]
+    fn observe_counts_content_and_captures_usage() {
+        let mut stats = StreamStats::default();
+        let frames: [&[u8]; 8] = [
+            br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            br#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#,
+            br#"{"choices":[{"index":0,"delta":{"reasoning_content":"hmm"}}]}"#,
+            br#"{"choices":[{"index":0,"text":"x"}]}"#,
+            br#"{"choices":[{"index":0,"delta":{"content" : "\"q"}}]}"#,
+            br#"{"choices":[{"index":0,"delta":{"content":null},"finish_reason":"stop"}]}"#,
+            br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            b"[DONE]",
+        ];
+        for f in frames {
+            observe_event(f, &mut stats);
+        }
+        assert_eq!(stats.content_events, 4);
+        assert_eq!(
+            stats.usage,
+            Some(Usage { prompt_tokens: 5, completion_tokens: 3, cached_tokens: 2 })
+        );
+    }
+
+    #[test]
+    fn observe_is_not_fooled_by_string_contents() {
+        let mut stats = StreamStats::default();
+        // The needle appears only inside a string value (escaped quotes).
+        observe_event(
+            br#"{"choices":[{"delta":{"content":""},"x":"\"content\":\"y"}]}"#,
+            &mut stats,
+        );
+        observe_event(br#"{"note":"the \"usage\" word","usage":null}"#, &mut stats);
+        assert_eq!(stats, StreamStats::default());
+        // Tool-call argument deltas are generated output too.
+        observe_event(
+            br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\""}}]}}]}"#,
+            &mut stats,
+        );
+        assert_eq!(stats.content_events, 1);
+    }
+
+    #[test]
+    fn find_helpers_match_naive() {
+        let hay = b"abcdefghij\nklmnopqrstuvwxyz\n0123456789";
+        for n in 0u8..=255 {
+            for start in 0..hay.len() {
+                assert_eq!(
+                    find_byte(&hay[start..], n),
+                    hay[start..].iter().position(|&b| b == n)
+                );
+            }
+        }
+        assert_eq!(find(hay, b"xyz\n0"), Some(24));
+        assert_eq!(find(hay, b"xyz\n1"), None);
+        assert_eq!(find(b"ab", b"abc"), None);
+        assert_eq!(find(b"ab", b""), None);
+    }
+
+    /// One event: field/comment lines (no CR/LF inside, non-empty) with a
+    /// random line ending each, then a blank line.
+    fn event_strategy() -> impl Strategy<Value = Vec<u8>> {
+        let line = prop_oneof![
+            "[^\r\n]{0,12}".prop_map(|s| format!("data: {s}")),
+            "[^\r\n]{0,12}".prop_map(|s| format!(": {s}")),
+            "[a-z]{1,5}".prop_map(|s| format!("event: {s}")),
+            "[^\r\n]{1,12}",
+        ];
+        let eol = prop_oneof![Just("\n"), Just("\r\n")];
+        (
+            proptest::collection::vec((line, eol.clone()), 0..4),
+            eol,
+        )
+            .prop_map(|(lines, end)| {
+                let mut ev = Vec::new();
+                for (l, e) in lines {
+                    ev.extend_from_slice(l.as_bytes());
+                    ev.extend_from_slice(e.as_bytes());
+                }
+                ev.extend_from_slice(end.as_bytes());
+                ev
+            })
+    }
+
+    fn chunk_at(input: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+        points.sort_unstable();
+        let mut chunks = Vec::new();
+        let mut prev = 0;
+        for p in points {
+            chunks.push(input[prev..p].to_vec());
+            prev = p;
+        }
+        chunks.push(input[prev..].to_vec());
+        chunks
+    }
+
+    proptest! {
+        #[test]
+        fn prop_split_any_chunking(
+            events in proptest::collection::vec(event_strategy(), 0..12),
+            tail in "[^\r\n]{0,8}",
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let mut input: Vec<u8> = events.concat();
+            input.extend_from_slice(tail.as_bytes());
+            let mut s = SseSplitter::new();
+            let mut got = Vec::new();
+            let mut concat = Vec::new();
+            for c in chunk_at(&input, &cuts) {
+                s.push(&c, |ev| {
+                    got.push(ev.to_vec());
+                    concat.extend_from_slice(ev);
+                });
+            }
+            let rest = s.finish();
+            prop_assert_eq!(&got, &events);
+            prop_assert_eq!(rest.clone(), (!tail.is_empty()).then(|| tail.as_bytes().to_vec()));
+            concat.extend(rest.unwrap_or_default());
+            prop_assert_eq!(concat, input);
+        }
+    }
+}

@@ -1,0 +1,580 @@
+//! Token usage: reading it from responses, and making streaming requests
+//! ask for it.
+//!
+//! Streams only carry a `usage` frame when the request sets
+//! `stream_options.include_usage`, so the gateway adds it when missing (and
+//! drops the extra frame on the way back, see [`is_usage_only_event`]).
+//! The request body is edited in place rather than re-serialized: engines
+//! key their prefix cache on the rendered prompt, and a re-encoding that
+//! changes escaping or number formatting inside `messages` could change the
+//! prompt and silently cost a cache hit.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::sse::{contains, find_byte, skip_json_ws};
+
+/// Token counts as reported by the engine.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// `prompt_tokens_details.cached_tokens`; 0 when absent or null.
+    pub cached_tokens: u64,
+}
+
+/// The top-level `usage` of a response body or stream frame. `None` when it
+/// is absent, null or not an object; a missing or non-integer count reads
+/// as 0 so that one odd field does not lose the others.
+pub fn parse_usage(json: &Value) -> Option<Usage> {
+    usage_from_object(json.get("usage")?)
+}
+
+fn usage_from_object(usage: &Value) -> Option<Usage> {
+    let usage = usage.as_object()?;
+    let count = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
+    Some(Usage {
+        prompt_tokens: count(usage.get("prompt_tokens")),
+        completion_tokens: count(usage.get("completion_tokens")),
+        cached_tokens: count(
+            usage
+                .get("prompt_tokens_details")
+                .and_then(|d| d.get("cached_tokens")),
+        ),
+    })
+}
+
+/// Only the members the stream path looks at. Everything else is skipped by
+/// serde without being built, which is what makes parsing a frame cheap.
+#[derive(Deserialize)]
+struct FrameEnvelope {
+    choices: Option<Vec<serde::de::IgnoredAny>>,
+    usage: Option<Value>,
+}
+
+fn parse_envelope(json: &[u8]) -> Option<FrameEnvelope> {
+    match serde_json::from_slice::<FrameEnvelope>(json) {
+        Ok(env) => Some(env),
+        // A duplicated member is an error for the typed pass but not for a
+        // `Value` (last one wins, as in the engines' own parsers).
+        Err(_) => {
+            let v: Value = serde_json::from_slice(json).ok()?;
+            let choices = match v.get("choices") {
+                None | Some(Value::Null) => None,
+                Some(Value::Array(a)) => Some(vec![serde::de::IgnoredAny; a.len()]),
+                Some(_) => return None,
+            };
+            Some(FrameEnvelope {
+                choices,
+                usage: v.get("usage").cloned(),
+            })
+        }
+    }
+}
+
+/// [`parse_usage`] straight from bytes, without building the whole document.
+pub fn parse_usage_bytes(json: &[u8]) -> Option<Usage> {
+    usage_from_object(parse_envelope(json)?.usage.as_ref()?)
+}
+
+/// Is this SSE event's data a usage-only frame (`choices` empty, null or
+/// absent, and a `usage` object present)? When unsure — unparsable data,
+/// `choices` not an array — the answer is no, because a wrong yes would
+/// drop a frame the client needs.
+pub fn is_usage_only_event(event_data: &[u8]) -> bool {
+    if !contains(event_data, b"\"usage\"") {
+        return false;
+    }
+    let Some(env) = parse_envelope(event_data) else {
+        return false;
+    };
+    env.choices.is_none_or(|c| c.is_empty())
+        && env.usage.as_ref().is_some_and(Value::is_object)
+}
+
+const TOP_LEVEL_INSERT: &[u8] = b"\"stream_options\":{\"include_usage\":true}";
+const NESTED_INSERT: &[u8] = b"\"include_usage\":true";
+
+/// Adds `stream_options.include_usage: true` to a streaming request body,
+/// touching only the bytes needed (see the module docs for why).
+///
+/// `raw` is the exact body and `parsed` the same body parsed. Returns `None`
+/// when nothing needs to change (not `"stream": true`, or already asked
+/// for) and when it cannot be done safely: `stream_options` or
+/// `include_usage` of an unexpected type, a duplicated key, or `raw` not
+/// matching `parsed`.
+pub fn inject_include_usage(raw: &[u8], parsed: &Value) -> Option<Vec<u8>> {
+    let top = parsed.as_object()?;
+    if top.get("stream") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    let open = skip_json_ws(raw, 0);
+    match find_member(raw, open, "stream_options")? {
+        Member::Missing { empty } => {
+            if top.contains_key("stream_options") {
+                return None;
+            }
+            Some(insert_at(raw, open + 1, TOP_LEVEL_INSERT, !empty))
+        }
+        Member::Found { start, end: _ } => {
+            let opts = top.get("stream_options")?.as_object()?;
+            match find_member(raw, start, "include_usage")? {
+                Member::Missing { empty } => {
+                    if opts.contains_key("include_usage") {
+                        return None;
+                    }
+                    Some(insert_at(raw, start + 1, NESTED_INSERT, !empty))
+                }
+                Member::Found { start, end } => {
+                    let literal = match opts.get("include_usage")? {
+                        Value::Bool(false) => &b"false"[..],
+                        Value::Null => b"null",
+                        // `true` needs nothing; any other type is the
+                        // engine's to judge, not ours to overwrite.
+                        _ => return None,
+                    };
+                    if raw.get(start..end)? != literal {
+                        return None;
+                    }
+                    let mut out = Vec::with_capacity(raw.len() + 1);
+                    out.extend_from_slice(&raw[..start]);
+                    out.extend_from_slice(b"true");
+                    out.extend_from_slice(&raw[end..]);
+                    Some(out)
+                }
+            }
+        }
+    }
+}
+
+fn insert_at(raw: &[u8], at: usize, text: &[u8], comma: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len() + text.len() + 1);
+    out.extend_from_slice(&raw[..at]);
+    out.extend_from_slice(text);
+    if comma {
+        out.push(b',');
+    }
+    out.extend_from_slice(&raw[at..]);
+    out
+}
+
+/// Result of looking a key up in one object of the raw text.
+#[derive(Debug, PartialEq, Eq)]
+enum Member {
+    /// Not there; `empty` says whether the object has no members at all
+    /// (an insertion then needs no trailing comma).
+    Missing { empty: bool },
+    /// The value's byte span.
+    Found { start: usize, end: usize },
+}
+
+/// Walks the object whose `{` is at `open` and looks for member `name`.
+/// `None` if the text is not a well-formed object or the key occurs twice
+/// (which occurrence an engine honours is then its business, so an edit
+/// could miss).
+fn find_member(raw: &[u8], open: usize, name: &str) -> Option<Member> {
+    if raw.get(open) != Some(&b'{') {
+        return None;
+    }
+    let mut i = skip_json_ws(raw, open + 1);
+    if raw.get(i) == Some(&b'}') {
+        return Some(Member::Missing { empty: true });
+    }
+    let mut found = None;
+    loop {
+        let key_end = skip_string(raw, i)?;
+        let is_name = key_equals(&raw[i..key_end], name)?;
+        i = skip_json_ws(raw, key_end);
+        if raw.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_json_ws(raw, i + 1);
+        let end = skip_value(raw, start)?;
+        if is_name {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(Member::Found { start, end });
+        }
+        i = skip_json_ws(raw, end);
+        match raw.get(i)? {
+            b',' => i = skip_json_ws(raw, i + 1),
+            b'}' => return Some(found.unwrap_or(Member::Missing { empty: false })),
+            _ => return None,
+        }
+    }
+}
+
+/// Compares a quoted JSON key with `name`. Keys are compared decoded, so
+/// `"stream\u005foptions"` is recognised too; `None` if it cannot be decoded.
+fn key_equals(quoted: &[u8], name: &str) -> Option<bool> {
+    let inner = quoted.get(1..quoted.len().checked_sub(1)?)?;
+    if find_byte(inner, b'\\').is_none() {
+        return Some(inner == name.as_bytes());
+    }
+    let decoded: String = serde_json::from_slice(quoted).ok()?;
+    Some(decoded == name)
+}
+
+/// `raw[at]` must be `"`; returns the index just past the closing quote.
+fn skip_string(raw: &[u8], at: usize) -> Option<usize> {
+    if raw.get(at) != Some(&b'"') {
+        return None;
+    }
+    let mut i = at + 1;
+    loop {
+        match raw.get(i)? {
+            b'"' => return Some(i + 1),
+            // Whatever follows a backslash cannot end the string; the
+            // digits of `\uXXXX` are ordinary bytes.
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+}
+
+/// Returns the index just past the value starting at `at`. Containers are
+/// walked with a depth counter rather than recursion, so no input can
+/// exhaust the stack.
+fn skip_value(raw: &[u8], at: usize) -> Option<usize> {
+    match raw.get(at)? {
+        b'"' => skip_string(raw, at),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut i = at;
+            while let Some(&b) = raw.get(i) {
+                match b {
+                    b'"' => {
+                        i = skip_string(raw, i)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+            None
+        }
+        _ => {
+            let len = raw[at..]
+                .iter()
+                .position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
+                .unwrap_or(raw.len() - at);
+            (len > 0).then_some(at + len)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn inject(raw: &str) -> Option<String> {
+        let parsed: Value = serde_json::from_str(raw).unwrap();
+        inject_include_usage(raw.as_bytes(), &parsed).map(|b| String::from_utf8(b).unwrap())
+    }
+
+    #[test]
+    fn parse_usage_shapes() {
+        let v = json!({"usage":{"prompt_tokens":10,"completion_tokens":4,
+            "prompt_tokens_details":{"cached_tokens":8}}});
+        assert_eq!(
+            parse_usage(&v),
+            Some(Usage { prompt_tokens: 10, completion_tokens: 4, cached_tokens: 8 })
+        );
+        let v = json!({"usage":{"prompt_tokens":10,"completion_tokens":4,"prompt_tokens_details":null}});
+        assert_eq!(parse_usage(&v).map(|u| u.cached_tokens), Some(0));
+        assert_eq!(parse_usage(&json!({"usage":null})), None);
+        assert_eq!(parse_usage(&json!({"choices":[]})), None);
+        assert_eq!(parse_usage(&json!([1])), None);
+        assert_eq!(
+            parse_usage_bytes(br#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#)
+                .map(|u| u.prompt_tokens),
+            Some(2)
+        );
+        assert_eq!(parse_usage_bytes(b"[DONE]"), None);
+    }
+
+    #[test]
+    fn usage_only_frames() {
+        assert!(is_usage_only_event(
+            br#"{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#
+        ));
+        assert!(is_usage_only_event(br#"{"id":"x","usage":{"prompt_tokens":1}}"#));
+        assert!(is_usage_only_event(br#"{"choices":null,"usage":{}}"#));
+        assert!(!is_usage_only_event(
+            br#"{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":1}}"#
+        ));
+        assert!(!is_usage_only_event(br#"{"choices":[],"usage":null}"#));
+        assert!(!is_usage_only_event(br#"{"choices":[]}"#));
+        assert!(!is_usage_only_event(br#"{"choices":{},"usage":{}}"#));
+        assert!(!is_usage_only_event(br#"{"choices":[],"usage":{"#));
+        assert!(!is_usage_only_event(b"[DONE]"));
+    }
+
+    #[test]
+    fn inject_cases() {
+        assert_eq!(
+            inject(r#"{"model":"m","stream":true}"#).as_deref(),
+            Some(r#"{"stream_options":{"include_usage":true},"model":"m","stream":true}"#)
+        );
+        assert_eq!(
+            inject(" {\n \"stream\" : true }\n").as_deref(),
+            Some(" {\"stream_options\":{\"include_usage\":true},\n \"stream\" : true }\n")
+        );
+        assert_eq!(
+            inject(r#"{"stream":true,"stream_options":{}}"#).as_deref(),
+            Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)
+        );
+        assert_eq!(
+            inject(r#"{"stream":true,"stream_options":{ "continuous_usage_stats":true }}"#)
+                .as_deref(),
+            Some(r#"{"stream":true,"stream_options":{"include_usage":true, "continuous_usage_stats":true }}"#)
+        );
+        assert_eq!(
+            inject(r#"{"stream_options":{"include_usage" : false},"stream":true}"#).as_deref(),
+            Some(r#"{"stream_options":{"include_usage" : true},"stream":true}"#)
+        );
+        assert_eq!(
+            inject(r#"{"stream_options":{"include_usage":null},"stream":true}"#).as_deref(),
+            Some(r#"{"stream_options":{"include_usage":true},"stream":true}"#)
+        );
+        // Escaped key spellings are the same key.
+        assert_eq!(
+            inject(r#"{"stream":true,"stream\u005foptions":{"include\u005fusage":false}}"#)
+                .as_deref(),
+            Some(r#"{"stream":true,"stream\u005foptions":{"include\u005fusage":true}}"#)
+        );
+    }
+
+    #[test]
+    fn inject_declines() {
+        for raw in [
+            r#"{"model":"m"}"#,
+            r#"{"stream":false}"#,
+            r#"{"stream":"true"}"#,
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"{"stream":true,"stream_options":null}"#,
+            r#"{"stream":true,"stream_options":[]}"#,
+            r#"{"stream":true,"stream_options":{"include_usage":"yes"}}"#,
+            r#"{"stream":true,"stream_options":{},"stream_options":{}}"#,
+            r#"{"stream":true,"stream_options":{"include_usage":false,"include_usage":false}}"#,
+            r#"[{"stream":true}]"#,
+        ] {
+            assert_eq!(inject(raw), None, "{raw}");
+        }
+        // raw that does not match parsed
+        let parsed = json!({"stream": true, "stream_options": {}});
+        assert_eq!(inject_include_usage(br#"{"stream":true}"#, &parsed), None);
+        assert_eq!(inject_include_usage(br#"{"stream":true,"#, &json!({"stream":true})), None);
+    }
+
+    #[test]
+    fn scanner_skips_tricky_strings() {
+        let raw = r#"{"messages":[{"content":"a \"stream_options\": {} \\"},{"x":"}]{["}],"stream":true}"#;
+        assert_eq!(
+            inject(raw).as_deref(),
+            Some(
+                r#"{"stream_options":{"include_usage":true},"messages":[{"content":"a \"stream_options\": {} \\"},{"x":"}]{["}],"stream":true}"#
+            )
+        );
+    }
+
+    // ---- property test: random JSON with random formatting ----
+
+    fn value_strategy() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<u64>().prop_map(|n| json!(n)),
+            // Quarter steps are exact in binary, so text round-trips exactly.
+            (-4000i32..4000).prop_map(|n| json!(f64::from(n) / 4.0)),
+            any::<String>().prop_map(Value::String),
+            "[a-z\"\\\\/\u{e9}\u{1f600}\n\t ]{0,10}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec((key_strategy(), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn key_strategy() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z_]{0,8}",
+            any::<String>(),
+            Just("stream_options".to_string()),
+            Just("include_usage".to_string()),
+        ]
+    }
+
+    /// Writes JSON with random whitespace and random (valid) escaping,
+    /// driven by a small deterministic generator seeded by proptest.
+    struct Writer {
+        out: String,
+        seed: u64,
+    }
+
+    impl Writer {
+        fn roll(&mut self, n: u64) -> u64 {
+            self.seed ^= self.seed << 13;
+            self.seed ^= self.seed >> 7;
+            self.seed ^= self.seed << 17;
+            self.seed % n
+        }
+
+        fn ws(&mut self) {
+            for _ in 0..self.roll(4).saturating_sub(1) {
+                let c = [' ', '\n', '\t', '\r'][self.roll(4) as usize];
+                self.out.push(c);
+            }
+        }
+
+        fn string(&mut self, s: &str) {
+            self.out.push('"');
+            for c in s.chars() {
+                let must = matches!(c, '"' | '\\') || (c as u32) < 0x20;
+                if must || self.roll(6) == 0 {
+                    match (c, self.roll(2)) {
+                        ('"', 0) => self.out.push_str("\\\""),
+                        ('\\', 0) => self.out.push_str("\\\\"),
+                        ('/', 0) => self.out.push_str("\\/"),
+                        ('\n', 0) => self.out.push_str("\\n"),
+                        _ => {
+                            let mut buf = [0u16; 2];
+                            for unit in c.encode_utf16(&mut buf) {
+                                self.out.push_str(&format!("\\u{unit:04x}"));
+                            }
+                        }
+                    }
+                } else {
+                    self.out.push(c);
+                }
+            }
+            self.out.push('"');
+        }
+
+        fn value(&mut self, v: &Value) {
+            match v {
+                Value::String(s) => self.string(s),
+                Value::Array(a) => {
+                    self.out.push('[');
+                    for (i, x) in a.iter().enumerate() {
+                        if i > 0 {
+                            self.out.push(',');
+                        }
+                        self.ws();
+                        self.value(x);
+                        self.ws();
+                    }
+                    self.ws();
+                    self.out.push(']');
+                }
+                Value::Object(m) => {
+                    self.out.push('{');
+                    for (i, (k, x)) in m.iter().enumerate() {
+                        if i > 0 {
+                            self.out.push(',');
+                        }
+                        self.ws();
+                        self.string(k);
+                        self.ws();
+                        self.out.push(':');
+                        self.ws();
+                        self.value(x);
+                        self.ws();
+                    }
+                    self.ws();
+                    self.out.push('}');
+                }
+                other => self.out.push_str(&other.to_string()),
+            }
+        }
+    }
+
+    fn body_strategy() -> impl Strategy<Value = Value> {
+        let opts = prop_oneof![
+            Just(None),
+            Just(Some(json!({}))),
+            Just(Some(json!({"include_usage": false}))),
+            Just(Some(json!({"include_usage": null}))),
+            Just(Some(json!({"continuous_usage_stats": true}))),
+            Just(Some(json!({"include_usage": false, "continuous_usage_stats": true}))),
+        ];
+        (
+            proptest::collection::vec((key_strategy(), value_strategy()), 0..6),
+            opts,
+            any::<bool>(),
+        )
+            .prop_map(|(members, opts, stream_first)| {
+                let mut m = serde_json::Map::new();
+                if stream_first {
+                    m.insert("stream".into(), Value::Bool(true));
+                }
+                for (k, v) in members {
+                    if k != "stream" && k != "stream_options" {
+                        m.insert(k, v);
+                    }
+                }
+                if let Some(o) = opts {
+                    m.insert("stream_options".into(), o);
+                }
+                m.insert("stream".into(), Value::Bool(true));
+                Value::Object(m)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        #[test]
+        fn prop_inject_is_surgical(body in body_strategy(), seed in 1u64..) {
+            let mut w = Writer { out: String::new(), seed };
+            w.ws();
+            w.value(&body);
+            w.ws();
+            let raw = w.out.into_bytes();
+            let parsed: Value = serde_json::from_slice(&raw).expect("writer emits valid JSON");
+            prop_assert_eq!(&parsed, &body);
+
+            let new = inject_include_usage(&raw, &parsed).expect("always applicable here");
+            let new_value: Value = serde_json::from_slice(&new).expect("valid JSON out");
+            let mut expected = body.clone();
+            let opts = expected
+                .as_object_mut()
+                .unwrap()
+                .entry("stream_options")
+                .or_insert_with(|| json!({}));
+            opts.as_object_mut().unwrap().insert("include_usage".into(), Value::Bool(true));
+            prop_assert_eq!(new_value, expected);
+
+            // Every other byte is in place: undoing the one edit restores raw.
+            let undone = [
+                (&TOP_LEVEL_INSERT[..], &b""[..]),
+                (&NESTED_INSERT[..], &b""[..]),
+                (&b"true"[..], &b"false"[..]),
+                (&b"true"[..], &b"null"[..]),
+            ]
+            .iter()
+            .any(|(inserted, original)| {
+                [inserted.to_vec(), [*inserted, b","].concat()].iter().any(|ins| {
+                    (0..new.len()).any(|p| {
+                        new[p..].starts_with(ins)
+                            && [&new[..p], *original, &new[p + ins.len()..]].concat() == raw
+                    })
+                })
+            });
+            prop_assert!(undone, "edit is not a single insertion/replacement");
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Shared integration-test harness: the real `llm-gateway` binary on
+//! 127.0.0.1 ephemeral ports, simulated engines in-process, and deadline
+//! polling instead of sleeps.
+
+#![allow(dead_code)]
+
+pub mod http;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use llm_gateway::sim::{spawn_engines, EngineConfig, SimCluster};
+
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Polls `f` until it returns Some, or panics with `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A port that was free a moment ago. The gateway binds it right after; a
+/// collision shows up as a startup failure, not a wrong result.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A route file body for peers on the given engine ports.
+pub fn route_yaml(ports: &[u16], extra: &str) -> String {
+    let mut s = String::from("peers:\n");
+    for (i, port) in ports.iter().enumerate() {
+        s.push_str(&format!("  - {{name: e{i}, host: 127.0.0.1, port: {port}, max_concurrency: 64}}\n"));
+    }
+    s.push_str(extra);
+    s
+}
+
+pub struct Gateway {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub routes_dir: PathBuf,
+    log_path: PathBuf,
+}
+
+pub struct GatewayOptions {
+    pub grace_period: &'static str,
+    pub threads: usize,
+    pub extra_config: String,
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            grace_period: "10s",
+            threads: 2,
+            extra_config: String::new(),
+            env: Vec::new(),
+        }
+    }
+}
+
+impl Gateway {
+    pub fn start(routes: &[(&str, String)]) -> Gateway {
+        Self::start_with(routes, GatewayOptions::default())
+    }
+
+    pub fn start_with(routes: &[(&str, String)], opts: GatewayOptions) -> Gateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let routes_dir = dir.path().join("routes");
+        std::fs::create_dir_all(&routes_dir).expect("routes dir");
+        for (name, body) in routes {
+            std::fs::write(routes_dir.join(format!("{name}.yaml")), body).expect("route file");
+        }
+        let port = free_port();
+        let admin_port = free_port();
+        let config = dir.path().join("gateway.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nroutes_dir: {}\nthreads: {}\ngrace_period: {}\napi_keys_file: {}\n{}",
+                routes_dir.display(),
+                opts.threads,
+                opts.grace_period,
+                dir.path().join("no-api-keys").display(),
+                opts.extra_config
+            ),
+        )
+        .expect("gateway.yaml");
+        let log_path = dir.path().join("gateway.log");
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-gateway"));
+        cmd.arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .env_remove("LLM_GATEWAY_API_KEYS_FILE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn llm-gateway");
+        let mut gw = Gateway {
+            child: Some(child),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
+            dir,
+            routes_dir,
+            log_path,
+        };
+        gw.wait_healthy();
+        gw
+    }
+
+    fn wait_healthy(&mut self) {
+        let start = Instant::now();
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("gateway exited at startup ({status}):\n{}", self.log());
+                }
+            }
+            let admin_ok = std::net::TcpStream::connect(self.admin).is_ok()
+                && http::get(self.admin, "/healthz").status() == 200;
+            if admin_ok && std::net::TcpStream::connect(self.addr).is_ok() {
+                return;
+            }
+            if start.elapsed() > DEADLINE {
+                panic!("gateway not healthy after {DEADLINE:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).expect("running")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([format!("-{sig}"), self.pid().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    pub fn write_route(&self, name: &str, body: &str) {
+        std::fs::write(self.routes_dir.join(format!("{name}.yaml")), body).expect("write route");
+    }
+
+    pub fn remove_route(&self, name: &str) {
+        std::fs::remove_file(self.routes_dir.join(format!("{name}.yaml"))).expect("remove route");
+    }
+
+    /// Sum of `name{...}` samples whose label text contains every `filters` entry.
+    pub fn metric(&self, name: &str, filters: &[&str]) -> f64 {
+        let text = http::get(self.admin, "/metrics").text();
+        metric_sum(&text, name, filters)
+    }
+
+    /// Sends SIGHUP and waits until the reload counter moved.
+    pub fn reload(&self) {
+        let before = self.metric("llm_gateway_reloads_total", &[]);
+        self.signal("HUP");
+        wait_for("reload to complete", DEADLINE, || {
+            (self.metric("llm_gateway_reloads_total", &[]) > before).then_some(())
+        });
+    }
+
+    pub fn url(&self, route_path: &str) -> String {
+        route_path.to_string()
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let child = self.child.as_mut()?;
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return status.code();
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn in_flight_total(&self) -> f64 {
+        self.metric("llm_gateway_in_flight", &[])
+    }
+
+    /// Waits until no request is in flight through the gateway.
+    pub fn wait_idle(&self) {
+        wait_for("in-flight to return to 0", DEADLINE, || (self.in_flight_total() == 0.0).then_some(()));
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn metric_sum(text: &str, name: &str, filters: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| filters.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+pub fn engines(n: usize) -> SimCluster {
+    spawn_engines(n, 0, EngineConfig::default()).expect("simulated engines")
+}
+
+pub fn ports(cluster: &SimCluster) -> Vec<u16> {
+    cluster.engines.iter().map(|e| e.port()).collect()
+}
+
+pub fn chat_body(session: &str, content: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": "sim-model",
+        "stream": stream,
+        "messages": [{"role": "user", "content": content}],
+        "metadata": {"session_id": session},
+    })
+}
+
+pub fn path_exists(p: &Path) -> bool {
+    p.exists()
+}
