@@ -151,6 +151,11 @@ impl Conn {
         }
     }
 
+    /// Status of the next head, 1xx included.
+    pub fn read_head_raw_status(&mut self) -> u16 {
+        self.read_one_head().expect("response head").status
+    }
+
     fn read_one_head(&mut self) -> std::io::Result<Head> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
