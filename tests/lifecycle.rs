@@ -1,0 +1,171 @@
+//! Issue 2: hot reload (SIGHUP), graceful shutdown (SIGTERM) and `check`.
+
+mod common;
+
+use common::http::{self, Conn, Upload};
+use common::*;
+use serde_json::json;
+use std::process::Command;
+use std::time::Duration;
+
+fn start_gated_stream(gw: &Gateway, route: &str, gate: &str) -> (Conn, String) {
+    let mut conn = Conn::open(gw.addr);
+    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 6,
+                      "messages": [{"role": "user", "content": "long answer"}]});
+    conn.send(
+        "POST",
+        &format!("/{route}/v1/chat/completions"),
+        &[("Content-Type", "application/json"), ("x-sim-gate", gate)],
+        body.to_string().as_bytes(),
+        Upload::Length,
+    );
+    let head = conn.read_head();
+    assert_eq!(head.status, 200);
+    let peer = head.header("x-routed-peer").expect("routed peer").to_string();
+    conn.read_chunk().expect("first frame").expect("data");
+    (conn, peer)
+}
+
+/// Reads the rest of a stream; true when it ended with [DONE] and the last chunk.
+fn finish_stream(conn: &mut Conn) -> bool {
+    let mut rest = Vec::new();
+    loop {
+        match conn.read_chunk() {
+            Ok(Some(c)) => rest.extend_from_slice(&c),
+            Ok(None) => return String::from_utf8_lossy(&rest).contains("data: [DONE]"),
+            Err(_) => return false,
+        }
+    }
+}
+
+fn chat(gw: &Gateway, route: &str) -> http::Response {
+    http::post_json(gw.addr, &format!("/{route}/v1/chat/completions"), &[], &chat_body("s", "hi", false))
+}
+
+#[test]
+fn sighup_adds_changes_removes_and_survives_a_broken_file() {
+    let a = engines(1);
+    let b = engines(1);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&a), ""))]);
+    let pid = gw.pid();
+
+    // A stream in flight on engine A across every reload below.
+    let (mut stream, peer) = start_gated_stream(&gw, "chat", "hold");
+    assert_eq!(peer, "e0");
+
+    // Add: a new file is served after SIGHUP (and not before: control).
+    assert_eq!(chat(&gw, "extra").status(), 404);
+    gw.write_route("extra", &route_yaml(&ports(&b), ""));
+    gw.reload();
+    assert_eq!(chat(&gw, "extra").status(), 200);
+
+    // Change: chat moves to engine B; the peer that stays keeps its runtime
+    // state (the in-flight stream on the old peer is still counted).
+    let before_b = b.engines[0].stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+    gw.write_route("chat", &format!(
+        "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}}}\n  - {{name: nb, host: 127.0.0.1, port: {}, max_concurrency: 1000}}\n",
+        a.engines[0].port(), b.engines[0].port()
+    ));
+    gw.reload();
+    assert_eq!(gw.metric("llm_gateway_in_flight", &["route=\"chat\"", "peer=\"e0\""]), 1.0, "state carried over");
+    let r = chat(&gw, "chat");
+    assert_eq!(r.status(), 200);
+    // e0 has 1 in flight, nb has 0: least-loaded goes to nb.
+    assert_eq!(r.header("x-routed-peer"), Some("nb"));
+    assert!(b.engines[0].stats.requests.load(std::sync::atomic::Ordering::Relaxed) > before_b);
+
+    // Break: invalid file keeps the previous version, logs file and line, counts an error.
+    let errors_before = gw.metric("llm_gateway_reloads_total", &["result=\"error\""]);
+    gw.write_route("chat", "peers:\n  - {name: x, host: h, port: 1}\nbalancing:\n  mode: hash\n  bogus_key: 1\n");
+    gw.reload();
+    assert_eq!(gw.metric("llm_gateway_reloads_total", &["result=\"error\""]), errors_before + 1.0);
+    let log = gw.log();
+    assert!(log.contains("chat.yaml:5"), "error names file and line:\n{log}");
+    assert_eq!(chat(&gw, "chat").header("x-routed-peer"), Some("nb"), "previous version still serves");
+    // A broken NEW file stays absent.
+    gw.write_route("broken", "peers: [");
+    gw.reload();
+    assert_eq!(chat(&gw, "broken").status(), 404);
+
+    // Remove: answers 404 after SIGHUP.
+    gw.remove_route("extra");
+    gw.reload();
+    assert_eq!(chat(&gw, "extra").status(), 404);
+    assert!(gw.metric("llm_gateway_reloads_total", &["result=\"ok\""]) >= 3.0);
+
+    // The stream that was in flight the whole time finishes intact on engine A.
+    a.engines[0].open_gate("hold");
+    assert!(finish_stream(&mut stream), "stream in flight across reloads finished intact");
+    assert_eq!(gw.pid(), pid, "same process throughout");
+    gw.wait_idle();
+}
+
+#[test]
+fn sigterm_drains_streams_then_exits_zero() {
+    let cluster = engines(1);
+    let mut gw = Gateway::start_with(
+        &[("chat", route_yaml(&ports(&cluster), ""))],
+        GatewayOptions { grace_period: "30s", ..Default::default() },
+    );
+    let (mut stream, _) = start_gated_stream(&gw, "chat", "drain");
+    gw.signal("TERM");
+    // Draining: health turns 503 (or the admin listener is already gone) and
+    // new connections stop being accepted.
+    wait_for("health to report draining", DEADLINE, || {
+        let draining = match std::net::TcpStream::connect(gw.admin) {
+            Err(_) => true,
+            Ok(_) => http::get(gw.admin, "/healthz").status() == 503,
+        };
+        draining.then_some(())
+    });
+    wait_for("listener to stop accepting", DEADLINE, || {
+        std::net::TcpStream::connect(gw.addr).is_err().then_some(())
+    });
+    // Control for "the process waits": it is still alive while the stream runs.
+    assert_eq!(gw.wait_exit(Duration::from_millis(300)), None, "must not exit with a stream in flight");
+    cluster.engines[0].open_gate("drain");
+    assert!(finish_stream(&mut stream), "in-flight stream finished intact during drain");
+    // Exits 0 as soon as nothing is in flight, well before the 30 s grace period.
+    assert_eq!(gw.wait_exit(Duration::from_secs(10)), Some(0), "{}", gw.log());
+}
+
+fn check(dir: &std::path::Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+        .args(["check", "--config"])
+        .arg(dir.join("gateway.yaml"))
+        .output()
+        .expect("run check");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn check_reports_file_line_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes");
+    std::fs::create_dir_all(&routes).unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), format!("routes_dir: {}\n", routes.display())).unwrap();
+    let good = "peers:\n  - {name: a, host: 127.0.0.1, port: 8000}\n";
+    std::fs::write(routes.join("good.yaml"), good).unwrap();
+    let (ok, text) = check(dir.path());
+    assert!(ok, "valid config passes: {text}");
+
+    let cases = [
+        ("unknown key", "peers:\n  - {name: a, host: h, port: 1}\nbalancng: {}\n", "bad.yaml:3", "balancng"),
+        ("wrong type", "peers:\n  - {name: a, host: h, port: 1, max_concurrency: lots}\n", "bad.yaml:2", "invalid type"),
+        ("missing peers", "balancing: {mode: hash}\n", "bad.yaml", "at least one peer"),
+        ("port range", "peers:\n  - {name: a, host: h, port: 1}\n  - {name: b, host: h, port: 99999}\n", "bad.yaml:3", "out of range"),
+        ("duplicate peer", "peers:\n  - {name: a, host: h, port: 1}\n  - {name: a, host: h, port: 2}\n", "bad.yaml:3", "duplicate"),
+        ("affinity needs mode", "peers:\n  - {name: a, host: h, port: 1}\nbalancing:\n  mode: least_conn\n  session_affinity: {headers: [x-a]}\n", "bad.yaml:5", "requires mode"),
+    ];
+    for (what, body, location, reason) in cases {
+        std::fs::write(routes.join("bad.yaml"), body).unwrap();
+        let (ok, text) = check(dir.path());
+        assert!(!ok, "{what}: check must fail");
+        assert!(text.contains(location), "{what}: {text}");
+        assert!(text.contains(reason), "{what}: {text}");
+    }
+    std::fs::write(dir.path().join("gateway.yaml"), "listen: nowhere\n").unwrap();
+    let (ok, text) = check(dir.path());
+    assert!(!ok && text.contains("gateway.yaml:1"), "{text}");
+}
