@@ -148,6 +148,8 @@ pub struct RouteRuntime {
     /// Bumped on every reload that changes this route; background tasks of an
     /// older generation stop by themselves.
     pub generation: AtomicUsize,
+    /// Turn counter of the round_robin baseline mode.
+    pub round_robin: AtomicUsize,
 }
 
 impl RouteRuntime {
@@ -157,6 +159,7 @@ impl RouteRuntime {
             next_peer_id: AtomicU32::new(0),
             sessions: SessionTable::new(table_config(config)),
             generation: AtomicUsize::new(0),
+            round_robin: AtomicUsize::new(0),
         }
     }
 

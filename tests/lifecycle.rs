@@ -112,9 +112,9 @@ fn sigterm_drains_streams_then_exits_zero() {
     // Draining: health turns 503 (or the admin listener is already gone) and
     // new connections stop being accepted.
     wait_for("health to report draining", DEADLINE, || {
-        let draining = match std::net::TcpStream::connect(gw.admin) {
-            Err(_) => true,
-            Ok(_) => http::get(gw.admin, "/healthz").status() == 503,
+        let draining = match http::try_get(gw.admin, "/healthz") {
+            None => true,
+            Some(r) => r.status() == 503,
         };
         draining.then_some(())
     });

@@ -1,7 +1,7 @@
 //! The admin listener: `/healthz`, `/metrics`, `/_routes`.
 //! (Per-route `/_…` endpoints live on the main listener, see `routes.rs`.)
 
-
+pub mod routes;
 
 use crate::controller::is_draining;
 use crate::metrics::metrics;

@@ -249,6 +249,8 @@ pub enum Mode {
     Hash,
     /// Ignore sessions; lowest in-flight / max_concurrency.
     LeastConn,
+    /// Ignore sessions; rotate over the ready peers. A baseline for benchmarks.
+    RoundRobin,
 }
 
 impl Mode {
@@ -257,6 +259,7 @@ impl Mode {
             "load_aware" | "loadaware" => Some(Mode::LoadAware),
             "hash" => Some(Mode::Hash),
             "least_conn" | "leastconn" => Some(Mode::LeastConn),
+            "round_robin" | "roundrobin" => Some(Mode::RoundRobin),
             _ => None,
         }
     }
@@ -266,6 +269,7 @@ impl Mode {
             Mode::LoadAware => "load_aware",
             Mode::Hash => "hash",
             Mode::LeastConn => "least_conn",
+            Mode::RoundRobin => "round_robin",
         }
     }
 }
@@ -483,7 +487,7 @@ impl RouteConfig {
             Some(m) => Mode::parse(m).ok_or_else(|| {
                 err(
                     find_key_line(text, "mode"),
-                    format!("balancing.mode: {m:?} is not one of load_aware, hash, least_conn"),
+                    format!("balancing.mode: {m:?} is not one of load_aware, hash, least_conn, round_robin"),
                 )
             })?,
         };

@@ -1,6 +1,8 @@
 //! Per-request state shared by the proxy hooks.
 
+use crate::proxy::pick::Decision;
 use crate::registry::{InFlightGuard, Route};
+use crate::session::SessionId;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -55,18 +57,11 @@ pub struct RequestCtx {
     pub local_status: Option<u16>,
     /// Why the last upstream attempt failed, for the final 502.
     pub last_upstream_error: Option<String>,
-    /// X-Routed-* values decided before proxying.
-    pub routed: RoutedInfo,
+    /// The request's session (hash and source only, never the raw value).
+    pub session: Option<SessionId>,
+    /// What placement decided (X-Routed-Mode).
+    pub decision: Option<Decision>,
     _active: ActiveRequest,
-}
-
-/// What the X-Routed-* response headers report.
-#[derive(Debug, Default, Clone)]
-pub struct RoutedInfo {
-    pub session_hex: Option<String>,
-    pub source: Option<&'static str>,
-    pub source_owned: Option<String>,
-    pub mode: &'static str,
 }
 
 impl RequestCtx {
@@ -85,7 +80,8 @@ impl RequestCtx {
             attempts: 0,
             local_status: None,
             last_upstream_error: None,
-            routed: RoutedInfo::default(),
+            session: None,
+            decision: None,
             _active: ActiveRequest::new(),
         }
     }

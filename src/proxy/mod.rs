@@ -52,11 +52,25 @@ impl Gateway {
             .route(name)
             .ok_or_else(|| Local::Error(ErrorResponse::not_found_route(name)))?;
         ctx.route = Some(Arc::clone(&route));
+        if rest.starts_with("/_") {
+            return Err(match crate::admin::routes::respond(&route, &rest) {
+                Some(value) => Local::Json(200, value),
+                None => ErrorResponse::not_found(format!(
+                    "unknown endpoint; per-route endpoints: {}",
+                    crate::admin::routes::ENDPOINTS.join(", ")
+                ))
+                .into(),
+            });
+        }
         if !rest.starts_with("/v1/") {
             return Err(ErrorResponse::not_found(format!(
                 "route {name:?} serves /{name}/v1/...; {rest:?} is not an endpoint"
             ))
             .into());
+        }
+        let has_model_pools = !route.config.peers_by_model.is_empty();
+        if has_model_pools && rest == "/v1/models" && session.req_header().method == http::Method::GET {
+            return Err(Local::Json(200, models_list(&route)));
         }
 
         if request::has_body(session) {
@@ -65,13 +79,31 @@ impl Gateway {
         }
         if request::is_llm_endpoint(&rest) {
             ctx.json = Some(request::parse_llm_body(&ctx.body)?);
+        } else if has_model_pools && !ctx.body.is_empty() {
+            // Other endpoints (embeddings, ...) still need their model's pool.
+            ctx.json = serde_json::from_slice(&ctx.body).ok();
         }
 
-        ctx.pool = pick::pool(&route);
-        let (peer, slot) = pick::first(&route, &ctx.pool)?;
-        ctx.peer = Some(peer);
-        ctx.slot = Some(slot);
-        ctx.routed.mode = "least_conn";
+        let model = ctx.json.as_ref().and_then(|j| j.get("model")).and_then(|m| m.as_str());
+        ctx.pool = pick::model_pool(&route, model)?;
+        ctx.session = crate::session::extract_session(
+            &session.req_header().headers,
+            &route.config.balancing.session_headers,
+            ctx.json.as_ref(),
+        );
+        let choice = pick::choose(&route, &ctx.pool, ctx.session.as_ref())?;
+        metrics()
+            .placements
+            .with_label_values(&[
+                route.name(),
+                &route.peers[choice.peer].config.name,
+                choice.decision.mode,
+                choice.decision.reason.unwrap_or("none"),
+            ])
+            .inc();
+        ctx.peer = Some(choice.peer);
+        ctx.slot = Some(choice.slot);
+        ctx.decision = Some(choice.decision);
 
         let uri = rest
             .parse::<http::Uri>()
@@ -121,6 +153,17 @@ impl Gateway {
         peer.options.idle_timeout = Some(t.idle);
         Ok(Box::new(peer))
     }
+}
+
+/// `GET /v1/models` of a route with model pools, answered from its config.
+fn models_list(route: &crate::registry::Route) -> serde_json::Value {
+    let data: Vec<serde_json::Value> = route
+        .config
+        .peers_by_model
+        .iter()
+        .map(|(m, _)| serde_json::json!({"id": m, "object": "model", "owned_by": "llm-gateway"}))
+        .collect();
+    serde_json::json!({"object": "list", "data": data})
 }
 
 /// Writes a complete JSON response the gateway answers itself.
@@ -257,13 +300,13 @@ impl ProxyHttp for Gateway {
         if !route.config.routed_headers {
             return Ok(());
         }
-        if let Some(hex) = &ctx.routed.session_hex {
-            resp.insert_header("x-routed-session", hex.as_str())?;
+        if let Some(sid) = &ctx.session {
+            resp.insert_header("x-routed-session", sid.hex())?;
+            resp.insert_header("x-routed-source", sid.source.as_str().to_string())?;
         }
-        if let Some(src) = ctx.routed.source_owned.as_deref().or(ctx.routed.source) {
-            resp.insert_header("x-routed-source", src)?;
+        if let Some(decision) = ctx.decision {
+            resp.insert_header("x-routed-mode", decision.mode)?;
         }
-        resp.insert_header("x-routed-mode", ctx.routed.mode)?;
         resp.insert_header("x-routed-peer", ctx.peer_name().to_string())?;
         resp.insert_header("x-routed-retries", ctx.attempts.saturating_sub(1).to_string())?;
         Ok(())

@@ -250,3 +250,21 @@ pub fn post_json(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &
     h.extend_from_slice(headers);
     request(addr, "POST", path, &h, body.to_string().as_bytes())
 }
+
+/// GET that reports any connection failure as None instead of panicking
+/// (for listeners that may be closing).
+pub fn try_get(addr: SocketAddr, path: &str) -> Option<Response> {
+    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT).ok()?;
+    stream.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
+    let mut writer = stream.try_clone().ok()?;
+    writer
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut conn = Conn {
+        reader: BufReader::new(stream),
+        writer,
+    };
+    let head = conn.try_read_head().ok()?;
+    let body = conn.read_body(&head).ok()?;
+    Some(Response { head, body })
+}

@@ -1,0 +1,196 @@
+//! Per-route read-only endpoints on the main listener, `/<route>/_…`.
+//! They report state; none of them changes anything (`/_route_debug`
+//! explains a placement without making it). No raw session id is ever
+//! echoed: only its hash.
+
+use crate::proxy::pick;
+use crate::registry::{now_ms, Route};
+use crate::session::extract_session;
+use serde_json::{json, Value};
+
+pub const ENDPOINTS: &[&str] = &[
+    "/_route_state",
+    "/_health_status",
+    "/_active_conns",
+    "/_route_debug?sid=…",
+    "/_sessions",
+];
+
+/// The JSON for `path` (query included) under `route`, or None if unknown.
+pub fn respond(route: &Route, path_and_query: &str) -> Option<Value> {
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_and_query, None),
+    };
+    match path {
+        "/_route_state" => Some(route_state(route)),
+        "/_health_status" => Some(health_status(route)),
+        "/_active_conns" => Some(active_conns(route)),
+        "/_sessions" => Some(sessions(route)),
+        "/_route_debug" => Some(route_debug(route, query.unwrap_or(""))),
+        _ => None,
+    }
+}
+
+fn peer_engine_json(route: &Route, i: usize, now: u64) -> Value {
+    let p = &route.peers[i];
+    match p.state.engine_sample() {
+        Some(s) => {
+            let fresh = route
+                .config
+                .engine_metrics
+                .as_ref()
+                .is_some_and(|c| now.saturating_sub(s.read_at_ms) <= 2 * c.interval.as_millis() as u64);
+            json!({
+                "waiting": s.load.waiting,
+                "running": s.load.running,
+                "kv_usage": s.load.kv_usage,
+                "age_ms": now.saturating_sub(s.read_at_ms),
+                "fresh": fresh,
+            })
+        }
+        None => Value::Null,
+    }
+}
+
+fn route_state(route: &Route) -> Value {
+    let now = now_ms();
+    let all: Vec<usize> = (0..route.peers.len()).collect();
+    let loads = route.peer_loads(&all, now);
+    let bindings = route.runtime.sessions.bindings_per_peer();
+    let c = &route.config;
+    json!({
+        "route": c.name,
+        "mode": c.balancing.mode.as_str(),
+        "cross_tier_fallback": c.balancing.cross_tier_fallback,
+        "idle_timeout_s": c.balancing.idle_timeout.as_secs(),
+        "active_candidates": pick::candidates(route, &all, now)
+            .iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
+        "models": c.peers_by_model.iter().map(|(m, idx)| json!({
+            "model": m,
+            "peers": idx.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "peers": route.peers.iter().enumerate().map(|(i, p)| json!({
+            "name": p.config.name,
+            "address": p.config.address(),
+            "priority": p.config.priority,
+            "ready": p.state.is_ready(now),
+            "in_flight": p.state.in_flight(),
+            "max_concurrency": p.config.max_concurrency,
+            "load": loads[i].load(),
+            "kv_full": loads[i].kv_full,
+            "engine": peer_engine_json(route, i, now),
+            "sessions": bindings.iter().find(|(id, _)| *id == p.state.id).map(|(_, n)| *n).unwrap_or(0),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn health_status(route: &Route) -> Value {
+    let now = now_ms();
+    let h = &route.config.health;
+    json!({
+        "route": route.config.name,
+        "probe": {
+            "enabled": h.enabled,
+            "interval_ms": h.interval.as_millis() as u64,
+            "ban_ttl_ms": h.ban_ttl.as_millis() as u64,
+            "probe_path": h.probe_path,
+            "timeout_ms": h.timeout.as_millis() as u64,
+        },
+        "peers": route.peers.iter().map(|p| json!({
+            "name": p.config.name,
+            "ready": p.state.is_ready(now),
+            "failing": p.state.is_failing(),
+            "banned_for_ms": p.state.banned_for_ms(now),
+            "probe_path": p.config.probe_path.as_deref().unwrap_or(&h.probe_path),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn active_conns(route: &Route) -> Value {
+    let peers: Vec<Value> = route
+        .peers
+        .iter()
+        .map(|p| json!({"name": p.config.name, "in_flight": p.state.in_flight(), "max_concurrency": p.config.max_concurrency}))
+        .collect();
+    let total: u32 = route.peers.iter().map(|p| p.state.in_flight()).sum();
+    json!({"route": route.config.name, "total": total, "peers": peers})
+}
+
+fn sessions(route: &Route) -> Value {
+    let now = now_ms();
+    let table = &route.runtime.sessions;
+    let per_peer = table.bindings_per_peer();
+    json!({
+        "route": route.config.name,
+        "total": table.len(),
+        "oldest_age_ms": table.oldest_age_ms(now),
+        "idle_timeout_s": route.config.balancing.idle_timeout.as_secs(),
+        "per_peer": route.peers.iter().map(|p| json!({
+            "name": p.config.name,
+            "sessions": per_peer.iter().find(|(id, _)| *id == p.state.id).map(|(_, n)| *n).unwrap_or(0),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn route_debug(route: &Route, query: &str) -> Value {
+    let raw = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("sid="))
+        .map(percent_decode)
+        .unwrap_or_default();
+    // Hash it exactly as a request header would be hashed.
+    let mut headers = http::HeaderMap::new();
+    let session = http::HeaderValue::from_bytes(&raw)
+        .ok()
+        .and_then(|v| {
+            headers.insert("x-session-id", v);
+            extract_session(&headers, &[], None)
+        });
+    match session {
+        Some(sid) => {
+            let all: Vec<usize> = (0..route.peers.len()).collect();
+            let mut out = pick::explain(route, &all, &sid);
+            out["source"] = json!("query:sid");
+            out
+        }
+        None => json!({"error": {"type": "invalid_request", "message": "pass a non-blank session id as ?sid=…"}}),
+    }
+}
+
+fn percent_decode(s: &str) -> Vec<u8> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn decodes_percent_and_plus() {
+        assert_eq!(percent_decode("a%20b+c"), b"a b c");
+        assert_eq!(percent_decode("%zz%4"), b"%zz%4");
+        assert_eq!(percent_decode("%41"), b"A");
+    }
+}
