@@ -8,9 +8,16 @@ use llm_gateway::cli::{self, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_timestamp_millis()
-        .init();
+    let mut logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    logger.format_timestamp_millis();
+    // Pingora's debug and trace logs print whole request headers, which
+    // carry session ids and API keys. Keep them out unless asked for by name.
+    if std::env::var_os("LLM_GATEWAY_UNSAFE_PINGORA_DEBUG").is_none() {
+        for module in ["pingora_proxy", "pingora_core", "pingora_http"] {
+            logger.filter_module(module, log::LevelFilter::Info);
+        }
+    }
+    logger.init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match cli::parse(&args) {
         Ok(Command::Serve(opts)) => cli::serve(opts),

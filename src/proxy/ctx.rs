@@ -1,5 +1,6 @@
 //! Per-request state shared by the proxy hooks.
 
+use crate::proxy::observe::ResponseObserver;
 use crate::proxy::pick::Decision;
 use crate::registry::{InFlightGuard, Route};
 use crate::session::SessionId;
@@ -61,6 +62,8 @@ pub struct RequestCtx {
     pub session: Option<SessionId>,
     /// What placement decided (X-Routed-Mode).
     pub decision: Option<Decision>,
+    /// Usage and first-token time of a 2xx SSE/JSON response.
+    pub observer: Option<ResponseObserver>,
     _active: ActiveRequest,
 }
 
@@ -82,6 +85,7 @@ impl RequestCtx {
             last_upstream_error: None,
             session: None,
             decision: None,
+            observer: None,
             _active: ActiveRequest::new(),
         }
     }

@@ -10,6 +10,7 @@
 //! logging                  metrics, release the in-flight slot
 
 pub mod ctx;
+pub mod observe;
 pub mod pick;
 pub mod replay;
 pub mod request;
@@ -296,6 +297,7 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.observer = observe::ResponseObserver::for_response(resp);
         let Some(route) = &ctx.route else { return Ok(()) };
         if !route.config.routed_headers {
             return Ok(());
@@ -310,6 +312,24 @@ impl ProxyHttp for Gateway {
         resp.insert_header("x-routed-peer", ctx.peer_name().to_string())?;
         resp.insert_header("x-routed-retries", ctx.attempts.saturating_sub(1).to_string())?;
         Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        if let Some(observer) = ctx.observer.as_mut() {
+            if let Some(chunk) = body.as_ref() {
+                observer.observe(chunk);
+            }
+            if end_of_stream {
+                observer.finish();
+            }
+        }
+        Ok(None)
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
@@ -361,6 +381,19 @@ impl ProxyHttp for Gateway {
         m.request_duration
             .with_label_values(&[route])
             .observe(ctx.started.elapsed().as_secs_f64());
+        if let Some(observer) = &ctx.observer {
+            let labels = [route, ctx.peer_name()];
+            if let Some(u) = observer.usage() {
+                m.prompt_tokens.with_label_values(&labels).inc_by(u.prompt_tokens);
+                m.cached_prompt_tokens.with_label_values(&labels).inc_by(u.cached_tokens);
+                m.completion_tokens.with_label_values(&labels).inc_by(u.completion_tokens);
+            }
+            if let Some(first) = observer.first_content_at() {
+                m.ttft
+                    .with_label_values(&[route])
+                    .observe(first.saturating_duration_since(ctx.started).as_secs_f64());
+            }
+        }
     }
 }
 
