@@ -125,7 +125,7 @@ impl KeySet {
             }
             Err(error) => {
                 log::error!(
-                    "api key file {} exists but cannot be read ({error}): authentication is OFF (fail-open)",
+                    "api key file {} cannot be read ({error}): authentication is OFF (fail-open)",
                     path.display()
                 );
                 return (KeyFileStatus::Unreadable, None);
@@ -631,6 +631,12 @@ mod tests {
         assert!(set.is_empty());
         assert_eq!(set.check(b""), None);
         assert_eq!(set.check(b"anything"), None);
+    }
+
+    #[test]
+    fn key_sets_can_be_shared_across_worker_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<KeySet>();
     }
 
     // ---- Debug ------------------------------------------------------------

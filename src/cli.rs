@@ -111,7 +111,11 @@ pub fn check(opts: Options) -> ExitCode {
             }
         }
     }
-    println!("config ok: {} route(s) in {}", routes.len(), gateway.routes_dir.display());
+    println!(
+        "config ok: {} route(s) in {}",
+        routes.len(),
+        gateway.routes_dir.display()
+    );
     ExitCode::SUCCESS
 }
 
@@ -192,8 +196,13 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(parse(&args("check --routes r")).unwrap(), Command::Check(_)));
-        assert!(matches!(parse(&args("sim --engines 3")).unwrap(), Command::Sim(a) if a.len() == 2));
+        assert!(matches!(
+            parse(&args("check --routes r")).unwrap(),
+            Command::Check(_)
+        ));
+        assert!(
+            matches!(parse(&args("sim --engines 3")).unwrap(), Command::Sim(a) if a.len() == 2)
+        );
         assert!(parse(&args("--listen")).is_err());
         assert!(parse(&args("--bogus")).is_err());
     }

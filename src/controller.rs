@@ -6,7 +6,7 @@
 
 use crate::metrics::metrics;
 use crate::proxy::ctx::ACTIVE_REQUESTS;
-use crate::registry::{ReloadReport, Registry};
+use crate::registry::{Registry, ReloadReport};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -91,7 +91,10 @@ fn spawn_drain_watcher(grace: Duration) {
 #[async_trait]
 impl BackgroundService for Controller {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let (mut hup, mut term) = match (signal(SignalKind::hangup()), signal(SignalKind::terminate())) {
+        let (mut hup, mut term) = match (
+            signal(SignalKind::hangup()),
+            signal(SignalKind::terminate()),
+        ) {
             (Ok(h), Ok(t)) => (h, t),
             (Err(e), _) | (_, Err(e)) => {
                 log::error!("cannot install signal handlers: {e}; SIGHUP reload disabled");

@@ -22,7 +22,8 @@ pub fn run(opts: Options) -> ExitCode {
         eprintln!("demo: cannot create {}: {e}", routes.display());
         return ExitCode::FAILURE;
     }
-    let mut route = String::from("# Demo route on simulated engines (see `llm-gateway sim`).\npeers:\n");
+    let mut route =
+        String::from("# Demo route on simulated engines (see `llm-gateway sim`).\npeers:\n");
     for (i, engine) in cluster.engines.iter().enumerate() {
         route.push_str(&format!(
             "  - {{name: engine-{i}, host: 127.0.0.1, port: {}, max_concurrency: 32}}\n",
@@ -36,8 +37,12 @@ pub fn run(opts: Options) -> ExitCode {
     }
     let mut overrides = opts.overrides.clone();
     overrides.routes_dir = Some(routes.clone());
-    overrides.listen.get_or_insert_with(|| "127.0.0.1:8080".into());
-    overrides.admin_listen.get_or_insert_with(|| "127.0.0.1:8090".into());
+    overrides
+        .listen
+        .get_or_insert_with(|| "127.0.0.1:8080".into());
+    overrides
+        .admin_listen
+        .get_or_insert_with(|| "127.0.0.1:8090".into());
     let gateway = match GatewayConfig::parse(&PathBuf::from("<demo>"), "", &overrides) {
         Ok(g) => g,
         Err(e) => {

@@ -12,7 +12,8 @@ pub struct ErrorResponse {
     pub error_type: &'static str,
     pub message: String,
     /// Extra fields merged into the `error` object (e.g. `limit`, `in_flight`).
-    pub extra: Map<String, Value>,
+    /// Boxed: errors travel in `Result`s on the request path, and most have none.
+    pub extra: Option<Box<Map<String, Value>>>,
     pub retry_after: Option<u32>,
 }
 
@@ -22,13 +23,15 @@ impl ErrorResponse {
             status,
             error_type,
             message: message.into(),
-            extra: Map::new(),
+            extra: None,
             retry_after: None,
         }
     }
 
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.extra.insert(key.to_string(), value.into());
+        self.extra
+            .get_or_insert_with(Default::default)
+            .insert(key.to_string(), value.into());
         self
     }
 
@@ -41,7 +44,7 @@ impl ErrorResponse {
         let mut obj = Map::new();
         obj.insert("type".into(), json!(self.error_type));
         obj.insert("message".into(), json!(self.message));
-        for (k, v) in &self.extra {
+        for (k, v) in self.extra.iter().flat_map(|m| m.iter()) {
             obj.insert(k.clone(), v.clone());
         }
         let mut out = serde_json::to_vec(&json!({ "error": obj })).unwrap_or_default();
@@ -58,8 +61,12 @@ impl ErrorResponse {
     }
 
     pub fn body_too_large(limit: u64) -> Self {
-        Self::new(413, "request_too_large", format!("request body exceeds {limit} bytes"))
-            .with("limit", limit)
+        Self::new(
+            413,
+            "request_too_large",
+            format!("request body exceeds {limit} bytes"),
+        )
+        .with("limit", limit)
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -67,8 +74,12 @@ impl ErrorResponse {
     }
 
     pub fn no_ready_peer(route: &str) -> Self {
-        Self::new(503, "no_healthy_upstream", format!("route {route:?} has no ready peer"))
-            .retry_after(5)
+        Self::new(
+            503,
+            "no_healthy_upstream",
+            format!("route {route:?} has no ready peer"),
+        )
+        .retry_after(5)
     }
 
     pub fn upstream_failed(message: impl Into<String>) -> Self {

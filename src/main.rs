@@ -8,7 +8,8 @@ use llm_gateway::cli::{self, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let mut logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    let mut logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     logger.format_timestamp_millis();
     // Pingora's debug and trace logs print whole request headers, which
     // carry session ids and API keys. Keep them out unless asked for by name.
@@ -22,7 +23,9 @@ fn main() -> ExitCode {
     match cli::parse(&args) {
         Ok(Command::Serve(opts)) => cli::serve(opts),
         Ok(Command::Check(opts)) => cli::check(opts),
-        Ok(Command::Sim(rest)) => ExitCode::from(llm_gateway::sim::run_cli(&rest).clamp(0, 255) as u8),
+        Ok(Command::Sim(rest)) => {
+            ExitCode::from(llm_gateway::sim::run_cli(&rest).clamp(0, 255) as u8)
+        }
         Ok(Command::Demo(opts)) => cli::demo(opts),
         Ok(Command::Help) => {
             println!("{}", cli::USAGE);

@@ -1,7 +1,7 @@
 //! Response post-processing: per-route handlers that hide backend quirks
 //! from clients.
 //!
-//! Contract (shared with the OpenResty gateway this replaces):
+//! Contract (the same as the OpenResty gateway's lua/postprocess.lua):
 //! - a document with nothing to change goes out byte-identical; a changed
 //!   one is re-encoded (key order kept via serde_json's `preserve_order`,
 //!   escaping and number formatting may differ from the backend's);
@@ -128,7 +128,11 @@ pub fn rewrite_json(handler: Handler, data: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let lead = data.iter().take_while(|b| is_json_ws(**b)).count();
-    let trail = data[lead..].iter().rev().take_while(|b| is_json_ws(**b)).count();
+    let trail = data[lead..]
+        .iter()
+        .rev()
+        .take_while(|b| is_json_ws(**b))
+        .count();
     let mut out = Vec::with_capacity(data.len());
     out.extend_from_slice(&data[..lead]);
     serde_json::to_writer(&mut out, &doc).ok()?;
@@ -167,11 +171,7 @@ fn vllm_format(top: &mut Map<String, Value>) -> bool {
 /// `rename.0` to `rename.1` in place. If both names exist the new one is
 /// already what clients read, so the old one is just dropped. Member order
 /// is kept, which is why a rename rebuilds the map instead of remove+insert.
-fn clean_object(
-    map: &mut Map<String, Value>,
-    drop: bool,
-    rename: Option<(&str, &str)>,
-) -> bool {
+fn clean_object(map: &mut Map<String, Value>, drop: bool, rename: Option<(&str, &str)>) -> bool {
     let dropped = |k: &str, v: &Value| {
         drop && (DROP_ALWAYS.contains(&k) || (v.is_null() && DROP_IF_NULL.contains(&k)))
     };
@@ -229,7 +229,11 @@ fn write_event(handler: Handler, event: &[u8], out: &mut Vec<u8>) {
         }
         if !replaced {
             replaced = true;
-            let prefix: &[u8] = if content.starts_with(b"data: ") { b"data: " } else { b"data:" };
+            let prefix: &[u8] = if content.starts_with(b"data: ") {
+                b"data: "
+            } else {
+                b"data:"
+            };
             out.extend_from_slice(prefix);
             out.extend_from_slice(new_json.trim_ascii());
             out.extend_from_slice(terminator);
@@ -362,7 +366,10 @@ mod tests {
             ),
             None
         );
-        assert_eq!(rewrite_str(Handler::StripActualUsage, r#"{"id":"x"}"#), None);
+        assert_eq!(
+            rewrite_str(Handler::StripActualUsage, r#"{"id":"x"}"#),
+            None
+        );
     }
 
     #[test]
@@ -408,7 +415,9 @@ mod tests {
         );
         assert_eq!(
             out.as_deref(),
-            Some(r#"{"choices":[{"delta":{"reasoning_content":"b"},"logprobs":{"content":[]}}],"prompt_token_ids":[1,2]}"#)
+            Some(
+                r#"{"choices":[{"delta":{"reasoning_content":"b"},"logprobs":{"content":[]}}],"prompt_token_ids":[1,2]}"#
+            )
         );
         // Already clean: byte-identical (None), despite pre-check hits.
         assert_eq!(
@@ -423,14 +432,24 @@ mod tests {
     #[test]
     fn escaped_member_names_are_seen() {
         assert_eq!(
-            rewrite_str(Handler::StripActualUsage, r#"{"a":1,"actual\u005fusage":{}}"#).as_deref(),
+            rewrite_str(
+                Handler::StripActualUsage,
+                r#"{"a":1,"actual\u005fusage":{}}"#
+            )
+            .as_deref(),
             Some(r#"{"a":1}"#)
         );
     }
 
     #[test]
     fn fail_open_and_non_objects() {
-        for data in ["{\"actual_usage\":", "[DONE]", "[{\"actual_usage\":1}]", "", "null"] {
+        for data in [
+            "{\"actual_usage\":",
+            "[DONE]",
+            "[{\"actual_usage\":1}]",
+            "",
+            "null",
+        ] {
             assert_eq!(rewrite_str(Handler::StripActualUsage, data), None, "{data}");
             assert_eq!(rewrite_str(Handler::VllmFormat, data), None, "{data}");
         }
@@ -439,7 +458,11 @@ mod tests {
     #[test]
     fn surrounding_whitespace_kept() {
         assert_eq!(
-            rewrite_str(Handler::StripActualUsage, " {\"actual_usage\":1, \"a\": 2}\n").as_deref(),
+            rewrite_str(
+                Handler::StripActualUsage,
+                " {\"actual_usage\":1, \"a\": 2}\n"
+            )
+            .as_deref(),
             Some(" {\"a\":2}\n")
         );
     }
@@ -483,12 +506,20 @@ mod tests {
     fn sse_handlers_across_every_two_chunk_split() {
         for h in [Handler::StripActualUsage, Handler::VllmFormat] {
             for crlf in [false, true] {
-                let input = if crlf { SSE_IN.replace('\n', "\r\n") } else { SSE_IN.to_string() };
+                let input = if crlf {
+                    SSE_IN.replace('\n', "\r\n")
+                } else {
+                    SSE_IN.to_string()
+                };
                 let input = input.as_bytes();
                 let want = expected_sse(h, crlf);
                 for i in 0..=input.len() {
                     let (out, _) = run(h, BodyKind::Sse, &[&input[..i], &input[i..]]);
-                    assert_eq!(String::from_utf8(out).unwrap(), want, "{h:?} crlf={crlf} at {i}");
+                    assert_eq!(
+                        String::from_utf8(out).unwrap(),
+                        want,
+                        "{h:?} crlf={crlf} at {i}"
+                    );
                 }
             }
         }
@@ -507,7 +538,8 @@ mod tests {
 
     #[test]
     fn sse_event_structure_kept() {
-        let ev = b"event: chunk\r\nid: 7\r\ndata:{\"actual_usage\":1,\r\ndata: \"x\":2}\r\n: c\r\n\r\n";
+        let ev =
+            b"event: chunk\r\nid: 7\r\ndata:{\"actual_usage\":1,\r\ndata: \"x\":2}\r\n: c\r\n\r\n";
         assert_eq!(
             rewrite_sse_event(Handler::StripActualUsage, ev).as_deref(),
             Some(&b"event: chunk\r\nid: 7\r\ndata:{\"x\":2}\r\n: c\r\n\r\n"[..])
@@ -516,7 +548,8 @@ mod tests {
 
     #[test]
     fn sse_broken_frame_and_done_pass_unchanged() {
-        let input = b"data: {\"actual_usage\":1,\n\ndata: [DONE]\n\ndata: not json actual_usage\n\n";
+        let input =
+            b"data: {\"actual_usage\":1,\n\ndata: [DONE]\n\ndata: not json actual_usage\n\n";
         for h in [Handler::StripActualUsage, Handler::VllmFormat] {
             let (out, _) = run(h, BodyKind::Sse, &[input]);
             assert_eq!(out, input);
@@ -540,8 +573,11 @@ mod tests {
         let input = SSE_IN.replace(",\"actual_usage\":{\"prompt_tokens\":4}", "");
         let input = input.as_bytes();
         for i in 0..=input.len() {
-            let (out, _) =
-                run(Handler::StripActualUsage, BodyKind::Sse, &[&input[..i], &input[i..]]);
+            let (out, _) = run(
+                Handler::StripActualUsage,
+                BodyKind::Sse,
+                &[&input[..i], &input[i..]],
+            );
             assert_eq!(out, input);
         }
     }
@@ -570,7 +606,10 @@ mod tests {
         assert!(outs[..3].iter().all(Bytes::is_empty));
         // Data on the final call itself.
         let mut rw = ResponseRewriter::new(Handler::StripActualUsage, BodyKind::Json);
-        assert_eq!(&rw.push(Some(body), true)[..], br#"{"id":"x","choices":[]}"#);
+        assert_eq!(
+            &rw.push(Some(body), true)[..],
+            br#"{"id":"x","choices":[]}"#
+        );
     }
 
     #[test]

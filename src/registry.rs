@@ -251,7 +251,10 @@ impl Route {
     }
 
     pub fn peer_by_id(&self, id: PeerId) -> Option<(usize, &RoutePeer)> {
-        self.peers.iter().enumerate().find(|(_, p)| p.state.id == id)
+        self.peers
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.state.id == id)
     }
 }
 

@@ -38,10 +38,11 @@
 //!
 //! # Ops and missing values
 //!
-//! `gt ge lt le` (the field must be a number), `eq ne` (JSON equality, but
-//! numbers compare by value, so `1 == 1.0`), `in nin` (value is a list),
-//! `match` (regex, unanchored: use `^`/`$`), `contains` (substring of a
-//! string, or element of an array), `prefix`, `exists`, `absent`.
+//! `gt ge lt le` (numbers), `eq ne` (JSON equality, except that numbers
+//! compare by value at any depth, so `1 == 1.0`), `in nin` (value is a list),
+//! `match` (regex, compiled at load, unanchored: use `^`/`$`), `prefix`
+//! (strings), `contains` (substring of a string, or element of an array),
+//! `exists`, `absent`. A field of the wrong type for the op does not match.
 //!
 //! A missing field and a JSON `null` are both *absent*, as OpenAI clients send
 //! `null` for "unset". On an absent field every op is false except `absent`;
@@ -97,6 +98,7 @@ pub struct CompiledRule {
 
 /// What a rule can look at: the parsed body (`Value::Null` if it did not
 /// parse — computed fields still work) and its raw length.
+#[derive(Debug, Clone, Copy)]
 pub struct RequestFacts<'a> {
     pub body: &'a Value,
     pub raw_len: usize,
@@ -311,13 +313,10 @@ fn compile_condition(value: &Value, at: &str, depth: usize) -> Result<Condition,
         ));
     };
 
-    for (combinator, wrap) in [
-        ("all", Condition::All as fn(Vec<Condition>) -> Condition),
-        ("any", Condition::Any),
-    ] {
-        let Some(members) = condition.get(combinator) else {
-            continue;
-        };
+    if let Some(combinator) = ["all", "any"]
+        .into_iter()
+        .find(|key| condition.contains_key(*key))
+    {
         if condition.len() != 1 {
             let others: Vec<&str> = condition
                 .keys()
@@ -328,16 +327,19 @@ fn compile_condition(value: &Value, at: &str, depth: usize) -> Result<Condition,
                 "{at}: '{combinator}' cannot be combined with {others:?} in one condition; nest them"
             ));
         }
-        let Value::Array(members) = members else {
-            return Err(format!(
-                "{at}.{combinator}: must be a list of conditions, got {}",
-                json_type(members)
-            ));
+        let members = match condition.get(combinator) {
+            Some(Value::Array(members)) if members.is_empty() => {
+                // An empty `all` would match every request.
+                return Err(format!("{at}.{combinator}: empty list"));
+            }
+            Some(Value::Array(members)) => members,
+            other => {
+                return Err(format!(
+                    "{at}.{combinator}: must be a list of conditions, got {}",
+                    other.map_or("nothing", json_type)
+                ))
+            }
         };
-        if members.is_empty() {
-            // An empty `all` would match every request.
-            return Err(format!("{at}.{combinator}: empty list"));
-        }
         let compiled = members
             .iter()
             .enumerate()
@@ -345,7 +347,11 @@ fn compile_condition(value: &Value, at: &str, depth: usize) -> Result<Condition,
                 compile_condition(member, &format!("{at}.{combinator}[{index}]"), depth + 1)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        return Ok(wrap(compiled));
+        return Ok(if combinator == "all" {
+            Condition::All(compiled)
+        } else {
+            Condition::Any(compiled)
+        });
     }
 
     reject_unknown_keys(condition, &LEAF_KEYS, at)?;
@@ -681,8 +687,8 @@ fn compare_numbers(left: &Number, right: &Number) -> Option<Ordering> {
     }
 }
 
-/// JSON equality where numbers compare by value, at any depth: YAML writes
-/// `1.0` where a client sends `1`, and neither should care.
+/// JSON equality where numbers compare by value, at any depth: a rule
+/// written with `1.0` must match a client that sends `1`, and vice versa.
 fn json_equal(left: &Value, right: &Value) -> bool {
     match (left, right) {
         (Value::Number(left), Value::Number(right)) => {
@@ -1433,6 +1439,12 @@ mod tests {
     }
 
     #[test]
+    fn rule_sets_can_be_shared_across_worker_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<RuleSet>();
+    }
+
+    #[test]
     fn rejection_body_shape() {
         let set = compile_clean(
             json!([{"name": "too-long", "status": 413, "message": "prompt too long",
@@ -1485,8 +1497,13 @@ mod tests {
     }
 
     // ---- properties -------------------------------------------------------
+    //
+    // Two families of generators: "wide" ones (odd types, unicode, huge
+    // numbers, deep junk) look for panics; "dense" ones draw fields and values
+    // from a handful of keys and values so that random conditions actually hit
+    // the body often enough for the logical properties to mean something.
 
-    const KEYS: [&str; 14] = [
+    const WIDE_KEYS: [&str; 14] = [
         "model",
         "messages",
         "content",
@@ -1502,36 +1519,85 @@ mod tests {
         "0",
         "1",
     ];
+    const DENSE_KEYS: [&str; 6] = ["a", "b", "0", "model", "stream", "max_tokens"];
+    const NAMED_FIELDS: [&str; 7] = [
+        "input_bytes",
+        "input_chars",
+        "messages_count",
+        "tools_count",
+        "max_tokens",
+        "stream",
+        "model",
+    ];
 
-    fn json_leaf() -> impl Strategy<Value = Value> {
+    fn wide_leaf() -> impl Strategy<Value = Value> {
         prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
             (-3i64..20).prop_map(Value::from),
-            prop_oneof![Just(-1.5f64), Just(0.0), Just(1.0), Just(2.5), Just(1e300)]
-                .prop_map(Value::from),
+            any::<f64>().prop_map(Value::from), // NaN/inf become null
             Just(Value::from(u64::MAX)),
-            "[ab😀 ]{0,4}".prop_map(Value::String),
-            prop::sample::select(KEYS.to_vec()).prop_map(Value::from),
+            ".{0,6}".prop_map(Value::String),
+            prop::sample::select(WIDE_KEYS.to_vec()).prop_map(Value::from),
         ]
     }
 
-    fn arbitrary_json() -> impl Strategy<Value = Value> {
-        json_leaf().prop_recursive(4, 40, 5, |inner| {
+    fn wide_json() -> impl Strategy<Value = Value> {
+        wide_leaf().prop_recursive(5, 48, 5, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
-                prop::collection::vec((prop::sample::select(KEYS.to_vec()), inner), 0..6).prop_map(
-                    |pairs| Value::Object(
-                        pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
-                    )
-                ),
+                object_of(prop::sample::select(WIDE_KEYS.to_vec()), inner),
             ]
         })
     }
 
-    fn chat_body() -> impl Strategy<Value = Value> {
+    fn dense_leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            1 => Just(Value::Null),
+            1 => any::<bool>().prop_map(Value::Bool),
+            2 => (0i64..3).prop_map(Value::from),
+            1 => Just(Value::from(1.0)),
+            3 => prop::sample::select(vec!["", "a", "b", "ab"]).prop_map(Value::from),
+        ]
+    }
+
+    fn dense_json() -> impl Strategy<Value = Value> {
+        dense_leaf().prop_recursive(3, 16, 3, |inner| {
+            prop_oneof![
+                2 => inner.clone(),
+                1 => prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                1 => object_of(prop::sample::select(DENSE_KEYS.to_vec()), inner),
+            ]
+        })
+    }
+
+    /// Mostly scalars, so that equality with a body value is common.
+    fn dense_operand() -> impl Strategy<Value = Value> {
+        prop_oneof![3 => dense_leaf(), 1 => dense_json()].prop_filter("null is refused", not_null)
+    }
+
+    fn not_null(value: &Value) -> bool {
+        !value.is_null()
+    }
+
+    fn object_of(
+        keys: impl Strategy<Value = &'static str>,
+        values: impl Strategy<Value = Value>,
+    ) -> impl Strategy<Value = Value> {
+        prop::collection::vec((keys, values), 0..8).prop_map(|pairs| {
+            Value::Object(
+                pairs
+                    .into_iter()
+                    .map(|(key, value)| (key.to_string(), value))
+                    .collect(),
+            )
+        })
+    }
+
+    fn chat_body(pieces: BoxedStrategy<Value>) -> impl Strategy<Value = Value> {
         let content = prop_oneof![
-            arbitrary_json(),
+            pieces.clone(),
             "[ab😀]{0,6}".prop_map(Value::String),
             prop::collection::vec(
                 ("[ab]{0,4}", prop::sample::select(vec!["text", "image_url"]))
@@ -1547,51 +1613,50 @@ mod tests {
             .prop_map(|(role, content)| json!({"role": role, "content": content}));
         (
             prop::collection::vec(message, 0..4),
-            arbitrary_json(),
-            arbitrary_json(),
-            arbitrary_json(),
-            arbitrary_json(),
+            [pieces.clone(), pieces.clone(), pieces.clone(), pieces],
         )
-            .prop_map(|(messages, model, stream, max_tokens, metadata)| {
+            .prop_map(|(messages, [model, stream, max_tokens, a])| {
                 json!({"model": model, "messages": messages, "stream": stream,
-                       "max_tokens": max_tokens, "metadata": metadata})
+                       "max_tokens": max_tokens, "a": a})
             })
     }
 
-    fn body() -> impl Strategy<Value = Value> {
-        prop_oneof![arbitrary_json(), chat_body()]
+    fn wide_body() -> impl Strategy<Value = Value> {
+        prop_oneof![wide_json(), chat_body(wide_json().boxed())]
     }
 
-    fn field_name() -> impl Strategy<Value = String> {
+    fn dense_body() -> impl Strategy<Value = Value> {
         prop_oneof![
-            prop::sample::select(vec![
-                "input_bytes",
-                "input_chars",
-                "messages_count",
-                "tools_count",
-                "max_tokens",
-                "stream",
-                "model",
-            ])
-            .prop_map(String::from),
-            prop::collection::vec(prop::sample::select(KEYS.to_vec()), 1..4)
+            object_of(prop::sample::select(DENSE_KEYS.to_vec()), dense_json()),
+            chat_body(dense_json().boxed()),
+        ]
+    }
+
+    fn field_name(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
+        prop_oneof![
+            1 => prop::sample::select(NAMED_FIELDS.to_vec()).prop_map(String::from),
+            3 => prop::sample::select(keys).prop_map(String::from),
+            1 => prop::collection::vec(prop::sample::select(keys), 2..4)
                 .prop_map(|segments| segments.join(".")),
         ]
     }
 
-    fn leaf_condition() -> impl Strategy<Value = Value> {
+    fn leaf_condition(
+        keys: &'static [&'static str],
+        operands: BoxedStrategy<Value>,
+    ) -> impl Strategy<Value = Value> {
         let op_and_value = prop_oneof![
             (
                 prop::sample::select(vec!["gt", "ge", "lt", "le"]),
-                (-3i64..20).prop_map(|n| Some(Value::from(n)))
+                prop_oneof![0i64..3, 0i64..200].prop_map(|n| Some(Value::from(n)))
             ),
             (
                 prop::sample::select(vec!["eq", "ne", "contains"]),
-                arbitrary_json().prop_map(Some)
+                operands.clone().prop_map(Some)
             ),
             (
                 prop::sample::select(vec!["in", "nin"]),
-                prop::collection::vec(json_leaf(), 0..4).prop_map(|v| Some(Value::Array(v)))
+                prop::collection::vec(operands, 0..4).prop_map(|v| Some(Value::Array(v)))
             ),
             (
                 Just("match"),
@@ -1600,11 +1665,11 @@ mod tests {
             ),
             (
                 Just("prefix"),
-                "[ab]{0,2}".prop_map(|p| Some(Value::String(p)))
+                prop::sample::select(vec!["", "a", "b"]).prop_map(|p| Some(Value::from(p)))
             ),
             (prop::sample::select(vec!["exists", "absent"]), Just(None)),
         ];
-        (field_name(), op_and_value).prop_map(|(field, (op, value))| {
+        (field_name(keys), op_and_value).prop_map(|(field, (op, value))| {
             let mut condition = json!({"field": field, "op": op});
             if let (Some(value), Value::Object(map)) = (value, &mut condition) {
                 map.insert("value".to_string(), value);
@@ -1613,14 +1678,21 @@ mod tests {
         })
     }
 
-    fn condition_tree() -> impl Strategy<Value = Value> {
-        leaf_condition().prop_recursive(4, 24, 4, |inner| {
+    fn condition_tree(
+        keys: &'static [&'static str],
+        operands: BoxedStrategy<Value>,
+    ) -> impl Strategy<Value = Value> {
+        leaf_condition(keys, operands).prop_recursive(4, 24, 4, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 1..4)
                     .prop_map(|members| json!({"all": members})),
                 prop::collection::vec(inner, 1..4).prop_map(|members| json!({"any": members})),
             ]
         })
+    }
+
+    fn dense_tree() -> impl Strategy<Value = Value> {
+        condition_tree(&DENSE_KEYS, dense_operand().boxed())
     }
 
     /// `None` when the condition does not compile (random trees often pair a
@@ -1632,18 +1704,30 @@ mod tests {
             .then(|| set.evaluate(&facts(body)).is_some())
     }
 
+    /// The members that compile on their own, with their outcome on `body`.
+    fn compiling_members(members: Vec<Value>, body: &Value) -> Vec<(Value, bool)> {
+        members
+            .into_iter()
+            .filter_map(|member| evaluate_alone(&member, body).map(|outcome| (member, outcome)))
+            .collect()
+    }
+
     proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
         #[test]
         fn evaluation_never_panics(
             rules in prop::collection::vec(
                 prop_oneof![
-                    condition_tree().prop_map(|when| json!({"name": "tree", "when": when})),
-                    arbitrary_json().prop_map(|when| json!({"name": "junk", "when": when})),
-                    arbitrary_json(),
+                    condition_tree(&WIDE_KEYS, wide_json().prop_filter("null", not_null).boxed())
+                        .prop_map(|when| json!({"name": "tree", "when": when})),
+                    dense_tree().prop_map(|when| json!({"name": "dense", "when": when})),
+                    wide_json().prop_map(|when| json!({"name": "junk", "when": when})),
+                    wide_json(),
                 ],
                 0..5,
             ),
-            body in body(),
+            body in prop_oneof![wide_body(), dense_body()],
             raw_len in any::<usize>(),
         ) {
             let (set, _errors) = RuleSet::compile(&Value::Array(rules));
@@ -1652,29 +1736,41 @@ mod tests {
         }
 
         #[test]
-        fn all_is_the_and_of_its_members(members in prop::collection::vec(condition_tree(), 1..5), body in body()) {
-            let compiling: Vec<Value> = members.into_iter().filter(|m| evaluate_alone(m, &body).is_some()).collect();
-            prop_assume!(!compiling.is_empty());
-            let each_alone = compiling.iter().all(|m| evaluate_alone(m, &body) == Some(true));
-            prop_assert_eq!(evaluate_alone(&json!({"all": compiling}), &body), Some(each_alone));
+        fn all_is_the_and_of_its_members(
+            members in prop::collection::vec(dense_tree(), 1..5),
+            body in dense_body(),
+        ) {
+            let members = compiling_members(members, &body);
+            prop_assume!(!members.is_empty());
+            let expected = members.iter().all(|(_, outcome)| *outcome);
+            let all: Vec<Value> = members.into_iter().map(|(member, _)| member).collect();
+            prop_assert_eq!(evaluate_alone(&json!({"all": all}), &body), Some(expected));
         }
 
         #[test]
-        fn any_is_the_or_of_its_members(members in prop::collection::vec(condition_tree(), 1..5), body in body()) {
-            let compiling: Vec<Value> = members.into_iter().filter(|m| evaluate_alone(m, &body).is_some()).collect();
-            prop_assume!(!compiling.is_empty());
-            let some_alone = compiling.iter().any(|m| evaluate_alone(m, &body) == Some(true));
-            prop_assert_eq!(evaluate_alone(&json!({"any": compiling}), &body), Some(some_alone));
+        fn any_is_the_or_of_its_members(
+            members in prop::collection::vec(dense_tree(), 1..5),
+            body in dense_body(),
+        ) {
+            let members = compiling_members(members, &body);
+            prop_assume!(!members.is_empty());
+            let expected = members.iter().any(|(_, outcome)| *outcome);
+            let any: Vec<Value> = members.into_iter().map(|(member, _)| member).collect();
+            prop_assert_eq!(evaluate_alone(&json!({"any": any}), &body), Some(expected));
         }
 
         #[test]
-        fn ne_is_not_eq_when_the_field_exists(field in field_name(), value in arbitrary_json(), body in body()) {
-            prop_assume!(!value.is_null());
+        fn ne_is_not_eq_when_the_field_exists(
+            field in field_name(&DENSE_KEYS),
+            value in dense_operand(),
+            body in dense_body(),
+        ) {
             let eq = evaluate_alone(&leaf(&field, "eq", value.clone()), &body);
             let ne = evaluate_alone(&leaf(&field, "ne", value), &body);
-            let exists = evaluate_alone(&json!({"field": field, "op": "exists"}), &body)
-                .unwrap_or(true); // computed fields refuse `exists`: they always exist
             prop_assume!(eq.is_some() && ne.is_some());
+            // Computed fields refuse `exists` because they always exist.
+            let exists = evaluate_alone(&json!({"field": field, "op": "exists"}), &body)
+                .unwrap_or(true);
             if exists {
                 prop_assert_eq!(ne, eq.map(|eq| !eq));
             } else {
@@ -1684,14 +1780,15 @@ mod tests {
 
         #[test]
         fn nin_is_not_in_when_the_field_exists(
-            field in field_name(),
-            candidates in prop::collection::vec(arbitrary_json().prop_filter("null refused", |v| !v.is_null()), 0..4),
-            body in body(),
+            field in field_name(&DENSE_KEYS),
+            candidates in prop::collection::vec(dense_operand(), 0..4),
+            body in dense_body(),
         ) {
             let is_in = evaluate_alone(&leaf(&field, "in", Value::Array(candidates.clone())), &body);
             let not_in = evaluate_alone(&leaf(&field, "nin", Value::Array(candidates)), &body);
-            let exists = evaluate_alone(&json!({"field": field, "op": "exists"}), &body).unwrap_or(true);
             prop_assume!(is_in.is_some() && not_in.is_some());
+            let exists = evaluate_alone(&json!({"field": field, "op": "exists"}), &body)
+                .unwrap_or(true);
             if exists {
                 prop_assert_eq!(not_in, is_in.map(|is_in| !is_in));
             } else {

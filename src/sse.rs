@@ -336,7 +336,8 @@ mod tests {
         (events, s.finish())
     }
 
-    const LF_STREAM: &[u8] = b"data: {\"a\":1}\n\n: keepalive\n\nevent: x\ndata: l1\ndata: l2\n\ndata: [DONE]\n\n";
+    const LF_STREAM: &[u8] =
+        b"data: {\"a\":1}\n\n: keepalive\n\nevent: x\ndata: l1\ndata: l2\n\ndata: [DONE]\n\n";
     const CRLF_STREAM: &[u8] =
         b"data: {\"a\":1}\r\n\r\n: keepalive\r\n\r\nevent: x\r\ndata: l1\r\ndata: l2\r\n\r\ndata: [DONE]\r\n\r\n";
     const MIXED_STREAM: &[u8] = b"data: a\r\n\ndata: b\n\r\ndata: c\r\n\r\n";
@@ -363,7 +364,11 @@ mod tests {
         let (events, _) = split_all(&[MIXED_STREAM]);
         assert_eq!(
             events,
-            vec![b"data: a\r\n\n".to_vec(), b"data: b\n\r\n".to_vec(), b"data: c\r\n\r\n".to_vec()]
+            vec![
+                b"data: a\r\n\n".to_vec(),
+                b"data: b\n\r\n".to_vec(),
+                b"data: c\r\n\r\n".to_vec()
+            ]
         );
     }
 
@@ -376,8 +381,7 @@ mod tests {
                 assert_eq!(events, whole, "split at {i}");
                 assert_eq!(rest, None);
                 for j in i..=stream.len() {
-                    let (events, rest) =
-                        split_all(&[&stream[..i], &stream[i..j], &stream[j..]]);
+                    let (events, rest) = split_all(&[&stream[..i], &stream[i..j], &stream[j..]]);
                     assert_eq!(events, whole, "split at {i},{j}");
                     assert_eq!(rest, None);
                 }
@@ -395,7 +399,10 @@ mod tests {
         assert_eq!(s.pending_len(), 0);
         // CRLF terminator cut between '\r' and '\n'.
         assert!(collect(&mut s, b"data: y\r\n\r").is_empty());
-        assert_eq!(collect(&mut s, b"\ndata: z"), vec![b"data: y\r\n\r\n".to_vec()]);
+        assert_eq!(
+            collect(&mut s, b"\ndata: z"),
+            vec![b"data: y\r\n\r\n".to_vec()]
+        );
         assert_eq!(s.finish(), Some(b"data: z".to_vec()));
         assert_eq!(s.finish(), None);
     }
@@ -405,7 +412,11 @@ mod tests {
         let (events, _) = split_all(&[b"\n: keepalive\n\n\r\n"]);
         assert_eq!(
             events,
-            vec![b"\n".to_vec(), b": keepalive\n\n".to_vec(), b"\r\n".to_vec()]
+            vec![
+                b"\n".to_vec(),
+                b": keepalive\n\n".to_vec(),
+                b"\r\n".to_vec()
+            ]
         );
     }
 
@@ -418,7 +429,10 @@ mod tests {
 
     #[test]
     fn event_data_variants() {
-        assert_eq!(event_data(b"data: {\"a\":1}\n\n").as_deref(), Some(&b"{\"a\":1}"[..]));
+        assert_eq!(
+            event_data(b"data: {\"a\":1}\n\n").as_deref(),
+            Some(&b"{\"a\":1}"[..])
+        );
         assert!(matches!(event_data(b"data: x\n\n"), Some(Cow::Borrowed(_))));
         assert_eq!(event_data(b"data:x\r\n\r\n").as_deref(), Some(&b"x"[..]));
         assert_eq!(event_data(b"data:  x\n\n").as_deref(), Some(&b" x"[..]));
@@ -451,7 +465,11 @@ mod tests {
         assert_eq!(stats.content_events, 4);
         assert_eq!(
             stats.usage,
-            Some(Usage { prompt_tokens: 5, completion_tokens: 3, cached_tokens: 2 })
+            Some(Usage {
+                prompt_tokens: 5,
+                completion_tokens: 3,
+                cached_tokens: 2
+            })
         );
     }
 
@@ -463,6 +481,8 @@ mod tests {
             br#"{"choices":[{"delta":{"content":""},"x":"\"content\":\"y"}]}"#,
             &mut stats,
         );
+        // A key containing an escaped quote right before the needle.
+        observe_event(br#"{"choices":[],"a\"content":"y"}"#, &mut stats);
         observe_event(br#"{"note":"the \"usage\" word","usage":null}"#, &mut stats);
         assert_eq!(stats, StreamStats::default());
         // Tool-call argument deltas are generated output too.
@@ -500,19 +520,15 @@ mod tests {
             "[^\r\n]{1,12}",
         ];
         let eol = prop_oneof![Just("\n"), Just("\r\n")];
-        (
-            proptest::collection::vec((line, eol.clone()), 0..4),
-            eol,
-        )
-            .prop_map(|(lines, end)| {
-                let mut ev = Vec::new();
-                for (l, e) in lines {
-                    ev.extend_from_slice(l.as_bytes());
-                    ev.extend_from_slice(e.as_bytes());
-                }
-                ev.extend_from_slice(end.as_bytes());
-                ev
-            })
+        (proptest::collection::vec((line, eol.clone()), 0..4), eol).prop_map(|(lines, end)| {
+            let mut ev = Vec::new();
+            for (l, e) in lines {
+                ev.extend_from_slice(l.as_bytes());
+                ev.extend_from_slice(e.as_bytes());
+            }
+            ev.extend_from_slice(end.as_bytes());
+            ev
+        })
     }
 
     fn chunk_at(input: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {

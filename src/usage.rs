@@ -88,8 +88,7 @@ pub fn is_usage_only_event(event_data: &[u8]) -> bool {
     let Some(env) = parse_envelope(event_data) else {
         return false;
     };
-    env.choices.is_none_or(|c| c.is_empty())
-        && env.usage.as_ref().is_some_and(Value::is_object)
+    env.choices.is_none_or(|c| c.is_empty()) && env.usage.as_ref().is_some_and(Value::is_object)
 }
 
 const TOP_LEVEL_INSERT: &[u8] = b"\"stream_options\":{\"include_usage\":true}";
@@ -288,7 +287,11 @@ mod tests {
             "prompt_tokens_details":{"cached_tokens":8}}});
         assert_eq!(
             parse_usage(&v),
-            Some(Usage { prompt_tokens: 10, completion_tokens: 4, cached_tokens: 8 })
+            Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 4,
+                cached_tokens: 8
+            })
         );
         let v = json!({"usage":{"prompt_tokens":10,"completion_tokens":4,"prompt_tokens_details":null}});
         assert_eq!(parse_usage(&v).map(|u| u.cached_tokens), Some(0));
@@ -308,7 +311,9 @@ mod tests {
         assert!(is_usage_only_event(
             br#"{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#
         ));
-        assert!(is_usage_only_event(br#"{"id":"x","usage":{"prompt_tokens":1}}"#));
+        assert!(is_usage_only_event(
+            br#"{"id":"x","usage":{"prompt_tokens":1}}"#
+        ));
         assert!(is_usage_only_event(br#"{"choices":null,"usage":{}}"#));
         assert!(!is_usage_only_event(
             br#"{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":1}}"#
@@ -337,7 +342,9 @@ mod tests {
         assert_eq!(
             inject(r#"{"stream":true,"stream_options":{ "continuous_usage_stats":true }}"#)
                 .as_deref(),
-            Some(r#"{"stream":true,"stream_options":{"include_usage":true, "continuous_usage_stats":true }}"#)
+            Some(
+                r#"{"stream":true,"stream_options":{"include_usage":true, "continuous_usage_stats":true }}"#
+            )
         );
         assert_eq!(
             inject(r#"{"stream_options":{"include_usage" : false},"stream":true}"#).as_deref(),
@@ -374,7 +381,10 @@ mod tests {
         // raw that does not match parsed
         let parsed = json!({"stream": true, "stream_options": {}});
         assert_eq!(inject_include_usage(br#"{"stream":true}"#, &parsed), None);
-        assert_eq!(inject_include_usage(br#"{"stream":true,"#, &json!({"stream":true})), None);
+        assert_eq!(
+            inject_include_usage(br#"{"stream":true,"#, &json!({"stream":true})),
+            None
+        );
     }
 
     #[test]
@@ -510,7 +520,9 @@ mod tests {
             Just(Some(json!({"include_usage": false}))),
             Just(Some(json!({"include_usage": null}))),
             Just(Some(json!({"continuous_usage_stats": true}))),
-            Just(Some(json!({"include_usage": false, "continuous_usage_stats": true}))),
+            Just(Some(
+                json!({"include_usage": false, "continuous_usage_stats": true})
+            )),
         ];
         (
             proptest::collection::vec((key_strategy(), value_strategy()), 0..6),
@@ -560,8 +572,8 @@ mod tests {
 
             // Every other byte is in place: undoing the one edit restores raw.
             let undone = [
-                (&TOP_LEVEL_INSERT[..], &b""[..]),
-                (&NESTED_INSERT[..], &b""[..]),
+                (TOP_LEVEL_INSERT, &b""[..]),
+                (NESTED_INSERT, &b""[..]),
                 (&b"true"[..], &b"false"[..]),
                 (&b"true"[..], &b"null"[..]),
             ]

@@ -21,7 +21,10 @@ fn start_gated_stream(gw: &Gateway, route: &str, gate: &str) -> (Conn, String) {
     );
     let head = conn.read_head();
     assert_eq!(head.status, 200);
-    let peer = head.header("x-routed-peer").expect("routed peer").to_string();
+    let peer = head
+        .header("x-routed-peer")
+        .expect("routed peer")
+        .to_string();
     conn.read_chunk().expect("first frame").expect("data");
     (conn, peer)
 }
@@ -39,7 +42,12 @@ fn finish_stream(conn: &mut Conn) -> bool {
 }
 
 fn chat(gw: &Gateway, route: &str) -> http::Response {
-    http::post_json(gw.addr, &format!("/{route}/v1/chat/completions"), &[], &chat_body("s", "hi", false))
+    http::post_json(
+        gw.addr,
+        &format!("/{route}/v1/chat/completions"),
+        &[],
+        &chat_body("s", "hi", false),
+    )
 }
 
 #[test]
@@ -61,27 +69,53 @@ fn sighup_adds_changes_removes_and_survives_a_broken_file() {
 
     // Change: chat moves to engine B; the peer that stays keeps its runtime
     // state (the in-flight stream on the old peer is still counted).
-    let before_b = b.engines[0].stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+    let before_b = b.engines[0]
+        .stats
+        .requests
+        .load(std::sync::atomic::Ordering::Relaxed);
     gw.write_route("chat", &format!(
         "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}}}\n  - {{name: nb, host: 127.0.0.1, port: {}, max_concurrency: 1000}}\n",
         a.engines[0].port(), b.engines[0].port()
     ));
     gw.reload();
-    assert_eq!(gw.metric("llm_gateway_in_flight", &["route=\"chat\"", "peer=\"e0\""]), 1.0, "state carried over");
+    assert_eq!(
+        gw.metric("llm_gateway_in_flight", &["route=\"chat\"", "peer=\"e0\""]),
+        1.0,
+        "state carried over"
+    );
     let r = chat(&gw, "chat");
     assert_eq!(r.status(), 200);
     // e0 has 1 in flight, nb has 0: least-loaded goes to nb.
     assert_eq!(r.header("x-routed-peer"), Some("nb"));
-    assert!(b.engines[0].stats.requests.load(std::sync::atomic::Ordering::Relaxed) > before_b);
+    assert!(
+        b.engines[0]
+            .stats
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > before_b
+    );
 
     // Break: invalid file keeps the previous version, logs file and line, counts an error.
     let errors_before = gw.metric("llm_gateway_reloads_total", &["result=\"error\""]);
-    gw.write_route("chat", "peers:\n  - {name: x, host: h, port: 1}\nbalancing:\n  mode: hash\n  bogus_key: 1\n");
+    gw.write_route(
+        "chat",
+        "peers:\n  - {name: x, host: h, port: 1}\nbalancing:\n  mode: hash\n  bogus_key: 1\n",
+    );
     gw.reload();
-    assert_eq!(gw.metric("llm_gateway_reloads_total", &["result=\"error\""]), errors_before + 1.0);
+    assert_eq!(
+        gw.metric("llm_gateway_reloads_total", &["result=\"error\""]),
+        errors_before + 1.0
+    );
     let log = gw.log();
-    assert!(log.contains("chat.yaml:5"), "error names file and line:\n{log}");
-    assert_eq!(chat(&gw, "chat").header("x-routed-peer"), Some("nb"), "previous version still serves");
+    assert!(
+        log.contains("chat.yaml:5"),
+        "error names file and line:\n{log}"
+    );
+    assert_eq!(
+        chat(&gw, "chat").header("x-routed-peer"),
+        Some("nb"),
+        "previous version still serves"
+    );
     // A broken NEW file stays absent.
     gw.write_route("broken", "peers: [");
     gw.reload();
@@ -95,7 +129,10 @@ fn sighup_adds_changes_removes_and_survives_a_broken_file() {
 
     // The stream that was in flight the whole time finishes intact on engine A.
     a.engines[0].open_gate("hold");
-    assert!(finish_stream(&mut stream), "stream in flight across reloads finished intact");
+    assert!(
+        finish_stream(&mut stream),
+        "stream in flight across reloads finished intact"
+    );
     assert_eq!(gw.pid(), pid, "same process throughout");
     gw.wait_idle();
 }
@@ -105,7 +142,10 @@ fn sigterm_drains_streams_then_exits_zero() {
     let cluster = engines(1);
     let mut gw = Gateway::start_with(
         &[("chat", route_yaml(&ports(&cluster), ""))],
-        GatewayOptions { grace_period: "30s", ..Default::default() },
+        GatewayOptions {
+            grace_period: "30s",
+            ..Default::default()
+        },
     );
     let (mut stream, _) = start_gated_stream(&gw, "chat", "drain");
     gw.signal("TERM");
@@ -122,11 +162,23 @@ fn sigterm_drains_streams_then_exits_zero() {
         std::net::TcpStream::connect(gw.addr).is_err().then_some(())
     });
     // Control for "the process waits": it is still alive while the stream runs.
-    assert_eq!(gw.wait_exit(Duration::from_millis(300)), None, "must not exit with a stream in flight");
+    assert_eq!(
+        gw.wait_exit(Duration::from_millis(300)),
+        None,
+        "must not exit with a stream in flight"
+    );
     cluster.engines[0].open_gate("drain");
-    assert!(finish_stream(&mut stream), "in-flight stream finished intact during drain");
+    assert!(
+        finish_stream(&mut stream),
+        "in-flight stream finished intact during drain"
+    );
     // Exits 0 as soon as nothing is in flight, well before the 30 s grace period.
-    assert_eq!(gw.wait_exit(Duration::from_secs(10)), Some(0), "{}", gw.log());
+    assert_eq!(
+        gw.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        gw.log()
+    );
 }
 
 fn check(dir: &std::path::Path) -> (bool, String) {
@@ -135,7 +187,11 @@ fn check(dir: &std::path::Path) -> (bool, String) {
         .arg(dir.join("gateway.yaml"))
         .output()
         .expect("run check");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.success(), text)
 }
 
@@ -144,7 +200,11 @@ fn check_reports_file_line_and_reason() {
     let dir = tempfile::tempdir().unwrap();
     let routes = dir.path().join("routes");
     std::fs::create_dir_all(&routes).unwrap();
-    std::fs::write(dir.path().join("gateway.yaml"), format!("routes_dir: {}\n", routes.display())).unwrap();
+    std::fs::write(
+        dir.path().join("gateway.yaml"),
+        format!("routes_dir: {}\n", routes.display()),
+    )
+    .unwrap();
     let good = "peers:\n  - {name: a, host: 127.0.0.1, port: 8000}\n";
     std::fs::write(routes.join("good.yaml"), good).unwrap();
     let (ok, text) = check(dir.path());

@@ -38,21 +38,46 @@ fn session_sticks_across_turns_and_its_cache_hits_grow() {
     let mut peers = Vec::new();
     let mut cached = Vec::new();
     for turn in 0..4 {
-        let r = http::post_json(gw.addr, CHAT, &[("x-session-id", "conv-stick")], &turn_body(&history));
+        let r = http::post_json(
+            gw.addr,
+            CHAT,
+            &[("x-session-id", "conv-stick")],
+            &turn_body(&history),
+        );
         assert_eq!(r.status(), 200, "{}", r.text());
-        assert_eq!(r.header("x-routed-mode"), Some(if turn == 0 { "new" } else { "sticky" }));
+        assert_eq!(
+            r.header("x-routed-mode"),
+            Some(if turn == 0 { "new" } else { "sticky" })
+        );
         assert_eq!(r.header("x-routed-source"), Some("header:x-session-id"));
         peers.push(peer_of(&r));
-        cached.push(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+        cached.push(
+            r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
         history.push(format!("answer {turn}"));
         history.push(long_text(&format!("t{turn}-"), 200));
     }
-    assert!(peers.iter().all(|p| p == &peers[0]), "one peer for the whole conversation: {peers:?}");
+    assert!(
+        peers.iter().all(|p| p == &peers[0]),
+        "one peer for the whole conversation: {peers:?}"
+    );
     assert_eq!(cached[0], 0, "first turn is cold");
-    assert!(cached.windows(2).all(|w| w[1] > w[0]), "cache hits grow each turn: {cached:?}");
-    // The gateway counted the same usage.
-    let total_cached = gw.metric("llm_gateway_cached_prompt_tokens_total", &["route=\"chat\""]);
-    assert_eq!(total_cached, cached.iter().sum::<u64>() as f64);
+    assert!(
+        cached.windows(2).all(|w| w[1] > w[0]),
+        "cache hits grow each turn: {cached:?}"
+    );
+    // The gateway counted the same usage, when it logged each request (just
+    // after the client had the response).
+    let expected = cached.iter().sum::<u64>() as f64;
+    wait_for("the gateway's cached-token counter", DEADLINE, || {
+        let counted = gw.metric(
+            "llm_gateway_cached_prompt_tokens_total",
+            &["route=\"chat\""],
+        );
+        (counted == expected).then_some(())
+    });
     assert!(gw.metric("llm_gateway_placements_total", &["kind=\"sticky\""]) >= 3.0);
     // One conversation, one remembered binding.
     let sessions = http::get(gw.addr, "/chat/_sessions").json();
@@ -67,15 +92,32 @@ fn streamed_usage_is_counted_and_ttft_observed() {
                       "messages": [{"role": "user", "content": long_text("u", 100)}]});
     let r = http::post_json(gw.addr, CHAT, &[], &body);
     assert_eq!(r.status(), 200);
+    // Counted when the request is logged, just after the client has the response.
+    wait_for("token counters", DEADLINE, || {
+        let done = gw.metric("llm_gateway_completion_tokens_total", &["route=\"chat\""]) == 3.0;
+        done.then_some(())
+    });
     assert!(gw.metric("llm_gateway_prompt_tokens_total", &["route=\"chat\""]) > 0.0);
-    assert_eq!(gw.metric("llm_gateway_completion_tokens_total", &["route=\"chat\""]), 3.0);
-    assert_eq!(gw.metric("llm_gateway_time_to_first_token_seconds_count", &["route=\"chat\""]), 1.0);
+    assert_eq!(
+        gw.metric("llm_gateway_completion_tokens_total", &["route=\"chat\""]),
+        3.0
+    );
+    assert_eq!(
+        gw.metric(
+            "llm_gateway_time_to_first_token_seconds_count",
+            &["route=\"chat\""]
+        ),
+        1.0
+    );
 }
 
 #[test]
 fn peer_taken_down_moves_its_sessions_and_they_stay_moved() {
     let cluster = engines(2);
-    let route = route_yaml(&ports(&cluster), "health:\n  interval: 100ms\n  ban_ttl: 1h\n");
+    let route = route_yaml(
+        &ports(&cluster),
+        "health:\n  interval: 100ms\n  ban_ttl: 1h\n",
+    );
     let gw = Gateway::start(&[("chat", route)]);
     let body = turn_body(&[long_text("a", 50)]);
     let first = http::post_json(gw.addr, CHAT, &[("x-session-id", "conv-move")], &body);
@@ -83,24 +125,54 @@ fn peer_taken_down_moves_its_sessions_and_they_stay_moved() {
     let home_idx: usize = home[1..].parse().unwrap();
     let other = format!("e{}", 1 - home_idx);
 
-    cluster.engines[home_idx].faults.health_down.store(true, Ordering::Relaxed);
-    wait_for("the home peer to be banned by a probe", Duration::from_secs(2), || {
-        let st = http::get(gw.addr, "/chat/_health_status").json();
-        let p = st["peers"].as_array().unwrap().iter().find(|p| p["name"] == home.as_str()).cloned().unwrap();
-        (p["ready"] == false).then_some(())
-    });
+    cluster.engines[home_idx]
+        .faults
+        .health_down
+        .store(true, Ordering::Relaxed);
+    wait_for(
+        "the home peer to be banned by a probe",
+        Duration::from_secs(2),
+        || {
+            let st = http::get(gw.addr, "/chat/_health_status").json();
+            let p = st["peers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == home.as_str())
+                .cloned()
+                .unwrap();
+            (p["ready"] == false).then_some(())
+        },
+    );
     let moved = http::post_json(gw.addr, CHAT, &[("x-session-id", "conv-move")], &body);
     assert_eq!(peer_of(&moved), other);
     assert_eq!(moved.header("x-routed-mode"), Some("migrated"));
-    assert_eq!(gw.metric("llm_gateway_placements_total", &["kind=\"migrated\"", "reason=\"not_ready\""]), 1.0);
+    assert_eq!(
+        gw.metric(
+            "llm_gateway_placements_total",
+            &["kind=\"migrated\"", "reason=\"not_ready\""]
+        ),
+        1.0
+    );
 
     // The home peer comes back (control: it is ready again) ...
-    cluster.engines[home_idx].faults.health_down.store(false, Ordering::Relaxed);
-    wait_for("the home peer to be ready again", Duration::from_secs(2), || {
-        let st = http::get(gw.addr, "/chat/_health_status").json();
-        let ready = st["peers"].as_array().unwrap().iter().any(|p| p["name"] == home.as_str() && p["ready"] == true);
-        ready.then_some(())
-    });
+    cluster.engines[home_idx]
+        .faults
+        .health_down
+        .store(false, Ordering::Relaxed);
+    wait_for(
+        "the home peer to be ready again",
+        Duration::from_secs(2),
+        || {
+            let st = http::get(gw.addr, "/chat/_health_status").json();
+            let ready = st["peers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == home.as_str() && p["ready"] == true);
+            ready.then_some(())
+        },
+    );
     // ... and the session stays where its cache now is.
     let after = http::post_json(gw.addr, CHAT, &[("x-session-id", "conv-move")], &body);
     assert_eq!(peer_of(&after), other);
@@ -116,8 +188,15 @@ fn concurrency_limit_is_429_and_no_ready_peer_is_503() {
     );
     let gw = Gateway::start(&[("chat", route)]);
     let mut held = Conn::open(gw.addr);
-    let stream = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]});
-    held.send("POST", CHAT, &[("Content-Type", "application/json"), ("x-sim-gate", "full")], stream.to_string().as_bytes(), Upload::Length);
+    let stream =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]});
+    held.send(
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json"), ("x-sim-gate", "full")],
+        stream.to_string().as_bytes(),
+        Upload::Length,
+    );
     assert_eq!(held.read_head().status, 200);
     held.read_chunk().expect("first frame");
 
@@ -126,19 +205,36 @@ fn concurrency_limit_is_429_and_no_ready_peer_is_503() {
     assert_eq!(r.header("retry-after"), Some("1"));
     let e = &r.json()["error"];
     assert_eq!(e["type"], "concurrency_limit");
-    assert_eq!((e["limit"].as_u64(), e["in_flight"].as_u64(), e["healthy_peers"].as_u64()), (Some(1), Some(1), Some(1)));
+    assert_eq!(
+        (
+            e["limit"].as_u64(),
+            e["in_flight"].as_u64(),
+            e["healthy_peers"].as_u64()
+        ),
+        (Some(1), Some(1), Some(1))
+    );
 
     // Control: once the stream ends, the same request is admitted.
     cluster.engines[0].open_gate("full");
     while let Ok(Some(_)) = held.read_chunk() {}
     gw.wait_idle();
-    assert_eq!(http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false)).status(), 200);
+    assert_eq!(
+        http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false)).status(),
+        200
+    );
 
-    cluster.engines[0].faults.health_down.store(true, Ordering::Relaxed);
-    let r = wait_for("503 once the only peer is banned", Duration::from_secs(2), || {
-        let r = http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false));
-        (r.status() != 200).then_some(r)
-    });
+    cluster.engines[0]
+        .faults
+        .health_down
+        .store(true, Ordering::Relaxed);
+    let r = wait_for(
+        "503 once the only peer is banned",
+        Duration::from_secs(2),
+        || {
+            let r = http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false));
+            (r.status() != 200).then_some(r)
+        },
+    );
     assert_eq!(r.status(), 503, "{}", r.text());
     assert_eq!(r.header("retry-after"), Some("5"));
     assert_eq!(r.json()["error"]["type"], "no_healthy_upstream");
@@ -148,14 +244,30 @@ fn concurrency_limit_is_429_and_no_ready_peer_is_503() {
 #[test]
 fn a_busy_probe_answer_does_not_ban() {
     let cluster = engines(2);
-    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), "health:\n  interval: 50ms\n  ban_ttl: 1h\n"))]);
-    cluster.engines[0].faults.health_status.store(429, Ordering::Relaxed);
-    cluster.engines[1].faults.health_status.store(500, Ordering::Relaxed);
+    let gw = Gateway::start(&[(
+        "chat",
+        route_yaml(
+            &ports(&cluster),
+            "health:\n  interval: 50ms\n  ban_ttl: 1h\n",
+        ),
+    )]);
+    cluster.engines[0]
+        .faults
+        .health_status
+        .store(429, Ordering::Relaxed);
+    cluster.engines[1]
+        .faults
+        .health_status
+        .store(500, Ordering::Relaxed);
     // Control: the 500 peer gets banned, proving probes ran meanwhile.
-    wait_for("the failing peer to be banned", Duration::from_secs(2), || {
-        let st = http::get(gw.addr, "/chat/_health_status").json();
-        (st["peers"][1]["ready"] == false).then_some(())
-    });
+    wait_for(
+        "the failing peer to be banned",
+        Duration::from_secs(2),
+        || {
+            let st = http::get(gw.addr, "/chat/_health_status").json();
+            (st["peers"][1]["ready"] == false).then_some(())
+        },
+    );
     let st = http::get(gw.addr, "/chat/_health_status").json();
     assert_eq!(st["peers"][0]["ready"], true, "429 means busy, not dead");
 }
@@ -164,18 +276,41 @@ fn a_busy_probe_answer_does_not_ban() {
 fn model_pools_and_gateway_answered_model_list() {
     let cluster = engines(3);
     let p = ports(&cluster);
-    let route = format!("{}peers_by_model:\n  llama: [e0]\n  qwen: [e1, e2]\n", route_yaml(&p, ""));
+    let route = format!(
+        "{}peers_by_model:\n  llama: [e0]\n  qwen: [e1, e2]\n",
+        route_yaml(&p, "")
+    );
     let gw = Gateway::start(&[("chat", route)]);
     let models = http::get(gw.addr, "/chat/v1/models").json();
-    let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, vec!["llama", "qwen"]);
     for _ in 0..4 {
-        let r = http::post_json(gw.addr, CHAT, &[], &json!({"model": "llama", "messages": [{"role": "user", "content": "x"}]}));
+        let r = http::post_json(
+            gw.addr,
+            CHAT,
+            &[],
+            &json!({"model": "llama", "messages": [{"role": "user", "content": "x"}]}),
+        );
         assert_eq!(peer_of(&r), "e0");
-        let r = http::post_json(gw.addr, CHAT, &[], &json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}]}));
+        let r = http::post_json(
+            gw.addr,
+            CHAT,
+            &[],
+            &json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}]}),
+        );
         assert!(["e1", "e2"].contains(&peer_of(&r).as_str()));
     }
-    let r = http::post_json(gw.addr, CHAT, &[], &json!({"model": "gpt-9", "messages": []}));
+    let r = http::post_json(
+        gw.addr,
+        CHAT,
+        &[],
+        &json!({"model": "gpt-9", "messages": []}),
+    );
     assert_eq!(r.status(), 400);
     assert_eq!(r.json()["error"]["type"], "unknown_model");
     assert_eq!(r.json()["error"]["supported"], json!(["llama", "qwen"]));
@@ -191,7 +326,10 @@ fn tiers_prefer_primary_and_fall_back() {
         cluster.engines[0].port(),
         cluster.engines[1].port()
     );
-    let overflow = route.replace("health:", "balancing:\n  cross_tier_fallback: true\nhealth:");
+    let overflow = route.replace(
+        "health:",
+        "balancing:\n  cross_tier_fallback: true\nhealth:",
+    );
     let gw = Gateway::start(&[("chat", route), ("spill", overflow)]);
     for _ in 0..3 {
         let r = http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false));
@@ -200,18 +338,33 @@ fn tiers_prefer_primary_and_fall_back() {
     // Fill the primary (max_concurrency 1) of each route with a held stream.
     let hold = |route: &str| {
         let mut held = Conn::open(gw.addr);
-        let stream = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]});
-        held.send("POST", &format!("/{route}/v1/chat/completions"), &[("Content-Type", "application/json"), ("x-sim-gate", "t")], stream.to_string().as_bytes(), Upload::Length);
+        let stream =
+            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]});
+        held.send(
+            "POST",
+            &format!("/{route}/v1/chat/completions"),
+            &[("Content-Type", "application/json"), ("x-sim-gate", "t")],
+            stream.to_string().as_bytes(),
+            Upload::Length,
+        );
         let head = held.read_head();
         assert_eq!(head.status, 200);
         assert_eq!(head.header("x-routed-peer"), Some("primary"));
         held.read_chunk().expect("first frame");
         held
     };
-    let mut held = vec![hold("chat"), hold("spill")];
+    let mut held = [hold("chat"), hold("spill")];
     // Primary full: without cross_tier_fallback → 429; with it → backup.
-    assert_eq!(http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false)).status(), 429);
-    let r = http::post_json(gw.addr, "/spill/v1/chat/completions", &[], &chat_body("s", "x", false));
+    assert_eq!(
+        http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false)).status(),
+        429
+    );
+    let r = http::post_json(
+        gw.addr,
+        "/spill/v1/chat/completions",
+        &[],
+        &chat_body("s", "x", false),
+    );
     assert_eq!(r.status(), 200);
     assert_eq!(peer_of(&r), "backup");
     cluster.engines[0].open_gate("t");
@@ -220,7 +373,10 @@ fn tiers_prefer_primary_and_fall_back() {
     }
     gw.wait_idle();
     // Primary down: traffic moves to the next tier.
-    cluster.engines[0].faults.health_down.store(true, Ordering::Relaxed);
+    cluster.engines[0]
+        .faults
+        .health_down
+        .store(true, Ordering::Relaxed);
     let r = wait_for("traffic on the backup tier", Duration::from_secs(2), || {
         let r = http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false));
         (peer_of(&r) == "backup").then_some(r)
@@ -239,15 +395,34 @@ fn hash_and_least_conn_modes() {
     let mut homes = std::collections::HashSet::new();
     for i in 0..12 {
         let sid = format!("hash-{}", i % 4);
-        let r = http::post_json(gw.addr, "/h/v1/chat/completions", &[("x-session-id", &sid)], &chat_body(&sid, "x", false));
+        let r = http::post_json(
+            gw.addr,
+            "/h/v1/chat/completions",
+            &[("x-session-id", &sid)],
+            &chat_body(&sid, "x", false),
+        );
         assert_eq!(r.header("x-routed-mode"), Some("hash"));
         homes.insert((sid, peer_of(&r)));
     }
-    assert_eq!(homes.len(), 4, "each session has exactly one home: {homes:?}");
-    let r = http::post_json(gw.addr, "/lc/v1/chat/completions", &[("x-session-id", "s")], &chat_body("s", "x", false));
+    assert_eq!(
+        homes.len(),
+        4,
+        "each session has exactly one home: {homes:?}"
+    );
+    let r = http::post_json(
+        gw.addr,
+        "/lc/v1/chat/completions",
+        &[("x-session-id", "s")],
+        &chat_body("s", "x", false),
+    );
     assert_eq!(r.header("x-routed-mode"), Some("least_conn"));
     // No session id: least-connections in every mode.
-    let r = http::post_json(gw.addr, "/h/v1/chat/completions", &[], &json!({"model": "m", "messages": []}));
+    let r = http::post_json(
+        gw.addr,
+        "/h/v1/chat/completions",
+        &[],
+        &json!({"model": "m", "messages": []}),
+    );
     assert_eq!(r.header("x-routed-mode"), Some("least_conn"));
     assert_eq!(r.header("x-routed-session"), None);
 }
@@ -258,34 +433,75 @@ fn raw_session_id_never_reaches_logs_metrics_or_debug_endpoints() {
     let secret = "SECRET-sess-7f3a9c";
     let gw = Gateway::start_with(
         &[("chat", route_yaml(&ports(&cluster), ""))],
-        GatewayOptions { env: vec![("RUST_LOG".into(), "debug".into())], ..Default::default() },
+        GatewayOptions {
+            env: vec![("RUST_LOG".into(), "debug".into())],
+            ..Default::default()
+        },
     );
-    let header = http::post_json(gw.addr, CHAT, &[("x-session-id", secret)], &chat_body("other", "x", false));
-    let body_sid = http::post_json(gw.addr, CHAT, &[], &json!({"model": "m", "user": secret, "messages": []}));
+    let header = http::post_json(
+        gw.addr,
+        CHAT,
+        &[("x-session-id", secret)],
+        &chat_body("other", "x", false),
+    );
+    let body_sid = http::post_json(
+        gw.addr,
+        CHAT,
+        &[],
+        &json!({"model": "m", "user": secret, "messages": []}),
+    );
     assert_eq!(header.status(), 200);
-    let hex = header.header("x-routed-session").expect("hashed id").to_string();
-    assert_eq!(hex, llm_gateway::hash::hex16(llm_gateway::hash::stable_hash64(secret.as_bytes())));
-    assert_eq!(body_sid.header("x-routed-session"), Some(hex.as_str()), "same id, same hash from the body");
+    let hex = header
+        .header("x-routed-session")
+        .expect("hashed id")
+        .to_string();
+    assert_eq!(
+        hex,
+        llm_gateway::hash::hex16(llm_gateway::hash::stable_hash64(secret.as_bytes()))
+    );
+    assert_eq!(
+        body_sid.header("x-routed-session"),
+        Some(hex.as_str()),
+        "same id, same hash from the body"
+    );
     assert_eq!(body_sid.header("x-routed-source"), Some("body:user"));
 
     let debug = http::get(gw.addr, &format!("/chat/_route_debug?sid={secret}")).text();
     // Control: the debug endpoint does report this session, by its hash.
     assert!(debug.contains(&hex), "{debug}");
     let mut seen = vec![("route_debug", debug)];
-    for path in ["/chat/_route_state", "/chat/_sessions", "/chat/_health_status", "/chat/_active_conns"] {
+    for path in [
+        "/chat/_route_state",
+        "/chat/_sessions",
+        "/chat/_health_status",
+        "/chat/_active_conns",
+    ] {
         seen.push((path, http::get(gw.addr, path).text()));
     }
     seen.push(("metrics", http::get(gw.admin, "/metrics").text()));
     seen.push(("routes", http::get(gw.admin, "/_routes").text()));
     seen.push(("log", gw.log()));
     for (what, text) in &seen {
-        let leaks: Vec<&str> = text.lines().filter(|l| l.contains(secret)).take(3).collect();
-        assert!(leaks.is_empty(), "raw session id leaked into {what}: {leaks:?}");
+        let leaks: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(secret))
+            .take(3)
+            .collect();
+        assert!(
+            leaks.is_empty(),
+            "raw session id leaked into {what}: {leaks:?}"
+        );
     }
     // Control: the value did travel (the engine got it), so the search above
     // would have found it had the gateway copied it anywhere.
-    let at_engine = cluster.engines.iter().flat_map(|e| e.stats.recorded.lock().clone())
-        .any(|r| r.headers.iter().any(|(_, v)| v == secret) || String::from_utf8_lossy(&r.body).contains(secret));
+    let at_engine = cluster
+        .engines
+        .iter()
+        .flat_map(|e| e.stats.recorded.lock().clone())
+        .any(|r| {
+            r.headers.iter().any(|(_, v)| v == secret)
+                || String::from_utf8_lossy(&r.body).contains(secret)
+        });
     assert!(at_engine);
     assert!(gw.log().contains("DEBUG"), "debug logging was on");
 }
@@ -296,30 +512,52 @@ fn invalid_affinity_is_rejected_on_reload_and_deprecated_key_warns() {
     let p = ports(&cluster);
     let gw = Gateway::start(&[("chat", route_yaml(&p, ""))]);
     let errors = gw.metric("llm_gateway_reloads_total", &["result=\"error\""]);
-    gw.write_route("chat", &route_yaml(&p, "balancing:\n  mode: least_conn\n  session_affinity:\n    headers: [x-a]\n"));
+    gw.write_route(
+        "chat",
+        &route_yaml(
+            &p,
+            "balancing:\n  mode: least_conn\n  session_affinity:\n    headers: [x-a]\n",
+        ),
+    );
     gw.reload();
-    assert_eq!(gw.metric("llm_gateway_reloads_total", &["result=\"error\""]), errors + 1.0);
+    assert_eq!(
+        gw.metric("llm_gateway_reloads_total", &["result=\"error\""]),
+        errors + 1.0
+    );
     let state = http::get(gw.addr, "/chat/_route_state").json();
     assert_eq!(state["mode"], "load_aware", "previous version kept");
-    gw.write_route("chat", &route_yaml(&p, "balancing:\n  max_load_percent: 125\n"));
+    gw.write_route(
+        "chat",
+        &route_yaml(&p, "balancing:\n  max_load_percent: 125\n"),
+    );
     gw.reload();
     assert!(gw.log().contains("max_load_percent is deprecated"));
-    assert_eq!(http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false)).status(), 200);
+    assert_eq!(
+        http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false)).status(),
+        200
+    );
 }
 
 #[test]
 fn engine_metrics_are_scraped_and_reported() {
     let cluster = engines(2);
-    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), "engine_metrics:\n  interval: 100ms\n"))]);
+    let gw = Gateway::start(&[(
+        "chat",
+        route_yaml(&ports(&cluster), "engine_metrics:\n  interval: 100ms\n"),
+    )]);
     let state = wait_for("fresh engine metrics", Duration::from_secs(3), || {
         let s = http::get(gw.addr, "/chat/_route_state").json();
-        (s["peers"][0]["engine"]["fresh"] == true && s["peers"][1]["engine"]["fresh"] == true).then_some(s)
+        (s["peers"][0]["engine"]["fresh"] == true && s["peers"][1]["engine"]["fresh"] == true)
+            .then_some(s)
     });
     assert_eq!(state["peers"][0]["engine"]["waiting"], 0);
     assert_eq!(state["peers"][0]["kv_full"], false);
     // Control: with scraping off there is nothing to report, even after
     // three scrape intervals of the first gateway have passed.
-    let gw2 = Gateway::start(&[("chat", route_yaml(&ports(&cluster), "engine_metrics: false\n"))]);
+    let gw2 = Gateway::start(&[(
+        "chat",
+        route_yaml(&ports(&cluster), "engine_metrics: false\n"),
+    )]);
     std::thread::sleep(Duration::from_millis(300));
     let s = http::get(gw2.addr, "/chat/_route_state").json();
     assert!(s["peers"][0]["engine"].is_null());

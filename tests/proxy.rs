@@ -13,7 +13,8 @@ const CHAT: &str = "/chat/v1/chat/completions";
 
 /// A chat request body of exactly `size` bytes, distinct per `tag`.
 fn body_of_size(size: usize, tag: &str) -> Vec<u8> {
-    let head = format!("{{\"model\":\"sim-model\",\"messages\":[{{\"role\":\"user\",\"content\":\"{tag}:");
+    let head =
+        format!("{{\"model\":\"sim-model\",\"messages\":[{{\"role\":\"user\",\"content\":\"{tag}:");
     let tail = "\"}]}";
     let pad = size.saturating_sub(head.len() + tail.len());
     let filler: String = (0..pad).map(|i| (b'a' + (i % 26) as u8) as char).collect();
@@ -45,12 +46,28 @@ fn bodies_arrive_byte_identical_over_one_keepalive_connection() {
         for size in SIZES {
             for (round, s) in [size, 1_000, size].into_iter().enumerate() {
                 let body = body_of_size(s, &format!("{upload}-{size}-{round}"));
-                let mode = if upload == "length" { Upload::Length } else { Upload::Chunked(16 * 1024) };
-                conn.send("POST", CHAT, &[("Content-Type", "application/json"), ("x-sim-echo", "1")], &body, mode);
+                let mode = if upload == "length" {
+                    Upload::Length
+                } else {
+                    Upload::Chunked(16 * 1024)
+                };
+                conn.send(
+                    "POST",
+                    CHAT,
+                    &[("Content-Type", "application/json"), ("x-sim-echo", "1")],
+                    &body,
+                    mode,
+                );
                 let resp = conn.read_response();
                 assert_eq!(resp.status(), 200, "{upload} {s}: {}", resp.text());
-                assert!(resp.body == body, "{upload} {s} round {round}: echoed body differs");
-                assert!(last_recorded(&cluster, 0) == body, "{upload} {s} round {round}: engine saw a different body");
+                assert!(
+                    resp.body == body,
+                    "{upload} {s} round {round}: echoed body differs"
+                );
+                assert!(
+                    last_recorded(&cluster, 0) == body,
+                    "{upload} {s} round {round}: engine saw a different body"
+                );
             }
         }
     }
@@ -61,8 +78,8 @@ fn bodies_arrive_byte_identical_over_one_keepalive_connection() {
 fn bodies_survive_a_retry_from_a_refused_peer() {
     let cluster = engines(1);
     let dead = free_port();
-    // The refused peer is listed first and, after its short ban, is the
-    // least-loaded pick again, so each size sees a refused attempt first.
+    // Ties between idle peers are broken at random and the refused peer's
+    // ban is short, so within a few requests each size meets it first.
     let route = format!(
         "peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\n  - {{name: live, host: 127.0.0.1, port: {}}}\nhealth:\n  enabled: false\n  ban_ttl: 50ms\n",
         cluster.engines[0].port()
@@ -73,8 +90,18 @@ fn bodies_survive_a_retry_from_a_refused_peer() {
             let body = body_of_size(size, &format!("retry-{upload}-{size}"));
             let resp = wait_for("a request that was retried", DEADLINE, || {
                 let mut conn = Conn::open(gw.addr);
-                let mode = if upload == "length" { Upload::Length } else { Upload::Chunked(64 * 1024) };
-                conn.send("POST", CHAT, &[("Content-Type", "application/json"), ("x-sim-echo", "1")], &body, mode);
+                let mode = if upload == "length" {
+                    Upload::Length
+                } else {
+                    Upload::Chunked(64 * 1024)
+                };
+                conn.send(
+                    "POST",
+                    CHAT,
+                    &[("Content-Type", "application/json"), ("x-sim-echo", "1")],
+                    &body,
+                    mode,
+                );
                 let resp = conn.read_response();
                 assert_eq!(resp.status(), 200, "{}", resp.text());
                 assert!(resp.body == body, "{size} {upload}: body differs");
@@ -103,7 +130,10 @@ fn stream_reaches_the_client_frame_by_frame() {
     );
     let head = conn.read_head();
     assert_eq!(head.status, 200);
-    assert!(head.header("content-type").unwrap_or("").starts_with("text/event-stream"));
+    assert!(head
+        .header("content-type")
+        .unwrap_or("")
+        .starts_with("text/event-stream"));
     // The engine holds everything after its first content frame until the
     // gate opens: receiving a frame now proves nothing waited for the rest.
     let first = conn.read_chunk().expect("first frame").expect("data");
@@ -155,23 +185,51 @@ fn local_errors_are_json() {
     assert_eq!(r.status(), 404);
     assert_eq!(r.json()["error"]["type"], "route_not_found");
 
-    let r = http::request(gw.addr, "POST", CHAT, &[("Content-Type", "application/json")], b"{not json");
+    let r = http::request(
+        gw.addr,
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        b"{not json",
+    );
     assert_eq!(r.status(), 400);
     assert_eq!(r.json()["error"]["type"], "invalid_request");
 
     // Over the route's 2 KiB limit, by Content-Length and by chunked length.
     let big = body_of_size(3_000, "big");
-    let r = http::request(gw.addr, "POST", CHAT, &[("Content-Type", "application/json")], &big);
+    let r = http::request(
+        gw.addr,
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        &big,
+    );
     assert_eq!(r.status(), 413);
     assert_eq!(r.json()["error"]["type"], "request_too_large");
     let mut conn = Conn::open(gw.addr);
-    conn.send("POST", CHAT, &[("Content-Type", "application/json")], &big, Upload::Chunked(500));
+    conn.send(
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        &big,
+        Upload::Chunked(500),
+    );
     assert_eq!(conn.read_response().status(), 413);
     // Control: just under the limit is forwarded.
     let ok = body_of_size(2_000, "ok");
-    let r = http::request(gw.addr, "POST", CHAT, &[("Content-Type", "application/json")], &ok);
+    let r = http::request(
+        gw.addr,
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        &ok,
+    );
     assert_eq!(r.status(), 200, "{}", r.text());
-    assert_eq!(cluster.engines[0].stats.requests.load(Ordering::Relaxed), 1, "only the control reached the engine");
+    assert_eq!(
+        cluster.engines[0].stats.requests.load(Ordering::Relaxed),
+        1,
+        "only the control reached the engine"
+    );
     gw.wait_idle();
 }
 
@@ -180,22 +238,42 @@ fn refused_peer_is_retried_and_no_ready_peer_is_503() {
     let cluster = engines(1);
     let dead = free_port();
     let two = format!(
-        "peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\n  - {{name: live, host: 127.0.0.1, port: {}}}\nhealth:\n  enabled: false\n",
+        "peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\n  - {{name: live, host: 127.0.0.1, port: {}}}\nhealth:\n  enabled: false\n  ban_ttl: 50ms\n",
         cluster.engines[0].port()
     );
     let one = format!("peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\nhealth:\n  enabled: false\n  ban_ttl: 1h\n");
     let gw = Gateway::start(&[("two", two), ("one", one)]);
 
-    let r = http::post_json(gw.addr, "/two/v1/chat/completions", &[], &chat_body("s", "hi", false));
-    assert_eq!(r.status(), 200);
-    assert_eq!(r.header("x-routed-retries"), Some("1"));
+    // Ties between idle peers are broken at random, and the refused peer's
+    // ban is short: within a few requests one tries it first and retries.
+    let r = wait_for(
+        "a request that hit the refused peer first",
+        DEADLINE,
+        || {
+            // No session id: a session would stick to the live peer after its first turn.
+            let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+            let r = http::post_json(gw.addr, "/two/v1/chat/completions", &[], &body);
+            assert_eq!(r.status(), 200, "{}", r.text());
+            (r.header("x-routed-retries") == Some("1")).then_some(r)
+        },
+    );
     assert_eq!(r.header("x-routed-peer"), Some("live"));
 
     // Only peer refuses: every attempt failed → 502; then it is banned → 503.
-    let r = http::post_json(gw.addr, "/one/v1/chat/completions", &[], &chat_body("s", "hi", false));
+    let r = http::post_json(
+        gw.addr,
+        "/one/v1/chat/completions",
+        &[],
+        &chat_body("s", "hi", false),
+    );
     assert_eq!(r.status(), 502, "{}", r.text());
     assert_eq!(r.json()["error"]["type"], "upstream_error");
-    let r = http::post_json(gw.addr, "/one/v1/chat/completions", &[], &chat_body("s", "hi", false));
+    let r = http::post_json(
+        gw.addr,
+        "/one/v1/chat/completions",
+        &[],
+        &chat_body("s", "hi", false),
+    );
     assert_eq!(r.status(), 503, "{}", r.text());
     assert_eq!(r.json()["error"]["type"], "no_healthy_upstream");
     assert_eq!(r.header("retry-after"), Some("5"));
@@ -209,7 +287,13 @@ fn engine_death_mid_stream_ends_the_client_stream_without_a_clean_end() {
     let body = json!({"model": "sim-model", "stream": true, "max_tokens": 20,
                       "messages": [{"role": "user", "content": "die"}]});
     let read_stream = |conn: &mut Conn| -> (usize, bool) {
-        conn.send("POST", CHAT, &[("Content-Type", "application/json")], body.to_string().as_bytes(), Upload::Length);
+        conn.send(
+            "POST",
+            CHAT,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+            Upload::Length,
+        );
         assert_eq!(conn.read_head().status, 200);
         let mut frames = 0;
         loop {
@@ -221,8 +305,14 @@ fn engine_death_mid_stream_ends_the_client_stream_without_a_clean_end() {
         }
     };
     // Control: a healthy stream ends with the terminating chunk.
-    assert!(read_stream(&mut Conn::open(gw.addr)).1, "healthy stream ends cleanly");
-    cluster.engines[0].faults.die_after_frames.store(3, Ordering::Relaxed);
+    assert!(
+        read_stream(&mut Conn::open(gw.addr)).1,
+        "healthy stream ends cleanly"
+    );
+    cluster.engines[0]
+        .faults
+        .die_after_frames
+        .store(3, Ordering::Relaxed);
     let (frames, clean) = read_stream(&mut Conn::open(gw.addr));
     assert!(!clean, "a dead engine must not look like a finished stream");
     assert!(frames >= 1);
@@ -238,18 +328,39 @@ fn in_flight_returns_to_zero_on_every_failure_path() {
         ("dead", format!("peers:\n  - {{name: d, host: 127.0.0.1, port: {dead}}}\nhealth:\n  enabled: false\n")),
     ]);
     // Local response (413).
-    let r = http::request(gw.addr, "POST", CHAT, &[("Content-Type", "application/json")], &body_of_size(2_000, "x"));
+    let r = http::request(
+        gw.addr,
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        &body_of_size(2_000, "x"),
+    );
     assert_eq!(r.status(), 413);
     gw.wait_idle();
     // Connect failure (502).
-    let r = http::post_json(gw.addr, "/dead/v1/chat/completions", &[], &chat_body("s", "x", false));
+    let r = http::post_json(
+        gw.addr,
+        "/dead/v1/chat/completions",
+        &[],
+        &chat_body("s", "x", false),
+    );
     assert_eq!(r.status(), 502);
     gw.wait_idle();
     // Client disconnect mid-stream; the gauge shows 1 while it runs (control).
     {
         let mut conn = Conn::open(gw.addr);
-        let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]});
-        conn.send("POST", CHAT, &[("Content-Type", "application/json"), ("x-sim-gate", "never")], body.to_string().as_bytes(), Upload::Length);
+        let body =
+            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]});
+        conn.send(
+            "POST",
+            CHAT,
+            &[
+                ("Content-Type", "application/json"),
+                ("x-sim-gate", "never"),
+            ],
+            body.to_string().as_bytes(),
+            Upload::Length,
+        );
         assert_eq!(conn.read_head().status, 200);
         conn.read_chunk().expect("first frame");
         assert_eq!(gw.in_flight_total(), 1.0);
@@ -259,10 +370,19 @@ fn in_flight_returns_to_zero_on_every_failure_path() {
         (cluster.engines[0].stats.in_flight.load(Ordering::Relaxed) == 0).then_some(())
     });
     // Engine death mid-stream.
-    cluster.engines[0].faults.die_after_frames.store(2, Ordering::Relaxed);
+    cluster.engines[0]
+        .faults
+        .die_after_frames
+        .store(2, Ordering::Relaxed);
     let mut conn = Conn::open(gw.addr);
     let body = json!({"model": "m", "stream": true, "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]});
-    conn.send("POST", CHAT, &[("Content-Type", "application/json")], body.to_string().as_bytes(), Upload::Length);
+    conn.send(
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+        Upload::Length,
+    );
     let head = conn.read_head();
     assert_eq!(head.status, 200);
     while let Ok(Some(_)) = conn.read_chunk() {}
@@ -295,6 +415,16 @@ fn admin_endpoints() {
     let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
     assert_eq!(http::get(gw.admin, "/healthz").status(), 200);
     http::post_json(gw.addr, CHAT, &[], &chat_body("s", "hi", false));
+    // Counted when the request is logged, just after the client has the response.
+    wait_for("the request counter", DEADLINE, || {
+        let text = http::get(gw.admin, "/metrics").text();
+        let n = metric_sum(
+            &text,
+            "llm_gateway_requests_total",
+            &["route=\"chat\"", "code=\"200\""],
+        );
+        (n == 1.0).then_some(())
+    });
     let metrics = http::get(gw.admin, "/metrics").text();
     for name in [
         "llm_gateway_requests_total{",
@@ -304,7 +434,6 @@ fn admin_endpoints() {
     ] {
         assert!(metrics.contains(name), "missing {name}");
     }
-    assert_eq!(metric_sum(&metrics, "llm_gateway_requests_total", &["route=\"chat\"", "code=\"200\""]), 1.0);
     let routes = http::get(gw.admin, "/_routes").json();
     assert_eq!(routes["routes"][0]["name"], "chat");
     assert_eq!(routes["routes"][0]["peers"][0]["name"], "e0");

@@ -74,7 +74,9 @@ pub fn refresh_state_gauges(registry: &Registry) {
         let bindings = route.runtime.sessions.bindings_per_peer();
         for p in &route.peers {
             let labels = [name.as_str(), p.config.name.as_str()];
-            m.in_flight.with_label_values(&labels).set(p.state.in_flight() as i64);
+            m.in_flight
+                .with_label_values(&labels)
+                .set(p.state.in_flight() as i64);
             m.peer_ready
                 .with_label_values(&labels)
                 .set(p.state.is_ready(now) as i64);
@@ -83,7 +85,9 @@ pub fn refresh_state_gauges(registry: &Registry) {
                 .find(|(id, _)| *id == p.state.id)
                 .map(|(_, n)| *n)
                 .unwrap_or(0);
-            m.session_bindings.with_label_values(&labels).set(bound as i64);
+            m.session_bindings
+                .with_label_values(&labels)
+                .set(bound as i64);
         }
     }
 }

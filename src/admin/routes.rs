@@ -36,11 +36,9 @@ fn peer_engine_json(route: &Route, i: usize, now: u64) -> Value {
     let p = &route.peers[i];
     match p.state.engine_sample() {
         Some(s) => {
-            let fresh = route
-                .config
-                .engine_metrics
-                .as_ref()
-                .is_some_and(|c| now.saturating_sub(s.read_at_ms) <= 2 * c.interval.as_millis() as u64);
+            let fresh = route.config.engine_metrics.as_ref().is_some_and(|c| {
+                now.saturating_sub(s.read_at_ms) <= 2 * c.interval.as_millis() as u64
+            });
             json!({
                 "waiting": s.load.waiting,
                 "running": s.load.running,
@@ -141,12 +139,10 @@ fn route_debug(route: &Route, query: &str) -> Value {
         .unwrap_or_default();
     // Hash it exactly as a request header would be hashed.
     let mut headers = http::HeaderMap::new();
-    let session = http::HeaderValue::from_bytes(&raw)
-        .ok()
-        .and_then(|v| {
-            headers.insert("x-session-id", v);
-            extract_session(&headers, &[], None)
-        });
+    let session = http::HeaderValue::from_bytes(&raw).ok().and_then(|v| {
+        headers.insert("x-session-id", v);
+        extract_session(&headers, &[], None)
+    });
     match session {
         Some(sid) => {
             let all: Vec<usize> = (0..route.peers.len()).collect();
@@ -154,7 +150,9 @@ fn route_debug(route: &Route, query: &str) -> Value {
             out["source"] = json!("query:sid");
             out
         }
-        None => json!({"error": {"type": "invalid_request", "message": "pass a non-blank session id as ?sid=…"}}),
+        None => {
+            json!({"error": {"type": "invalid_request", "message": "pass a non-blank session id as ?sid=…"}})
+        }
     }
 }
 

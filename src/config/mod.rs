@@ -126,7 +126,10 @@ impl GatewayConfig {
         )?;
         let admin_listen = addr(
             "admin_listen",
-            overrides.admin_listen.as_ref().or(file.admin_listen.as_ref()),
+            overrides
+                .admin_listen
+                .as_ref()
+                .or(file.admin_listen.as_ref()),
             "0.0.0.0:8090",
         )?;
         let threads = file.threads.unwrap_or_else(|| {
@@ -155,7 +158,10 @@ impl GatewayConfig {
                 .unwrap_or_else(|| PathBuf::from("routes")),
             api_keys_file,
             threads,
-            grace_period: file.grace_period.map(|d| d.0).unwrap_or(DEFAULT_GRACE_PERIOD),
+            grace_period: file
+                .grace_period
+                .map(|d| d.0)
+                .unwrap_or(DEFAULT_GRACE_PERIOD),
             max_body_size: file
                 .max_body_size
                 .map(|s| s.0)
@@ -411,7 +417,10 @@ impl RouteConfig {
                 return Err(err(line, format!("peers[{i}]: name must not be empty")));
             }
             if p.host.trim().is_empty() {
-                return Err(err(line, format!("peers[{i}] {}: host must not be empty", p.name)));
+                return Err(err(
+                    line,
+                    format!("peers[{i}] {}: host must not be empty", p.name),
+                ));
             }
             let port = u16::try_from(p.port)
                 .ok()
@@ -419,7 +428,10 @@ impl RouteConfig {
                 .ok_or_else(|| {
                     err(
                         line,
-                        format!("peers[{i}] {}: port {} out of range 1..65535", p.name, p.port),
+                        format!(
+                            "peers[{i}] {}: port {} out of range 1..65535",
+                            p.name, p.port
+                        ),
                     )
                 })?;
             let max_concurrency = match p.max_concurrency {
@@ -428,13 +440,19 @@ impl RouteConfig {
                 Some(n) => {
                     return Err(err(
                         line,
-                        format!("peers[{i}] {}: max_concurrency {n} out of range 1..1000000", p.name),
+                        format!(
+                            "peers[{i}] {}: max_concurrency {n} out of range 1..1000000",
+                            p.name
+                        ),
                     ))
                 }
             };
             if let Some(path) = &p.probe_path {
                 if !path.starts_with('/') {
-                    return Err(err(line, format!("peers[{i}] {}: probe_path must start with '/'", p.name)));
+                    return Err(err(
+                        line,
+                        format!("peers[{i}] {}: probe_path must start with '/'", p.name),
+                    ));
                 }
             }
             let peer = PeerConfig {
@@ -448,13 +466,21 @@ impl RouteConfig {
             if let Some(prev) = peers.iter().find(|q| q.name == peer.name) {
                 return Err(err(
                     line,
-                    format!("peers[{i}]: duplicate peer name {:?} (also {})", peer.name, prev.address()),
+                    format!(
+                        "peers[{i}]: duplicate peer name {:?} (also {})",
+                        peer.name,
+                        prev.address()
+                    ),
                 ));
             }
             if peers.iter().any(|q| q.address() == peer.address()) {
                 return Err(err(
                     line,
-                    format!("peers[{i}] {}: duplicate peer address {}", peer.name, peer.address()),
+                    format!(
+                        "peers[{i}] {}: duplicate peer address {}",
+                        peer.name,
+                        peer.address()
+                    ),
                 ));
             }
             peers.push(peer);
@@ -471,10 +497,16 @@ impl RouteConfig {
                 match peers.iter().position(|p| p.name == n) {
                     Some(i) if !idx.contains(&i) => idx.push(i),
                     Some(_) => {
-                        return Err(err(line, format!("peers_by_model.{model}: peer {n:?} listed twice")))
+                        return Err(err(
+                            line,
+                            format!("peers_by_model.{model}: peer {n:?} listed twice"),
+                        ))
                     }
                     None => {
-                        return Err(err(line, format!("peers_by_model.{model}: unknown peer {n:?}")))
+                        return Err(err(
+                            line,
+                            format!("peers_by_model.{model}: unknown peer {n:?}"),
+                        ))
                     }
                 }
             }
@@ -537,15 +569,23 @@ impl RouteConfig {
             timeout: h.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(2)),
         };
         if health.interval < Duration::from_millis(50) {
-            return Err(err(find_key_line(text, "interval"), "health.interval must be at least 50ms".into()));
+            return Err(err(
+                find_key_line(text, "interval"),
+                "health.interval must be at least 50ms".into(),
+            ));
         }
         if !health.probe_path.starts_with('/') {
-            return Err(err(find_key_line(text, "probe_path"), "health.probe_path must start with '/'".into()));
+            return Err(err(
+                find_key_line(text, "probe_path"),
+                "health.probe_path must start with '/'".into(),
+            ));
         }
 
         let engine_metrics = match file.engine_metrics {
             Some(EngineMetricsFile::Switch(Flag(false))) => None,
-            Some(EngineMetricsFile::Switch(Flag(true))) | None => Some(EngineMetricsSettingsFile::default()),
+            Some(EngineMetricsFile::Switch(Flag(true))) | None => {
+                Some(EngineMetricsSettingsFile::default())
+            }
             Some(EngineMetricsFile::Settings(s)) => Some(s),
         }
         .map(|s| EngineMetricsConfig {
@@ -561,7 +601,10 @@ impl RouteConfig {
                 ));
             }
             if m.interval < Duration::from_millis(50) {
-                return Err(err(find_key_line(text, "interval"), "engine_metrics.interval must be at least 50ms".into()));
+                return Err(err(
+                    find_key_line(text, "interval"),
+                    "engine_metrics.interval must be at least 50ms".into(),
+                ));
             }
         }
 
@@ -596,13 +639,16 @@ impl RouteConfig {
     }
 }
 
+/// A route name with its parsed file, or why the file was rejected.
+pub type LoadedRoute = (String, Result<RouteConfig, ConfigError>);
+
 /// Loads every route file in `dir`. Each file stands alone: one broken file
 /// does not stop the others. Files are visited in name order so errors and
 /// logs are deterministic.
 pub fn load_routes_dir(
     dir: &Path,
     gateway: &GatewayConfig,
-) -> Result<Vec<(String, Result<RouteConfig, ConfigError>)>, ConfigError> {
+) -> Result<Vec<LoadedRoute>, ConfigError> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| ConfigError::new(dir, None, format!("cannot read routes directory: {e}")))?;
     let mut files: Vec<PathBuf> = entries
@@ -613,11 +659,17 @@ pub fn load_routes_dir(
     let mut out = Vec::with_capacity(files.len());
     let mut seen = std::collections::HashSet::new();
     for path in files {
-        let Some(name) = route_name_of(&path) else { continue };
+        let Some(name) = route_name_of(&path) else {
+            continue;
+        };
         if !seen.insert(name.clone()) {
             out.push((
                 name.clone(),
-                Err(ConfigError::new(&path, None, format!("route {name:?} is defined twice (.yaml and .yml)"))),
+                Err(ConfigError::new(
+                    &path,
+                    None,
+                    format!("route {name:?} is defined twice (.yaml and .yml)"),
+                )),
             ));
             continue;
         }
@@ -629,11 +681,15 @@ pub fn load_routes_dir(
 /// Best-effort line of `key:` for errors found after parsing (the YAML layer
 /// has no spans by then).
 fn find_key_line(text: &str, key: &str) -> Option<usize> {
-    text.lines().position(|l| {
-        let t = l.trim_start().trim_start_matches("- ").trim_start_matches('{');
-        t.starts_with(key) && t[key.len()..].trim_start().starts_with(':')
-    })
-    .map(|i| i + 1)
+    text.lines()
+        .position(|l| {
+            let t = l
+                .trim_start()
+                .trim_start_matches("- ")
+                .trim_start_matches('{');
+            t.starts_with(key) && t[key.len()..].trim_start().starts_with(':')
+        })
+        .map(|i| i + 1)
 }
 
 /// Line of the `index`-th item of the top-level `peers:` list.

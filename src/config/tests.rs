@@ -39,7 +39,12 @@ fn gateway_defaults_and_overrides() {
         admin_listen: None,
         routes_dir: Some("/tmp/r".into()),
     };
-    let g = GatewayConfig::parse(Path::new("g.yaml"), "listen: 127.0.0.1:1\ngrace_period: 5s\nmax_body_size: 20m\n", &o).unwrap();
+    let g = GatewayConfig::parse(
+        Path::new("g.yaml"),
+        "listen: 127.0.0.1:1\ngrace_period: 5s\nmax_body_size: 20m\n",
+        &o,
+    )
+    .unwrap();
     assert_eq!(g.listen.to_string(), "127.0.0.1:9999");
     assert_eq!(g.routes_dir, PathBuf::from("/tmp/r"));
     assert_eq!(g.grace_period, Duration::from_secs(5));
@@ -48,15 +53,21 @@ fn gateway_defaults_and_overrides() {
 
 #[test]
 fn gateway_unknown_key_has_line() {
-    let e = GatewayConfig::parse(Path::new("g.yaml"), "listen: 0.0.0.0:1\nlisten_port: 3\n", &Overrides::default())
-        .unwrap_err();
+    let e = GatewayConfig::parse(
+        Path::new("g.yaml"),
+        "listen: 0.0.0.0:1\nlisten_port: 3\n",
+        &Overrides::default(),
+    )
+    .unwrap_err();
     assert_eq!(e.line, Some(2), "{e}");
     assert!(e.message.contains("listen_port"), "{e}");
 }
 
 #[test]
 fn unknown_key_reports_file_and_line() {
-    let e = route("peers:\n  - {name: a, host: h, port: 1}\nbalancing:\n  mode: hash\n  modee: x\n").unwrap_err();
+    let e =
+        route("peers:\n  - {name: a, host: h, port: 1}\nbalancing:\n  mode: hash\n  modee: x\n")
+            .unwrap_err();
     assert_eq!(e.line, Some(5), "{e}");
     assert!(e.message.contains("modee"), "{e}");
     assert!(e.to_string().starts_with("routes/chat.yaml:5:"), "{e}");
@@ -78,7 +89,10 @@ fn missing_peers_rejected() {
 
 #[test]
 fn port_out_of_range_points_at_the_peer() {
-    let e = route("peers:\n  - {name: a, host: h, port: 1}\n  - name: b\n    host: h\n    port: 70000\n").unwrap_err();
+    let e = route(
+        "peers:\n  - {name: a, host: h, port: 1}\n  - name: b\n    host: h\n    port: 70000\n",
+    )
+    .unwrap_err();
     assert_eq!(e.line, Some(3), "{e}");
     assert!(e.message.contains("70000"), "{e}");
     assert!(route("peers:\n  - {name: a, host: h, port: 0}\n").is_err());
@@ -86,10 +100,12 @@ fn port_out_of_range_points_at_the_peer() {
 
 #[test]
 fn duplicate_peers_rejected() {
-    let e = route("peers:\n  - {name: a, host: h, port: 1}\n  - {name: a, host: h, port: 2}\n").unwrap_err();
+    let e = route("peers:\n  - {name: a, host: h, port: 1}\n  - {name: a, host: h, port: 2}\n")
+        .unwrap_err();
     assert_eq!(e.line, Some(3), "{e}");
     assert!(e.message.contains("duplicate peer name"), "{e}");
-    let e = route("peers:\n  - {name: a, host: h, port: 1}\n  - {name: b, host: h, port: 1}\n").unwrap_err();
+    let e = route("peers:\n  - {name: a, host: h, port: 1}\n  - {name: b, host: h, port: 1}\n")
+        .unwrap_err();
     assert!(e.message.contains("duplicate peer address"), "{e}");
 }
 
@@ -104,7 +120,8 @@ fn session_affinity_needs_a_session_mode() {
 
 #[test]
 fn deprecated_max_load_percent_warns_but_loads() {
-    let r = route("peers:\n  - {name: a, host: h, port: 1}\nbalancing:\n  max_load_percent: 125\n").unwrap();
+    let r = route("peers:\n  - {name: a, host: h, port: 1}\nbalancing:\n  max_load_percent: 125\n")
+        .unwrap();
     assert_eq!(r.warnings.len(), 1);
     assert!(route(MINIMAL).unwrap().warnings.is_empty());
 }
@@ -114,25 +131,49 @@ fn idle_timeout_bounds() {
     let base = "peers:\n  - {name: a, host: h, port: 1}\nbalancing:\n  session_affinity:\n    idle_timeout: ";
     assert!(route(&format!("{base}30s\n")).is_err());
     assert!(route(&format!("{base}25h\n")).is_err());
-    assert_eq!(route(&format!("{base}2h\n")).unwrap().balancing.idle_timeout, Duration::from_secs(7200));
+    assert_eq!(
+        route(&format!("{base}2h\n"))
+            .unwrap()
+            .balancing
+            .idle_timeout,
+        Duration::from_secs(7200)
+    );
 }
 
 #[test]
 fn peers_by_model_resolves_names() {
-    let r = route(&format!("{MINIMAL}peers_by_model:\n  llama: [b]\n  qwen: [a, b]\n")).unwrap();
-    assert_eq!(r.peers_by_model, vec![("llama".to_string(), vec![1]), ("qwen".to_string(), vec![0, 1])]);
+    let r = route(&format!(
+        "{MINIMAL}peers_by_model:\n  llama: [b]\n  qwen: [a, b]\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        r.peers_by_model,
+        vec![
+            ("llama".to_string(), vec![1]),
+            ("qwen".to_string(), vec![0, 1])
+        ]
+    );
     let e = route(&format!("{MINIMAL}peers_by_model:\n  llama: [zz]\n")).unwrap_err();
     assert!(e.message.contains("unknown peer"), "{e}");
 }
 
 #[test]
 fn engine_metrics_switch_and_settings() {
-    assert!(route(&format!("{MINIMAL}engine_metrics: false\n")).unwrap().engine_metrics.is_none());
-    let r = route(&format!("{MINIMAL}engine_metrics: {{interval: 2s, kv_full_threshold: 0.9}}\n")).unwrap();
+    assert!(route(&format!("{MINIMAL}engine_metrics: false\n"))
+        .unwrap()
+        .engine_metrics
+        .is_none());
+    let r = route(&format!(
+        "{MINIMAL}engine_metrics: {{interval: 2s, kv_full_threshold: 0.9}}\n"
+    ))
+    .unwrap();
     let m = r.engine_metrics.unwrap();
     assert_eq!(m.interval, Duration::from_secs(2));
     assert_eq!(m.kv_full_threshold, 0.9);
-    assert!(route(&format!("{MINIMAL}engine_metrics: {{kv_full_threshold: 2}}\n")).is_err());
+    assert!(route(&format!(
+        "{MINIMAL}engine_metrics: {{kv_full_threshold: 2}}\n"
+    ))
+    .is_err());
 }
 
 #[test]
@@ -141,6 +182,9 @@ fn route_names() {
     assert!(!valid_route_name("_status"));
     assert!(!valid_route_name("a/b"));
     assert!(!valid_route_name(""));
-    assert_eq!(route_name_of(Path::new("routes/chat.yaml")).as_deref(), Some("chat"));
+    assert_eq!(
+        route_name_of(Path::new("routes/chat.yaml")).as_deref(),
+        Some("chat")
+    );
     assert_eq!(route_name_of(Path::new("routes/chat.yaml.bak")), None);
 }

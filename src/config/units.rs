@@ -38,7 +38,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "d" => value * 86400.0,
         other => return Err(format!("unknown duration unit {other:?} in {text:?}")),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 365.0 * 86400.0 {
+    if !(0.0..=365.0 * 86400.0).contains(&secs) {
         return Err(format!("duration {text:?} out of range"));
     }
     Ok(Duration::from_secs_f64(secs))

@@ -30,10 +30,18 @@ pub async fn get(
     }
 }
 
-async fn get_inner(addr: SocketAddr, host: &str, path: &str, max_body: usize) -> Result<(u16, Vec<u8>), GetError> {
+async fn get_inner(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    max_body: usize,
+) -> Result<(u16, Vec<u8>), GetError> {
     let mut stream = TcpStream::connect(addr).await.map_err(GetError::Connect)?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: llm-gateway\r\nAccept: */*\r\nConnection: close\r\n\r\n");
-    stream.write_all(req.as_bytes()).await.map_err(GetError::Io)?;
+    stream
+        .write_all(req.as_bytes())
+        .await
+        .map_err(GetError::Io)?;
     let mut buf = Vec::with_capacity(8192);
     let mut chunk = [0u8; 8192];
     // Read to EOF (Connection: close) or until the cap.
@@ -62,17 +70,22 @@ fn parse_response(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
         l.starts_with("transfer-encoding:") && l.contains("chunked")
     });
     let body = &raw[head_end + 4..];
-    let body = if chunked { dechunk(body) } else { body.to_vec() };
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_vec()
+    };
     Some((status, body))
 }
 
 fn dechunk(mut body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len());
-    loop {
-        let Some(line_end) = body.windows(2).position(|w| w == b"\r\n") else { break };
+    while let Some(line_end) = body.windows(2).position(|w| w == b"\r\n") {
         let size_text = std::str::from_utf8(&body[..line_end]).unwrap_or("");
         let size_text = size_text.split(';').next().unwrap_or("").trim();
-        let Ok(size) = usize::from_str_radix(size_text, 16) else { break };
+        let Ok(size) = usize::from_str_radix(size_text, 16) else {
+            break;
+        };
         body = &body[line_end + 2..];
         if size == 0 || body.len() < size {
             out.extend_from_slice(&body[..size.min(body.len())]);
@@ -92,7 +105,10 @@ mod tests {
     fn parses_plain_and_chunked() {
         let (s, b) = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").unwrap();
         assert_eq!((s, b.as_slice()), (200, &b"ok"[..]));
-        let (s, b) = parse_response(b"HTTP/1.1 503 X\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap();
+        let (s, b) = parse_response(
+            b"HTTP/1.1 503 X\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+        )
+        .unwrap();
         assert_eq!((s, b.as_slice()), (503, &b"abcde"[..]));
         assert!(parse_response(b"garbage").is_none());
     }

@@ -17,7 +17,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 /// Route name → generation whose tasks are running.
-static STARTED: LazyLock<Mutex<HashMap<String, usize>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+static STARTED: LazyLock<Mutex<HashMap<String, usize>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Starts tasks for routes that are new or changed since the last call. Tasks
 /// of an older generation notice and stop by themselves, so a reload never
@@ -34,10 +35,20 @@ pub fn sync_tasks(registry: &Arc<Registry>) {
         started.insert(name.clone(), generation);
         for index in 0..route.peers.len() {
             if route.config.health.enabled {
-                tokio::spawn(probe_loop(Arc::clone(registry), Arc::clone(route), index, generation));
+                tokio::spawn(probe_loop(
+                    Arc::clone(registry),
+                    Arc::clone(route),
+                    index,
+                    generation,
+                ));
             }
             if route.config.engine_metrics.is_some() {
-                tokio::spawn(scrape_loop(Arc::clone(registry), Arc::clone(route), index, generation));
+                tokio::spawn(scrape_loop(
+                    Arc::clone(registry),
+                    Arc::clone(route),
+                    index,
+                    generation,
+                ));
             }
         }
         let sweeper_route = Arc::clone(route);
@@ -56,14 +67,20 @@ pub fn sync_tasks(registry: &Arc<Registry>) {
 /// Whether `route` at `generation` is still the live version.
 fn current(registry: &Registry, route: &Route, generation: usize) -> bool {
     route.runtime.generation.load(Ordering::Acquire) == generation
-        && registry.route(route.name()).is_some_and(|live| Arc::ptr_eq(&live.runtime, &route.runtime))
+        && registry
+            .route(route.name())
+            .is_some_and(|live| Arc::ptr_eq(&live.runtime, &route.runtime))
 }
 
 async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, generation: usize) {
     let cfg = route.config.health.clone();
     let peer = &route.peers[index];
     let Some(addr) = peer.addr else { return };
-    let path = peer.config.probe_path.clone().unwrap_or(cfg.probe_path.clone());
+    let path = peer
+        .config
+        .probe_path
+        .clone()
+        .unwrap_or(cfg.probe_path.clone());
     let host = peer.config.address();
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -74,12 +91,20 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
         match outcome {
             Ok((status, _)) if (200..300).contains(&status) => {
                 if state.is_failing() || !state.is_ready(now_ms()) {
-                    log::info!("route {} peer {}: probe ok, ready again", route.name(), peer.config.name);
+                    log::info!(
+                        "route {} peer {}: probe ok, ready again",
+                        route.name(),
+                        peer.config.name
+                    );
                 }
                 state.unban();
             }
             Ok((429, _)) | Err(GetError::Timeout) => {
-                log::debug!("route {} peer {}: busy (429/timeout), not banned", route.name(), peer.config.name);
+                log::debug!(
+                    "route {} peer {}: busy (429/timeout), not banned",
+                    route.name(),
+                    peer.config.name
+                );
             }
             other => {
                 let why = match other {
@@ -87,7 +112,12 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
                     Err(e) => format!("{e:?}"),
                 };
                 if state.is_ready(now_ms()) {
-                    log::warn!("route {} peer {}: probe failed ({why}), banned for {:?}", route.name(), peer.config.name, cfg.ban_ttl);
+                    log::warn!(
+                        "route {} peer {}: probe failed ({why}), banned for {:?}",
+                        route.name(),
+                        peer.config.name,
+                        cfg.ban_ttl
+                    );
                 }
                 state.ban(now_ms(), cfg.ban_ttl);
             }
@@ -96,7 +126,9 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
 }
 
 async fn scrape_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, generation: usize) {
-    let Some(cfg) = route.config.engine_metrics.clone() else { return };
+    let Some(cfg) = route.config.engine_metrics.clone() else {
+        return;
+    };
     let peer = &route.peers[index];
     let Some(addr) = peer.addr else { return };
     let host = peer.config.address();
@@ -107,16 +139,16 @@ async fn scrape_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, g
         tick.tick().await;
         // A scrape slower than its interval would be stale on arrival.
         let timeout = cfg.interval.max(Duration::from_millis(200));
-        match client::get(addr, &host, &cfg.path, timeout, 4 << 20).await {
-            Ok((200, body)) => match prom::parse_engine_load(&String::from_utf8_lossy(&body)) {
+        // A failed scrape leaves the last sample to go stale on its own.
+        if let Ok((200, body)) = client::get(addr, &host, &cfg.path, timeout, 4 << 20).await {
+            match prom::parse_engine_load(&String::from_utf8_lossy(&body)) {
                 Some(load) => peer.state.record_engine(load, now_ms()),
                 None if !warned => {
                     warned = true;
                     log::warn!("route {} peer {}: {} has no vLLM/SGLang load metrics; placement uses in-flight counts only", route.name(), peer.config.name, cfg.path);
                 }
                 None => {}
-            },
-            _ => {}
+            }
         }
     }
 }

@@ -15,7 +15,10 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
         }
         let name_end = line.find(['{', ' ']).unwrap_or(line.len());
         let name = &line[..name_end];
-        let is_kv = matches!(name, "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage");
+        let is_kv = matches!(
+            name,
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage"
+        );
         let slot = match name {
             "vllm:num_requests_waiting" | "sglang:num_queue_reqs" => &mut waiting,
             "vllm:num_requests_running" | "sglang:num_running_reqs" => &mut running,
@@ -28,7 +31,11 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
             Some(close) if line[name_end..].starts_with('{') => &line[close + 1..],
             _ => &line[name_end..],
         };
-        let Some(value) = after_labels.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else {
+        let Some(value) = after_labels
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
             continue;
         };
         if !value.is_finite() {
@@ -76,7 +83,10 @@ vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:other 9\n";
 
     #[test]
     fn sums_series_and_ignores_unknown() {
-        let l = parse_engine_load("vllm:num_requests_waiting{m=\"a\"} 1\nvllm:num_requests_waiting{m=\"b\"} 2\n").unwrap();
+        let l = parse_engine_load(
+            "vllm:num_requests_waiting{m=\"a\"} 1\nvllm:num_requests_waiting{m=\"b\"} 2\n",
+        )
+        .unwrap();
         assert_eq!(l.waiting, 3);
         assert!(parse_engine_load("process_cpu_seconds_total 3\n").is_none());
         assert!(parse_engine_load("vllm:num_requests_waiting NaN\n").is_none());

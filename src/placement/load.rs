@@ -67,9 +67,7 @@ pub fn rendezvous(sid: u64, peers: &[PeerLoad]) -> Option<PeerId> {
 /// request goes by least connections (`HashFallback`, `Waiting`), unless every
 /// other ready peer is saturated too, in which case it stays put.
 pub fn hash_place(sid: u64, peers: &[PeerLoad], rand: u64) -> Option<Placement> {
-    let home = peers
-        .iter()
-        .max_by_key(|p| rendezvous_weight(sid, p.id))?;
+    let home = peers.iter().max_by_key(|p| rendezvous_weight(sid, p.id))?;
     let (chosen, not_ready_reason) = if home.ready {
         (home, None)
     } else {
@@ -188,7 +186,10 @@ pub(super) mod tests {
             max_concurrency: 2,
             ..peer(4, 5)
         };
-        assert_eq!(least_conn(&[more_saturated, saturated, not_ready], 7), Some(1));
+        assert_eq!(
+            least_conn(&[more_saturated, saturated, not_ready], 7),
+            Some(1)
+        );
         let zero_slots = PeerLoad {
             max_concurrency: 0,
             ..peer(5, 0)
@@ -206,8 +207,11 @@ pub(super) mod tests {
             let sid = crate::hash::stable_hash64(&sid.to_le_bytes());
             let home = rendezvous(sid, &peers).expect("a ready peer");
             for removed in peers.iter().filter(|p| p.id != home) {
-                let rest: Vec<PeerLoad> =
-                    peers.iter().copied().filter(|p| p.id != removed.id).collect();
+                let rest: Vec<PeerLoad> = peers
+                    .iter()
+                    .copied()
+                    .filter(|p| p.id != removed.id)
+                    .collect();
                 assert_eq!(rendezvous(sid, &rest), Some(home));
             }
             // Control: removing the home itself does move the session.
@@ -282,10 +286,22 @@ pub(super) mod tests {
         assert_ne!(fallback.peer, home);
 
         // Control: when every peer is saturated, moving gains nothing.
-        let all_saturated: Vec<PeerLoad> = peers.iter().map(|p| PeerLoad { in_flight: 64, ..*p }).collect();
-        assert_eq!(hash_place(sid, &all_saturated, 3).map(|p| (p.peer, p.kind)), Some((home, PlacementKind::Hash)));
+        let all_saturated: Vec<PeerLoad> = peers
+            .iter()
+            .map(|p| PeerLoad {
+                in_flight: 64,
+                ..*p
+            })
+            .collect();
+        assert_eq!(
+            hash_place(sid, &all_saturated, 3).map(|p| (p.peer, p.kind)),
+            Some((home, PlacementKind::Hash))
+        );
 
-        let none_ready: Vec<PeerLoad> = peers.iter().map(|p| PeerLoad { ready: false, ..*p }).collect();
+        let none_ready: Vec<PeerLoad> = peers
+            .iter()
+            .map(|p| PeerLoad { ready: false, ..*p })
+            .collect();
         assert_eq!(hash_place(sid, &none_ready, 0), None);
         assert_eq!(hash_place(sid, &[], 0), None);
     }

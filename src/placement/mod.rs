@@ -157,3 +157,6 @@ pub struct Placement {
     pub kind: PlacementKind,
     pub reason: Option<Reason>,
 }
+
+#[cfg(test)]
+mod tests;

@@ -27,10 +27,21 @@ pub(super) struct Remembered {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Decision {
     NoReadyPeer,
-    New { to: PeerId },
-    Stay { on: PeerId },
-    Spill { from: PeerId, to: PeerId, reason: Reason },
-    Migrate { from: PeerId, to: PeerId },
+    New {
+        to: PeerId,
+    },
+    Stay {
+        on: PeerId,
+    },
+    Spill {
+        from: PeerId,
+        to: PeerId,
+        reason: Reason,
+    },
+    Migrate {
+        from: PeerId,
+        to: PeerId,
+    },
 }
 
 /// The remembered peer's state, kept for the explanation.
@@ -61,7 +72,7 @@ pub(super) enum Why {
     NoKvRoomElsewhere {
         home: HomeState,
     },
-    Backed {
+    BackedUp {
         home: HomeState,
         target_load: u32,
         margin: u32,
@@ -150,7 +161,7 @@ pub(super) fn decide(
         (limits.spill_margin_blind, true)
     };
     if queued && home_state.load >= target_load.saturating_add(margin) {
-        let why = Why::Backed {
+        let why = Why::BackedUp {
             home: home_state,
             target_load,
             margin,
@@ -201,7 +212,7 @@ pub(super) fn explain(decision: Decision, why: Why) -> String {
         (_, Why::NoKvRoomElsewhere { home }) => {
             format!("{}; no other ready peer has KV room: stays", describe(home))
         }
-        (Decision::Spill { to, .. }, Why::Backed { home, target_load, margin }) => format!(
+        (Decision::Spill { to, .. }, Why::BackedUp { home, target_load, margin }) => format!(
             "{}; backed up: load {} >= {target_load} (least-loaded peer {to} with KV room) + {margin}: spills",
             describe(home),
             home.load

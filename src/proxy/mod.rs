@@ -70,7 +70,10 @@ impl Gateway {
             .into());
         }
         let has_model_pools = !route.config.peers_by_model.is_empty();
-        if has_model_pools && rest == "/v1/models" && session.req_header().method == http::Method::GET {
+        if has_model_pools
+            && rest == "/v1/models"
+            && session.req_header().method == http::Method::GET
+        {
             return Err(Local::Json(200, models_list(&route)));
         }
 
@@ -85,7 +88,11 @@ impl Gateway {
             ctx.json = serde_json::from_slice(&ctx.body).ok();
         }
 
-        let model = ctx.json.as_ref().and_then(|j| j.get("model")).and_then(|m| m.as_str());
+        let model = ctx
+            .json
+            .as_ref()
+            .and_then(|j| j.get("model"))
+            .and_then(|m| m.as_str());
         ctx.pool = pick::model_pool(&route, model)?;
         ctx.session = crate::session::extract_session(
             &session.req_header().headers,
@@ -113,10 +120,19 @@ impl Gateway {
         if ctx.body_read && !ctx.body.is_empty() {
             if session.as_downstream().is_http2() {
                 // h2c is not offered on the listener; refuse rather than hang.
-                return Err(ErrorResponse::new(505, "http_version_not_supported", "request bodies need HTTP/1.1").into());
+                return Err(ErrorResponse::new(
+                    505,
+                    "http_version_not_supported",
+                    "request bodies need HTTP/1.1",
+                )
+                .into());
             }
             replay::replay_h1(session).await.map_err(|e| {
-                Local::Error(ErrorResponse::new(500, "internal_error", format!("body replay failed: {e}")))
+                Local::Error(ErrorResponse::new(
+                    500,
+                    "internal_error",
+                    format!("body replay failed: {e}"),
+                ))
             })?;
         }
         Ok(())
@@ -145,7 +161,10 @@ impl Gateway {
         };
         let p = &route.peers[i];
         let Some(addr) = p.addr else {
-            return Error::e_explain(ErrorType::ConnectNoRoute, format!("peer {} has no address", p.config.name));
+            return Error::e_explain(
+                ErrorType::ConnectNoRoute,
+                format!("peer {} has no address", p.config.name),
+            );
         };
         let mut peer = HttpPeer::new(addr, false, String::new());
         let t = &route.config.timeouts;
@@ -202,7 +221,11 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
         if ctx.attempts > 0 {
             // A retry: the previous attempt's slot goes back before the next pick.
             ctx.slot = None;
@@ -217,7 +240,10 @@ impl ProxyHttp for Gateway {
                 }
                 None => {
                     ctx.peer = None;
-                    return Error::e_explain(ErrorType::ConnectNoRoute, "no untried ready peer left");
+                    return Error::e_explain(
+                        ErrorType::ConnectNoRoute,
+                        "no untried ready peer left",
+                    );
                 }
             }
         }
@@ -247,7 +273,11 @@ impl ProxyHttp for Gateway {
                 p.config.name,
                 e.etype().as_str()
             );
-            ctx.last_upstream_error = Some(format!("connect to {} failed: {}", p.config.name, e.etype().as_str()));
+            ctx.last_upstream_error = Some(format!(
+                "connect to {} failed: {}",
+                p.config.name,
+                e.etype().as_str()
+            ));
             e.set_retry(pick::has_untried_ready(route, &ctx.pool, &ctx.tried));
         }
         e
@@ -298,7 +328,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.observer = observe::ResponseObserver::for_response(resp);
-        let Some(route) = &ctx.route else { return Ok(()) };
+        let Some(route) = &ctx.route else {
+            return Ok(());
+        };
         if !route.config.routed_headers {
             return Ok(());
         }
@@ -310,7 +342,10 @@ impl ProxyHttp for Gateway {
             resp.insert_header("x-routed-mode", decision.mode)?;
         }
         resp.insert_header("x-routed-peer", ctx.peer_name().to_string())?;
-        resp.insert_header("x-routed-retries", ctx.attempts.saturating_sub(1).to_string())?;
+        resp.insert_header(
+            "x-routed-retries",
+            ctx.attempts.saturating_sub(1).to_string(),
+        )?;
         Ok(())
     }
 
@@ -332,7 +367,12 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
             _ => match e.esource() {
@@ -349,9 +389,14 @@ impl ProxyHttp for Gateway {
             let err = match code {
                 502 => {
                     let tried = ctx.tried.len();
-                    let detail = ctx.last_upstream_error.clone().unwrap_or_else(|| e.to_string());
-                    ErrorResponse::upstream_failed(format!("upstream failed after {tried} attempt(s): {detail}"))
-                        .with("attempts", tried)
+                    let detail = ctx
+                        .last_upstream_error
+                        .clone()
+                        .unwrap_or_else(|| e.to_string());
+                    ErrorResponse::upstream_failed(format!(
+                        "upstream failed after {tried} attempt(s): {detail}"
+                    ))
+                    .with("attempts", tried)
                 }
                 400 => ErrorResponse::bad_request(format!("bad request: {}", e.etype().as_str())),
                 c => ErrorResponse::new(c, "internal_error", e.etype().as_str().to_string()),
@@ -384,9 +429,15 @@ impl ProxyHttp for Gateway {
         if let Some(observer) = &ctx.observer {
             let labels = [route, ctx.peer_name()];
             if let Some(u) = observer.usage() {
-                m.prompt_tokens.with_label_values(&labels).inc_by(u.prompt_tokens);
-                m.cached_prompt_tokens.with_label_values(&labels).inc_by(u.cached_tokens);
-                m.completion_tokens.with_label_values(&labels).inc_by(u.completion_tokens);
+                m.prompt_tokens
+                    .with_label_values(&labels)
+                    .inc_by(u.prompt_tokens);
+                m.cached_prompt_tokens
+                    .with_label_values(&labels)
+                    .inc_by(u.cached_tokens);
+                m.completion_tokens
+                    .with_label_values(&labels)
+                    .inc_by(u.completion_tokens);
             }
             if let Some(first) = observer.first_content_at() {
                 m.ttft
@@ -401,5 +452,7 @@ impl ProxyHttp for Gateway {
 fn itoa_status(code: u16) -> &'static str {
     static TEXT: std::sync::LazyLock<Vec<String>> =
         std::sync::LazyLock::new(|| (0u16..600).map(|c| c.to_string()).collect());
-    TEXT.get(code as usize).map(String::as_str).unwrap_or("other")
+    TEXT.get(code as usize)
+        .map(String::as_str)
+        .unwrap_or("other")
 }

@@ -40,7 +40,10 @@ pub fn model_pool(route: &Route, model: Option<&str>) -> Result<Vec<usize>, Erro
             let supported: Vec<&str> = pools.iter().map(|(m, _)| m.as_str()).collect();
             let message = match model {
                 Some(m) => format!("model {m:?} is not served by route {:?}", route.name()),
-                None => format!("route {:?} needs a \"model\" in the request body", route.name()),
+                None => format!(
+                    "route {:?} needs a \"model\" in the request body",
+                    route.name()
+                ),
             };
             Err(ErrorResponse::new(400, "unknown_model", message).with("supported", supported))
         }
@@ -62,11 +65,16 @@ fn has_room(route: &Route, i: usize) -> bool {
 /// `cross_tier_fallback`, tiers whose ready members are all at their limit
 /// overflow into the next tier down.
 pub fn candidates(route: &Route, pool: &[usize], now: u64) -> Vec<usize> {
-    let mut ready: Vec<usize> = pool.iter().copied().filter(|&i| usable(route, i, now)).collect();
+    let mut ready: Vec<usize> = pool
+        .iter()
+        .copied()
+        .filter(|&i| usable(route, i, now))
+        .collect();
     ready.sort_by_key(|&i| route.peers[i].config.priority);
     let mut out = Vec::with_capacity(ready.len());
-    let mut tiers = ready.chunk_by(|&a, &b| route.peers[a].config.priority == route.peers[b].config.priority);
-    while let Some(tier) = tiers.next() {
+    for tier in
+        ready.chunk_by(|&a, &b| route.peers[a].config.priority == route.peers[b].config.priority)
+    {
         out.extend_from_slice(tier);
         let tier_full = tier.iter().all(|&i| !has_room(route, i));
         if !(route.config.balancing.cross_tier_fallback && tier_full) {
@@ -78,7 +86,11 @@ pub fn candidates(route: &Route, pool: &[usize], now: u64) -> Vec<usize> {
 
 /// Chooses a peer for a new request and reserves its slot.
 /// No ready peer → 503; every candidate at its limit → 429.
-pub fn choose(route: &Route, pool: &[usize], session: Option<&SessionId>) -> Result<Choice, ErrorResponse> {
+pub fn choose(
+    route: &Route,
+    pool: &[usize],
+    session: Option<&SessionId>,
+) -> Result<Choice, ErrorResponse> {
     let now = now_ms();
     let cands = candidates(route, pool, now);
     if cands.is_empty() {
@@ -90,7 +102,11 @@ pub fn choose(route: &Route, pool: &[usize], session: Option<&SessionId>) -> Res
         let (i, p) = route.peer_by_id(id)?;
         p.state
             .try_acquire(p.config.max_concurrency)
-            .map(|slot| Choice { peer: i, slot, decision })
+            .map(|slot| Choice {
+                peer: i,
+                slot,
+                decision,
+            })
     });
     if let Some(choice) = placed {
         return Ok(choice);
@@ -102,12 +118,25 @@ pub fn choose(route: &Route, pool: &[usize], session: Option<&SessionId>) -> Res
     for i in by_load {
         let p = &route.peers[i];
         if let Some(slot) = p.state.try_acquire(p.config.max_concurrency) {
-            let decision = Decision { mode: "overflow", reason: Some("saturated") };
-            return Ok(Choice { peer: i, slot, decision });
+            let decision = Decision {
+                mode: "overflow",
+                reason: Some("saturated"),
+            };
+            return Ok(Choice {
+                peer: i,
+                slot,
+                decision,
+            });
         }
     }
-    let limit: u32 = cands.iter().map(|&i| route.peers[i].config.max_concurrency).sum();
-    let in_flight: u32 = cands.iter().map(|&i| route.peers[i].state.in_flight()).sum();
+    let limit: u32 = cands
+        .iter()
+        .map(|&i| route.peers[i].config.max_concurrency)
+        .sum();
+    let in_flight: u32 = cands
+        .iter()
+        .map(|&i| route.peers[i].state.in_flight())
+        .sum();
     Err(ErrorResponse::new(
         429,
         "concurrency_limit",
@@ -120,24 +149,54 @@ pub fn choose(route: &Route, pool: &[usize], session: Option<&SessionId>) -> Res
 }
 
 /// The route's placement rule over live loads; None only if no peer is ready.
-fn place(route: &Route, loads: &[PeerLoad], session: Option<&SessionId>, now: u64) -> Option<(u32, Decision)> {
+fn place(
+    route: &Route,
+    loads: &[PeerLoad],
+    session: Option<&SessionId>,
+    now: u64,
+) -> Option<(u32, Decision)> {
     let from = |p: Placement| {
         let mode = p.kind.as_str();
-        (p.peer, Decision { mode, reason: p.reason.map(|r| r.as_str()) })
+        (
+            p.peer,
+            Decision {
+                mode,
+                reason: p.reason.map(|r| r.as_str()),
+            },
+        )
     };
     let least = |loads: &[PeerLoad]| {
-        placement::least_conn(loads, next_random()).map(|id| (id, Decision { mode: "least_conn", reason: None }))
+        placement::least_conn(loads, next_random()).map(|id| {
+            (
+                id,
+                Decision {
+                    mode: "least_conn",
+                    reason: None,
+                },
+            )
+        })
     };
     match (route.config.balancing.mode, session) {
         (Mode::RoundRobin, _) => {
             let ready: Vec<&PeerLoad> = loads.iter().filter(|l| l.ready).collect();
-            let turn = route.runtime.round_robin.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let turn = route
+                .runtime
+                .round_robin
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let pick = ready.get(turn % ready.len().max(1))?;
-            Some((pick.id, Decision { mode: "round_robin", reason: None }))
+            Some((
+                pick.id,
+                Decision {
+                    mode: "round_robin",
+                    reason: None,
+                },
+            ))
         }
         (Mode::LeastConn, _) | (_, None) => least(loads),
         (Mode::Hash, Some(sid)) => placement::hash_place(sid.hash, loads, next_random()).map(from),
-        (Mode::LoadAware, Some(sid)) => route.runtime.sessions.place(sid.hash, loads, now).map(from),
+        (Mode::LoadAware, Some(sid)) => {
+            route.runtime.sessions.place(sid.hash, loads, now).map(from)
+        }
     }
 }
 
@@ -146,19 +205,47 @@ pub fn explain(route: &Route, pool: &[usize], session: &SessionId) -> serde_json
     let now = now_ms();
     let cands = candidates(route, pool, now);
     let loads = route.peer_loads(&cands, now);
-    let name_of = |id: u32| route.peer_by_id(id).map(|(_, p)| p.config.name.clone()).unwrap_or_default();
-    let candidates: Vec<String> = cands.iter().map(|&i| route.peers[i].config.name.clone()).collect();
+    let name_of = |id: u32| {
+        route
+            .peer_by_id(id)
+            .map(|(_, p)| p.config.name.clone())
+            .unwrap_or_default()
+    };
+    let candidates: Vec<String> = cands
+        .iter()
+        .map(|&i| route.peers[i].config.name.clone())
+        .collect();
     let (peer, mode, reason, why) = match route.config.balancing.mode {
         Mode::LoadAware => match route.runtime.sessions.peek(session.hash, &loads, now) {
-            Some((p, why)) => (Some(name_of(p.peer)), p.kind.as_str(), p.reason.map(|r| r.as_str()), why),
+            Some((p, why)) => (
+                Some(name_of(p.peer)),
+                p.kind.as_str(),
+                p.reason.map(|r| r.as_str()),
+                why,
+            ),
             None => (None, "none", None, "no ready peer".to_string()),
         },
         Mode::Hash => match placement::hash_place(session.hash, &loads, 0) {
-            Some(p) if p.kind == PlacementKind::Hash => (Some(name_of(p.peer)), "hash", None, "rendezvous home is ready and has room".into()),
-            Some(p) => (Some(name_of(p.peer)), p.kind.as_str(), None, "home not ready or saturated: least-connections (ties random)".into()),
+            Some(p) if p.kind == PlacementKind::Hash => (
+                Some(name_of(p.peer)),
+                "hash",
+                None,
+                "rendezvous home is ready and has room".into(),
+            ),
+            Some(p) => (
+                Some(name_of(p.peer)),
+                p.kind.as_str(),
+                None,
+                "home not ready or saturated: least-connections (ties random)".into(),
+            ),
             None => (None, "none", None, "no ready peer".into()),
         },
-        Mode::LeastConn | Mode::RoundRobin => (None, route.config.balancing.mode.as_str(), None, "mode ignores sessions".into()),
+        Mode::LeastConn | Mode::RoundRobin => (
+            None,
+            route.config.balancing.mode.as_str(),
+            None,
+            "mode ignores sessions".into(),
+        ),
     };
     serde_json::json!({
         "session": session.hex(),
@@ -185,13 +272,16 @@ pub fn retry(route: &Route, pool: &[usize], tried: &[usize]) -> Option<(usize, I
     untried.sort_by(|&a, &b| load_ratio(route, a).total_cmp(&load_ratio(route, b)));
     untried.into_iter().find_map(|i| {
         let p = &route.peers[i];
-        p.state.try_acquire(p.config.max_concurrency).map(|slot| (i, slot))
+        p.state
+            .try_acquire(p.config.max_concurrency)
+            .map(|slot| (i, slot))
     })
 }
 
 pub fn has_untried_ready(route: &Route, pool: &[usize], tried: &[usize]) -> bool {
     let now = now_ms();
-    pool.iter().any(|i| !tried.contains(i) && usable(route, *i, now))
+    pool.iter()
+        .any(|i| !tried.contains(i) && usable(route, *i, now))
 }
 
 /// A cheap per-thread random number for tie-breaking (xorshift64*). Not

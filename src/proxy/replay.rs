@@ -17,8 +17,8 @@
 use bytes::BytesMut;
 use pingora::protocols::http::v1::client::http_req_header_to_wire;
 use pingora::protocols::http::ServerSession;
-use pingora::{Error, ErrorType, Result};
 use pingora::proxy::Session;
+use pingora::{Error, ErrorType, Result};
 
 /// The body the synthetic request carries; `request_body_filter` replaces it.
 pub const PLACEHOLDER: &[u8] = b" ";
@@ -54,10 +54,12 @@ pub async fn replay_h1(session: &mut Session) -> Result<()> {
 
     let placeholder = ServerSession::new_http1(Box::new(std::io::Cursor::new(Vec::<u8>::new())));
     let old = std::mem::replace(ds, Box::new(placeholder));
-    let reusable = old
-        .finish()
-        .await?
-        .ok_or_else(|| Error::explain(ErrorType::InternalError, "downstream not reusable for replay"))?;
+    let reusable = old.finish().await?.ok_or_else(|| {
+        Error::explain(
+            ErrorType::InternalError,
+            "downstream not reusable for replay",
+        )
+    })?;
     let (stream, overread) = reusable.into_parts();
     if let Some(extra) = overread {
         prefix.extend_from_slice(&extra);
@@ -71,6 +73,6 @@ pub async fn replay_h1(session: &mut Session) -> Result<()> {
     fresh.set_keepalive_reuses_remaining(reuses);
     fresh.set_read_timeout(read_timeout);
     fresh.set_write_timeout(write_timeout);
-    *ds = Box::new(fresh);
+    **ds = fresh;
     Ok(())
 }

@@ -84,10 +84,11 @@ pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Local
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     if expects_continue {
         // Without this, curl waits ~1 s before sending a large body.
-        session
-            .write_continue_response()
-            .await
-            .map_err(|e| Local::Error(ErrorResponse::bad_request(format!("client connection: {e}"))))?;
+        session.write_continue_response().await.map_err(|e| {
+            Local::Error(ErrorResponse::bad_request(format!(
+                "client connection: {e}"
+            )))
+        })?;
     }
     let capacity = match declared {
         Some(Some(n)) => n as usize,
@@ -106,7 +107,11 @@ pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Local
             Ok(None) => break,
             Err(e) => {
                 session.set_keepalive(None);
-                return Err(ErrorResponse::bad_request(format!("cannot read request body: {}", e.etype().as_str())).into());
+                return Err(ErrorResponse::bad_request(format!(
+                    "cannot read request body: {}",
+                    e.etype().as_str()
+                ))
+                .into());
             }
         }
     }
@@ -121,7 +126,9 @@ pub fn parse_llm_body(body: &[u8]) -> Result<serde_json::Value, Local> {
     match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(v) if v.is_object() => Ok(v),
         Ok(_) => Err(ErrorResponse::bad_request("request body must be a JSON object").into()),
-        Err(e) => Err(ErrorResponse::bad_request(format!("request body is not valid JSON: {e}")).into()),
+        Err(e) => {
+            Err(ErrorResponse::bad_request(format!("request body is not valid JSON: {e}")).into())
+        }
     }
 }
 
@@ -131,10 +138,16 @@ mod tests {
 
     #[test]
     fn splits_route_and_rest() {
-        assert_eq!(split_route("/chat/v1/models"), Some(("chat", "/v1/models".into())));
+        assert_eq!(
+            split_route("/chat/v1/models"),
+            Some(("chat", "/v1/models".into()))
+        );
         assert_eq!(split_route("/chat"), Some(("chat", "/".into())));
         assert_eq!(split_route("/chat?x=1"), Some(("chat", "/?x=1".into())));
-        assert_eq!(split_route("/chat/v1/x?a=b"), Some(("chat", "/v1/x?a=b".into())));
+        assert_eq!(
+            split_route("/chat/v1/x?a=b"),
+            Some(("chat", "/v1/x?a=b".into()))
+        );
         assert_eq!(split_route("/"), None);
         assert_eq!(split_route("//v1"), None);
         assert_eq!(split_route("chat"), None);

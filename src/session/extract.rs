@@ -44,7 +44,10 @@ const MAX_EMBEDDED_USER_ID_JSON_BYTES: usize = 16 * 1024;
 /// Headers checked after the configured ones, with their source labels.
 const BUILTIN_HEADERS: [(&str, &str); 3] = [
     ("x-litellm-session-id", "header:x-litellm-session-id"),
-    ("x-claude-code-session-id", "header:x-claude-code-session-id"),
+    (
+        "x-claude-code-session-id",
+        "header:x-claude-code-session-id",
+    ),
     ("x-session-id", "header:x-session-id"),
 ];
 
@@ -159,7 +162,10 @@ fn extract_from_body(body: &Value) -> Option<SessionId> {
     let found = |hash, source| Some(SessionId { hash, source });
     let metadata = body.get("metadata");
 
-    if let Some(hash) = metadata.and_then(|m| m.get("session_id")).and_then(hash_scalar) {
+    if let Some(hash) = metadata
+        .and_then(|m| m.get("session_id"))
+        .and_then(hash_scalar)
+    {
         return found(hash, SessionSource::BodyMetadataSessionId);
     }
     let litellm_session = body
@@ -427,7 +433,11 @@ mod tests {
 
     #[test]
     fn repeated_header_uses_first_usable_value() {
-        let found = extract(&[("x-session-id", " "), ("x-session-id", "second")], &[], None);
+        let found = extract(
+            &[("x-session-id", " "), ("x-session-id", "second")],
+            &[],
+            None,
+        );
         assert_eq!(found.map(|s| s.hash), Some(h("second")));
     }
 
@@ -481,7 +491,8 @@ mod tests {
         ] {
             let found = extract(&[], &[], Some(body.clone()));
             assert!(
-                found.is_none() || found.as_ref().map(|s| &s.source) == Some(&SessionSource::BodyUserId),
+                found.is_none()
+                    || found.as_ref().map(|s| &s.source) == Some(&SessionSource::BodyUserId),
                 "{body}"
             );
         }

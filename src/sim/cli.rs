@@ -76,7 +76,9 @@ fn parse(args: &[String]) -> Result<Option<Options>, String> {
         }
     }
     if port != 0 && usize::from(port) + engines - 1 > usize::from(u16::MAX) {
-        return Err(format!("{engines} engines from port {port} run past port 65535"));
+        return Err(format!(
+            "{engines} engines from port {port} run past port 65535"
+        ));
     }
     let mut cfg = if realistic {
         EngineConfig::realistic()
@@ -112,7 +114,10 @@ pub fn run_cli(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("llm-gateway sim: cannot start the runtime: {e}");
@@ -123,11 +128,18 @@ pub fn run_cli(args: &[String]) -> i32 {
         let mut engines = Vec::with_capacity(opts.engines);
         for i in 0..opts.engines {
             // Checked in `parse` not to overflow.
-            let port = if opts.port == 0 { 0 } else { opts.port + i as u16 };
+            let port = if opts.port == 0 {
+                0
+            } else {
+                opts.port + i as u16
+            };
             let listener = match tokio::net::TcpListener::bind((opts.host.as_str(), port)).await {
                 Ok(l) => l,
                 Err(e) => {
-                    eprintln!("llm-gateway sim: cannot listen on {}:{port}: {e}", opts.host);
+                    eprintln!(
+                        "llm-gateway sim: cannot listen on {}:{port}: {e}",
+                        opts.host
+                    );
                     return 1;
                 }
             };
@@ -171,11 +183,22 @@ mod tests {
 
     #[test]
     fn parses_flags_in_both_forms() {
-        let o = parse(&args(&["sim", "--engines", "3", "--port=9101", "--realistic", "--model", "m"]))
-            .expect("valid")
-            .expect("not help");
+        let o = parse(&args(&[
+            "sim",
+            "--engines",
+            "3",
+            "--port=9101",
+            "--realistic",
+            "--model",
+            "m",
+        ]))
+        .expect("valid")
+        .expect("not help");
         assert_eq!((o.engines, o.port, o.cfg.name.as_str()), (3, 9101, "m"));
-        assert_eq!(o.cfg.decode_ms_per_token, EngineConfig::realistic().decode_ms_per_token);
+        assert_eq!(
+            o.cfg.decode_ms_per_token,
+            EngineConfig::realistic().decode_ms_per_token
+        );
     }
 
     #[test]

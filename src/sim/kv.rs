@@ -9,7 +9,6 @@
 //! warm cache reports 0, as vLLM does.
 
 use std::collections::BTreeMap;
-use std::hash::BuildHasher;
 
 use ahash::AHashMap;
 use serde_json::Value;
@@ -269,7 +268,9 @@ mod tests {
     use super::*;
 
     fn prompt(tag: u8, tokens: usize) -> Vec<u8> {
-        (0..tokens * BYTES_PER_TOKEN).map(|i| tag.wrapping_add(i as u8)).collect()
+        (0..tokens * BYTES_PER_TOKEN)
+            .map(|i| tag.wrapping_add(i as u8))
+            .collect()
     }
 
     #[test]

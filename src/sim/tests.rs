@@ -60,7 +60,10 @@ impl Resp {
 
     fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!("body is not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body))
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
         })
     }
 }
@@ -92,7 +95,10 @@ impl Client {
                 self.buf.extend_from_slice(&tmp[..n]);
                 true
             }
-            Err(_) => panic!("no data within {DEADLINE:?}; have {:?}", String::from_utf8_lossy(&self.buf)),
+            Err(_) => panic!(
+                "no data within {DEADLINE:?}; have {:?}",
+                String::from_utf8_lossy(&self.buf)
+            ),
         }
     }
 
@@ -112,7 +118,10 @@ impl Client {
         };
         let mut lines = head.split("\r\n");
         let status_line = lines.next().unwrap_or_default();
-        assert!(status_line.starts_with("HTTP/1.1 "), "status line {status_line:?}");
+        assert!(
+            status_line.starts_with("HTTP/1.1 "),
+            "status line {status_line:?}"
+        );
         let status = status_line[9..12].parse().expect("status code");
         let headers = lines
             .map(|l| {
@@ -138,7 +147,11 @@ impl Client {
                 return Chunk::Eof;
             }
         }
-        assert_eq!(&self.buf[size..size + 2], b"\r\n", "chunk data longer than its size");
+        assert_eq!(
+            &self.buf[size..size + 2],
+            b"\r\n",
+            "chunk data longer than its size"
+        );
         let data = self.buf[..size].to_vec();
         self.buf.drain(..size + 2);
         if size == 0 {
@@ -196,7 +209,8 @@ impl Client {
 }
 
 fn post(path: &str, body: &str, headers: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = format!("POST {path} HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\n");
+    let mut out =
+        format!("POST {path} HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\n");
     for (n, v) in headers {
         out.push_str(&format!("{n}: {v}\r\n"));
     }
@@ -240,7 +254,10 @@ async fn metric(h: &EngineHandle, name: &str) -> f64 {
         .lines()
         .find(|l| l.starts_with(&prefix))
         .unwrap_or_else(|| panic!("no {name} in {text}"));
-    assert!(text.contains(&format!("# TYPE {name} ")), "no TYPE line for {name}");
+    assert!(
+        text.contains(&format!("# TYPE {name} ")),
+        "no TYPE line for {name}"
+    );
     line[prefix.len()..].parse().expect("numeric sample")
 }
 
@@ -282,13 +299,18 @@ fn cached_tokens(usage: &Value) -> u64 {
 async fn stream_sends_one_frame_per_token_and_no_usage_unless_asked() {
     let h = engine(EngineConfig::default()).await;
     let mut c = Client::connect(&h).await;
-    let body = chat(user("hello there"), json!({"stream": true, "max_tokens": 3}));
+    let body = chat(
+        user("hello there"),
+        json!({"stream": true, "max_tokens": 3}),
+    );
     let frames = stream_frames(&mut c, &body, &[]).await;
     assert_eq!(frames.len(), 3);
     for (i, f) in frames.iter().enumerate() {
         assert_eq!(f["object"], "chat.completion.chunk");
         assert_eq!(f["model"], "sim-model");
-        assert!(f["id"].as_str().is_some_and(|id| id.starts_with("chatcmpl-")));
+        assert!(f["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("chatcmpl-")));
         assert!(f["created"].is_u64());
         assert_eq!(f["choices"][0]["delta"]["content"], "tok ");
         let finish = &f["choices"][0]["finish_reason"];
@@ -333,7 +355,11 @@ async fn non_stream_bodies_carry_usage() {
     let h = engine(EngineConfig::default()).await;
     let mut c = Client::connect(&h).await;
     let resp = c
-        .request(&post("/v1/chat/completions", &chat(user("hey"), json!({"max_tokens": 4})), &[]))
+        .request(&post(
+            "/v1/chat/completions",
+            &chat(user("hey"), json!({"max_tokens": 4})),
+            &[],
+        ))
         .await;
     assert_eq!(resp.status, 200);
     assert_eq!(resp.header("content-type"), Some("application/json"));
@@ -344,7 +370,8 @@ async fn non_stream_bodies_carry_usage() {
     assert_eq!(v["usage"]["completion_tokens"], 4);
     assert_eq!(cached_tokens(&v["usage"]), 0);
 
-    let body = json!({"model": "other", "prompt": "abcdefgh", "max_completion_tokens": 2}).to_string();
+    let body =
+        json!({"model": "other", "prompt": "abcdefgh", "max_completion_tokens": 2}).to_string();
     let v = c.request(&post("/v1/completions", &body, &[])).await.json();
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["model"], "other");
@@ -377,7 +404,10 @@ async fn second_turn_hits_prefix_cache() {
     let h = engine(EngineConfig::default()).await;
     let (turn1, turn2) = conversation();
     let mut c = Client::connect(&h).await;
-    let v = c.request(&post("/v1/chat/completions", &turn1, &[])).await.json();
+    let v = c
+        .request(&post("/v1/chat/completions", &turn1, &[]))
+        .await
+        .json();
     assert_eq!(v["usage"]["prompt_tokens"], 100);
     assert_eq!(cached_tokens(&v["usage"]), 0);
 
@@ -413,18 +443,531 @@ async fn lru_evicts_least_recently_used_prefix() {
     async fn send(c: &mut Client, tag: char) -> u64 {
         // "user" + 196 bytes = 50 tokens: 3 complete blocks.
         let body = chat(user(&tag.to_string().repeat(196)), json!({"max_tokens": 1}));
-        let v = c.request(&post("/v1/chat/completions", &body, &[])).await.json();
+        let v = c
+            .request(&post("/v1/chat/completions", &body, &[]))
+            .await
+            .json();
         cached_tokens(&v["usage"])
     }
     let mut c = Client::connect(&h).await;
     assert_eq!(send(&mut c, 'A').await, 0);
     assert_eq!(send(&mut c, 'B').await, 0);
     assert_eq!(send(&mut c, 'C').await, 0);
-    assert_eq!(send(&mut c, 'A').await, 48, "A is cached and becomes most recent");
+    assert_eq!(
+        send(&mut c, 'A').await,
+        48,
+        "A is cached and becomes most recent"
+    );
     // D needs room: B is the least recently used prefix.
     assert_eq!(send(&mut c, 'D').await, 0);
     assert_eq!(send(&mut c, 'A').await, 48, "recently used prefix survives");
-    assert_eq!(send(&mut c, 'B').await, 0, "least recently used prefix was evicted");
+    assert_eq!(
+        send(&mut c, 'B').await,
+        0,
+        "least recently used prefix was evicted"
+    );
     assert!(metric(&h, "sim:prefix_cache_blocks").await <= 10.0);
     assert_eq!(metric(&h, "vllm:kv_cache_usage_perc").await, 0.0);
+}
+
+fn stream_body(max_tokens: u64) -> String {
+    chat(
+        user("stream me"),
+        json!({"stream": true, "max_tokens": max_tokens}),
+    )
+}
+
+/// Sends a streaming request and reads its head and first content frame.
+async fn start_stream(h: &EngineHandle, headers: &[(&str, &str)], max_tokens: u64) -> Client {
+    let mut c = Client::connect(h).await;
+    c.send(&post(
+        "/v1/chat/completions",
+        &stream_body(max_tokens),
+        headers,
+    ))
+    .await;
+    let (status, _) = c.head().await;
+    assert_eq!(status, 200);
+    match c.chunk().await {
+        Chunk::Data(d) => assert_eq!(frame_json(&d)["choices"][0]["delta"]["content"], "tok "),
+        other => panic!("expected a first frame, got {other:?}"),
+    }
+    c
+}
+
+/// A bounded check that nothing arrives while something is held back.
+async fn assert_silent(c: &mut Client) {
+    let waited = timeout(Duration::from_millis(150), c.chunk()).await;
+    assert!(waited.is_err(), "expected silence, got {waited:?}");
+}
+
+#[tokio::test]
+async fn waiting_queue_is_visible_in_metrics() {
+    let h = engine(EngineConfig {
+        max_running: 1,
+        ..EngineConfig::default()
+    })
+    .await;
+    let hr = &h;
+    let mut first = start_stream(&h, &[("x-sim-gate", "hold")], 2).await;
+    let mut queued = Vec::new();
+    for _ in 0..2 {
+        let mut c = Client::connect(&h).await;
+        c.send(&post(
+            "/v1/chat/completions",
+            &chat(user("q"), json!({"max_tokens": 1})),
+            &[],
+        ))
+        .await;
+        queued.push(c);
+    }
+    eventually("two waiting requests", || async move {
+        metric(hr, "vllm:num_requests_waiting").await == 2.0
+    })
+    .await;
+    assert_eq!(metric(&h, "vllm:num_requests_running").await, 1.0);
+    assert!(metric(&h, "vllm:kv_cache_usage_perc").await > 0.0);
+    assert_eq!(h.stats.in_flight.load(Ordering::SeqCst), 3);
+
+    h.open_gate("hold");
+    assert!(matches!(first.chunk().await, Chunk::Data(_)));
+    assert_eq!(
+        first.chunk().await,
+        Chunk::Data(b"data: [DONE]\n\n".to_vec())
+    );
+    assert_eq!(first.chunk().await, Chunk::End);
+    for mut c in queued {
+        assert_eq!(c.response().await.status, 200);
+    }
+    eventually("an idle engine", || async move {
+        metric(hr, "vllm:num_requests_waiting").await == 0.0
+            && metric(hr, "vllm:num_requests_running").await == 0.0
+            && hr.stats.in_flight.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    assert_eq!(metric(&h, "vllm:kv_cache_usage_perc").await, 0.0);
+}
+
+#[tokio::test]
+async fn gate_holds_after_first_frame_until_opened() {
+    let h = engine(EngineConfig::default()).await;
+    let other = engine(EngineConfig::default()).await;
+    let mut c = start_stream(&h, &[("x-sim-gate", "g")], 3).await;
+    assert_silent(&mut c).await;
+    assert_eq!(h.stats.in_flight.load(Ordering::SeqCst), 1);
+
+    h.open_gate("g");
+    for _ in 0..2 {
+        assert!(matches!(c.chunk().await, Chunk::Data(_)));
+    }
+    assert_eq!(c.chunk().await, Chunk::Data(b"data: [DONE]\n\n".to_vec()));
+    assert_eq!(c.chunk().await, Chunk::End);
+
+    // Already open: passes straight through.
+    let frames = stream_frames(&mut c, &stream_body(3), &[("x-sim-gate", "g")]).await;
+    assert_eq!(frames.len(), 3);
+
+    // Gates are per engine: the same name is still closed elsewhere.
+    let mut elsewhere = start_stream(&other, &[("x-sim-gate", "g")], 2).await;
+    assert_silent(&mut elsewhere).await;
+    other.open_gate("g");
+    assert!(matches!(elsewhere.chunk().await, Chunk::Data(_)));
+}
+
+#[tokio::test]
+async fn die_after_frames_closes_without_terminating_chunk() {
+    let h = engine(EngineConfig::default()).await;
+    h.faults.die_after_frames.store(2, Ordering::SeqCst);
+    let mut c = start_stream(&h, &[], 5).await;
+    assert!(matches!(c.chunk().await, Chunk::Data(_)));
+    assert_eq!(c.chunk().await, Chunk::Eof);
+    assert!(c.buf.is_empty(), "bytes after the last frame: {:?}", c.buf);
+    let hr = &h;
+    eventually("in_flight back to 0", || async move {
+        hr.stats.in_flight.load(Ordering::SeqCst) == 0
+    })
+    .await;
+
+    // Non-stream requests are unaffected; clearing the fault restores streams.
+    let v = Client::connect(&h)
+        .await
+        .request(&post(
+            "/v1/chat/completions",
+            &chat(user("x"), json!({"max_tokens": 3})),
+            &[],
+        ))
+        .await;
+    assert_eq!(v.status, 200);
+    h.faults.die_after_frames.store(0, Ordering::SeqCst);
+    let frames = stream_frames(&mut Client::connect(&h).await, &stream_body(3), &[]).await;
+    assert_eq!(frames.len(), 3);
+}
+
+#[tokio::test]
+async fn client_disconnect_frees_running_and_waiting_sequences() {
+    let h = engine(EngineConfig {
+        max_running: 1,
+        ..EngineConfig::default()
+    })
+    .await;
+    let hr = &h;
+    let running = start_stream(&h, &[("x-sim-gate", "never")], 4).await;
+    let mut waiting = Client::connect(&h).await;
+    waiting
+        .send(&post("/v1/chat/completions", &stream_body(2), &[]))
+        .await;
+    eventually("a waiting request", || async move {
+        metric(hr, "vllm:num_requests_waiting").await == 1.0
+    })
+    .await;
+    drop(waiting);
+    eventually("the waiting request gone", || async move {
+        metric(hr, "vllm:num_requests_waiting").await == 0.0
+            && hr.stats.in_flight.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    drop(running);
+    eventually("the running request gone", || async move {
+        hr.stats.in_flight.load(Ordering::SeqCst) == 0
+            && metric(hr, "vllm:num_requests_running").await == 0.0
+            && metric(hr, "vllm:kv_cache_usage_perc").await == 0.0
+    })
+    .await;
+    // The slot really is free again.
+    let frames = stream_frames(&mut Client::connect(&h).await, &stream_body(2), &[]).await;
+    assert_eq!(frames.len(), 2);
+}
+
+#[tokio::test]
+async fn chunked_request_bodies_are_decoded() {
+    let h = engine(EngineConfig::default()).await;
+    let body = chat(user("sent in pieces"), json!({"max_tokens": 1}));
+    let (a, b) = body.split_at(10);
+    let head =
+        "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: sim\r\nTransfer-Encoding: chunked\r\n";
+    let chunks = format!(
+        "{:x};ext=1\r\n{a}\r\n{:X}\r\n{b}\r\n0\r\nx-trailer: t\r\n\r\n",
+        a.len(),
+        b.len()
+    );
+
+    let mut c = Client::connect(&h).await;
+    // Split mid-chunk-size-line, so the parser has to wait for more.
+    let echo = format!("{head}x-sim-echo: 1\r\n\r\n{chunks}");
+    let (first, rest) = echo.split_at(echo.len() - 30);
+    c.send(first.as_bytes()).await;
+    c.send(rest.as_bytes()).await;
+    let resp = c.response().await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(
+        resp.header("content-type"),
+        Some("application/octet-stream")
+    );
+    assert_eq!(resp.body, body.as_bytes());
+
+    let resp = c.request(format!("{head}\r\n{chunks}").as_bytes()).await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.json()["usage"]["completion_tokens"], 1);
+
+    let recorded = h.stats.recorded.lock().clone();
+    assert_eq!(recorded.len(), 2);
+    assert_eq!(recorded[1].path, "/v1/chat/completions?x=1");
+    assert_eq!(recorded[1].body, body.as_bytes());
+    assert_eq!(recorded[1].header("transfer-encoding"), Some("chunked"));
+    assert_eq!(h.stats.requests.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_before_the_body() {
+    let h = engine(EngineConfig::default()).await;
+    let body = chat(user("after continue"), json!({"max_tokens": 2}));
+    let mut c = Client::connect(&h).await;
+    c.send(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: sim\r\nexpect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    let (status, headers) = c.head().await;
+    assert_eq!(status, 100);
+    assert!(headers.is_empty());
+    c.send(body.as_bytes()).await;
+    let resp = c.response().await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.json()["usage"]["completion_tokens"], 2);
+
+    // An expectation the server does not know.
+    let resp = c
+        .request(b"POST /v1/completions HTTP/1.1\r\nexpect: magic\r\ncontent-length: 2\r\n\r\n{}")
+        .await;
+    assert_eq!(resp.status, 417);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_400_json() {
+    let h = engine(EngineConfig::default()).await;
+    let framing_errors: [&[u8]; 9] = [
+        b"GARBAGE\r\n\r\n",
+        b"GET /health HTTP/1.1 extra\r\n\r\n",
+        b"GET /health HTTX/1.1\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nno colon here\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nname : space before colon\r\n\r\n",
+        b"GET /health HTTP/1.1\r\n folded: line\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\ncontent-length: 1x\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+    ];
+    let chunked_errors: [&[u8]; 2] = [
+        b"POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        b"POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n",
+    ];
+    for raw in framing_errors.iter().chain(chunked_errors.iter()) {
+        let mut c = Client::connect(&h).await;
+        let resp = c.request(raw).await;
+        let shown = String::from_utf8_lossy(raw);
+        assert_eq!(resp.status, 400, "for {shown:?}");
+        assert_eq!(
+            resp.json()["error"]["type"],
+            "invalid_request",
+            "for {shown:?}"
+        );
+        assert!(resp.json()["error"]["message"].is_string());
+        assert_eq!(resp.header("connection"), Some("close"));
+        assert!(c.closed().await, "connection left open after {shown:?}");
+    }
+
+    // Well-framed but invalid requests keep the connection usable.
+    let mut c = Client::connect(&h).await;
+    let invalid = [
+        "not json at all".to_string(),
+        "[1, 2]".to_string(),
+        json!({"model": "m"}).to_string(),
+        json!({"messages": "hi"}).to_string(),
+        json!({"messages": [{"content": "no role"}]}).to_string(),
+        json!({"messages": [{"role": "user", "content": 5}]}).to_string(),
+        chat(user("x"), json!({"max_tokens": 0})),
+        chat(user("x"), json!({"max_tokens": "many"})),
+    ];
+    for body in &invalid {
+        let resp = c.request(&post("/v1/chat/completions", body, &[])).await;
+        assert_eq!(resp.status, 400, "for {body}");
+        assert_eq!(resp.json()["error"]["type"], "invalid_request");
+    }
+    let resp = c
+        .request(&post(
+            "/v1/chat/completions",
+            &chat(user("x"), json!({})),
+            &[("x-sim-max-tokens", "-1")],
+        ))
+        .await;
+    assert_eq!(resp.status, 400);
+    let resp = c.request(&post("/v1/completions", "{}", &[])).await;
+    assert_eq!(resp.status, 400);
+    let resp = c
+        .request(&post(
+            "/v1/chat/completions",
+            &chat(user("ok"), json!({})),
+            &[],
+        ))
+        .await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(h.stats.in_flight.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn keep_alive_pipelining_connection_close_and_http10() {
+    let h = engine(EngineConfig::default()).await;
+    let mut c = Client::connect(&h).await;
+    let mut pipelined = get("/health");
+    pipelined.extend_from_slice(&get("/v1/models"));
+    pipelined.extend_from_slice(&get("/nope"));
+    c.send(&pipelined).await;
+    let health = c.response().await;
+    assert_eq!((health.status, health.body.len()), (200, 0));
+    let models = c.response().await.json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "sim-model");
+    assert_eq!(models["data"][0]["object"], "model");
+    assert_eq!(models["data"][0]["owned_by"], "sim");
+    let missing = c.response().await;
+    assert_eq!(missing.status, 404);
+    assert!(missing.json()["error"]["message"].is_string());
+
+    let resp = c
+        .request(b"GET /health HTTP/1.1\r\nhost: sim\r\nconnection: close\r\n\r\n")
+        .await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("connection"), Some("close"));
+    assert!(c.closed().await);
+
+    let mut c = Client::connect(&h).await;
+    assert_eq!(c.request(b"GET /health HTTP/1.0\r\n\r\n").await.status, 200);
+    assert!(c.closed().await);
+
+    // HTTP/1.0 cannot take chunks: the stream is delimited by the close.
+    let mut c = Client::connect(&h).await;
+    let body = stream_body(2);
+    c.send(
+        format!(
+            "POST /v1/chat/completions HTTP/1.0\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    let (status, headers) = c.head().await;
+    assert_eq!(status, 200);
+    assert!(!headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("transfer-encoding")));
+    while c.fill().await {}
+    let text = String::from_utf8(c.buf.clone()).expect("UTF-8 stream");
+    assert_eq!(text.matches("data: ").count(), 3);
+    assert!(text.ends_with("data: [DONE]\n\n"));
+}
+
+#[tokio::test]
+async fn faults_fail_stall_and_health() {
+    let h = engine(EngineConfig::default()).await;
+    let mut c = Client::connect(&h).await;
+    let req = post(
+        "/v1/chat/completions",
+        &chat(user("x"), json!({"max_tokens": 1})),
+        &[],
+    );
+
+    h.faults.fail_next.store(2, Ordering::SeqCst);
+    for _ in 0..2 {
+        let resp = c.request(&req).await;
+        assert_eq!(resp.status, 500);
+        assert!(resp.json()["error"]["message"].is_string());
+    }
+    assert_eq!(c.request(&req).await.status, 200);
+
+    h.faults.health_down.store(true, Ordering::SeqCst);
+    assert_eq!(c.request(&get("/health")).await.status, 503);
+    assert_eq!(c.request(&get("/v1/models")).await.status, 200);
+    h.faults.health_status.store(429, Ordering::SeqCst);
+    assert_eq!(c.request(&get("/health")).await.status, 429);
+    h.faults.health_status.store(0, Ordering::SeqCst);
+    h.faults.health_down.store(false, Ordering::SeqCst);
+    assert_eq!(c.request(&get("/health")).await.status, 200);
+
+    h.faults.stall.store(true, Ordering::SeqCst);
+    c.send(&req).await;
+    let hr = &h;
+    eventually("the stalled request to arrive", || async move {
+        hr.stats.requests.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    assert_silent(&mut c).await;
+    assert_eq!(h.stats.in_flight.load(Ordering::SeqCst), 1);
+    h.faults.stall.store(false, Ordering::SeqCst);
+    assert_eq!(c.response().await.status, 200);
+
+    // Probes are not recorded; completions are, in order.
+    let recorded = h.stats.recorded.lock().clone();
+    let paths: Vec<&str> = recorded.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/v1/models",
+            "/v1/chat/completions"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn recorded_requests_keep_the_last_256() {
+    let h = engine(EngineConfig::default()).await;
+    let mut c = Client::connect(&h).await;
+    for i in 0..RECORDED_LIMIT + 4 {
+        assert_eq!(c.request(&get(&format!("/r{i}"))).await.status, 404);
+    }
+    let recorded = h.stats.recorded.lock();
+    assert_eq!(recorded.len(), RECORDED_LIMIT);
+    assert_eq!(recorded[0].path, "/r4");
+    assert_eq!(
+        recorded[RECORDED_LIMIT - 1].path,
+        format!("/r{}", RECORDED_LIMIT + 3)
+    );
+}
+
+#[tokio::test]
+async fn shutdown_refuses_new_connections_and_drops_open_ones() {
+    let h = engine(EngineConfig::default()).await;
+    let mut idle = Client::connect(&h).await;
+    assert_eq!(idle.request(&get("/health")).await.status, 200);
+    let mut streaming = start_stream(&h, &[("x-sim-gate", "never")], 3).await;
+
+    h.shutdown();
+    assert!(TcpStream::connect(h.addr).await.is_err(), "still accepting");
+    assert!(idle.closed().await);
+    assert_eq!(streaming.chunk().await, Chunk::Eof);
+    h.shutdown();
+}
+
+#[test]
+fn spawn_engines_serves_sync_callers_until_dropped() {
+    use std::io::{Read, Write};
+
+    let cluster = spawn_engines(2, 0, EngineConfig::default()).expect("spawn");
+    assert_eq!(cluster.engines.len(), 2);
+    let addrs = cluster.addrs();
+    assert_ne!(addrs[0].port(), addrs[1].port());
+    for addr in &addrs {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(DEADLINE)).expect("timeout");
+        s.write_all(b"GET /health HTTP/1.1\r\nconnection: close\r\n\r\n")
+            .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    }
+    drop(cluster);
+    for addr in &addrs {
+        assert!(
+            std::net::TcpStream::connect(addr).is_err(),
+            "{addr} still accepting"
+        );
+    }
+
+    let err = spawn_engines(3, 65534, EngineConfig::default()).expect_err("port overflow");
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+}
+
+#[tokio::test]
+async fn timings_follow_config_and_headers() {
+    // Only lower bounds: a loaded machine can make things slower, never faster.
+    let h = engine(EngineConfig {
+        prefill_us_per_token: 2_000,
+        decode_ms_per_token: 0,
+        ..EngineConfig::default()
+    })
+    .await;
+    let (turn1, _) = conversation();
+    let mut c = Client::connect(&h).await;
+    let started = Instant::now();
+    let v = c
+        .request(&post("/v1/chat/completions", &turn1, &[]))
+        .await
+        .json();
+    assert_eq!(v["usage"]["prompt_tokens"], 100);
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "cold prefill of 100 tokens"
+    );
+
+    let started = Instant::now();
+    let frames = stream_frames(&mut c, &stream_body(3), &[("x-sim-frame-delay-ms", "60")]).await;
+    assert_eq!(frames.len(), 3);
+    assert!(
+        started.elapsed() >= Duration::from_millis(120),
+        "two gaps of 60 ms"
+    );
 }

@@ -37,7 +37,8 @@ impl Head {
     }
 
     fn content_length(&self) -> Option<usize> {
-        self.header("content-length").and_then(|v| v.trim().parse().ok())
+        self.header("content-length")
+            .and_then(|v| v.trim().parse().ok())
     }
 }
 
@@ -81,9 +82,12 @@ impl Conn {
 
     /// Connects from a chosen local address (e.g. 127.0.0.2).
     pub fn open_from(local: IpAddr, addr: SocketAddr) -> Conn {
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
-        sock.bind(&SocketAddr::new(local, 0).into()).expect("bind local");
-        sock.connect_timeout(&addr.into(), IO_TIMEOUT).expect("connect");
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        sock.bind(&SocketAddr::new(local, 0).into())
+            .expect("bind local");
+        sock.connect_timeout(&addr.into(), IO_TIMEOUT)
+            .expect("connect");
         Self::from_stream(sock.into())
     }
 
@@ -102,7 +106,14 @@ impl Conn {
         self.writer.set_read_timeout(Some(t)).ok();
     }
 
-    pub fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8], upload: Upload) {
+    pub fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        upload: Upload,
+    ) {
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: gateway.test\r\n");
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
@@ -127,7 +138,9 @@ impl Conn {
                     self.writer.write_all(chunk).expect("write chunk");
                     self.writer.write_all(b"\r\n").expect("write chunk end");
                 }
-                self.writer.write_all(b"0\r\n\r\n").expect("write last chunk");
+                self.writer
+                    .write_all(b"0\r\n\r\n")
+                    .expect("write last chunk");
             }
         }
     }
@@ -159,13 +172,21 @@ impl Conn {
     fn read_one_head(&mut self) -> std::io::Result<Head> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before response"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed before response",
+            ));
         }
         let status: u16 = line
             .split_whitespace()
             .nth(1)
             .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad status line {line:?}")))?;
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("bad status line {line:?}"),
+                )
+            })?;
         let mut headers = Vec::new();
         loop {
             line.clear();
@@ -186,10 +207,19 @@ impl Conn {
     pub fn read_chunk(&mut self) -> std::io::Result<Option<Vec<u8>>> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "stream ended without last chunk"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "stream ended without last chunk",
+            ));
         }
-        let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad chunk size {line:?}")))?;
+        let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16).map_err(
+            |_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("bad chunk size {line:?}"),
+                )
+            },
+        )?;
         if size == 0 {
             line.clear();
             self.reader.read_line(&mut line)?;
@@ -225,7 +255,13 @@ impl Conn {
         Response { head, body }
     }
 
-    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
         self.send(method, path, headers, body, Upload::Length);
         self.read_response()
     }
@@ -237,7 +273,13 @@ impl Conn {
 }
 
 /// One request on a fresh connection.
-pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
     Conn::open(addr).request(method, path, headers, body)
 }
 
@@ -245,7 +287,12 @@ pub fn get(addr: SocketAddr, path: &str) -> Response {
     request(addr, "GET", path, &[], b"")
 }
 
-pub fn post_json(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &serde_json::Value) -> Response {
+pub fn post_json(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> Response {
     let mut h = vec![("Content-Type", "application/json")];
     h.extend_from_slice(headers);
     request(addr, "POST", path, &h, body.to_string().as_bytes())
@@ -258,7 +305,9 @@ pub fn try_get(addr: SocketAddr, path: &str) -> Option<Response> {
     stream.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
     let mut writer = stream.try_clone().ok()?;
     writer
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
         .ok()?;
     let mut conn = Conn {
         reader: BufReader::new(stream),

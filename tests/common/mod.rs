@@ -42,7 +42,9 @@ pub fn free_port() -> u16 {
 pub fn route_yaml(ports: &[u16], extra: &str) -> String {
     let mut s = String::from("peers:\n");
     for (i, port) in ports.iter().enumerate() {
-        s.push_str(&format!("  - {{name: e{i}, host: 127.0.0.1, port: {port}, max_concurrency: 64}}\n"));
+        s.push_str(&format!(
+            "  - {{name: e{i}, host: 127.0.0.1, port: {port}, max_concurrency: 64}}\n"
+        ));
     }
     s.push_str(extra);
     s
@@ -214,7 +216,9 @@ impl Gateway {
 
     /// Waits until no request is in flight through the gateway.
     pub fn wait_idle(&self) {
-        wait_for("in-flight to return to 0", DEADLINE, || (self.in_flight_total() == 0.0).then_some(()));
+        wait_for("in-flight to return to 0", DEADLINE, || {
+            (self.in_flight_total() == 0.0).then_some(())
+        });
     }
 }
 

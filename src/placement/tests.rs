@@ -1,0 +1,564 @@
+//! One test per load-aware placement rule, clock injected. Every "does not
+//! move" test has a control next to it that does move, so a test cannot pass
+//! merely because nothing ever moves.
+
+use super::*;
+
+const T0: u64 = 1_700_000_000_000;
+const SECOND: u64 = 1_000;
+const MINUTE: u64 = 60 * SECOND;
+
+/// A peer without fresh engine metrics carrying `in_flight` requests.
+fn blind(id: PeerId, in_flight: u32) -> PeerLoad {
+    PeerLoad {
+        in_flight,
+        ..PeerLoad::idle(id, 64)
+    }
+}
+
+/// A peer with fresh engine metrics; its load is `running + waiting`.
+fn fresh(id: PeerId, running: u32, waiting: u32) -> PeerLoad {
+    PeerLoad {
+        engine: Some(EngineLoad {
+            running,
+            waiting,
+            kv_usage: 0.5,
+        }),
+        ..PeerLoad::idle(id, 64)
+    }
+}
+
+fn kv_full(peer: PeerLoad) -> PeerLoad {
+    let engine = peer.engine.unwrap_or_default();
+    PeerLoad {
+        engine: Some(EngineLoad {
+            kv_usage: 0.99,
+            ..engine
+        }),
+        kv_full: true,
+        ..peer
+    }
+}
+
+fn not_ready(peer: PeerLoad) -> PeerLoad {
+    PeerLoad {
+        ready: false,
+        ..peer
+    }
+}
+
+fn table() -> SessionTable {
+    SessionTable::new(TableConfig::default())
+}
+
+fn at(peer: PeerId, kind: PlacementKind, reason: Option<Reason>) -> Option<Placement> {
+    Some(Placement { peer, kind, reason })
+}
+
+fn sticky(peer: PeerId) -> Option<Placement> {
+    at(peer, PlacementKind::Sticky, None)
+}
+
+/// Binds `sid` to `peer` as a new session by making it the only idle one.
+fn bind(table: &SessionTable, sid: u64, peer: PeerId, ids: &[PeerId], now: u64) {
+    let peers: Vec<PeerLoad> = ids
+        .iter()
+        .map(|&id| blind(id, if id == peer { 0 } else { 1_000 }))
+        .collect();
+    assert_eq!(
+        table.place(sid, &peers, now),
+        at(peer, PlacementKind::New, None)
+    );
+}
+
+/// `place` and `peek` must agree; `peek` must not change what `place` sees.
+fn place_checked(
+    table: &SessionTable,
+    sid: u64,
+    peers: &[PeerLoad],
+    now: u64,
+) -> Option<Placement> {
+    let peeked = table.peek(sid, peers, now);
+    assert_eq!(table.peek(sid, peers, now), peeked, "peek is not pure");
+    let placed = table.place(sid, peers, now);
+    assert_eq!(peeked.as_ref().map(|(p, _)| *p), placed);
+    placed
+}
+
+#[test]
+fn new_session_goes_to_least_loaded_ready_peer_and_is_remembered() {
+    let t = table();
+    let peers = [
+        blind(1, 5),
+        blind(2, 2),
+        not_ready(blind(3, 0)),
+        blind(4, 3),
+    ];
+    assert_eq!(
+        place_checked(&t, 10, &peers, T0),
+        at(2, PlacementKind::New, None)
+    );
+    assert_eq!(t.len(), 1);
+    assert_eq!(place_checked(&t, 10, &peers, T0 + SECOND), sticky(2));
+    assert_eq!(t.bindings_per_peer(), vec![(2, 1)]);
+}
+
+#[test]
+fn new_session_counts_engine_load_not_only_in_flight() {
+    let t = table();
+    // Peer 1 has few requests from this gateway but a long engine queue.
+    let peers = [
+        PeerLoad {
+            in_flight: 1,
+            ..fresh(1, 10, 5)
+        },
+        blind(2, 4),
+    ];
+    assert_eq!(
+        place_checked(&t, 1, &peers, T0),
+        at(2, PlacementKind::New, None)
+    );
+}
+
+#[test]
+fn new_sessions_avoid_kv_full_peers() {
+    let t = table();
+    let peers = [kv_full(fresh(1, 0, 0)), fresh(2, 6, 0)];
+    assert_eq!(
+        place_checked(&t, 1, &peers, T0),
+        at(2, PlacementKind::New, None)
+    );
+    // Control: without the KV flag the idle peer wins.
+    let peers = [fresh(1, 0, 0), fresh(2, 6, 0)];
+    assert_eq!(
+        place_checked(&t, 2, &peers, T0),
+        at(1, PlacementKind::New, None)
+    );
+}
+
+#[test]
+fn known_session_stays_while_lightly_loaded() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2], T0);
+    // Busier than the other peer and even queuing, but under the margin.
+    let peers = [fresh(1, 5, 2), fresh(2, 4, 0)];
+    for n in 0..100 {
+        assert_eq!(place_checked(&t, 1, &peers, T0 + n * SECOND), sticky(1));
+    }
+}
+
+#[test]
+fn spills_at_the_threshold_and_not_one_request_before() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2, 3], T0);
+    let other = fresh(2, 3, 0);
+    let busier = fresh(3, 9, 0);
+    // Load 5 running + 1 waiting = 6 = 3 + 4 - 1: one request short.
+    let one_short = [fresh(1, 5, 1), other, busier];
+    assert_eq!(place_checked(&t, 1, &one_short, T0), sticky(1));
+    // Load 7 = 3 + 4: spills to the least-loaded peer.
+    let at_threshold = [fresh(1, 6, 1), other, busier];
+    assert_eq!(
+        place_checked(&t, 1, &at_threshold, T0),
+        at(2, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+    assert_eq!(t.bindings_per_peer(), vec![(1, 0), (2, 1)]);
+}
+
+#[test]
+fn fresh_metrics_with_nothing_waiting_never_spill_for_load() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2], T0);
+    let idle_queue = [fresh(1, 40, 0), fresh(2, 0, 0)];
+    assert_eq!(place_checked(&t, 1, &idle_queue, T0), sticky(1));
+    // Control: one request waiting and the same gap moves it.
+    let queued = [fresh(1, 40, 1), fresh(2, 0, 0)];
+    assert_eq!(
+        place_checked(&t, 1, &queued, T0),
+        at(2, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+}
+
+#[test]
+fn without_fresh_metrics_the_margin_is_eight() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2], T0);
+    assert_eq!(
+        place_checked(&t, 1, &[blind(1, 10), blind(2, 3)], T0),
+        sticky(1)
+    );
+    assert_eq!(
+        place_checked(&t, 1, &[blind(1, 11), blind(2, 3)], T0),
+        at(2, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+}
+
+#[test]
+fn spilled_session_does_not_return_home() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2], T0);
+    assert_eq!(
+        place_checked(&t, 1, &[fresh(1, 8, 2), fresh(2, 0, 0)], T0),
+        at(2, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+    // Long after the cooldown, home is idle again and the new peer is busier,
+    // but not backed up: the session keeps its new (now warm) cache.
+    let later = T0 + 10 * MINUTE;
+    let home_idle = [fresh(1, 0, 0), fresh(2, 3, 0)];
+    for n in 0..10 {
+        assert_eq!(
+            place_checked(&t, 1, &home_idle, later + n * SECOND),
+            sticky(2)
+        );
+    }
+    // Control: once the new peer is backed up, the session moves again.
+    let backed_up = [fresh(1, 0, 0), fresh(2, 3, 1)];
+    assert_eq!(
+        place_checked(&t, 1, &backed_up, later + 20 * SECOND),
+        at(1, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+}
+
+#[test]
+fn cooldown_holds_then_releases_at_sixty_seconds() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2], T0);
+    let backed_up_on_1 = [fresh(1, 10, 2), fresh(2, 0, 0)];
+    assert_eq!(
+        place_checked(&t, 1, &backed_up_on_1, T0),
+        at(2, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+    let backed_up_on_2 = [fresh(1, 0, 0), fresh(2, 10, 2)];
+    assert_eq!(
+        place_checked(&t, 1, &backed_up_on_2, T0 + 59_900),
+        sticky(2)
+    );
+    assert_eq!(
+        place_checked(&t, 1, &backed_up_on_2, T0 + 60 * SECOND),
+        at(1, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+}
+
+#[test]
+fn cooldown_also_holds_kv_full_moves() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2], T0);
+    assert_eq!(
+        place_checked(&t, 1, &[fresh(1, 10, 2), fresh(2, 0, 0)], T0),
+        at(2, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+    let kv_full_on_2 = [fresh(1, 3, 0), kv_full(fresh(2, 4, 1))];
+    assert_eq!(
+        place_checked(&t, 1, &kv_full_on_2, T0 + 30 * SECOND),
+        sticky(2)
+    );
+    assert_eq!(
+        place_checked(&t, 1, &kv_full_on_2, T0 + 61 * SECOND),
+        at(1, PlacementKind::Spill, Some(Reason::KvFull))
+    );
+}
+
+#[test]
+fn kv_full_with_nothing_waiting_stays() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2], T0);
+    let full_not_queuing = [kv_full(fresh(1, 3, 0)), fresh(2, 0, 0)];
+    assert_eq!(place_checked(&t, 1, &full_not_queuing, T0), sticky(1));
+    // Even far busier than its peers, with nothing queued it stays.
+    let very_busy = [kv_full(fresh(1, 60, 0)), fresh(2, 0, 0)];
+    assert_eq!(place_checked(&t, 1, &very_busy, T0), sticky(1));
+    // Control: the same peer with one request queued sheds the session to a
+    // peer with KV room that is no busier.
+    let full_and_queuing = [kv_full(fresh(1, 3, 1)), fresh(2, 2, 0)];
+    assert_eq!(
+        place_checked(&t, 1, &full_and_queuing, T0),
+        at(2, PlacementKind::Spill, Some(Reason::KvFull))
+    );
+}
+
+#[test]
+fn kv_full_and_queuing_moves_only_to_a_peer_no_busier() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2, 3], T0);
+    // Load 10 with 1 waiting: under the waiting margin to everyone.
+    let home = kv_full(fresh(1, 9, 1));
+    let busier = [home, fresh(2, 11, 0), fresh(3, 12, 0)];
+    assert_eq!(place_checked(&t, 1, &busier, T0), sticky(1));
+    // A KV-full peer with less load is no escape either.
+    let only_full_room = [home, kv_full(fresh(2, 0, 0)), fresh(3, 11, 0)];
+    assert_eq!(place_checked(&t, 1, &only_full_room, T0), sticky(1));
+    // Control: an equally loaded peer with KV room takes it, and of two such
+    // peers the less loaded one.
+    let no_busier = [home, fresh(2, 10, 0), fresh(3, 9, 0)];
+    assert_eq!(
+        place_checked(&t, 1, &no_busier, T0),
+        at(3, PlacementKind::Spill, Some(Reason::KvFull))
+    );
+}
+
+#[test]
+fn all_peers_kv_full() {
+    let t = table();
+    let all_full = [
+        kv_full(fresh(1, 5, 3)),
+        kv_full(fresh(2, 2, 0)),
+        kv_full(fresh(3, 30, 9)),
+    ];
+    // New sessions still get the least-loaded ready peer.
+    assert_eq!(
+        place_checked(&t, 1, &all_full, T0),
+        at(2, PlacementKind::New, None)
+    );
+    // Known sessions stay, even when backed up: no peer has KV room to take them.
+    bind(&t, 2, 3, &[1, 2, 3], T0);
+    assert_eq!(place_checked(&t, 2, &all_full, T0), sticky(3));
+    // Control: once one peer has KV room again, the backed-up session moves.
+    let one_with_room = [all_full[0], fresh(2, 2, 0), all_full[2]];
+    assert_eq!(
+        place_checked(&t, 2, &one_with_room, T0),
+        at(2, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+}
+
+#[test]
+fn single_peer() {
+    let t = table();
+    let alone = [fresh(1, 60, 50)];
+    assert_eq!(
+        place_checked(&t, 1, &alone, T0),
+        at(1, PlacementKind::New, None)
+    );
+    assert_eq!(
+        place_checked(&t, 1, &[kv_full(fresh(1, 60, 50))], T0),
+        sticky(1)
+    );
+    assert_eq!(place_checked(&t, 1, &[not_ready(alone[0])], T0), None);
+    assert_eq!(place_checked(&t, 2, &[not_ready(alone[0])], T0), None);
+    assert_eq!(place_checked(&t, 2, &[], T0), None);
+    // The binding survives an outage with nowhere else to go.
+    assert_eq!(place_checked(&t, 1, &alone, T0 + SECOND), sticky(1));
+    assert_eq!(t.len(), 1);
+}
+
+#[test]
+fn not_ready_peer_moves_its_sessions_at_once_and_they_stay_moved() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2, 3], T0);
+    // Just spilled to 2: the cooldown is running.
+    assert_eq!(
+        place_checked(&t, 1, &[blind(1, 30), blind(2, 0), blind(3, 5)], T0),
+        at(2, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+    let two_down = [blind(1, 4), not_ready(blind(2, 0)), blind(3, 2)];
+    assert_eq!(
+        place_checked(&t, 1, &two_down, T0 + SECOND),
+        at(3, PlacementKind::Migrated, Some(Reason::NotReady))
+    );
+    // Peer 2 is back and idle; the session stays where it went.
+    let two_back = [blind(1, 4), blind(2, 0), blind(3, 2)];
+    assert_eq!(place_checked(&t, 1, &two_back, T0 + 2 * SECOND), sticky(3));
+    assert_eq!(t.bindings_per_peer(), vec![(1, 0), (2, 0), (3, 1)]);
+}
+
+#[test]
+fn removed_peer_moves_its_sessions_at_once() {
+    let t = table();
+    bind(&t, 1, 7, &[7, 8, 9], T0);
+    let peers = [blind(8, 3), blind(9, 1)];
+    assert_eq!(
+        place_checked(&t, 1, &peers, T0),
+        at(9, PlacementKind::Migrated, Some(Reason::NotReady))
+    );
+    // Control: with its peer present and ready it would have stayed.
+    bind(&t, 2, 7, &[7, 8, 9], T0);
+    assert_eq!(
+        place_checked(&t, 2, &[blind(7, 3), blind(9, 1)], T0),
+        sticky(7)
+    );
+}
+
+#[test]
+fn migration_prefers_a_peer_with_kv_room() {
+    let t = table();
+    bind(&t, 1, 1, &[1, 2, 3], T0);
+    let peers = [
+        not_ready(blind(1, 0)),
+        kv_full(fresh(2, 0, 0)),
+        fresh(3, 5, 0),
+    ];
+    assert_eq!(
+        place_checked(&t, 1, &peers, T0),
+        at(3, PlacementKind::Migrated, Some(Reason::NotReady))
+    );
+}
+
+#[test]
+fn full_table_falls_back_to_the_hash_home_unremembered() {
+    let t = SessionTable::new(TableConfig {
+        max_sessions_per_peer: 2,
+        ..TableConfig::default()
+    });
+    let peers = [blind(1, 0), blind(2, 9)];
+    assert_eq!(
+        place_checked(&t, 1, &peers, T0),
+        at(1, PlacementKind::New, None)
+    );
+    assert_eq!(
+        place_checked(&t, 2, &peers, T0),
+        at(1, PlacementKind::New, None)
+    );
+    for sid in 3..40u64 {
+        let home = rendezvous(sid, &peers).expect("a ready peer");
+        let expected = at(home, PlacementKind::TableFull, Some(Reason::TableFull));
+        assert_eq!(place_checked(&t, sid, &peers, T0), expected);
+        // Not remembered: the next request is judged afresh, to the same home.
+        assert_eq!(place_checked(&t, sid, &peers, T0 + SECOND), expected);
+    }
+    assert_eq!(t.len(), 2);
+    assert_eq!(t.bindings_per_peer(), vec![(1, 2)]);
+    // Control: once peer 2 is the least loaded, new sessions are remembered there.
+    let peers = [blind(1, 9), blind(2, 0)];
+    assert_eq!(
+        place_checked(&t, 50, &peers, T0),
+        at(2, PlacementKind::New, None)
+    );
+    assert_eq!(t.len(), 3);
+}
+
+#[test]
+fn spill_onto_a_full_peer_stays_instead() {
+    let t = SessionTable::new(TableConfig {
+        max_sessions_per_peer: 1,
+        ..TableConfig::default()
+    });
+    bind(&t, 1, 1, &[1, 2], T0);
+    bind(&t, 2, 2, &[1, 2], T0);
+    let backed_up = [fresh(1, 10, 2), fresh(2, 0, 0)];
+    assert_eq!(place_checked(&t, 1, &backed_up, T0), sticky(1));
+    // Control: room on peer 2 lets it spill.
+    t.set_config(TableConfig {
+        max_sessions_per_peer: 2,
+        ..TableConfig::default()
+    });
+    assert_eq!(
+        place_checked(&t, 1, &backed_up, T0),
+        at(2, PlacementKind::Spill, Some(Reason::Waiting))
+    );
+}
+
+#[test]
+fn herd_on_a_kv_full_peer_does_not_move_onto_busier_peers() {
+    let t = table();
+    let ids = [1, 2, 3];
+    for sid in 0..48 {
+        bind(&t, sid, 1, &ids, T0);
+    }
+    // 48 agents on a KV-full, queuing peer; both others are busier.
+    let home = kv_full(fresh(1, 45, 3));
+    let busier = [home, fresh(2, 50, 0), fresh(3, 60, 0)];
+    for sid in 0..48 {
+        assert_eq!(place_checked(&t, sid, &busier, T0 + MINUTE), sticky(1));
+    }
+
+    // Control, played out: peer 2 starts less busy, and every move shifts one
+    // request from peer 1 to peer 2. Moves stop once peer 2 would be busier.
+    let mut home = kv_full(fresh(1, 45, 3));
+    let mut other = fresh(2, 20, 0);
+    let mut moved = 0;
+    for sid in 0..48 {
+        let placed = place_checked(&t, sid, &[home, other, fresh(3, 60, 0)], T0 + 2 * MINUTE)
+            .expect("a ready peer");
+        if placed.peer == 2 {
+            assert_eq!(placed.kind, PlacementKind::Spill);
+            moved += 1;
+            if let (Some(h), Some(o)) = (home.engine.as_mut(), other.engine.as_mut()) {
+                h.running -= 1;
+                o.running += 1;
+            }
+        } else {
+            assert_eq!(Some(placed), sticky(1));
+        }
+    }
+    assert!(moved > 0 && moved < 48, "moved {moved}");
+    // Each move needed the target no busier than home before it, so after
+    // the last one the target is at most the moved request above home.
+    assert!(
+        other.load() <= home.load() + 2,
+        "{} vs {}",
+        other.load(),
+        home.load()
+    );
+    assert_eq!(t.bindings_per_peer(), vec![(1, 48 - moved), (2, moved)]);
+}
+
+#[test]
+fn peek_explains_and_changes_nothing() {
+    let t = table();
+    let peers = [fresh(1, 8, 2), fresh(2, 0, 0)];
+    let (placement, why) = t.peek(1, &peers, T0).expect("a ready peer");
+    assert_eq!(
+        placement,
+        Placement {
+            peer: 2,
+            kind: PlacementKind::New,
+            reason: None
+        }
+    );
+    assert!(why.contains("unknown session"), "{why}");
+    assert!(t.is_empty());
+
+    bind(&t, 1, 1, &[1, 2], T0);
+    let (placement, why) = t.peek(1, &peers, T0).expect("a ready peer");
+    assert_eq!(placement.kind, PlacementKind::Spill);
+    assert!(why.contains("backed up"), "{why}");
+    // Peeking did not move it: a calm peer set still finds it on peer 1.
+    assert_eq!(t.place(1, &[fresh(1, 0, 0), fresh(2, 0, 0)], T0), sticky(1));
+    let (_, why) = t
+        .peek(1, &[fresh(1, 1, 0), fresh(2, 0, 0)], T0)
+        .expect("a ready peer");
+    assert!(why.contains("stays"), "{why}");
+    assert_eq!(t.peek(1, &[not_ready(peers[0])], T0), None);
+}
+
+#[test]
+fn peek_does_not_refresh_last_seen() {
+    let t = SessionTable::new(TableConfig {
+        idle_timeout_ms: MINUTE,
+        ..TableConfig::default()
+    });
+    let peers = [blind(1, 0)];
+    t.place(1, &peers, T0);
+    for n in 1..10 {
+        t.peek(1, &peers, T0 + n * 10 * SECOND);
+    }
+    assert_eq!(
+        t.place(1, &peers, T0 + MINUTE),
+        at(1, PlacementKind::New, None)
+    );
+}
+
+#[test]
+fn labels() {
+    let kinds = [
+        (PlacementKind::New, "new"),
+        (PlacementKind::Sticky, "sticky"),
+        (PlacementKind::Spill, "spill"),
+        (PlacementKind::Migrated, "migrated"),
+        (PlacementKind::TableFull, "table_full"),
+        (PlacementKind::Hash, "hash"),
+        (PlacementKind::HashFallback, "hash_fallback"),
+        (PlacementKind::LeastConn, "least_conn"),
+    ];
+    for (kind, label) in kinds {
+        assert_eq!(kind.as_str(), label);
+    }
+    let reasons = [
+        (Reason::Waiting, "waiting"),
+        (Reason::KvFull, "kv_full"),
+        (Reason::NotReady, "not_ready"),
+        (Reason::TableFull, "table_full"),
+    ];
+    for (reason, label) in reasons {
+        assert_eq!(reason.as_str(), label);
+    }
+}
