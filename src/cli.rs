@@ -20,6 +20,7 @@ usage:
   llm-gateway check   [--config FILE] [--routes DIR]
   llm-gateway sim     --engines N --port PORT [--realistic]
   llm-gateway demo    [--listen ADDR] [--admin-listen ADDR]
+  llm-gateway bench   [--help]   replay agent sessions through every placement mode
 
 --config defaults to conf/gateway.yaml when that file exists.
 Signals: SIGHUP re-reads routes/ (no restart), SIGTERM drains and exits.";
@@ -35,6 +36,7 @@ pub enum Command {
     Serve(Options),
     Check(Options),
     Sim(Vec<String>),
+    Bench(Vec<String>),
     Demo(Options),
     Help,
 }
@@ -45,6 +47,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
         Some("check") => ("check", &args[1..]),
         Some("demo") => ("demo", &args[1..]),
         Some("sim") => return Ok(Command::Sim(args[1..].to_vec())),
+        Some("bench") => return Ok(Command::Bench(args[1..].to_vec())),
         Some("help" | "-h" | "--help") => return Ok(Command::Help),
         _ => ("serve", args),
     };

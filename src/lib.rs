@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod controller;
