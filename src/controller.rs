@@ -60,8 +60,13 @@ pub fn log_reload(report: &ReloadReport) {
 /// nothing is in flight. This watcher ends the process as soon as the last
 /// request finishes (at most `grace` after SIGTERM, when Pingora's own timer
 /// takes over and cancels what is left).
+///
+/// Both SIGTERM and Pingora's own shutdown broadcast start it (whichever the
+/// select sees first); only the first call does anything.
 fn spawn_drain_watcher(grace: Duration) {
-    DRAINING.store(true, Ordering::Relaxed);
+    if DRAINING.swap(true, Ordering::AcqRel) {
+        return;
+    }
     let started = Instant::now();
     let spawned = std::thread::Builder::new()
         .name("drain-watcher".into())
@@ -120,6 +125,7 @@ impl BackgroundService for Controller {
                 }
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() {
+                        spawn_drain_watcher(self.grace_period);
                         return;
                     }
                 }

@@ -27,7 +27,9 @@ fn main() -> ExitCode {
             ExitCode::from(llm_gateway::sim::run_cli(&rest).clamp(0, 255) as u8)
         }
         Ok(Command::Demo(opts)) => cli::demo(opts),
-        Ok(Command::Bench(rest)) => ExitCode::from(llm_gateway::bench::run_cli(&rest).clamp(0, 255) as u8),
+        Ok(Command::Bench(rest)) => {
+            ExitCode::from(llm_gateway::bench::run_cli(&rest).clamp(0, 255) as u8)
+        }
         Ok(Command::Help) => {
             println!("{}", cli::USAGE);
             ExitCode::SUCCESS

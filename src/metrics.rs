@@ -27,6 +27,8 @@ pub struct Metrics {
     pub completion_tokens: IntCounterVec,
     pub ttft: HistogramVec,
     pub api_keys_configured: IntGauge,
+    pub auth: IntCounterVec,
+    pub rejections: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -142,6 +144,18 @@ impl Metrics {
                 "Time from request start to the first streamed content event",
                 &["route"],
                 latency_buckets,
+            ),
+            auth: counter(
+                &registry,
+                "llm_gateway_auth_total",
+                "API key checks by result (ok, missing, invalid) and key owner (\"-\" unless ok)",
+                &["route", "owner", "result"],
+            ),
+            rejections: counter(
+                &registry,
+                "llm_gateway_rejected_by_rule_total",
+                "Requests refused by a content reject rule",
+                &["route", "rule"],
             ),
             api_keys_configured,
             registry,

@@ -6,11 +6,14 @@
 //! keyed by route name and, per peer, by `host:port`: a reload hands the same
 //! state to every peer that is still configured and drops it for the rest.
 
+use crate::auth::{KeyFileStatus, KeySet};
 use crate::config::{ConfigError, GatewayConfig, PeerConfig, RouteConfig};
 use crate::placement::{EngineLoad, PeerId, PeerLoad, SessionTable, TableConfig};
+use crate::reject::RuleSet;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -150,6 +153,104 @@ pub struct RouteRuntime {
     pub generation: AtomicUsize,
     /// Turn counter of the round_robin baseline mode.
     pub round_robin: AtomicUsize,
+    /// Runtime overrides set through the `/_…_toggle` endpoints; they
+    /// outlive reloads until `?reset=1`.
+    pub toggles: Toggles,
+    /// The route's own key file, re-read on every reload (None: shared keys).
+    keys: RwLock<Option<Arc<KeyState>>>,
+}
+
+/// A switch that the route config sets and a runtime toggle may override.
+#[derive(Debug, Default)]
+pub struct Toggle(std::sync::atomic::AtomicU8);
+
+impl Toggle {
+    const UNSET: u8 = 0;
+    const OFF: u8 = 1;
+    const ON: u8 = 2;
+
+    /// The value in force and where it comes from ("config" or "runtime").
+    pub fn effective(&self, configured: bool) -> (bool, &'static str) {
+        match self.0.load(Ordering::Relaxed) {
+            Self::OFF => (false, "runtime"),
+            Self::ON => (true, "runtime"),
+            _ => (configured, "config"),
+        }
+    }
+
+    pub fn is_on(&self, configured: bool) -> bool {
+        self.effective(configured).0
+    }
+
+    pub fn set(&self, on: bool) {
+        self.0
+            .store(if on { Self::ON } else { Self::OFF }, Ordering::Relaxed);
+    }
+
+    pub fn reset(&self) {
+        self.0.store(Self::UNSET, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Toggles {
+    pub reject_rules: Toggle,
+    pub include_usage: Toggle,
+    pub postprocess: Toggle,
+}
+
+impl Toggles {
+    pub fn by_name(&self, name: &str) -> Option<&Toggle> {
+        match name {
+            "reject_rules" => Some(&self.reject_rules),
+            "include_usage" => Some(&self.include_usage),
+            "postprocess" => Some(&self.postprocess),
+            _ => None,
+        }
+    }
+}
+
+/// An API key file as last read.
+#[derive(Debug)]
+pub struct KeyState {
+    pub path: PathBuf,
+    pub status: KeyFileStatus,
+    pub keys: Option<KeySet>,
+    /// "shared" (gateway.yaml / env) or "route" (the route's api_keys_file).
+    pub scope: &'static str,
+}
+
+impl KeyState {
+    fn load(path: &Path, scope: &'static str) -> Self {
+        let (status, keys) = KeySet::load(path);
+        KeyState {
+            path: path.to_path_buf(),
+            status,
+            keys,
+            scope,
+        }
+    }
+
+    /// Keys are enforced only when a readable file holds at least one key;
+    /// otherwise requests pass (deliberate fail-open, logged loudly).
+    pub fn enforced(&self) -> Option<&KeySet> {
+        self.keys.as_ref().filter(|k| !k.is_empty())
+    }
+
+    fn log_if_open(&self, route: Option<&str>) {
+        if self.enforced().is_some() {
+            return;
+        }
+        let whom = route
+            .map(|r| format!("route {r}"))
+            .unwrap_or_else(|| "routes using the shared key file".into());
+        log::error!(
+            "API keys: {} key file {} is {} and holds no usable key: {whom} accept requests WITHOUT authentication",
+            self.scope,
+            self.path.display(),
+            self.status.as_str()
+        );
+    }
 }
 
 impl RouteRuntime {
@@ -160,6 +261,8 @@ impl RouteRuntime {
             sessions: SessionTable::new(table_config(config)),
             generation: AtomicUsize::new(0),
             round_robin: AtomicUsize::new(0),
+            toggles: Toggles::default(),
+            keys: RwLock::new(None),
         }
     }
 
@@ -215,6 +318,8 @@ pub struct Route {
     pub config: RouteConfig,
     pub peers: Vec<RoutePeer>,
     pub runtime: Arc<RouteRuntime>,
+    /// `config.reject_rules` compiled; invalid rules were dropped (and logged).
+    pub rules: RuleSet,
 }
 
 impl Route {
@@ -248,6 +353,14 @@ impl Route {
                 }
             })
             .collect()
+    }
+
+    /// The key file in force for this route: its own, else the shared one.
+    pub fn keys(&self, registry: &Registry) -> Arc<KeyState> {
+        match &*self.runtime.keys.read() {
+            Some(own) if self.config.api_keys_file.is_some() => Arc::clone(own),
+            _ => registry.shared_keys(),
+        }
     }
 
     pub fn peer_by_id(&self, id: PeerId) -> Option<(usize, &RoutePeer)> {
@@ -285,6 +398,7 @@ pub struct Registry {
     gateway: GatewayConfig,
     /// Serialises reloads (SIGHUP can arrive while one is running).
     reload_lock: Mutex<()>,
+    shared_keys: RwLock<Arc<KeyState>>,
 }
 
 impl Registry {
@@ -292,9 +406,20 @@ impl Registry {
         Registry {
             table: RwLock::new(Arc::new(HashMap::new())),
             runtimes: Mutex::new(HashMap::new()),
+            // Read (and logged) by the first reload, like every later one.
+            shared_keys: RwLock::new(Arc::new(KeyState {
+                path: gateway.api_keys_file.clone(),
+                status: KeyFileStatus::Missing,
+                keys: None,
+                scope: "shared",
+            })),
             gateway,
             reload_lock: Mutex::new(()),
         }
+    }
+
+    pub fn shared_keys(&self) -> Arc<KeyState> {
+        Arc::clone(&self.shared_keys.read())
     }
 
     pub fn gateway(&self) -> &GatewayConfig {
@@ -369,12 +494,42 @@ impl Registry {
             let mut runtimes = self.runtimes.lock();
             runtimes.retain(|name, _| next.contains_key(name));
         }
+        self.reload_keys(&next);
         report.added.sort();
         report.changed.sort();
         report.removed.sort();
         report.unchanged.sort();
         *self.table.write() = Arc::new(next);
         report
+    }
+
+    /// Re-reads every key file (rotation without restart). In-flight
+    /// requests already passed their check and are unaffected.
+    fn reload_keys(&self, table: &RouteTable) {
+        let shared = Arc::new(KeyState::load(&self.gateway.api_keys_file, "shared"));
+        let mut all_enforced = shared.enforced().is_some();
+        let shared_used = table.values().any(|r| r.config.api_keys_file.is_none());
+        if shared_used || table.is_empty() {
+            shared.log_if_open(None);
+        } else {
+            all_enforced = true;
+        }
+        *self.shared_keys.write() = shared;
+        for route in table.values() {
+            let own = route
+                .config
+                .api_keys_file
+                .as_ref()
+                .map(|path| Arc::new(KeyState::load(path, "route")));
+            if let Some(state) = &own {
+                state.log_if_open(Some(route.name()));
+                all_enforced &= state.enforced().is_some();
+            }
+            *route.runtime.keys.write() = own;
+        }
+        crate::metrics::metrics()
+            .api_keys_configured
+            .set(all_enforced as i64);
     }
 
     fn build_route(&self, config: RouteConfig) -> Arc<Route> {
@@ -401,10 +556,15 @@ impl Registry {
                 addr: resolve(&pc.host, pc.port),
             })
             .collect();
+        let (rules, rule_errors) = RuleSet::compile(&config.reject_rules);
+        for e in rule_errors {
+            log::error!("{}: reject rule dropped: {e}", config.file.display());
+        }
         Arc::new(Route {
             config,
             peers,
             runtime,
+            rules,
         })
     }
 }

@@ -3,8 +3,9 @@
 //! explains a placement without making it). No raw session id is ever
 //! echoed: only its hash.
 
+use crate::errors::ErrorResponse;
 use crate::proxy::pick;
-use crate::registry::{now_ms, Route};
+use crate::registry::{now_ms, Registry, Route, Toggle};
 use crate::session::extract_session;
 use serde_json::{json, Value};
 
@@ -14,17 +15,85 @@ pub const ENDPOINTS: &[&str] = &[
     "/_active_conns",
     "/_route_debug?sid=…",
     "/_sessions",
+    "/_reject_rules_status",
+    "POST /_reject_rules_toggle?on=0|1|reset=1",
+    "POST /_include_usage_toggle?on=0|1|reset=1",
+    "POST /_postprocess_toggle?on=0|1|reset=1",
 ];
 
+/// `/_<name>_toggle` → the toggle's name.
+pub fn toggle_name(path: &str) -> Option<&str> {
+    let name = path
+        .split('?')
+        .next()?
+        .strip_prefix("/_")?
+        .strip_suffix("_toggle")?;
+    matches!(name, "reject_rules" | "include_usage" | "postprocess").then_some(name)
+}
+
+/// Applies `?on=0|1` or `?reset=1` to the named toggle and reports the result.
+/// The caller has already checked that the request came from loopback.
+pub fn apply_toggle(route: &Route, path_and_query: &str) -> Result<Value, ErrorResponse> {
+    let name =
+        toggle_name(path_and_query).ok_or_else(|| ErrorResponse::not_found("unknown toggle"))?;
+    let toggle = route
+        .runtime
+        .toggles
+        .by_name(name)
+        .ok_or_else(|| ErrorResponse::not_found("unknown toggle"))?;
+    let query = path_and_query.split_once('?').map(|(_, q)| q).unwrap_or("");
+    let param = |key: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    };
+    match (param("on"), param("reset")) {
+        (_, Some("1")) => toggle.reset(),
+        (Some("1"), _) => toggle.set(true),
+        (Some("0"), _) => toggle.set(false),
+        _ => return Err(ErrorResponse::bad_request("use ?on=0, ?on=1 or ?reset=1")),
+    }
+    Ok(
+        json!({"route": route.config.name, "toggle": name, "state": toggles_json(route)[name].clone()}),
+    )
+}
+
+fn toggle_json(toggle: &Toggle, configured: bool) -> Value {
+    let (on, source) = toggle.effective(configured);
+    json!({"on": on, "source": source, "configured": configured})
+}
+
+fn toggles_json(route: &Route) -> Value {
+    let t = &route.runtime.toggles;
+    let c = &route.config;
+    let mut postprocess = toggle_json(&t.postprocess, c.postprocess.is_some());
+    postprocess["handler"] = json!(c.postprocess.map(|h| h.name()));
+    json!({
+        "reject_rules": toggle_json(&t.reject_rules, c.reject_rules_enabled),
+        "include_usage": toggle_json(&t.include_usage, c.include_usage),
+        "postprocess": postprocess,
+    })
+}
+
+fn reject_rules_status(route: &Route) -> Value {
+    json!({
+        "route": route.config.name,
+        "enabled": toggle_json(&route.runtime.toggles.reject_rules, route.config.reject_rules_enabled),
+        "configured_rules": route.config.reject_rules.as_array().map_or(0, Vec::len),
+        "rules": route.rules.status_json(),
+    })
+}
+
 /// The JSON for `path` (query included) under `route`, or None if unknown.
-pub fn respond(route: &Route, path_and_query: &str) -> Option<Value> {
+pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Option<Value> {
     let (path, query) = match path_and_query.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (path_and_query, None),
     };
     match path {
         "/_route_state" => Some(route_state(route)),
-        "/_health_status" => Some(health_status(route)),
+        "/_health_status" => Some(health_status(route, registry)),
+        "/_reject_rules_status" => Some(reject_rules_status(route)),
         "/_active_conns" => Some(active_conns(route)),
         "/_sessions" => Some(sessions(route)),
         "/_route_debug" => Some(route_debug(route, query.unwrap_or(""))),
@@ -62,6 +131,7 @@ fn route_state(route: &Route) -> Value {
         "mode": c.balancing.mode.as_str(),
         "cross_tier_fallback": c.balancing.cross_tier_fallback,
         "idle_timeout_s": c.balancing.idle_timeout.as_secs(),
+        "toggles": toggles_json(route),
         "active_candidates": pick::candidates(route, &all, now)
             .iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
         "models": c.peers_by_model.iter().map(|(m, idx)| json!({
@@ -83,10 +153,19 @@ fn route_state(route: &Route) -> Value {
     })
 }
 
-fn health_status(route: &Route) -> Value {
+fn health_status(route: &Route, registry: &Registry) -> Value {
     let now = now_ms();
     let h = &route.config.health;
+    let keys = route.keys(registry);
+    let enforced = keys.enforced().is_some();
     json!({
+        "_meta": {
+            "api_keys_configured": enforced,
+            "route_auth_enabled": enforced,
+            "key_file_status": keys.status.as_str(),
+            "key_file_scope": keys.scope,
+            "keys": keys.keys.as_ref().map_or(0, |k| k.len()),
+        },
         "route": route.config.name,
         "probe": {
             "enabled": h.enabled,

@@ -7,6 +7,7 @@
 
 pub mod units;
 
+use crate::postprocess::Handler;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -72,6 +73,7 @@ struct GatewayFile {
     threads: Option<usize>,
     grace_period: Option<Dur>,
     max_body_size: Option<Size>,
+    postprocess_default: Option<String>,
 }
 
 /// The validated gateway-wide settings.
@@ -84,6 +86,8 @@ pub struct GatewayConfig {
     pub threads: usize,
     pub grace_period: Duration,
     pub max_body_size: u64,
+    /// Post-processing handler for routes that name none.
+    pub postprocess_default: Option<Handler>,
 }
 
 /// Command-line values that take precedence over the file.
@@ -148,7 +152,18 @@ impl GatewayConfig {
             .map(PathBuf::from)
             .or(file.api_keys_file)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_API_KEYS_FILE));
+        let postprocess_default = match file.postprocess_default.as_deref() {
+            None | Some("") | Some("none") => None,
+            Some(name) => Some(Handler::from_name(name).ok_or_else(|| {
+                ConfigError::new(
+                    path,
+                    find_key_line(text, "postprocess_default"),
+                    format!("postprocess_default: unknown handler {name:?} (strip_actual_usage, vllm_format, none)"),
+                )
+            })?),
+        };
         Ok(GatewayConfig {
+            postprocess_default,
             listen,
             admin_listen,
             routes_dir: overrides
@@ -183,6 +198,11 @@ struct RouteFile {
     engine_metrics: Option<EngineMetricsFile>,
     timeouts: Option<TimeoutsFile>,
     routed_headers: Option<Flag>,
+    api_keys_file: Option<PathBuf>,
+    reject_rules: Option<serde_yaml::Value>,
+    reject_rules_enabled: Option<Flag>,
+    postprocess: Option<String>,
+    include_usage: Option<Flag>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -347,6 +367,16 @@ pub struct RouteConfig {
     pub engine_metrics: Option<EngineMetricsConfig>,
     pub timeouts: Timeouts,
     pub routed_headers: bool,
+    /// The route's own key file instead of the gateway's shared one.
+    pub api_keys_file: Option<PathBuf>,
+    /// Content reject rules as written (compiled when the route is built;
+    /// an invalid rule is dropped there, not here).
+    pub reject_rules: serde_json::Value,
+    pub reject_rules_enabled: bool,
+    /// None: responses pass unchanged.
+    pub postprocess: Option<Handler>,
+    /// Add `stream_options.include_usage` to streaming requests that lack it.
+    pub include_usage: bool,
     /// Deprecation notices to log at load; the route still serves.
     pub warnings: Vec<String>,
 }
@@ -615,7 +645,37 @@ impl RouteConfig {
             idle: t.idle.map(|d| d.0).unwrap_or(Duration::from_secs(60)),
         };
 
+        let reject_rules = match file.reject_rules {
+            None | Some(serde_yaml::Value::Null) => serde_json::Value::Array(Vec::new()),
+            Some(v) => serde_json::to_value(v).map_err(|e| {
+                err(
+                    find_key_line(text, "reject_rules"),
+                    format!("reject_rules: {e}"),
+                )
+            })?,
+        };
+        if !reject_rules.is_array() {
+            return Err(err(
+                find_key_line(text, "reject_rules"),
+                "reject_rules must be a list of rules".into(),
+            ));
+        }
+        let postprocess = match file.postprocess.as_deref() {
+            None => gateway.postprocess_default,
+            Some("none") | Some("") => None,
+            Some(name) => Some(Handler::from_name(name).ok_or_else(|| {
+                err(
+                    find_key_line(text, "postprocess"),
+                    format!("postprocess: unknown handler {name:?} (strip_actual_usage, vllm_format, none)"),
+                )
+            })?),
+        };
         Ok(RouteConfig {
+            api_keys_file: file.api_keys_file,
+            reject_rules,
+            reject_rules_enabled: file.reject_rules_enabled.map(|f| f.0).unwrap_or(true),
+            postprocess,
+            include_usage: file.include_usage.map(|f| f.0).unwrap_or(false),
             name: name.to_string(),
             file: path.to_path_buf(),
             peers,

@@ -1,6 +1,6 @@
 //! Per-request state shared by the proxy hooks.
 
-use crate::proxy::observe::ResponseObserver;
+use crate::proxy::observe::ResponsePipeline;
 use crate::proxy::pick::Decision;
 use crate::registry::{InFlightGuard, Route};
 use crate::session::SessionId;
@@ -62,8 +62,11 @@ pub struct RequestCtx {
     pub session: Option<SessionId>,
     /// What placement decided (X-Routed-Mode).
     pub decision: Option<Decision>,
+    /// The gateway added `stream_options.include_usage`: the usage frame is
+    /// for the gateway, not the client.
+    pub usage_injected: bool,
     /// Usage and first-token time of a 2xx SSE/JSON response.
-    pub observer: Option<ResponseObserver>,
+    pub pipeline: Option<ResponsePipeline>,
     _active: ActiveRequest,
 }
 
@@ -85,7 +88,8 @@ impl RequestCtx {
             last_upstream_error: None,
             session: None,
             decision: None,
-            observer: None,
+            pipeline: None,
+            usage_injected: false,
             _active: ActiveRequest::new(),
         }
     }

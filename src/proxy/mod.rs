@@ -10,6 +10,7 @@
 //! logging                  metrics, release the in-flight slot
 
 pub mod ctx;
+pub mod guards;
 pub mod observe;
 pub mod pick;
 pub mod replay;
@@ -53,15 +54,39 @@ impl Gateway {
             .route(name)
             .ok_or_else(|| Local::Error(ErrorResponse::not_found_route(name)))?;
         ctx.route = Some(Arc::clone(&route));
-        if rest.starts_with("/_") {
-            return Err(match crate::admin::routes::respond(&route, &rest) {
-                Some(value) => Local::Json(200, value),
-                None => ErrorResponse::not_found(format!(
-                    "unknown endpoint; per-route endpoints: {}",
-                    crate::admin::routes::ENDPOINTS.join(", ")
-                ))
-                .into(),
+        if let Some(name) = crate::admin::routes::toggle_name(&rest) {
+            if session.req_header().method != http::Method::POST {
+                return Err(ErrorResponse::new(
+                    405,
+                    "method_not_allowed",
+                    format!("toggle {name} takes POST"),
+                )
+                .into());
+            }
+            if !guards::is_loopback_peer(session) {
+                return Err(ErrorResponse::new(
+                    403,
+                    "forbidden",
+                    "toggles answer only 127.0.0.1 and ::1",
+                )
+                .into());
+            }
+            return Err(match crate::admin::routes::apply_toggle(&route, &rest) {
+                Ok(state) => Local::Json(200, state),
+                Err(e) => e.into(),
             });
+        }
+        if rest.starts_with("/_") {
+            return Err(
+                match crate::admin::routes::respond(&route, &self.registry, &rest) {
+                    Some(value) => Local::Json(200, value),
+                    None => ErrorResponse::not_found(format!(
+                        "unknown endpoint; per-route endpoints: {}",
+                        crate::admin::routes::ENDPOINTS.join(", ")
+                    ))
+                    .into(),
+                },
+            );
         }
         if !rest.starts_with("/v1/") {
             return Err(ErrorResponse::not_found(format!(
@@ -69,6 +94,7 @@ impl Gateway {
             ))
             .into());
         }
+        guards::check_api_key(&route, &self.registry, session)?;
         let has_model_pools = !route.config.peers_by_model.is_empty();
         if has_model_pools
             && rest == "/v1/models"
@@ -88,6 +114,13 @@ impl Gateway {
             ctx.json = serde_json::from_slice(&ctx.body).ok();
         }
 
+        if let Some(json) = &ctx.json {
+            guards::check_reject_rules(&route, json, ctx.body.len())?;
+            if let Some(rewritten) = guards::inject_usage(&route, &ctx.body, json) {
+                ctx.body = rewritten;
+                ctx.usage_injected = true;
+            }
+        }
         let model = ctx
             .json
             .as_ref()
@@ -327,7 +360,19 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        ctx.observer = observe::ResponseObserver::for_response(resp);
+        if let Some(route) = &ctx.route {
+            let handler = route
+                .config
+                .postprocess
+                .filter(|_| route.runtime.toggles.postprocess.is_on(true));
+            ctx.pipeline =
+                observe::ResponsePipeline::for_response(resp, handler, ctx.usage_injected);
+            if ctx.pipeline.as_ref().is_some_and(|p| p.rewrites()) {
+                // The body may change length: send it chunked.
+                resp.remove_header("content-length");
+                resp.insert_header("transfer-encoding", "chunked")?;
+            }
+        }
         let Some(route) = &ctx.route else {
             return Ok(());
         };
@@ -356,13 +401,8 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
-        if let Some(observer) = ctx.observer.as_mut() {
-            if let Some(chunk) = body.as_ref() {
-                observer.observe(chunk);
-            }
-            if end_of_stream {
-                observer.finish();
-            }
+        if let Some(pipeline) = ctx.pipeline.as_mut() {
+            pipeline.process(body, end_of_stream);
         }
         Ok(None)
     }
@@ -426,9 +466,9 @@ impl ProxyHttp for Gateway {
         m.request_duration
             .with_label_values(&[route])
             .observe(ctx.started.elapsed().as_secs_f64());
-        if let Some(observer) = &ctx.observer {
+        if let Some(pipeline) = &ctx.pipeline {
             let labels = [route, ctx.peer_name()];
-            if let Some(u) = observer.usage() {
+            if let Some(u) = pipeline.usage() {
                 m.prompt_tokens
                     .with_label_values(&labels)
                     .inc_by(u.prompt_tokens);
@@ -439,7 +479,7 @@ impl ProxyHttp for Gateway {
                     .with_label_values(&labels)
                     .inc_by(u.completion_tokens);
             }
-            if let Some(first) = observer.first_content_at() {
+            if let Some(first) = pipeline.first_content_at() {
                 m.ttft
                     .with_label_values(&[route])
                     .observe(first.saturating_duration_since(ctx.started).as_secs_f64());

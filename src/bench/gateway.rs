@@ -1,0 +1,223 @@
+//! The gateway under test, as a child process of the bench: its config files
+//! in a private temp directory, start-up, readiness and teardown.
+//!
+//! [`GatewayProcess`] kills and reaps its child when dropped, so every way
+//! out of a mode (success, error, panic, Ctrl-C cancelling the run) stops it.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::client;
+
+/// How long the gateway may take to answer `/healthz`.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A directory removed (best effort) when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> std::io::Result<TempDir> {
+        let path =
+            std::env::temp_dir().join(format!("llm-gateway-bench-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(path.join("routes"))?;
+        Ok(TempDir(path))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What the route file needs.
+pub struct RouteSpec<'a> {
+    pub mode: &'a str,
+    pub engines: &'a [SocketAddr],
+    pub max_concurrency: u32,
+}
+
+pub fn route_yaml(spec: &RouteSpec) -> String {
+    let mut out = String::from("peers:\n");
+    for (i, addr) in spec.engines.iter().enumerate() {
+        out.push_str(&format!(
+            "  - {{name: e{i}, host: {}, port: {}, max_concurrency: {}}}\n",
+            addr.ip(),
+            addr.port(),
+            spec.max_concurrency
+        ));
+    }
+    out.push_str(&format!(
+        "balancing:\n  mode: {}\nhealth: {{interval: 1s}}\nengine_metrics: {{interval: 200ms}}\n",
+        spec.mode
+    ));
+    out
+}
+
+pub fn gateway_yaml(
+    listen: SocketAddr,
+    admin: SocketAddr,
+    routes: &Path,
+    threads: usize,
+) -> String {
+    format!(
+        "listen: {listen}\nadmin_listen: {admin}\nroutes_dir: {}\nthreads: {threads}\n\
+         grace_period: 1s\napi_keys_file: /nonexistent\n",
+        routes.display()
+    )
+}
+
+/// A port free a moment ago on 127.0.0.1. The gateway binds it shortly
+/// after; a lost race shows up as a start-up failure, which is retried.
+pub fn free_port() -> std::io::Result<SocketAddr> {
+    TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+pub struct GatewayProcess {
+    child: Option<Child>,
+    pub pid: u32,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl GatewayProcess {
+    /// Starts `exe --config <dir>/gateway.yaml` with the route file written
+    /// as `<dir>/routes/<route>.yaml`, and waits until `/healthz` answers 200.
+    pub async fn start(
+        exe: &Path,
+        dir: &Path,
+        route: &str,
+        route_yaml: &str,
+        threads: usize,
+    ) -> Result<GatewayProcess, String> {
+        let mut last_error = String::new();
+        for attempt in 0..3 {
+            match Self::start_once(exe, dir, route, route_yaml, threads, attempt).await {
+                Ok(g) => return Ok(g),
+                Err(e) => last_error = e,
+            }
+        }
+        Err(last_error)
+    }
+
+    async fn start_once(
+        exe: &Path,
+        dir: &Path,
+        route: &str,
+        route_yaml: &str,
+        threads: usize,
+        attempt: u32,
+    ) -> Result<GatewayProcess, String> {
+        let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
+        let routes = dir.join("routes");
+        std::fs::write(routes.join(format!("{route}.yaml")), route_yaml)
+            .map_err(|e| io("writing the route file", e))?;
+        let listen = free_port().map_err(|e| io("finding a port", e))?;
+        let admin = free_port().map_err(|e| io("finding a port", e))?;
+        let config = dir.join("gateway.yaml");
+        std::fs::write(&config, gateway_yaml(listen, admin, &routes, threads))
+            .map_err(|e| io("writing gateway.yaml", e))?;
+        let log = dir.join(format!("gateway-{attempt}.log"));
+        let out = std::fs::File::create(&log).map_err(|e| io("creating the log", e))?;
+        let err = out.try_clone().map_err(|e| io("creating the log", e))?;
+        let child = Command::new(exe)
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        let mut g = GatewayProcess {
+            pid: child.id(),
+            child: Some(child),
+            listen,
+            admin,
+            log,
+        };
+        g.wait_ready().await?;
+        Ok(g)
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!(
+                        "the gateway exited during start-up ({status}); log:\n{}",
+                        self.log_tail()
+                    ));
+                }
+            }
+            if let Ok((200, _)) = client::get(self.admin, "/healthz", Duration::from_secs(1)).await
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the gateway did not answer /healthz within {START_TIMEOUT:?}; log:\n{}",
+                    self.log_tail()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether the child is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Kills (SIGKILL, by pid) and reaps the child. Idempotent.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_file_lists_every_engine() {
+        let engines: Vec<SocketAddr> = vec![
+            "127.0.0.1:4001".parse().unwrap(),
+            "127.0.0.1:4002".parse().unwrap(),
+        ];
+        let y = route_yaml(&RouteSpec {
+            mode: "load_aware",
+            engines: &engines,
+            max_concurrency: 256,
+        });
+        assert!(y.contains("{name: e1, host: 127.0.0.1, port: 4002, max_concurrency: 256}"));
+        assert!(y.contains("mode: load_aware"));
+        assert!(y.contains("engine_metrics: {interval: 200ms}"));
+    }
+}

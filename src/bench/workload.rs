@@ -1,0 +1,539 @@
+//! The replayed workload: coding-agent conversations, generated
+//! deterministically from a seed.
+//!
+//! Every session starts with the same system prompt (real agents share it, so
+//! every engine caches it after a first request), then repeats: a user
+//! message of tool output or code, a streamed reply that the client appends to
+//! the history, and a think pause. A session ends when its next turn would
+//! take the context past `max_context`; the next one starts in its slot with a
+//! new session id. Everything a turn contains (text, `max_tokens`, think time)
+//! is a pure function of (seed, slot, session generation, turn), so every
+//! mode replays the same conversations, however fast each mode serves them.
+//!
+//! The first session of each slot is pre-aged to a random turn, so that the
+//! run starts near steady state (a fleet of agents has sessions of every age)
+//! instead of every session growing from 2k tokens in lockstep.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Bytes per token, as the simulated engine counts them.
+pub const BYTES_PER_TOKEN: usize = 4;
+/// The text of one generated token in the simulated engine; a pre-aged
+/// history holds replies made of it, as the live ones are.
+pub const SIM_TOKEN: &str = "tok ";
+
+/// A small, fast, seedable generator (SplitMix64). Not for anything secret.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    #[cfg(test)]
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// A generator for one item of the workload, derived from the seed and
+    /// the item's coordinates, independent of every other item.
+    pub fn derive(seed: u64, parts: &[u64]) -> Self {
+        let mut state = Rng(seed ^ 0x6c6c_6d2d_6265_6e63);
+        for &p in parts {
+            state.0 ^= p.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            state.0 = state.next_u64();
+        }
+        state
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi` (`lo` when `hi <= lo`).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            return lo;
+        }
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+}
+
+/// What the workload looks like; see `--help` for the defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkloadParams {
+    pub seed: u64,
+    pub slots: u32,
+    pub system_tokens: usize,
+    /// Inclusive range of a user message's length in tokens.
+    pub user_tokens: (usize, usize),
+    /// Inclusive range of a turn's `max_tokens`.
+    pub max_tokens: (usize, usize),
+    /// Inclusive range of the pause after a reply, in milliseconds.
+    pub think_ms: (u64, u64),
+    /// A session ends before its prompt would exceed this many tokens.
+    pub max_context: usize,
+}
+
+impl WorkloadParams {
+    /// Tokens a completed turn adds to the context, on average.
+    pub fn mean_turn_tokens(&self) -> usize {
+        (self.user_tokens.0 + self.user_tokens.1) / 2 + (self.max_tokens.0 + self.max_tokens.1) / 2
+    }
+
+    /// Turns of a session from empty to `max_context`, on average.
+    pub fn expected_turns(&self) -> usize {
+        (self.max_context.saturating_sub(self.system_tokens) / self.mean_turn_tokens().max(1))
+            .max(1)
+    }
+
+    /// The average prompt of a live session: sessions are spread evenly over
+    /// their lifetimes, so contexts are spread over system..max_context.
+    pub fn mean_context(&self) -> usize {
+        (self.system_tokens + self.max_context) / 2
+    }
+}
+
+/// One turn of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnPlan {
+    pub user: String,
+    pub max_tokens: u32,
+    /// Pause after this turn's reply before the next request.
+    pub think: Duration,
+}
+
+/// Identifiers (`a-z`, `_`, `::`), punctuation and paths: tool output and
+/// code as an agent sees them. No quotes or backslashes, so the JSON body
+/// has the same bytes as the text.
+const WORDS: &[&str] = &[
+    "fn",
+    "let",
+    "mut",
+    "self",
+    "return",
+    "match",
+    "Some(x)",
+    "None",
+    "Ok(())",
+    "Err(e)",
+    "struct",
+    "impl",
+    "pub",
+    "use",
+    "crate::proxy",
+    "error[E0308]:",
+    "warning:",
+    "src/main.rs:42:7",
+    "test",
+    "passed",
+    "FAILED",
+    "assert_eq!(a,",
+    "b);",
+    "=>",
+    "{",
+    "}",
+    "(",
+    ")",
+    ";",
+    "0x1f",
+    "1024",
+    "async",
+    "await?;",
+    "tokio::spawn",
+    "request",
+    "response",
+    "config",
+    "session",
+    "peer",
+    "cache",
+    "token",
+    "let",
+    "buf",
+    "len",
+    "Vec<u8>",
+    "String",
+    "&str",
+    "-> Result<()>",
+    "if",
+    "else",
+    "for",
+    "in",
+    "while",
+    "loop",
+    "break",
+    "continue",
+    "unwrap()",
+    "clone()",
+    "iter()",
+    "map(|x|",
+    "x",
+    "+",
+    "1)",
+    "collect()",
+    "#[test]",
+    "//",
+    "TODO",
+    "diff",
+    "---",
+    "+++",
+    "@@",
+    "-12,7",
+    "+12,9",
+    "git",
+    "cargo",
+    "build",
+    "Compiling",
+    "Finished",
+    "running",
+    "5",
+    "tests",
+    "ok",
+    "ms",
+    "at",
+    "line",
+    "col",
+    "note:",
+    "help:",
+    "expected",
+    "found",
+    "type",
+    "trait",
+    "where",
+    "T:",
+    "Send",
+    "Sync",
+    "'static",
+    "Arc<Mutex<T>>",
+    "parking_lot",
+    "bytes::Bytes",
+];
+
+/// ASCII text of exactly `bytes` bytes, starting with `header`, in lines of
+/// indented words.
+pub fn text(rng: &mut Rng, bytes: usize, header: &str) -> String {
+    let mut out = String::with_capacity(bytes + 32);
+    out.push_str(header);
+    out.push('\n');
+    while out.len() < bytes {
+        let indent = rng.range(0, 3) as usize * 4;
+        out.extend(std::iter::repeat_n(' ', indent));
+        let words = rng.range(4, 14);
+        for i in 0..words {
+            if i > 0 {
+                out.push(' ');
+            }
+            out.push_str(WORDS[rng.range(0, WORDS.len() as u64 - 1) as usize]);
+        }
+        out.push('\n');
+    }
+    out.truncate(bytes);
+    out
+}
+
+/// The workload of one run: a pure function of its parameters.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub params: WorkloadParams,
+    system: String,
+}
+
+impl Workload {
+    pub fn new(params: WorkloadParams) -> Self {
+        let mut rng = Rng::derive(params.seed, &[0x5359_5354]);
+        let header = "You are a coding agent working in a Rust repository. Use the tools to read, \
+                      edit and test code. Conventions and tool descriptions follow.";
+        let bytes = (params.system_tokens * BYTES_PER_TOKEN)
+            .saturating_sub("system".len())
+            .max(header.len() + 1);
+        let system = text(&mut rng, bytes, header);
+        Workload { params, system }
+    }
+
+    #[cfg(test)]
+    pub fn system_prompt(&self) -> &str {
+        &self.system
+    }
+
+    pub fn session_id(&self, slot: u32, generation: u32) -> String {
+        format!("bench-{}-{slot}-{generation}", self.params.seed)
+    }
+
+    pub fn turn(&self, slot: u32, generation: u32, turn: u32) -> TurnPlan {
+        let p = &self.params;
+        let mut rng = Rng::derive(
+            p.seed,
+            &[1, u64::from(slot), u64::from(generation), u64::from(turn)],
+        );
+        let tokens = rng.range(p.user_tokens.0 as u64, p.user_tokens.1 as u64) as usize;
+        let max_tokens = rng.range(p.max_tokens.0 as u64, p.max_tokens.1 as u64) as u32;
+        let think = Duration::from_millis(rng.range(p.think_ms.0, p.think_ms.1));
+        // The header makes every session's first user message, and so every
+        // prefix past the system prompt, its own.
+        let header = format!(
+            "[tool result: session {} turn {turn}]",
+            self.session_id(slot, generation)
+        );
+        let bytes = (tokens * BYTES_PER_TOKEN)
+            .saturating_sub("user".len())
+            .max(header.len() + 1);
+        TurnPlan {
+            user: text(&mut rng, bytes, &header),
+            max_tokens: max_tokens.max(1),
+            think,
+        }
+    }
+
+    /// When slot `slot` sends its first request, after the run starts:
+    /// spread over one think time so the run does not open with a stampede.
+    pub fn start_offset(&self, slot: u32) -> Duration {
+        let mut rng = Rng::derive(self.params.seed, &[2, u64::from(slot)]);
+        Duration::from_millis(rng.range(0, self.params.think_ms.1))
+    }
+
+    /// Completed turns in the slot's first session before the run starts.
+    pub fn initial_age(&self, slot: u32) -> u32 {
+        let mut rng = Rng::derive(self.params.seed, &[3, u64::from(slot)]);
+        rng.range(0, self.params.expected_turns() as u64 - 1) as u32
+    }
+
+    /// A new session in `slot`: the system prompt only.
+    pub fn conversation(&self, slot: u32, generation: u32) -> Conversation {
+        let mut c = Conversation {
+            id: self.session_id(slot, generation),
+            generation,
+            next_turn: 0,
+            messages: Vec::new(),
+            bytes: 0,
+        };
+        c.push("system", self.system.clone());
+        c
+    }
+
+    /// The slot's first session, with `initial_age` completed turns of
+    /// history (fewer if the context would not leave room for another turn).
+    pub fn initial_conversation(&self, slot: u32) -> Conversation {
+        let mut c = self.conversation(slot, 0);
+        for k in 0..self.initial_age(slot) {
+            let plan = self.turn(slot, 0, k);
+            c.push("user", plan.user);
+            c.push("assistant", SIM_TOKEN.repeat(plan.max_tokens as usize));
+            if c.tokens() + self.params.user_tokens.1 > self.params.max_context {
+                c.pop();
+                c.pop();
+                break;
+            }
+            c.next_turn = k + 1;
+        }
+        c
+    }
+
+    /// Whether `c` has room for `plan`'s user message within `max_context`
+    /// (a session always gets its first turn).
+    pub fn fits(&self, c: &Conversation, plan: &TurnPlan) -> bool {
+        c.next_turn == 0 || c.tokens_with(&plan.user) <= self.params.max_context
+    }
+}
+
+/// The history of one session, as the client re-sends it each turn.
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    pub id: String,
+    pub generation: u32,
+    /// Index of the next turn to send.
+    pub next_turn: u32,
+    messages: Vec<(&'static str, String)>,
+    /// Bytes of role + content, which the engine turns into tokens.
+    bytes: usize,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    role: &'a str,
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    stream: bool,
+    stream_options: StreamOptions,
+    max_tokens: u32,
+    messages: Vec<Message<'a>>,
+}
+
+impl Conversation {
+    pub fn push(&mut self, role: &'static str, content: String) {
+        self.bytes += role.len() + content.len();
+        self.messages.push((role, content));
+    }
+
+    /// Drops the last message (a user message whose request failed).
+    pub fn pop(&mut self) {
+        if let Some((role, content)) = self.messages.pop() {
+            self.bytes -= role.len() + content.len();
+        }
+    }
+
+    #[cfg(test)]
+    pub fn messages(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Prompt tokens as the simulated engine counts them.
+    pub fn tokens(&self) -> usize {
+        self.bytes.div_ceil(BYTES_PER_TOKEN)
+    }
+
+    fn tokens_with(&self, user: &str) -> usize {
+        (self.bytes + "user".len() + user.len()).div_ceil(BYTES_PER_TOKEN)
+    }
+
+    /// The streaming chat completion request body for the history as it is.
+    pub fn body(&self, model: &str, max_tokens: u32) -> Vec<u8> {
+        let body = Body {
+            model,
+            stream: true,
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
+            max_tokens,
+            messages: self
+                .messages
+                .iter()
+                .map(|(role, content)| Message { role, content })
+                .collect(),
+        };
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn params() -> WorkloadParams {
+        WorkloadParams {
+            seed: 7,
+            slots: 8,
+            system_tokens: 2_000,
+            user_tokens: (500, 3_000),
+            max_tokens: (100, 300),
+            think_ms: (500, 3_000),
+            max_context: 60_000,
+        }
+    }
+
+    #[test]
+    fn same_seed_same_workload() {
+        let a = Workload::new(params());
+        let b = Workload::new(params());
+        assert_eq!(a.system_prompt(), b.system_prompt());
+        for slot in 0..4 {
+            assert_eq!(a.turn(slot, 0, 3), b.turn(slot, 0, 3));
+            assert_eq!(a.start_offset(slot), b.start_offset(slot));
+            assert_eq!(a.initial_age(slot), b.initial_age(slot));
+            assert_eq!(
+                a.initial_conversation(slot).body("m", 10),
+                b.initial_conversation(slot).body("m", 10)
+            );
+        }
+    }
+
+    #[test]
+    fn other_seed_other_workload() {
+        let a = Workload::new(params());
+        let b = Workload::new(WorkloadParams {
+            seed: 8,
+            ..params()
+        });
+        assert_ne!(a.system_prompt(), b.system_prompt());
+        assert_ne!(a.turn(0, 0, 0), b.turn(0, 0, 0));
+    }
+
+    #[test]
+    fn sessions_share_only_the_system_prompt() {
+        let w = Workload::new(params());
+        let (a, b) = (w.turn(0, 0, 0), w.turn(1, 0, 0));
+        assert_ne!(a.user, b.user);
+        assert_ne!(w.turn(0, 0, 0).user, w.turn(0, 1, 0).user);
+        // The difference starts right after the role, so no block past the
+        // system prompt is shared.
+        assert_ne!(a.user.as_bytes()[..64], b.user.as_bytes()[..64]);
+        let (ca, cb) = (w.conversation(0, 0), w.conversation(1, 0));
+        assert_eq!(ca.body("m", 1), cb.body("m", 1));
+        assert_ne!(w.session_id(0, 0), w.session_id(0, 1));
+    }
+
+    #[test]
+    fn turns_respect_their_ranges() {
+        let w = Workload::new(params());
+        for k in 0..200 {
+            let t = w.turn(k % 5, k / 5, k);
+            let tokens = (t.user.len() + 4).div_ceil(BYTES_PER_TOKEN);
+            assert!((500..=3_000).contains(&tokens), "{tokens}");
+            assert!((100..=300).contains(&t.max_tokens));
+            assert!((500..=3_000).contains(&(t.think.as_millis() as u64)));
+            assert!(t.user.is_ascii() && !t.user.contains(['"', '\\']));
+        }
+        let sys_tokens = (w.system_prompt().len() + 6).div_ceil(BYTES_PER_TOKEN);
+        assert_eq!(sys_tokens, 2_000);
+    }
+
+    #[test]
+    fn pre_aged_sessions_fit_and_are_spread() {
+        let w = Workload::new(WorkloadParams {
+            slots: 32,
+            ..params()
+        });
+        let mut ages = Vec::new();
+        for slot in 0..32 {
+            let c = w.initial_conversation(slot);
+            assert!(c.tokens() + 3_000 <= 60_000);
+            assert_eq!(c.messages(), 1 + 2 * c.next_turn as usize);
+            ages.push(c.next_turn);
+        }
+        assert!(ages.iter().any(|&a| a < 8) && ages.iter().any(|&a| a > 16));
+    }
+
+    #[test]
+    fn body_is_a_streaming_chat_request_and_tokens_match_the_engine() {
+        let w = Workload::new(params());
+        let mut c = w.conversation(0, 0);
+        c.push("user", "abcd".repeat(10));
+        let v: serde_json::Value = serde_json::from_slice(&c.body("sim-model", 42)).expect("json");
+        assert_eq!(v["stream"], true);
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["max_tokens"], 42);
+        assert_eq!(v["messages"][1]["role"], "user");
+        let bytes: usize = v["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| m["role"].as_str().unwrap().len() + m["content"].as_str().unwrap().len())
+            .sum();
+        assert_eq!(c.tokens(), bytes.div_ceil(4));
+        c.pop();
+        assert_eq!(c.messages(), 1);
+    }
+
+    #[test]
+    fn rng_range_is_inclusive_and_degenerate_ranges_work() {
+        let mut r = Rng::new(1);
+        let mut seen = [false; 3];
+        for _ in 0..100 {
+            seen[(r.range(10, 12) - 10) as usize] = true;
+        }
+        assert_eq!(seen, [true; 3]);
+        assert_eq!(r.range(5, 5), 5);
+        assert_eq!(r.range(5, 1), 5);
+    }
+}
