@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod canned;
 pub mod http;
 
 use std::net::SocketAddr;

@@ -1,0 +1,117 @@
+//! An engine stand-in that answers every request with the same canned
+//! response, written as HTTP chunks cut exactly where the test says (so an SSE
+//! frame can straddle two chunks), and records the bodies it received.
+
+#![allow(dead_code)]
+
+use parking_lot::Mutex;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct Canned {
+    pub addr: SocketAddr,
+    pub received: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Canned {
+    /// Serves `content_type` with `parts` as separate chunks (chunked
+    /// encoding), or as one Content-Length body when `chunked` is false.
+    pub fn start(content_type: &'static str, parts: Vec<Vec<u8>>, chunked: bool) -> Canned {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind canned engine");
+        let addr = listener.local_addr().expect("addr");
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let rec = Arc::clone(&received);
+        let parts = Arc::new(parts);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let rec = Arc::clone(&rec);
+                let parts = Arc::clone(&parts);
+                std::thread::spawn(move || serve(stream, content_type, &parts, chunked, &rec));
+            }
+        });
+        Canned { addr, received }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+}
+
+fn serve(
+    stream: std::net::TcpStream,
+    content_type: &str,
+    parts: &[Vec<u8>],
+    chunked: bool,
+    rec: &Mutex<Vec<Vec<u8>>>,
+) {
+    stream.set_nodelay(true).ok();
+    let mut writer = match stream.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut len = 0usize;
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+        let mut body = vec![0u8; len];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        rec.lock().push(body);
+        let ok = if chunked {
+            let mut ok = writer
+                .write_all(format!("HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n\r\n").as_bytes())
+                .is_ok();
+            for part in parts {
+                ok &= writer
+                    .write_all(format!("{:x}\r\n", part.len()).as_bytes())
+                    .is_ok();
+                ok &= writer.write_all(part).is_ok();
+                ok &= writer.write_all(b"\r\n").is_ok();
+                let _ = writer.flush();
+                // Separate writes so the gateway is likely to see separate
+                // reads; correctness must not depend on it either way.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            ok && writer.write_all(b"0\r\n\r\n").is_ok()
+        } else {
+            let total: usize = parts.iter().map(Vec::len).sum();
+            let mut ok = writer
+                .write_all(format!("HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {total}\r\n\r\n").as_bytes())
+                .is_ok();
+            for part in parts {
+                ok &= writer.write_all(part).is_ok();
+            }
+            ok
+        };
+        if !ok {
+            return;
+        }
+    }
+}
+
+/// A route on one canned engine, with probes and scraping off (the canned
+/// engine answers every path with the same body).
+pub fn canned_route(port: u16, extra: &str) -> String {
+    format!("peers:\n  - {{name: canned, host: 127.0.0.1, port: {port}}}\nhealth:\n  enabled: false\nengine_metrics: false\n{extra}")
+}
