@@ -297,104 +297,13 @@ fn bearer_token(header_value: &[u8]) -> Option<&[u8]> {
     (!token.is_empty()).then_some(token)
 }
 
-/// SHA-256 (FIPS 180-4), here only to turn keys into fixed-size digests for
-/// constant-time comparison. It is in-tree because the crate has no hashing
-/// dependency; swapping in the `sha2` crate changes nothing else. The
-/// implementation has no data-dependent branches or table lookups.
+/// Keys become fixed-size digests so that comparing them leaks neither
+/// their content nor their length.
 mod sha256 {
-    const ROUND_CONSTANTS: [u32; 64] = [
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-        0xc67178f2,
-    ];
-
-    const INITIAL_STATE: [u32; 8] = [
-        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
-        0x5be0cd19,
-    ];
-
-    const BLOCK_LEN: usize = 64;
-    /// The message length trailer occupies the last 8 bytes of the final block.
-    const LENGTH_OFFSET: usize = BLOCK_LEN - 8;
+    use sha2::{Digest, Sha256};
 
     pub(super) fn digest(message: &[u8]) -> [u8; 32] {
-        let mut state = INITIAL_STATE;
-        let mut blocks = message.chunks_exact(BLOCK_LEN);
-        for block in &mut blocks {
-            compress(&mut state, block);
-        }
-
-        // Padding: 0x80, zeros, then the bit length; it spills into a second
-        // block when the tail leaves no room for the 0x80 and the length.
-        let tail = blocks.remainder();
-        let mut final_blocks = [0u8; 2 * BLOCK_LEN];
-        final_blocks[..tail.len()].copy_from_slice(tail);
-        final_blocks[tail.len()] = 0x80;
-        let final_len = if tail.len() < LENGTH_OFFSET {
-            BLOCK_LEN
-        } else {
-            2 * BLOCK_LEN
-        };
-        let bit_len = (message.len() as u64).wrapping_mul(8);
-        final_blocks[final_len - 8..final_len].copy_from_slice(&bit_len.to_be_bytes());
-        for block in final_blocks[..final_len].chunks_exact(BLOCK_LEN) {
-            compress(&mut state, block);
-        }
-
-        let mut out = [0u8; 32];
-        for (bytes, word) in out.chunks_exact_mut(4).zip(state) {
-            bytes.copy_from_slice(&word.to_be_bytes());
-        }
-        out
-    }
-
-    fn compress(state: &mut [u32; 8], block: &[u8]) {
-        let mut schedule = [0u32; 64];
-        for (word, bytes) in schedule.iter_mut().zip(block.chunks_exact(4)) {
-            *word = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        }
-        for i in 16..64 {
-            let w15 = schedule[i - 15];
-            let w2 = schedule[i - 2];
-            let sigma0 = w15.rotate_right(7) ^ w15.rotate_right(18) ^ (w15 >> 3);
-            let sigma1 = w2.rotate_right(17) ^ w2.rotate_right(19) ^ (w2 >> 10);
-            schedule[i] = schedule[i - 16]
-                .wrapping_add(sigma0)
-                .wrapping_add(schedule[i - 7])
-                .wrapping_add(sigma1);
-        }
-
-        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut h] = *state;
-        for (round_constant, word) in ROUND_CONSTANTS.iter().zip(schedule) {
-            let big_sigma1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
-            let choose = (e & f) ^ (!e & g);
-            let temp1 = h
-                .wrapping_add(big_sigma1)
-                .wrapping_add(choose)
-                .wrapping_add(*round_constant)
-                .wrapping_add(word);
-            let big_sigma0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
-            let majority = (a & b) ^ (a & c) ^ (b & c);
-            let temp2 = big_sigma0.wrapping_add(majority);
-            h = g;
-            g = f;
-            f = e;
-            e = d.wrapping_add(temp1);
-            d = c;
-            c = b;
-            b = a;
-            a = temp1.wrapping_add(temp2);
-        }
-        for (word, round_output) in state.iter_mut().zip([a, b, c, d, e, f, g, h]) {
-            *word = word.wrapping_add(round_output);
-        }
+        Sha256::digest(message).into()
     }
 }
 
@@ -436,50 +345,6 @@ mod tests {
             assert_eq!(hex(&sha256::digest(message)), expected);
         }
     }
-
-    #[test]
-    fn sha256_padding_boundaries() {
-        // Lengths around the 56-byte point where padding needs a second block.
-        let cases = [
-            (
-                55,
-                "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318",
-            ),
-            (
-                56,
-                "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a",
-            ),
-            (
-                63,
-                "7d3e74a05d7db15bce4ad9ec0658ea98e3f06eeecf16b4c6fff2da457ddc2f34",
-            ),
-            (
-                64,
-                "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb",
-            ),
-            (
-                65,
-                "635361c48bb9eab14198e76ea8ab7f1a41685d6ad62aa9146d301d4f17eb0ae0",
-            ),
-            (
-                119,
-                "31eba51c313a5c08226adf18d4a359cfdfd8d2e816b13f4af952f7ea6584dcfb",
-            ),
-            (
-                120,
-                "2f3d335432c70b580af0e8e1b3674a7c020d683aa5f73aaaedfdc55af904c21c",
-            ),
-        ];
-        for (len, expected) in cases {
-            assert_eq!(
-                hex(&sha256::digest(&vec![b'a'; len])),
-                expected,
-                "len {len}"
-            );
-        }
-    }
-
-    // ---- parse ------------------------------------------------------------
 
     #[test]
     fn parse_comma_separated() {
