@@ -236,7 +236,7 @@ pub fn explain(route: &Route, pool: &[usize], session: &SessionId) -> serde_json
                 Some(name_of(p.peer)),
                 p.kind.as_str(),
                 None,
-                "home not ready or saturated: least-connections (ties random)".into(),
+                "home not ready: next rendezvous choice; home saturated: least-connections".into(),
             ),
             None => (None, "none", None, "no ready peer".into()),
         },
