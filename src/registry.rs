@@ -236,21 +236,6 @@ impl KeyState {
     pub fn enforced(&self) -> Option<&KeySet> {
         self.keys.as_ref().filter(|k| !k.is_empty())
     }
-
-    fn log_if_open(&self, route: Option<&str>) {
-        if self.enforced().is_some() {
-            return;
-        }
-        let whom = route
-            .map(|r| format!("route {r}"))
-            .unwrap_or_else(|| "routes using the shared key file".into());
-        log::error!(
-            "API keys: {} key file {} is {} and holds no usable key: {whom} accept requests WITHOUT authentication",
-            self.scope,
-            self.path.display(),
-            self.status.as_str()
-        );
-    }
 }
 
 impl RouteRuntime {
@@ -507,13 +492,10 @@ impl Registry {
     /// requests already passed their check and are unaffected.
     fn reload_keys(&self, table: &RouteTable) {
         let shared = Arc::new(KeyState::load(&self.gateway.api_keys_file, "shared"));
-        let mut all_enforced = shared.enforced().is_some();
-        let shared_used = table.values().any(|r| r.config.api_keys_file.is_none());
-        if shared_used || table.is_empty() {
-            shared.log_if_open(None);
-        } else {
-            all_enforced = true;
-        }
+        // KeySet::load has logged a missing, unreadable or empty file.
+        let shared_used =
+            table.is_empty() || table.values().any(|r| r.config.api_keys_file.is_none());
+        let mut all_enforced = !shared_used || shared.enforced().is_some();
         *self.shared_keys.write() = shared;
         for route in table.values() {
             let own = route
@@ -522,7 +504,6 @@ impl Registry {
                 .as_ref()
                 .map(|path| Arc::new(KeyState::load(path, "route")));
             if let Some(state) = &own {
-                state.log_if_open(Some(route.name()));
                 all_enforced &= state.enforced().is_some();
             }
             *route.runtime.keys.write() = own;
