@@ -23,6 +23,14 @@ fn body_of_size(size: usize, tag: &str) -> Vec<u8> {
     body
 }
 
+/// A route whose first peer refuses connections; its ban is short so that
+/// it keeps being tried (ties between idle peers are broken at random).
+fn dead_then_live(dead: u16, live: u16) -> String {
+    format!(
+        "peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\n  - {{name: live, host: 127.0.0.1, port: {live}}}\nhealth:\n  enabled: false\n  ban_ttl: 50ms\n"
+    )
+}
+
 const SIZES: [usize; 4] = [1_000, 70_000, 300_000, 2_000_000];
 
 fn last_recorded(cluster: &SimCluster, engine: usize) -> Vec<u8> {
@@ -80,10 +88,7 @@ fn bodies_survive_a_retry_from_a_refused_peer() {
     let dead = free_port();
     // Ties between idle peers are broken at random and the refused peer's
     // ban is short, so within a few requests each size meets it first.
-    let route = format!(
-        "peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\n  - {{name: live, host: 127.0.0.1, port: {}}}\nhealth:\n  enabled: false\n  ban_ttl: 50ms\n",
-        cluster.engines[0].port()
-    );
+    let route = dead_then_live(dead, cluster.engines[0].port());
     let gw = Gateway::start(&[("chat", route)]);
     for size in SIZES {
         for upload in ["length", "chunked"] {
@@ -237,10 +242,7 @@ fn local_errors_are_json() {
 fn refused_peer_is_retried_and_no_ready_peer_is_503() {
     let cluster = engines(1);
     let dead = free_port();
-    let two = format!(
-        "peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\n  - {{name: live, host: 127.0.0.1, port: {}}}\nhealth:\n  enabled: false\n  ban_ttl: 50ms\n",
-        cluster.engines[0].port()
-    );
+    let two = dead_then_live(dead, cluster.engines[0].port());
     let one = format!("peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\nhealth:\n  enabled: false\n  ban_ttl: 1h\n");
     let gw = Gateway::start(&[("two", two), ("one", one)]);
 
