@@ -23,7 +23,7 @@ mod workload;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -228,6 +228,14 @@ async fn snapshot(gw: SocketAddr, gw_pid: u32, engines: &[SocketAddr]) -> Snapsh
     }
 }
 
+/// What was observed around the measured window.
+pub(crate) struct Window {
+    pub before: Snapshot,
+    pub after: Snapshot,
+    pub load: LoadSamples,
+    pub lag: Lag,
+}
+
 /// Engine load sampled from the simulator's own counters.
 #[derive(Debug, Default, Clone)]
 pub struct LoadSamples {
@@ -263,11 +271,37 @@ async fn sample_load(
     s
 }
 
+/// How late a 10 ms timer fires in this process: a machine-level stall
+/// (CPU starvation) delays the client and the engines for every mode alike,
+/// and shows here.
+#[derive(Debug, Default, Clone)]
+pub struct Lag {
+    pub samples: Vec<f64>,
+    /// Σ lag beyond 50 ms per sample, seconds.
+    pub stalled_s: f64,
+}
+
+async fn probe_lag(from: Instant, until: Instant) -> Lag {
+    const PERIOD: Duration = Duration::from_millis(10);
+    let mut lag = Lag::default();
+    sleep_until(from).await;
+    while Instant::now() < until {
+        let t = Instant::now();
+        sleep(PERIOD).await;
+        let late = t.elapsed().saturating_sub(PERIOD).as_secs_f64();
+        lag.samples.push(late);
+        if late > 0.05 {
+            lag.stalled_s += late;
+        }
+    }
+    lag
+}
+
 async fn run_mode(
     plan: &Plan,
     workload: &Arc<Workload>,
     mode: &str,
-    exe: &PathBuf,
+    exe: &Path,
 ) -> Result<ModeResult, String> {
     let n = plan.opts.engines;
     let cfg = plan.engine.clone();
@@ -311,11 +345,13 @@ async fn run_mode(
         warm,
         end,
     ));
+    let lag_probe = tokio::spawn(probe_lag(warm, end));
     sleep_until(warm).await;
     let before = snapshot(gw.admin, gw.pid, &engine_addrs).await;
     sleep_until(end).await;
     let after = snapshot(gw.admin, gw.pid, &engine_addrs).await;
     let load = sampler.await.unwrap_or_default();
+    let lag = lag_probe.await.unwrap_or_default();
     eprintln!(
         "   {mode}: window over, draining {} in-flight request(s)",
         ctx.in_flight.load(Ordering::Relaxed)
@@ -339,9 +375,17 @@ async fn run_mode(
         return Err(format!("the gateway died during the run; log:\n{log_tail}"));
     }
     let records = std::mem::take(&mut *ctx.records.lock());
-    Ok(report::summarize(
-        mode, plan, &records, cut, &before, &after, &load,
-    ))
+    if let Some(path) = &plan.opts.records {
+        write_records(path, mode, &records)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    let window = Window {
+        before,
+        after,
+        load,
+        lag,
+    };
+    Ok(report::summarize(mode, plan, &records, cut, &window))
 }
 
 /// One session slot: sessions one after another, each turn after the
@@ -462,6 +506,38 @@ async fn slot_task(ctx: Arc<Ctx>, slot: u32) {
         }
         sleep(pause).await;
     }
+}
+
+/// Appends the mode's requests to `path`, one JSON object per line.
+fn write_records(path: &std::path::Path, mode: &str, records: &[Record]) -> std::io::Result<()> {
+    use std::io::Write;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut out = std::io::BufWriter::new(file);
+    for r in records {
+        let line = serde_json::json!({
+            "mode": mode,
+            "slot": r.slot,
+            "start_s": r.start.as_secs_f64(),
+            "end_s": r.end.as_secs_f64(),
+            "ok": r.ok,
+            "cut": r.cut,
+            "error": r.error,
+            "ttft_s": r.ttft.map(|d| d.as_secs_f64()),
+            "decode_tok_s": r.decode_tok_per_s,
+            "prompt_tokens": r.usage.map(|u| u.prompt_tokens),
+            "cached_tokens": r.usage.map(|u| u.cached_tokens),
+            "completion_tokens": r.usage.map(|u| u.completion_tokens),
+            "peer": r.peer,
+            "routed_mode": r.routed_mode,
+            "first_of_session": r.first_of_session,
+            "switched_peer": r.switched_peer,
+        });
+        writeln!(out, "{line}")?;
+    }
+    out.flush()
 }
 
 /// Placement counters for `kind` over the window, by reason.

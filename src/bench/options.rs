@@ -26,6 +26,7 @@ Run shape:
   --modes a,b            modes to run, in order (default all four)
   --quick                smoke run: 10s per mode, 2s warm-up
   --json                 print results as JSON instead of the table
+  --records FILE         also write every request (JSON lines) to FILE
 
 Workload (per session):
   --system-tokens N      shared system prompt (default 2000)
@@ -68,6 +69,7 @@ pub struct Options {
     pub time_scale: f64,
     pub threads: usize,
     pub gateway: Option<PathBuf>,
+    pub records: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -92,6 +94,7 @@ impl Default for Options {
             time_scale: 1.0,
             threads: 2,
             gateway: None,
+            records: None,
         }
     }
 }
@@ -204,6 +207,7 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
             "--time-scale" => o.time_scale = positive(flag, &value()?)?,
             "--threads" => o.threads = positive(flag, &value()?)?,
             "--gateway" => o.gateway = Some(PathBuf::from(value()?)),
+            "--records" => o.records = Some(PathBuf::from(value()?)),
             other => return Err(format!("unexpected argument {other:?}")),
         }
     }

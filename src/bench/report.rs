@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::options::{fmt_secs, Plan};
 use super::stats::{percentile, sum};
-use super::{placements_by_reason, LoadSamples, Record, Snapshot};
+use super::{placements_by_reason, Record, Window};
 
 #[derive(Debug, Clone, Default)]
 pub struct ModeResult {
@@ -52,6 +52,11 @@ pub struct ModeResult {
     pub gateway_cpu: Option<f64>,
     /// This process (client and engines) over the window, in cores.
     pub bench_cpu: Option<f64>,
+    /// Timer lateness in this process over the window: p99 and max, seconds.
+    pub lag_p99: Option<f64>,
+    pub lag_max: Option<f64>,
+    /// Σ of timer lateness beyond 50 ms: how long the machine stalled us.
+    pub stalled_s: f64,
 }
 
 impl ModeResult {
@@ -61,6 +66,12 @@ impl ModeResult {
             return 1.0;
         }
         self.errors_total as f64 / self.requests_total as f64
+    }
+
+    /// The machine starved the bench during the window badly enough to
+    /// distort latencies.
+    pub fn stalled(&self) -> bool {
+        self.stalled_s > 1.0 || self.lag_max.is_some_and(|m| m > 0.5)
     }
 
     pub fn moves(&self) -> f64 {
@@ -83,10 +94,10 @@ pub fn summarize(
     plan: &Plan,
     records: &[Record],
     cut: u64,
-    before: &Snapshot,
-    after: &Snapshot,
-    load: &LoadSamples,
+    observed: &Window,
 ) -> ModeResult {
+    let (before, after) = (&observed.before, &observed.after);
+    let (load, lag) = (&observed.load, &observed.lag);
     let warm = plan.warmup;
     let end = plan.opts.duration;
     let done: Vec<&Record> = records.iter().filter(|r| !r.cut).collect();
@@ -183,6 +194,9 @@ pub fn summarize(
         engine_queue: per_engine(&load.queued),
         gateway_cpu: cpu(after.gateway_cpu, before.gateway_cpu),
         bench_cpu: cpu(after.bench_cpu, before.bench_cpu),
+        lag_p99: percentile(&lag.samples, 99.0),
+        lag_max: percentile(&lag.samples, 100.0),
+        stalled_s: lag.stalled_s,
     }
 }
 
@@ -213,13 +227,18 @@ fn reasons(m: &BTreeMap<String, f64>) -> String {
 
 pub fn progress_line(r: &ModeResult) -> String {
     format!(
-        "   {}: {} requests ({} errors), TTFT p95 {}, cache hit {}, moves {:.0}",
+        "   {}: {} requests ({} errors), TTFT p95 {}, cache hit {}, moves {:.0}{}",
         r.mode,
         r.requests,
         r.errors,
         opt(r.ttft_p95, |v| format!("{v:.3} s")),
         pct(r.cache_hit),
-        r.moves()
+        r.moves(),
+        if r.stalled() {
+            format!(" (WARNING: bench process stalled {:.1} s)", r.stalled_s)
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -285,6 +304,20 @@ pub fn markdown(plan: &Plan, results: &[ModeResult], elapsed: Duration) -> Strin
          and queued beyond max_running, sampled every 100 ms; gateway CPU from \
          /proc/<pid>/stat over the window.\n",
     );
+    out.push_str(
+        "\nThe simulated engine decodes every sequence at a fixed rate and prefills each \
+         sequence in its own slot, whatever else it runs: load shows only as queueing for a \
+         running slot, and decode speed differences reflect CPU scheduling noise, not placement.\n",
+    );
+    for r in results.iter().filter(|r| r.stalled()) {
+        out.push_str(&format!(
+            "\n**Warning: {}: this process was starved of CPU (timer lag max {:.0} ms, {:.1} s \
+             stalled in total); its latency numbers are unreliable. Rerun on a quieter machine.**\n",
+            r.mode,
+            r.lag_max.unwrap_or(0.0) * 1e3,
+            r.stalled_s
+        ));
+    }
     let mut notes = Vec::new();
     for r in results {
         let mut extra = vec![format!("engine-side cache hit {}", pct(r.cache_hit_engine))];
@@ -299,6 +332,14 @@ pub fn markdown(plan: &Plan, results: &[ModeResult], elapsed: Duration) -> Strin
         }
         if let Some(c) = r.bench_cpu {
             extra.push(format!("bench process (client + engines) CPU {c:.2} cores"));
+        }
+        if let (Some(p99), Some(max)) = (r.lag_p99, r.lag_max) {
+            extra.push(format!(
+                "timer lag p99 {:.0} ms, max {:.0} ms, stalled {:.1} s",
+                p99 * 1e3,
+                max * 1e3,
+                r.stalled_s
+            ));
         }
         if r.cut > 0 {
             extra.push(format!("{} request(s) cut at the end of the drain", r.cut));
@@ -347,6 +388,8 @@ pub fn json(plan: &Plan, results: &[ModeResult], elapsed: Duration) -> Value {
                 "load_imbalance": r.load_imbalance(),
                 "gateway_cpu_cores": r.gateway_cpu,
                 "bench_cpu_cores": r.bench_cpu,
+                "timer_lag_s": {"p99": r.lag_p99, "max": r.lag_max, "stalled": r.stalled_s},
+                "unreliable_stall": r.stalled(),
             })
         })
         .collect();
