@@ -30,6 +30,24 @@ pub fn now_ms() -> u64 {
 pub struct EngineSample {
     pub load: EngineLoad,
     pub read_at_ms: u64,
+    /// The peer's completion count when the sample was read.
+    pub completed_at_read: u64,
+}
+
+/// The engine's queue as it must be now: every request this gateway saw
+/// finish since the sample freed a running slot, which admits one waiting
+/// request (continuous batching). Without this, a queue that drained right
+/// after a scrape keeps looking backed up for up to two scrape intervals,
+/// and sessions spill needlessly, each re-prefilling its whole context on a
+/// cold peer.
+pub fn discount_completed(load: EngineLoad, completed: u64) -> EngineLoad {
+    let completed = u32::try_from(completed).unwrap_or(u32::MAX);
+    let from_waiting = completed.min(load.waiting);
+    EngineLoad {
+        waiting: load.waiting - from_waiting,
+        running: load.running.saturating_sub(completed - from_waiting),
+        kv_usage: load.kv_usage,
+    }
 }
 
 /// Runtime state of one peer (route + host:port). Shared by all worker threads.
@@ -38,6 +56,8 @@ pub struct PeerState {
     pub id: PeerId,
     pub address: String,
     in_flight: AtomicU32,
+    /// Requests finished (slots released) since the peer was first seen.
+    completed: AtomicU64,
     /// 0 = not banned; else `now_ms()` until which the peer is not ready.
     banned_until_ms: AtomicU64,
     /// Set by a failing probe or a live connect failure, cleared by a passing probe.
@@ -51,6 +71,7 @@ impl PeerState {
             id,
             address,
             in_flight: AtomicU32::new(0),
+            completed: AtomicU64::new(0),
             banned_until_ms: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             engine: Mutex::new(None),
@@ -92,7 +113,15 @@ impl PeerState {
         *self.engine.lock() = Some(EngineSample {
             load,
             read_at_ms: now_ms,
+            completed_at_read: self.completed.load(Ordering::Acquire),
         });
+    }
+
+    /// Requests that finished on this peer since `sample` was read.
+    pub fn completed_since(&self, sample: &EngineSample) -> u64 {
+        self.completed
+            .load(Ordering::Acquire)
+            .saturating_sub(sample.completed_at_read)
     }
 
     pub fn engine_sample(&self) -> Option<EngineSample> {
@@ -130,6 +159,7 @@ impl InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.peer.completed.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -322,7 +352,8 @@ impl Route {
                 let fresh = engine_cfg.and_then(|cfg| {
                     let sample = p.state.engine_sample()?;
                     let max_age = 2 * cfg.interval.as_millis() as u64;
-                    (now_ms.saturating_sub(sample.read_at_ms) <= max_age).then_some(sample.load)
+                    (now_ms.saturating_sub(sample.read_at_ms) <= max_age)
+                        .then(|| discount_completed(sample.load, p.state.completed_since(&sample)))
                 });
                 let kv_full = match (fresh, engine_cfg) {
                     (Some(load), Some(cfg)) => load.kv_usage >= cfg.kv_full_threshold,
@@ -547,5 +578,55 @@ impl Registry {
             runtime,
             rules,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(waiting: u32, running: u32) -> EngineLoad {
+        EngineLoad {
+            waiting,
+            running,
+            kv_usage: 0.5,
+        }
+    }
+
+    #[test]
+    fn completions_since_a_scrape_drain_the_queue_first() {
+        assert_eq!(discount_completed(load(3, 6), 0), load(3, 6));
+        assert_eq!(discount_completed(load(3, 6), 2), load(1, 6));
+        assert_eq!(discount_completed(load(3, 6), 5), load(0, 4));
+        assert_eq!(discount_completed(load(3, 6), 100), load(0, 0));
+        assert_eq!(discount_completed(load(1, 1), u64::MAX), load(0, 0));
+    }
+
+    #[test]
+    fn a_released_slot_counts_as_a_completion_against_the_sample() {
+        let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
+        let first = peer.try_acquire(8).expect("slot");
+        let second = peer.try_acquire(8).expect("slot");
+        peer.record_engine(load(2, 8), 1);
+        let sample = peer.engine_sample().expect("sample");
+        assert_eq!(peer.completed_since(&sample), 0);
+        drop(first);
+        assert_eq!(peer.completed_since(&sample), 1);
+        drop(second);
+        assert_eq!(
+            discount_completed(sample.load, peer.completed_since(&sample)),
+            load(0, 8)
+        );
+        assert_eq!(peer.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_slot_limit_holds_and_slots_come_back() {
+        let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
+        let a = peer.try_acquire(2).expect("first");
+        let _b = peer.try_acquire(2).expect("second");
+        assert!(peer.try_acquire(2).is_none(), "limit reached");
+        drop(a);
+        assert!(peer.try_acquire(2).is_some(), "a released slot is reusable");
     }
 }
