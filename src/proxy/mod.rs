@@ -183,6 +183,11 @@ impl Gateway {
         ctx.local_status = Some(status);
         // The peer slot is not needed for a local answer.
         ctx.slot = None;
+        if !ctx.body_read && request::has_body(session) {
+            // Refused before its body was read (e.g. 401): rather than drain
+            // an unknown amount of upload, close after answering.
+            session.set_keepalive(None);
+        }
         if let Err(e) = write_json(session, status, body, retry_after).await {
             log::debug!("could not write local response: {e}");
         }
