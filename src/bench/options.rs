@@ -38,6 +38,9 @@ Workload (per session):
 Engines (defaults explained in the output header):
   --decode-ms N          ms per generated token (default 10)
   --prefill-us N         us per uncached prompt token (default 50)
+  --prefill-interference F  decode slowdown per sequence prefilling on the
+                         same engine (default 0.5: chunked prefill shares
+                         the GPU step, so cold prefills slow neighbours)
   --max-running N        sequences decoded at once (default 3/4 of --sessions)
   --kv-tokens N          KV capacity (default 1.75 x sessions x mean context)
   --time-scale F         multiply decode, prefill and think times by F (default 1)
@@ -64,6 +67,8 @@ pub struct Options {
     pub max_context: usize,
     pub decode_ms: u64,
     pub prefill_us: u64,
+    /// See `EngineConfig::prefill_decode_interference`.
+    pub prefill_interference: f64,
     pub max_running: Option<usize>,
     pub kv_tokens: Option<usize>,
     pub time_scale: f64,
@@ -89,6 +94,7 @@ impl Default for Options {
             max_context: 60_000,
             decode_ms: 10,
             prefill_us: 50,
+            prefill_interference: 0.5,
             max_running: None,
             kv_tokens: None,
             time_scale: 1.0,
@@ -202,6 +208,13 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
                     .parse()
                     .map_err(|_| "--prefill-us must be a non-negative integer")?
             }
+            "--prefill-interference" => {
+                o.prefill_interference = value()?
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| f.is_finite() && *f >= 0.0)
+                    .ok_or("--prefill-interference must be a non-negative number")?
+            }
             "--max-running" => o.max_running = Some(positive(flag, &value()?)?),
             "--kv-tokens" => o.kv_tokens = Some(positive(flag, &value()?)?),
             "--time-scale" => o.time_scale = positive(flag, &value()?)?,
@@ -290,6 +303,7 @@ impl Plan {
             decode_ms_per_token: scaled(opts.decode_ms).max(1),
             default_max_tokens: opts.max_tokens.1,
             block_tokens,
+            prefill_decode_interference: opts.prefill_interference,
         };
         let warmup = opts.warmup.unwrap_or(opts.duration / 6);
         Plan {
@@ -327,7 +341,8 @@ impl Plan {
              (~{} turns) and a new one takes its slot; first sessions pre-aged to a random turn; \
              streaming with include_usage\n\
              engine: decode {} ms/token ({:.0} tok/s per sequence), prefill {} us per uncached \
-             token, max_running {}, KV {} tokens, {}-token blocks\n\
+             token, decode slowed x{} per prefill in progress, max_running {}, KV {} tokens, \
+             {}-token blocks\n\
              why: a cold {}-token context costs {:.1} s of prefill, a warm turn ~{:.0} new tokens \
              = {:.2} s, so cache misses show in TTFT. A session waits on the engine ~{:.0}% of the \
              time ({:.1} s decode vs {:.2} s think), so {} sessions keep ~{:.1} sequences busy per \
@@ -354,6 +369,7 @@ impl Plan {
             e.decode_ms_per_token,
             1000.0 / e.decode_ms_per_token as f64,
             e.prefill_us_per_token,
+            1.0 + e.prefill_decode_interference,
             e.max_running,
             e.kv_capacity_tokens,
             e.block_tokens,

@@ -305,9 +305,11 @@ pub fn markdown(plan: &Plan, results: &[ModeResult], elapsed: Duration) -> Strin
          /proc/<pid>/stat over the window.\n",
     );
     out.push_str(
-        "\nThe simulated engine decodes every sequence at a fixed rate and prefills each \
-         sequence in its own slot, whatever else it runs: load shows only as queueing for a \
-         running slot, and decode speed differences reflect CPU scheduling noise, not placement.\n",
+        "\nThe simulated engine prefills each sequence in its own slot; while any sequence \
+         prefills, every sequence decoding on that engine slows by the prefill interference \
+         factor per prefill in progress (chunked prefill shares the GPU step). Cold prefills of \
+         sessions that lost their cache therefore show up in the decode p5 column; batch size \
+         itself does not slow decoding.\n",
     );
     for r in results.iter().filter(|r| r.stalled()) {
         out.push_str(&format!(

@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     kv: Mutex<KvPool>,
     running: AtomicUsize,
     waiting: AtomicUsize,
+    /// Sequences in their prefill phase (they slow everyone's decode).
+    prefilling: AtomicUsize,
     gates: Mutex<AHashMap<String, Arc<Gate>>>,
     next_id: AtomicU64,
     prompt_tokens_total: AtomicU64,
@@ -86,6 +88,7 @@ impl Shared {
             kv: Mutex::new(KvPool::new(cfg.kv_capacity_tokens, cfg.block_tokens)),
             running: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
+            prefilling: AtomicUsize::new(0),
             gates: Mutex::new(AHashMap::new()),
             next_id: AtomicU64::new(1),
             prompt_tokens_total: AtomicU64::new(0),
@@ -773,6 +776,7 @@ impl Shared {
         let uncached = (plan.prompt_tokens - cached_tokens) as u64;
         let prefill = Duration::from_micros(uncached.saturating_mul(self.cfg.prefill_us_per_token));
         if !prefill.is_zero() {
+            let _prefilling = Gauge::enter(&self.prefilling);
             sleep(prefill).await;
         }
         seq.with_kv(|kv, s| kv.publish_prompt(s, &hashes));
@@ -786,7 +790,9 @@ impl Shared {
         let mut next = Instant::now();
         for index in 0..plan.max_tokens {
             if index > 0 && !plan.frame_delay.is_zero() {
-                next += plan.frame_delay;
+                let prefilling = self.prefilling.load(Ordering::Relaxed) as f64;
+                let stretch = 1.0 + self.cfg.prefill_decode_interference.max(0.0) * prefilling;
+                next += plan.frame_delay.mul_f64(stretch);
                 sleep_until(next).await;
             }
             seq.with_kv(|kv, s| kv.grow(s, 1));

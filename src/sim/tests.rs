@@ -971,3 +971,42 @@ async fn timings_follow_config_and_headers() {
         "two gaps of 60 ms"
     );
 }
+
+#[tokio::test]
+async fn a_prefill_in_progress_slows_other_sequences_decode() {
+    // Lower bound only (a loaded machine is slower, never faster). Without
+    // interference the stream below takes 4 gaps x 50 ms = 200 ms.
+    let h = engine(EngineConfig {
+        prefill_us_per_token: 6_000,
+        decode_ms_per_token: 50,
+        prefill_decode_interference: 1.0,
+        ..EngineConfig::default()
+    })
+    .await;
+    let (turn1, _) = conversation();
+    let mut streaming = Client::connect(&h).await;
+    let mut prefilling = Client::connect(&h).await;
+    // A 100-token cold prefill (600 ms) starts first and overlaps the stream.
+    let cold = tokio::spawn(async move {
+        prefilling
+            .request(&post(
+                "/v1/chat/completions",
+                &turn1,
+                &[("x-sim-max-tokens", "1")],
+            ))
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.stats.in_flight.load(Ordering::SeqCst) < 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let started = Instant::now();
+    let frames = stream_frames(&mut streaming, &stream_body(5), &[]).await;
+    assert_eq!(frames.len(), 5);
+    assert!(
+        started.elapsed() >= Duration::from_millis(350),
+        "every gap doubled while the other sequence prefilled: {:?}",
+        started.elapsed()
+    );
+    cold.await.expect("cold request");
+}
