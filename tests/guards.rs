@@ -767,3 +767,41 @@ fn injected_usage_reaches_the_counters_but_not_the_client() {
     );
     assert_eq!(cluster.engines[0].stats.requests.load(Ordering::Relaxed), 3);
 }
+
+#[test]
+fn strip_actual_usage_on_split_sse_and_untouched_json() {
+    // The usage frame carries actual_usage and is cut in the middle.
+    let events = [PLAIN_FRAME, USAGE_FRAME, DONE];
+    let cuts = [PLAIN_FRAME.len() + 25, PLAIN_FRAME.len() + 60];
+    let sse = Canned::start("text/event-stream", sse_parts(&events, &cuts), true);
+    // A JSON body with nothing for the handler to change.
+    let json_body = br#"{"id":"x", "usage" : {"prompt_tokens":5},"choices":[]}"#.to_vec();
+    let json = Canned::start(
+        "application/json",
+        vec![json_body[..9].to_vec(), json_body[9..].to_vec()],
+        true,
+    );
+    let gw = Gateway::start(&[
+        (
+            "s",
+            canned_route(sse.port(), "postprocess: strip_actual_usage\n"),
+        ),
+        (
+            "j",
+            canned_route(json.port(), "postprocess: strip_actual_usage\n"),
+        ),
+    ]);
+    let out = stream_through(&gw, "s");
+    assert!(!out.contains("actual_usage"), "{out}");
+    assert!(
+        out.contains("\"cached_tokens\":8"),
+        "usage itself stays: {out}"
+    );
+    assert!(out.starts_with(PLAIN_FRAME) && out.ends_with(DONE), "{out}");
+    let r = post(&gw, "/j/v1/chat/completions", &[], &small());
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.body == json_body,
+        "nothing to change: byte-identical, spacing included"
+    );
+}
