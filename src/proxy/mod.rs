@@ -412,6 +412,25 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
+    /// A client that hangs up is routine (a cancelled completion, a load
+    /// generator ending its run), not a gateway error: log it at debug and
+    /// keep ERROR for failures someone should look at.
+    fn suppress_error_log(&self, _session: &Session, ctx: &RequestCtx, error: &Error) -> bool {
+        let client_gone = *error.esource() == ErrorSource::Downstream
+            && matches!(
+                error.etype(),
+                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+            );
+        if client_gone {
+            log::debug!(
+                "route {}: client went away: {}",
+                ctx.route_name(),
+                error.etype().as_str()
+            );
+        }
+        client_gone
+    }
+
     async fn fail_to_proxy(
         &self,
         session: &mut Session,
