@@ -32,6 +32,13 @@ pub struct EngineSample {
     pub read_at_ms: u64,
     /// The peer's completion count when the sample was read.
     pub completed_at_read: u64,
+    /// Waiting requests seen in this AND the previous scrape (the smaller
+    /// count), 0 when the previous scrape is missing or too old. A queue
+    /// that shows up in one sample only is a burst the engine absorbs on
+    /// its own; moving a session for it costs a cold prefill of its whole
+    /// context (measured in the replay bench: such spills cost load_aware
+    /// its lead on TTFT p95).
+    pub sustained_waiting: u32,
 }
 
 /// The engine's queue as it must be now: every request this gateway saw
@@ -109,11 +116,21 @@ impl PeerState {
         self.failing.load(Ordering::Relaxed)
     }
 
-    pub fn record_engine(&self, load: EngineLoad, now_ms: u64) {
-        *self.engine.lock() = Some(EngineSample {
+    /// Stores a scrape; `max_gap_ms` is how old the previous one may be to
+    /// count as consecutive (two scrape intervals).
+    pub fn record_engine(&self, load: EngineLoad, now_ms: u64, max_gap_ms: u64) {
+        let mut slot = self.engine.lock();
+        let sustained_waiting = match *slot {
+            Some(prev) if now_ms.saturating_sub(prev.read_at_ms) <= max_gap_ms => {
+                prev.load.waiting.min(load.waiting)
+            }
+            _ => 0,
+        };
+        *slot = Some(EngineSample {
             load,
             read_at_ms: now_ms,
             completed_at_read: self.completed.load(Ordering::Acquire),
+            sustained_waiting,
         });
     }
 
@@ -352,8 +369,13 @@ impl Route {
                 let fresh = engine_cfg.and_then(|cfg| {
                     let sample = p.state.engine_sample()?;
                     let max_age = 2 * cfg.interval.as_millis() as u64;
-                    (now_ms.saturating_sub(sample.read_at_ms) <= max_age)
-                        .then(|| discount_completed(sample.load, p.state.completed_since(&sample)))
+                    (now_ms.saturating_sub(sample.read_at_ms) <= max_age).then(|| {
+                        let queue = EngineLoad {
+                            waiting: sample.sustained_waiting,
+                            ..sample.load
+                        };
+                        discount_completed(queue, p.state.completed_since(&sample))
+                    })
                 });
                 let kv_full = match (fresh, engine_cfg) {
                     (Some(load), Some(cfg)) => load.kv_usage >= cfg.kv_full_threshold,
@@ -607,8 +629,10 @@ mod tests {
         let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
         let first = peer.try_acquire(8).expect("slot");
         let second = peer.try_acquire(8).expect("slot");
-        peer.record_engine(load(2, 8), 1);
+        peer.record_engine(load(2, 8), 0, 100);
+        peer.record_engine(load(2, 8), 1, 100);
         let sample = peer.engine_sample().expect("sample");
+        assert_eq!(sample.sustained_waiting, 2);
         assert_eq!(peer.completed_since(&sample), 0);
         drop(first);
         assert_eq!(peer.completed_since(&sample), 1);
@@ -628,5 +652,35 @@ mod tests {
         assert!(peer.try_acquire(2).is_none(), "limit reached");
         drop(a);
         assert!(peer.try_acquire(2).is_some(), "a released slot is reusable");
+    }
+
+    #[test]
+    fn a_queue_counts_only_when_two_consecutive_scrapes_show_it() {
+        let peer = PeerState::new(0, "127.0.0.1:1".into());
+        peer.record_engine(load(3, 6), 0, 100);
+        assert_eq!(
+            peer.engine_sample().unwrap().sustained_waiting,
+            0,
+            "one sample is a blip"
+        );
+        peer.record_engine(load(2, 6), 50, 100);
+        assert_eq!(
+            peer.engine_sample().unwrap().sustained_waiting,
+            2,
+            "seen twice: the smaller count"
+        );
+        peer.record_engine(load(0, 6), 100, 100);
+        assert_eq!(
+            peer.engine_sample().unwrap().sustained_waiting,
+            0,
+            "drained"
+        );
+        peer.record_engine(load(4, 6), 150, 100);
+        peer.record_engine(load(4, 6), 400, 100);
+        assert_eq!(
+            peer.engine_sample().unwrap().sustained_waiting,
+            0,
+            "previous scrape too old to count"
+        );
     }
 }
