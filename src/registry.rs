@@ -368,8 +368,7 @@ impl Route {
             .map(|p| {
                 let fresh = engine_cfg.and_then(|cfg| {
                     let sample = p.state.engine_sample()?;
-                    let max_age = 2 * cfg.interval.as_millis() as u64;
-                    (now_ms.saturating_sub(sample.read_at_ms) <= max_age).then(|| {
+                    (now_ms.saturating_sub(sample.read_at_ms) <= cfg.max_age_ms()).then(|| {
                         let queue = EngineLoad {
                             waiting: sample.sustained_waiting,
                             ..sample.load
@@ -399,6 +398,20 @@ impl Route {
             Some(own) if self.config.api_keys_file.is_some() => Arc::clone(own),
             _ => registry.shared_keys(),
         }
+    }
+
+    /// Remembered sessions per peer, in the order of `peers`.
+    pub fn sessions_per_peer(&self) -> Vec<usize> {
+        let bindings = self.runtime.sessions.bindings_per_peer();
+        self.peers
+            .iter()
+            .map(|p| {
+                bindings
+                    .iter()
+                    .find(|(id, _)| *id == p.state.id)
+                    .map_or(0, |(_, n)| *n)
+            })
+            .collect()
     }
 
     pub fn peer_by_id(&self, id: PeerId) -> Option<(usize, &RoutePeer)> {

@@ -71,8 +71,8 @@ pub fn refresh_state_gauges(registry: &Registry) {
     m.session_bindings.reset();
     let now = now_ms();
     for (name, route) in registry.snapshot().iter() {
-        let bindings = route.runtime.sessions.bindings_per_peer();
-        for p in &route.peers {
+        let sessions = route.sessions_per_peer();
+        for (p, bound) in route.peers.iter().zip(sessions) {
             let labels = [name.as_str(), p.config.name.as_str()];
             m.in_flight
                 .with_label_values(&labels)
@@ -80,11 +80,6 @@ pub fn refresh_state_gauges(registry: &Registry) {
             m.peer_ready
                 .with_label_values(&labels)
                 .set(p.state.is_ready(now) as i64);
-            let bound = bindings
-                .iter()
-                .find(|(id, _)| *id == p.state.id)
-                .map(|(_, n)| *n)
-                .unwrap_or(0);
             m.session_bindings
                 .with_label_values(&labels)
                 .set(bound as i64);

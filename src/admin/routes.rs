@@ -101,21 +101,17 @@ pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Opti
     }
 }
 
-fn peer_engine_json(route: &Route, i: usize, now: u64) -> Value {
-    let p = &route.peers[i];
-    match p.state.engine_sample() {
-        Some(s) => {
-            let fresh = route.config.engine_metrics.as_ref().is_some_and(|c| {
-                now.saturating_sub(s.read_at_ms) <= 2 * c.interval.as_millis() as u64
-            });
-            json!({
-                "waiting": s.load.waiting,
-                "running": s.load.running,
-                "kv_usage": s.load.kv_usage,
-                "age_ms": now.saturating_sub(s.read_at_ms),
-                "fresh": fresh,
-            })
-        }
+/// The last scrape as read; `fresh` is whether placement uses it (the
+/// decision `Route::peer_loads` made, not a second computation of it).
+fn peer_engine_json(route: &Route, i: usize, fresh: bool, now: u64) -> Value {
+    match route.peers[i].state.engine_sample() {
+        Some(s) => json!({
+            "waiting": s.load.waiting,
+            "running": s.load.running,
+            "kv_usage": s.load.kv_usage,
+            "age_ms": now.saturating_sub(s.read_at_ms),
+            "fresh": fresh,
+        }),
         None => Value::Null,
     }
 }
@@ -124,7 +120,7 @@ fn route_state(route: &Route) -> Value {
     let now = now_ms();
     let all: Vec<usize> = (0..route.peers.len()).collect();
     let loads = route.peer_loads(&all, now);
-    let bindings = route.runtime.sessions.bindings_per_peer();
+    let sessions = route.sessions_per_peer();
     let c = &route.config;
     json!({
         "route": c.name,
@@ -147,8 +143,8 @@ fn route_state(route: &Route) -> Value {
             "max_concurrency": p.config.max_concurrency,
             "load": loads[i].load(),
             "kv_full": loads[i].kv_full,
-            "engine": peer_engine_json(route, i, now),
-            "sessions": bindings.iter().find(|(id, _)| *id == p.state.id).map(|(_, n)| *n).unwrap_or(0),
+            "engine": peer_engine_json(route, i, loads[i].engine.is_some(), now),
+            "sessions": sessions[i],
         })).collect::<Vec<_>>(),
     })
 }
@@ -197,15 +193,15 @@ fn active_conns(route: &Route) -> Value {
 fn sessions(route: &Route) -> Value {
     let now = now_ms();
     let table = &route.runtime.sessions;
-    let per_peer = table.bindings_per_peer();
+    let per_peer = route.sessions_per_peer();
     json!({
         "route": route.config.name,
         "total": table.len(),
         "oldest_age_ms": table.oldest_age_ms(now),
         "idle_timeout_s": route.config.balancing.idle_timeout.as_secs(),
-        "per_peer": route.peers.iter().map(|p| json!({
+        "per_peer": route.peers.iter().zip(per_peer).map(|(p, n)| json!({
             "name": p.config.name,
-            "sessions": per_peer.iter().find(|(id, _)| *id == p.state.id).map(|(_, n)| *n).unwrap_or(0),
+            "sessions": n,
         })).collect::<Vec<_>>(),
     })
 }

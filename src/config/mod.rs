@@ -344,6 +344,14 @@ pub struct EngineMetricsConfig {
     pub path: String,
 }
 
+impl EngineMetricsConfig {
+    /// A sample is fresh, and two samples are consecutive, within two
+    /// scrape intervals: one slow or lost scrape does not blind placement.
+    pub fn max_age_ms(&self) -> u64 {
+        2 * self.interval.as_millis() as u64
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Timeouts {
     pub connect: Duration,

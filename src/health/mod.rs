@@ -142,10 +142,7 @@ async fn scrape_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, g
         // A failed scrape leaves the last sample to go stale on its own.
         if let Ok((200, body)) = client::get(addr, &host, &cfg.path, timeout, 4 << 20).await {
             match prom::parse_engine_load(&String::from_utf8_lossy(&body)) {
-                Some(load) => {
-                    peer.state
-                        .record_engine(load, now_ms(), 2 * cfg.interval.as_millis() as u64)
-                }
+                Some(load) => peer.state.record_engine(load, now_ms(), cfg.max_age_ms()),
                 None if !warned => {
                     warned = true;
                     log::warn!("route {} peer {}: {} has no vLLM/SGLang load metrics; placement uses in-flight counts only", route.name(), peer.config.name, cfg.path);

@@ -8,7 +8,7 @@ pub mod canned;
 pub mod http;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -191,10 +191,6 @@ impl Gateway {
         });
     }
 
-    pub fn url(&self, route_path: &str) -> String {
-        route_path.to_string()
-    }
-
     /// Waits for the process to exit and returns its exit code.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
         let child = self.child.as_mut()?;
@@ -259,8 +255,4 @@ pub fn chat_body(session: &str, content: &str, stream: bool) -> serde_json::Valu
         "messages": [{"role": "user", "content": content}],
         "metadata": {"session_id": session},
     })
-}
-
-pub fn path_exists(p: &Path) -> bool {
-    p.exists()
 }
