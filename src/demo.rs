@@ -2,13 +2,13 @@
 //! front of them with a `demo` route, so a newcomer can watch sessions stick
 //! and cached tokens grow without a GPU.
 
-use crate::cli::Options;
-use crate::config::GatewayConfig;
-use crate::sim::{spawn_engines, EngineConfig};
+use crate::cli::DemoArgs;
+use llm_gateway::config::{GatewayConfig, Overrides};
+use llm_gateway_sim::{spawn_engines, EngineConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-pub fn run(opts: Options) -> ExitCode {
+pub fn run(args: DemoArgs) -> ExitCode {
     let cluster = match spawn_engines(3, 0, EngineConfig::realistic()) {
         Ok(c) => c,
         Err(e) => {
@@ -35,14 +35,11 @@ pub fn run(opts: Options) -> ExitCode {
         eprintln!("demo: cannot write the demo route: {e}");
         return ExitCode::FAILURE;
     }
-    let mut overrides = opts.overrides.clone();
-    overrides.routes_dir = Some(routes.clone());
-    overrides
-        .listen
-        .get_or_insert_with(|| "127.0.0.1:8080".into());
-    overrides
-        .admin_listen
-        .get_or_insert_with(|| "127.0.0.1:8090".into());
+    let overrides = Overrides {
+        listen: Some(args.listen),
+        admin_listen: Some(args.admin_listen),
+        routes_dir: Some(routes.clone()),
+    };
     let gateway = match GatewayConfig::parse(&PathBuf::from("<demo>"), "", &overrides) {
         Ok(g) => g,
         Err(e) => {
@@ -63,7 +60,7 @@ pub fn run(opts: Options) -> ExitCode {
         gateway.admin_listen
     );
     // The engines live as long as the process; keep the cluster alive.
-    let code = crate::cli::run(gateway);
+    let code = llm_gateway::server::run(gateway);
     drop(cluster);
     code
 }

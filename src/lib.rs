@@ -9,16 +9,12 @@
 //! - `placement`  load_aware / hash / least_conn peer choice (pure, clock-injected)
 //! - `health`     active probes and engine metric scraping
 //! - `admin`      /healthz, /metrics, /_routes and the per-route /_ endpoints
-//! - `sim`        a simulated OpenAI-compatible engine for the demo, tests and benches
 //! - `auth`, `reject`, `sse`, `postprocess`, `usage`: request guards and response rewriting
 
 pub mod admin;
 pub mod auth;
-pub mod bench;
-pub mod cli;
 pub mod config;
 pub mod controller;
-pub mod demo;
 pub mod errors;
 pub mod hash;
 pub mod health;
@@ -28,7 +24,7 @@ pub mod postprocess;
 pub mod proxy;
 pub mod registry;
 pub mod reject;
+pub mod server;
 pub mod session;
-pub mod sim;
 pub mod sse;
 pub mod usage;

@@ -1,13 +1,48 @@
-//! `llm-gateway`: wiring only. Subcommands:
-//!   llm-gateway [serve] [--config F] [--listen A] [--admin-listen A] [--routes D]
-//!   llm-gateway check   [--config F] [--routes D]
-//!   llm-gateway sim     --engines N --port P [--realistic]
-//!   llm-gateway demo    [--listen A] [--admin-listen A]
+//! `llm-gateway`: wiring only. The binary's own modules (`cli`, `demo`) are
+//! the only code that may use the simulator and bench crates; the library
+//! (the gateway itself) never does.
 
-use llm_gateway::cli::{self, Command};
+mod cli;
+mod demo;
+
+use clap::Parser;
+use cli::{Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    match cli.command {
+        None => serve(&cli.serve),
+        Some(Command::Serve(args)) => serve(&args),
+        Some(Command::Check(args)) => {
+            let overrides = llm_gateway::config::Overrides {
+                routes_dir: args.routes.clone(),
+                ..Default::default()
+            };
+            llm_gateway::server::check(args.config.as_deref(), &overrides)
+        }
+        Some(Command::Sim(args)) => exit_code(llm_gateway_sim::run(args)),
+        Some(Command::Demo(args)) => demo::run(args),
+        Some(Command::Bench(args)) => exit_code(llm_gateway_bench::run(*args)),
+    }
+}
+
+fn serve(args: &cli::ServeArgs) -> ExitCode {
+    match llm_gateway::server::load_gateway(args.config.as_deref(), &args.overrides()) {
+        Ok(gateway) => llm_gateway::server::run(gateway),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn exit_code(code: i32) -> ExitCode {
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+fn init_logging() {
     let mut logger =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     logger.format_timestamp_millis();
@@ -19,24 +54,4 @@ fn main() -> ExitCode {
         }
     }
     logger.init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match cli::parse(&args) {
-        Ok(Command::Serve(opts)) => cli::serve(opts),
-        Ok(Command::Check(opts)) => cli::check(opts),
-        Ok(Command::Sim(rest)) => {
-            ExitCode::from(llm_gateway::sim::run_cli(&rest).clamp(0, 255) as u8)
-        }
-        Ok(Command::Demo(opts)) => cli::demo(opts),
-        Ok(Command::Bench(rest)) => {
-            ExitCode::from(llm_gateway::bench::run_cli(&rest).clamp(0, 255) as u8)
-        }
-        Ok(Command::Help) => {
-            println!("{}", cli::USAGE);
-            ExitCode::SUCCESS
-        }
-        Err(msg) => {
-            eprintln!("llm-gateway: {msg}\n\n{}", cli::USAGE);
-            ExitCode::from(2)
-        }
-    }
 }

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub use llm_gateway::sim::{spawn_engines, EngineConfig, SimCluster};
+pub use llm_gateway_sim::{spawn_engines, EngineConfig, SimCluster};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 

@@ -32,9 +32,10 @@ use parking_lot::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
-use crate::sim::{spawn_engines, EngineHandle};
 use client::{Conn, Usage};
 use gateway::{GatewayProcess, RouteSpec, TempDir};
+use llm_gateway_sim::{spawn_engines, EngineHandle};
+pub use options::BenchArgs;
 use options::{Options, Plan};
 use report::ModeResult;
 use stats::Sample;
@@ -51,16 +52,13 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// Error share above which the run exits non-zero.
 const MAX_ERROR_RATE: f64 = 0.01;
 
-/// Entry point of `llm-gateway bench`; returns the process exit code.
-pub fn run_cli(args: &[String]) -> i32 {
-    let opts = match options::parse(args) {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            println!("{}", options::USAGE);
-            return 0;
-        }
+/// Entry point of `llm-gateway bench`; returns the process exit code
+/// (2 for arguments that clap accepted but that do not fit together).
+pub fn run(args: BenchArgs) -> i32 {
+    let opts = match args.resolve() {
+        Ok(o) => o,
         Err(e) => {
-            eprintln!("llm-gateway bench: {e}\n\n{}", options::USAGE);
+            eprintln!("llm-gateway bench: {e}");
             return 2;
         }
     };
@@ -78,7 +76,7 @@ pub fn run_cli(args: &[String]) -> i32 {
     };
     let code = rt.block_on(async move {
         tokio::select! {
-            code = run(opts) => code,
+            code = run_plan(opts) => code,
             signal = interrupted() => {
                 // Dropping `run` drops the gateway process guard and the
                 // engines of the mode in progress, which stops them.
@@ -110,7 +108,7 @@ async fn interrupted() -> &'static str {
     }
 }
 
-async fn run(opts: Options) -> i32 {
+async fn run_plan(opts: Options) -> i32 {
     let exe = match opts.gateway.clone().map_or_else(std::env::current_exe, Ok) {
         Ok(exe) => exe,
         Err(e) => {

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU16, AtomicU32, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use cli::run_cli;
+pub use cli::{run, SimArgs};
 
 /// How a simulated engine behaves. Construct with struct-update syntax from
 /// [`EngineConfig::default`] (fast, for tests) or [`EngineConfig::realistic`].

@@ -1,0 +1,118 @@
+//! Assembles the Pingora server: the proxy service on `listen`, the admin
+//! service on `admin_listen`, and the controller (signals, reloads,
+//! per-route background tasks), then runs it until shutdown.
+
+use crate::admin::AdminApp;
+use crate::config::{self, GatewayConfig, Overrides};
+use crate::controller::{log_reload, Controller};
+use crate::proxy::Gateway;
+use crate::registry::Registry;
+use pingora::apps::http_app::HttpServer;
+use pingora::server::configuration::ServerConf;
+use pingora::server::Server;
+use pingora::services::background::background_service;
+use pingora::services::listening::Service;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// Where gateway.yaml is read from when `--config` is not given.
+pub const DEFAULT_CONFIG: &str = "conf/gateway.yaml";
+
+/// gateway.yaml from `path`, else `conf/gateway.yaml` when it exists, else
+/// the built-in defaults; `overrides` (command-line flags) win over the file.
+pub fn load_gateway(
+    path: Option<&Path>,
+    overrides: &Overrides,
+) -> Result<GatewayConfig, config::ConfigError> {
+    let default = PathBuf::from(DEFAULT_CONFIG);
+    match path {
+        Some(path) => GatewayConfig::load(path, overrides),
+        None if default.exists() => GatewayConfig::load(&default, overrides),
+        None => GatewayConfig::parse(Path::new("<defaults>"), "", overrides),
+    }
+}
+
+/// `llm-gateway check`: validates gateway.yaml and every route file exactly
+/// as a load would (reject rules included); the first error wins.
+pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
+    let gateway = match load_gateway(path, overrides) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let routes = match config::load_routes_dir(&gateway.routes_dir, &gateway) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for (name, result) in &routes {
+        match result {
+            Ok(route) => {
+                for w in &route.warnings {
+                    eprintln!("warning: {}: {w}", route.file.display());
+                }
+                println!("ok: route {name} ({} peers)", route.peers.len());
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    println!(
+        "config ok: {} route(s) in {}",
+        routes.len(),
+        gateway.routes_dir.display()
+    );
+    ExitCode::SUCCESS
+}
+
+/// Builds the Pingora server and runs it until shutdown.
+pub fn run(gateway: GatewayConfig) -> ExitCode {
+    let registry = Arc::new(Registry::new(gateway.clone()));
+    log_reload(&registry.reload());
+
+    let conf = ServerConf {
+        threads: gateway.threads,
+        grace_period_seconds: Some(gateway.grace_period.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Gateway::new(Arc::clone(&registry)),
+        "llm-gateway",
+    );
+    proxy.add_tcp(&gateway.listen.to_string());
+
+    let mut admin = Service::new(
+        "admin".to_string(),
+        HttpServer::new_app(AdminApp::new(Arc::clone(&registry))),
+    );
+    admin.threads = Some(1);
+    admin.add_tcp(&gateway.admin_listen.to_string());
+
+    let controller = background_service(
+        "controller",
+        Controller::new(Arc::clone(&registry), gateway.grace_period),
+    );
+
+    log::info!(
+        "llm-gateway listening on {} (admin {}), routes from {}",
+        gateway.listen,
+        gateway.admin_listen,
+        gateway.routes_dir.display()
+    );
+    server.add_service(proxy);
+    server.add_service(admin);
+    server.add_service(controller);
+    server.run_forever()
+}
