@@ -4,27 +4,20 @@
 //! Pingora cannot add services after `run_forever`, so per-route work is
 //! tasks this service starts and stops itself after each reload.
 
+use crate::lifecycle;
 use crate::metrics::metrics;
-use crate::proxy::ctx::ACTIVE_REQUESTS;
 use crate::registry::{Registry, ReloadReport};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
 
-static DRAINING: AtomicBool = AtomicBool::new(false);
-
-/// True after SIGTERM: /healthz turns 503 so load balancers stop sending.
-pub fn is_draining() -> bool {
-    DRAINING.load(Ordering::Relaxed)
-}
-
 pub struct Controller {
     registry: Arc<Registry>,
     grace_period: Duration,
+    tasks: crate::health::Tasks,
 }
 
 impl Controller {
@@ -32,6 +25,7 @@ impl Controller {
         Controller {
             registry,
             grace_period,
+            tasks: crate::health::Tasks::default(),
         }
     }
 }
@@ -64,7 +58,7 @@ pub fn log_reload(report: &ReloadReport) {
 /// Both SIGTERM and Pingora's own shutdown broadcast start it (whichever the
 /// select sees first); only the first call does anything.
 fn spawn_drain_watcher(grace: Duration) {
-    if DRAINING.swap(true, Ordering::AcqRel) {
+    if !lifecycle::start_draining() {
         return;
     }
     let started = Instant::now();
@@ -75,7 +69,7 @@ fn spawn_drain_watcher(grace: Duration) {
             // accepted in that instant is then counted too.
             std::thread::sleep(Duration::from_millis(100));
             loop {
-                let active = ACTIVE_REQUESTS.load(Ordering::Acquire);
+                let active = lifecycle::active_requests();
                 if active == 0 {
                     log::info!("drained after {:?}, exiting", started.elapsed());
                     std::process::exit(0);
@@ -107,7 +101,7 @@ impl BackgroundService for Controller {
                 return;
             }
         };
-        crate::health::sync_tasks(&self.registry);
+        self.tasks.sync(&self.registry);
         loop {
             tokio::select! {
                 _ = hup.recv() => {
@@ -117,7 +111,7 @@ impl BackgroundService for Controller {
                         Ok(report) => log_reload(&report),
                         Err(e) => log::error!("reload task failed: {e}"),
                     }
-                    crate::health::sync_tasks(&self.registry);
+                    self.tasks.sync(&self.registry);
                 }
                 _ = term.recv() => {
                     log::info!("SIGTERM: draining for at most {:?}", self.grace_period);

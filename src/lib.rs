@@ -13,11 +13,13 @@
 
 pub mod admin;
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod errors;
 pub mod hash;
 pub mod health;
+pub mod lifecycle;
 pub mod metrics;
 pub mod placement;
 pub mod postprocess;

@@ -15,15 +15,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
-
-/// Milliseconds since process start: a monotonic clock the pure modules can
-/// take as a plain number.
-pub fn now_ms() -> u64 {
-    static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-    EPOCH.elapsed().as_millis() as u64
-}
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Last engine metrics read from a peer's `/metrics`.
 #[derive(Debug, Clone, Copy)]

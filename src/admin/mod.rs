@@ -3,9 +3,10 @@
 
 pub mod routes;
 
-use crate::controller::is_draining;
+use crate::clock::now_ms;
+use crate::lifecycle::is_draining;
 use crate::metrics::metrics;
-use crate::registry::{now_ms, Registry};
+use crate::registry::Registry;
 use async_trait::async_trait;
 use http::Response;
 use pingora::apps::http_app::ServeHttp;

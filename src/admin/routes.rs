@@ -3,9 +3,10 @@
 //! explains a placement without making it). No raw session id is ever
 //! echoed: only its hash.
 
+use crate::clock::now_ms;
 use crate::errors::ErrorResponse;
 use crate::proxy::pick;
-use crate::registry::{now_ms, Registry, Route, Toggle};
+use crate::registry::{Registry, Route, Toggle};
 use crate::session::extract_session;
 use serde_json::{json, Value};
 

@@ -1,4 +1,6 @@
 use super::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 fn gw() -> GatewayConfig {
     GatewayConfig::parse(Path::new("gateway.yaml"), "", &Overrides::default()).unwrap()

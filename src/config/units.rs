@@ -1,5 +1,5 @@
 //! Human-friendly units in config files: durations ("30s", "500ms", "30m",
-//! "24h", or a bare number of seconds), byte sizes ("10m", "512k", "1g", or a
+//! "24h", read by humantime, or a bare number of seconds), byte sizes ("10m", "512k", "1g", or a
 //! bare number of bytes) and lenient booleans.
 
 use serde::de::{self, Deserializer, Visitor};
@@ -21,27 +21,21 @@ pub struct Size(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Flag(pub bool);
 
+/// A duration as humantime reads it (`500ms`, `30s`, `5m`, `2h`, `1d`,
+/// `1h 30m`); a bare number is seconds, as YAML users write `timeout: 5`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?} (expected e.g. 500ms, 30s, 5m, 2h)"))?;
-    let secs = match unit.trim() {
-        "" | "s" => value,
-        "ms" => value / 1000.0,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "d" => value * 86400.0,
-        other => return Err(format!("unknown duration unit {other:?} in {text:?}")),
+    let parsed = match t.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::try_from_secs_f64(secs).ok(),
+        Ok(_) => None,
+        Err(_) => humantime::parse_duration(t).ok(),
     };
-    if !(0.0..=365.0 * 86400.0).contains(&secs) {
+    let d = parsed
+        .ok_or_else(|| format!("invalid duration {text:?} (expected e.g. 500ms, 30s, 5m, 2h)"))?;
+    if d > Duration::from_secs(365 * 86400) {
         return Err(format!("duration {text:?} out of range"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
 pub fn parse_size(text: &str) -> Result<u64, String> {

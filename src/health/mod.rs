@@ -8,24 +8,34 @@
 pub mod client;
 pub mod prom;
 
-use crate::registry::{now_ms, Registry, Route};
+use crate::clock::now_ms;
+use crate::registry::{Registry, Route};
 use client::GetError;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-/// Route name → generation whose tasks are running.
-static STARTED: LazyLock<Mutex<HashMap<String, usize>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+/// The per-route background tasks (probes, scrapes, the session sweeper),
+/// owned by the controller.
+#[derive(Default)]
+pub struct Tasks {
+    /// Route name → generation whose tasks are running.
+    started: Mutex<HashMap<String, usize>>,
+}
 
-/// Starts tasks for routes that are new or changed since the last call. Tasks
-/// of an older generation notice and stop by themselves, so a reload never
-/// has to abort anything mid-probe.
-pub fn sync_tasks(registry: &Arc<Registry>) {
+impl Tasks {
+    /// Starts tasks for routes that are new or changed since the last call.
+    /// Tasks of an older generation notice and stop by themselves, so a
+    /// reload never has to abort anything mid-probe.
+    pub fn sync(&self, registry: &Arc<Registry>) {
+        sync_tasks(&mut self.started.lock(), registry)
+    }
+}
+
+fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
     let snapshot = registry.snapshot();
-    let mut started = STARTED.lock();
     started.retain(|name, _| snapshot.contains_key(name));
     for (name, route) in snapshot.iter() {
         let generation = route.runtime.generation.load(Ordering::Acquire);

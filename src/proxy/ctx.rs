@@ -1,34 +1,13 @@
 //! Per-request state shared by the proxy hooks.
 
+use crate::lifecycle::ActiveRequest;
 use crate::proxy::observe::ResponsePipeline;
 use crate::proxy::pick::Decision;
 use crate::registry::{InFlightGuard, Route};
 use crate::session::SessionId;
 use bytes::Bytes;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Requests between `new_ctx` and the end of `logging` (or cancellation).
-/// Graceful shutdown waits for this to reach zero.
-pub static ACTIVE_REQUESTS: AtomicUsize = AtomicUsize::new(0);
-
-/// Counts the request in `ACTIVE_REQUESTS` for as long as it lives.
-#[derive(Debug)]
-pub struct ActiveRequest(());
-
-impl ActiveRequest {
-    fn new() -> Self {
-        ACTIVE_REQUESTS.fetch_add(1, Ordering::AcqRel);
-        ActiveRequest(())
-    }
-}
-
-impl Drop for ActiveRequest {
-    fn drop(&mut self) {
-        ACTIVE_REQUESTS.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 pub struct RequestCtx {
     pub started: Instant,

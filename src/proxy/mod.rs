@@ -16,9 +16,10 @@ pub mod pick;
 pub mod replay;
 pub mod request;
 
+use crate::clock::now_ms;
 use crate::errors::ErrorResponse;
 use crate::metrics::metrics;
-use crate::registry::{now_ms, Registry};
+use crate::registry::Registry;
 use async_trait::async_trait;
 use bytes::Bytes;
 use ctx::RequestCtx;

@@ -5,10 +5,11 @@
 //! this module turns live peer state into their input and their output into a
 //! reserved slot or an error response.
 
+use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::errors::ErrorResponse;
 use crate::placement::{self, PeerLoad, Placement, PlacementKind};
-use crate::registry::{now_ms, InFlightGuard, Route};
+use crate::registry::{InFlightGuard, Route};
 use crate::session::SessionId;
 use std::cell::Cell;
 

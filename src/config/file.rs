@@ -1,0 +1,102 @@
+//! The file formats as written: what `gateway.yaml` and `routes/<name>.yaml`
+//! may contain, with `deny_unknown_fields` so a typo is an error with a line.
+//! Nothing outside `config` sees these; `gateway.rs` and `route.rs` turn
+//! them into validated values (the split River keeps between its TOML and
+//! its internal config).
+
+use super::units::{Dur, Flag, Size};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GatewayFile {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    pub routes_dir: Option<PathBuf>,
+    pub api_keys_file: Option<PathBuf>,
+    pub threads: Option<usize>,
+    pub grace_period: Option<Dur>,
+    pub max_body_size: Option<Size>,
+    pub postprocess_default: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RouteFile {
+    pub peers: Option<Vec<PeerFile>>,
+    pub peers_by_model: Option<BTreeMap<String, Vec<String>>>,
+    pub max_body_size: Option<Size>,
+    pub balancing: Option<BalancingFile>,
+    pub health: Option<HealthFile>,
+    pub engine_metrics: Option<EngineMetricsFile>,
+    pub timeouts: Option<TimeoutsFile>,
+    pub routed_headers: Option<Flag>,
+    pub api_keys_file: Option<PathBuf>,
+    pub reject_rules: Option<serde_yaml::Value>,
+    pub reject_rules_enabled: Option<Flag>,
+    pub postprocess: Option<String>,
+    pub include_usage: Option<Flag>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PeerFile {
+    pub name: String,
+    pub host: String,
+    pub port: i64,
+    pub priority: Option<i32>,
+    pub max_concurrency: Option<i64>,
+    pub probe_path: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BalancingFile {
+    pub mode: Option<String>,
+    pub session_affinity: Option<SessionAffinityFile>,
+    pub cross_tier_fallback: Option<Flag>,
+    /// Deprecated by the session table: accepted so old files still load.
+    pub max_load_percent: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SessionAffinityFile {
+    pub headers: Option<Vec<String>>,
+    pub idle_timeout: Option<Dur>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HealthFile {
+    pub interval: Option<Dur>,
+    pub ban_ttl: Option<Dur>,
+    pub probe_path: Option<String>,
+    pub timeout: Option<Dur>,
+    pub enabled: Option<Flag>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum EngineMetricsFile {
+    Switch(Flag),
+    Settings(EngineMetricsSettingsFile),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EngineMetricsSettingsFile {
+    pub interval: Option<Dur>,
+    pub kv_full_threshold: Option<f64>,
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TimeoutsFile {
+    pub connect: Option<Dur>,
+    pub read: Option<Dur>,
+    pub idle: Option<Dur>,
+}

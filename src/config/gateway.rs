@@ -1,0 +1,122 @@
+//! `gateway.yaml` → [`GatewayConfig`]: the process-wide settings.
+
+use super::file::GatewayFile;
+use super::{find_key_line, ConfigError};
+use crate::postprocess::Handler;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DEFAULT_MAX_BODY_SIZE: u64 = 10 << 20;
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+pub const DEFAULT_API_KEYS_FILE: &str = "/etc/llm-gateway/api-keys";
+pub const API_KEYS_ENV: &str = "LLM_GATEWAY_API_KEYS_FILE";
+
+/// The validated gateway-wide settings.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub routes_dir: PathBuf,
+    pub api_keys_file: PathBuf,
+    pub threads: usize,
+    pub grace_period: Duration,
+    pub max_body_size: u64,
+    /// Post-processing handler for routes that name none.
+    pub postprocess_default: Option<Handler>,
+}
+
+/// Command-line values that take precedence over the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    pub routes_dir: Option<PathBuf>,
+}
+
+impl GatewayConfig {
+    /// Reads `path` (a missing file is an error: the caller asked for it) and
+    /// applies `overrides` and the environment.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, None, format!("cannot read: {e}")))?;
+        Self::parse(path, &text, overrides)
+    }
+
+    pub fn parse(path: &Path, text: &str, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let file: GatewayFile = if text.trim().is_empty() {
+            GatewayFile::default()
+        } else {
+            serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, e))?
+        };
+        let addr = |key: &str, given: Option<&String>, default: &str| {
+            let raw = given.map(String::as_str).unwrap_or(default);
+            raw.parse::<SocketAddr>().map_err(|_| {
+                ConfigError::new(
+                    path,
+                    find_key_line(text, key),
+                    format!("{key}: {raw:?} is not an address like 0.0.0.0:8080"),
+                )
+            })
+        };
+        let listen = addr(
+            "listen",
+            overrides.listen.as_ref().or(file.listen.as_ref()),
+            "0.0.0.0:8080",
+        )?;
+        let admin_listen = addr(
+            "admin_listen",
+            overrides
+                .admin_listen
+                .as_ref()
+                .or(file.admin_listen.as_ref()),
+            "0.0.0.0:8090",
+        )?;
+        let threads = file.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        if threads == 0 || threads > 1024 {
+            return Err(ConfigError::new(
+                path,
+                find_key_line(text, "threads"),
+                "threads must be between 1 and 1024",
+            ));
+        }
+        let api_keys_file = std::env::var_os(API_KEYS_ENV)
+            .map(PathBuf::from)
+            .or(file.api_keys_file)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_API_KEYS_FILE));
+        let postprocess_default = match file.postprocess_default.as_deref() {
+            None | Some("") | Some("none") => None,
+            Some(name) => Some(Handler::from_name(name).ok_or_else(|| {
+                ConfigError::new(
+                    path,
+                    find_key_line(text, "postprocess_default"),
+                    format!("postprocess_default: unknown handler {name:?} (strip_actual_usage, vllm_format, none)"),
+                )
+            })?),
+        };
+        Ok(GatewayConfig {
+            postprocess_default,
+            listen,
+            admin_listen,
+            routes_dir: overrides
+                .routes_dir
+                .clone()
+                .or(file.routes_dir)
+                .unwrap_or_else(|| PathBuf::from("routes")),
+            api_keys_file,
+            threads,
+            grace_period: file
+                .grace_period
+                .map(|d| d.0)
+                .unwrap_or(DEFAULT_GRACE_PERIOD),
+            max_body_size: file
+                .max_body_size
+                .map(|s| s.0)
+                .unwrap_or(DEFAULT_MAX_BODY_SIZE),
+        })
+    }
+}

@@ -1,0 +1,524 @@
+//! `routes/<name>.yaml` → [`RouteConfig`]: one validated route. `parse`
+//! reads as the file's sections, each validated by its own function.
+
+use super::file::{
+    BalancingFile, EngineMetricsFile, EngineMetricsSettingsFile, HealthFile, PeerFile, RouteFile,
+    TimeoutsFile,
+};
+use super::gateway::GatewayConfig;
+use super::units::Flag;
+use super::{find_key_line, peer_item_line, ConfigError};
+use crate::postprocess::Handler;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The session table: stick to where the cache is, move only under real pressure.
+    LoadAware,
+    /// Rendezvous hashing of the session id over the ready peers.
+    Hash,
+    /// Ignore sessions; lowest in-flight / max_concurrency.
+    LeastConn,
+    /// Ignore sessions; rotate over the ready peers. A baseline for benchmarks.
+    RoundRobin,
+}
+
+impl Mode {
+    pub fn parse(text: &str) -> Option<Mode> {
+        match text.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "load_aware" | "loadaware" => Some(Mode::LoadAware),
+            "hash" => Some(Mode::Hash),
+            "least_conn" | "leastconn" => Some(Mode::LeastConn),
+            "round_robin" | "roundrobin" => Some(Mode::RoundRobin),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::LoadAware => "load_aware",
+            Mode::Hash => "hash",
+            Mode::LeastConn => "least_conn",
+            Mode::RoundRobin => "round_robin",
+        }
+    }
+}
+
+/// One engine endpoint of a route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerConfig {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    /// Lower value = preferred tier (0 is the primary tier), as in Envoy.
+    pub priority: i32,
+    pub max_concurrency: u32,
+    pub probe_path: Option<String>,
+}
+
+impl PeerConfig {
+    /// The identity runtime state is keyed by across reloads.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Balancing {
+    pub mode: Mode,
+    /// Route-specific session headers, tried before the built-in ones.
+    pub session_headers: Vec<http::HeaderName>,
+    pub idle_timeout: Duration,
+    pub cross_tier_fallback: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthConfig {
+    pub enabled: bool,
+    pub interval: Duration,
+    pub ban_ttl: Duration,
+    pub probe_path: String,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineMetricsConfig {
+    pub interval: Duration,
+    pub kv_full_threshold: f64,
+    pub path: String,
+}
+
+impl EngineMetricsConfig {
+    /// A sample is fresh, and two samples are consecutive, within two
+    /// scrape intervals: one slow or lost scrape does not blind placement.
+    pub fn max_age_ms(&self) -> u64 {
+        2 * self.interval.as_millis() as u64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    /// Also bounds the wait for the response header, so a non-stream
+    /// generation needs a generous value.
+    pub read: Duration,
+    pub idle: Duration,
+}
+
+/// A validated route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfig {
+    pub name: String,
+    pub file: PathBuf,
+    pub peers: Vec<PeerConfig>,
+    /// model name → indices into `peers`. Empty: one pool, any model.
+    pub peers_by_model: Vec<(String, Vec<usize>)>,
+    pub max_body_size: u64,
+    pub balancing: Balancing,
+    pub health: HealthConfig,
+    pub engine_metrics: Option<EngineMetricsConfig>,
+    pub timeouts: Timeouts,
+    pub routed_headers: bool,
+    /// The route's own key file instead of the gateway's shared one.
+    pub api_keys_file: Option<PathBuf>,
+    /// Content reject rules as written (compiled when the route is built;
+    /// an invalid rule is dropped there, not here).
+    pub reject_rules: serde_json::Value,
+    pub reject_rules_enabled: bool,
+    /// None: responses pass unchanged.
+    pub postprocess: Option<Handler>,
+    /// Add `stream_options.include_usage` to streaming requests that lack it.
+    pub include_usage: bool,
+    /// Deprecation notices to log at load; the route still serves.
+    pub warnings: Vec<String>,
+}
+
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// A route name is the first path segment, so it must be URL-safe and must
+/// not collide with the `/_…` endpoints.
+pub fn valid_route_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('_')
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// The route name a file in `routes/` serves, or None if the file is not a route file.
+pub fn route_name_of(path: &Path) -> Option<String> {
+    let ext = path.extension()?.to_str()?;
+    if ext != "yaml" && ext != "yml" {
+        return None;
+    }
+    let stem = path.file_stem()?.to_str()?;
+    Some(stem.to_string())
+}
+
+impl RouteConfig {
+    pub fn load(path: &Path, gateway: &GatewayConfig) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, None, format!("cannot read: {e}")))?;
+        let name = route_name_of(path)
+            .ok_or_else(|| ConfigError::new(path, None, "route files must end in .yaml"))?;
+        Self::parse(&name, path, &text, gateway)
+    }
+
+    pub fn parse(
+        name: &str,
+        path: &Path,
+        text: &str,
+        gateway: &GatewayConfig,
+    ) -> Result<Self, ConfigError> {
+        let at = Locator { path, text };
+        if !valid_route_name(name) {
+            return Err(at.error(
+                None,
+                format!("route name {name:?} (from the file name) must be letters, digits, '-', '_' or '.', not starting with '_' or '.'"),
+            ));
+        }
+        let file: RouteFile =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, e))?;
+        let mut warnings = Vec::new();
+        let peers = parse_peers(&at, file.peers)?;
+        let peers_by_model = parse_model_pools(&at, &peers, file.peers_by_model)?;
+        let balancing = parse_balancing(&at, file.balancing.unwrap_or_default(), &mut warnings)?;
+        let health = parse_health(&at, file.health.unwrap_or_default())?;
+        let engine_metrics = parse_engine_metrics(&at, file.engine_metrics)?;
+        let timeouts = parse_timeouts(file.timeouts.unwrap_or_default());
+        let reject_rules = parse_reject_rules(&at, file.reject_rules)?;
+        let postprocess = parse_postprocess(&at, file.postprocess.as_deref(), gateway)?;
+        Ok(RouteConfig {
+            name: name.to_string(),
+            file: path.to_path_buf(),
+            peers,
+            peers_by_model,
+            max_body_size: file
+                .max_body_size
+                .map(|s| s.0)
+                .unwrap_or(gateway.max_body_size),
+            balancing,
+            health,
+            engine_metrics,
+            timeouts,
+            routed_headers: flag(file.routed_headers, true),
+            api_keys_file: file.api_keys_file,
+            reject_rules,
+            reject_rules_enabled: flag(file.reject_rules_enabled, true),
+            postprocess,
+            include_usage: flag(file.include_usage, false),
+            warnings,
+        })
+    }
+}
+
+fn flag(value: Option<Flag>, default: bool) -> bool {
+    value.map(|f| f.0).unwrap_or(default)
+}
+
+/// Errors found after the YAML layer (which has no spans by then) point at
+/// the line of the key they are about, as well as it can be told.
+struct Locator<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Locator<'_> {
+    fn error(&self, line: Option<usize>, message: String) -> ConfigError {
+        ConfigError::new(self.path, line, message)
+    }
+
+    fn at_key(&self, key: &str, message: String) -> ConfigError {
+        self.error(find_key_line(self.text, key), message)
+    }
+}
+
+fn parse_peers(at: &Locator, raw: Option<Vec<PeerFile>>) -> Result<Vec<PeerConfig>, ConfigError> {
+    let raw_peers = match raw {
+        Some(p) if !p.is_empty() => p,
+        _ => return Err(at.at_key("peers", "peers: a route needs at least one peer".into())),
+    };
+    let mut peers: Vec<PeerConfig> = Vec::with_capacity(raw_peers.len());
+    for (i, p) in raw_peers.into_iter().enumerate() {
+        let line = peer_item_line(at.text, i);
+        if p.name.trim().is_empty() {
+            return Err(at.error(line, format!("peers[{i}]: name must not be empty")));
+        }
+        if p.host.trim().is_empty() {
+            return Err(at.error(
+                line,
+                format!("peers[{i}] {}: host must not be empty", p.name),
+            ));
+        }
+        let port = u16::try_from(p.port)
+            .ok()
+            .filter(|&port| port != 0)
+            .ok_or_else(|| {
+                at.error(
+                    line,
+                    format!(
+                        "peers[{i}] {}: port {} out of range 1..65535",
+                        p.name, p.port
+                    ),
+                )
+            })?;
+        let max_concurrency = match p.max_concurrency {
+            None => 64,
+            Some(n) if (1..=1_000_000).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(at.error(
+                    line,
+                    format!(
+                        "peers[{i}] {}: max_concurrency {n} out of range 1..1000000",
+                        p.name
+                    ),
+                ))
+            }
+        };
+        if let Some(path) = &p.probe_path {
+            if !path.starts_with('/') {
+                return Err(at.error(
+                    line,
+                    format!("peers[{i}] {}: probe_path must start with '/'", p.name),
+                ));
+            }
+        }
+        let peer = PeerConfig {
+            name: p.name,
+            host: p.host,
+            port,
+            priority: p.priority.unwrap_or(0),
+            max_concurrency,
+            probe_path: p.probe_path,
+        };
+        if let Some(prev) = peers.iter().find(|q| q.name == peer.name) {
+            return Err(at.error(
+                line,
+                format!(
+                    "peers[{i}]: duplicate peer name {:?} (also {})",
+                    peer.name,
+                    prev.address()
+                ),
+            ));
+        }
+        if peers.iter().any(|q| q.address() == peer.address()) {
+            return Err(at.error(
+                line,
+                format!(
+                    "peers[{i}] {}: duplicate peer address {}",
+                    peer.name,
+                    peer.address()
+                ),
+            ));
+        }
+        peers.push(peer);
+    }
+
+    Ok(peers)
+}
+
+fn parse_model_pools(
+    at: &Locator,
+    peers: &[PeerConfig],
+    raw: Option<BTreeMap<String, Vec<String>>>,
+) -> Result<Vec<(String, Vec<usize>)>, ConfigError> {
+    let mut peers_by_model = Vec::new();
+    for (model, names) in raw.unwrap_or_default() {
+        let line = find_key_line(at.text, &model);
+        if names.is_empty() {
+            return Err(at.error(line, format!("peers_by_model.{model}: lists no peers")));
+        }
+        let mut idx = Vec::with_capacity(names.len());
+        for n in names {
+            match peers.iter().position(|p| p.name == n) {
+                Some(i) if !idx.contains(&i) => idx.push(i),
+                Some(_) => {
+                    return Err(at.error(
+                        line,
+                        format!("peers_by_model.{model}: peer {n:?} listed twice"),
+                    ))
+                }
+                None => {
+                    return Err(
+                        at.error(line, format!("peers_by_model.{model}: unknown peer {n:?}"))
+                    )
+                }
+            }
+        }
+        peers_by_model.push((model, idx));
+    }
+
+    Ok(peers_by_model)
+}
+
+fn parse_balancing(
+    at: &Locator,
+    bal: BalancingFile,
+    warnings: &mut Vec<String>,
+) -> Result<Balancing, ConfigError> {
+    let mode = match bal.mode.as_deref() {
+        None => Mode::LoadAware,
+        Some(m) => Mode::parse(m).ok_or_else(|| {
+            at.error(
+                find_key_line(at.text, "mode"),
+                format!(
+                    "balancing.mode: {m:?} is not one of load_aware, hash, least_conn, round_robin"
+                ),
+            )
+        })?,
+    };
+    let affinity = bal.session_affinity;
+    if affinity.is_some() && !matches!(mode, Mode::LoadAware | Mode::Hash) {
+        return Err(at.error(
+            find_key_line(at.text, "session_affinity"),
+            format!(
+                "balancing.session_affinity requires mode load_aware or hash (mode is {})",
+                mode.as_str()
+            ),
+        ));
+    }
+    if bal.max_load_percent.is_some() {
+        warnings.push(
+            "balancing.max_load_percent is deprecated and ignored: load_aware placement uses the session table".into(),
+        );
+    }
+    let affinity = affinity.unwrap_or_default();
+    let mut session_headers = Vec::new();
+    for h in affinity.headers.unwrap_or_default() {
+        let parsed = http::HeaderName::from_bytes(h.trim().as_bytes()).map_err(|_| {
+            at.error(
+                find_key_line(at.text, "headers"),
+                format!("balancing.session_affinity.headers: {h:?} is not a header name"),
+            )
+        })?;
+        session_headers.push(parsed);
+    }
+    let idle_timeout = affinity
+        .idle_timeout
+        .map(|d| d.0)
+        .unwrap_or(Duration::from_secs(30 * 60));
+    if !(MIN_IDLE_TIMEOUT..=MAX_IDLE_TIMEOUT).contains(&idle_timeout) {
+        return Err(at.error(
+            find_key_line(at.text, "idle_timeout"),
+            "balancing.session_affinity.idle_timeout must be between 1m and 24h".into(),
+        ));
+    }
+
+    Ok(Balancing {
+        mode,
+        session_headers,
+        idle_timeout,
+        cross_tier_fallback: flag(bal.cross_tier_fallback, false),
+    })
+}
+
+fn parse_health(at: &Locator, h: HealthFile) -> Result<HealthConfig, ConfigError> {
+    let health = HealthConfig {
+        enabled: h.enabled.map(|f| f.0).unwrap_or(true),
+        interval: h.interval.map(|d| d.0).unwrap_or(Duration::from_secs(5)),
+        ban_ttl: h.ban_ttl.map(|d| d.0).unwrap_or(Duration::from_secs(30)),
+        probe_path: h.probe_path.unwrap_or_else(|| "/health".into()),
+        timeout: h.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(2)),
+    };
+    if health.interval < Duration::from_millis(50) {
+        return Err(at.error(
+            find_key_line(at.text, "interval"),
+            "health.interval must be at least 50ms".into(),
+        ));
+    }
+    if !health.probe_path.starts_with('/') {
+        return Err(at.error(
+            find_key_line(at.text, "probe_path"),
+            "health.probe_path must start with '/'".into(),
+        ));
+    }
+
+    Ok(health)
+}
+
+fn parse_engine_metrics(
+    at: &Locator,
+    raw: Option<EngineMetricsFile>,
+) -> Result<Option<EngineMetricsConfig>, ConfigError> {
+    let engine_metrics = match raw {
+        Some(EngineMetricsFile::Switch(Flag(false))) => None,
+        Some(EngineMetricsFile::Switch(Flag(true))) | None => {
+            Some(EngineMetricsSettingsFile::default())
+        }
+        Some(EngineMetricsFile::Settings(s)) => Some(s),
+    }
+    .map(|s| EngineMetricsConfig {
+        interval: s.interval.map(|d| d.0).unwrap_or(Duration::from_secs(1)),
+        kv_full_threshold: s.kv_full_threshold.unwrap_or(0.98),
+        path: s.path.unwrap_or_else(|| "/metrics".into()),
+    });
+    if let Some(m) = &engine_metrics {
+        if !(0.0..=1.0).contains(&m.kv_full_threshold) || m.kv_full_threshold.is_nan() {
+            return Err(at.error(
+                find_key_line(at.text, "kv_full_threshold"),
+                "engine_metrics.kv_full_threshold must be between 0 and 1".into(),
+            ));
+        }
+        if m.interval < Duration::from_millis(50) {
+            return Err(at.error(
+                find_key_line(at.text, "interval"),
+                "engine_metrics.interval must be at least 50ms".into(),
+            ));
+        }
+    }
+
+    Ok(engine_metrics)
+}
+
+fn parse_timeouts(t: TimeoutsFile) -> Timeouts {
+    Timeouts {
+        connect: t.connect.map(|d| d.0).unwrap_or(Duration::from_secs(5)),
+        read: t.read.map(|d| d.0).unwrap_or(Duration::from_secs(600)),
+        idle: t.idle.map(|d| d.0).unwrap_or(Duration::from_secs(60)),
+    }
+}
+
+fn parse_reject_rules(
+    at: &Locator,
+    raw: Option<serde_yaml::Value>,
+) -> Result<serde_json::Value, ConfigError> {
+    let reject_rules = match raw {
+        None | Some(serde_yaml::Value::Null) => serde_json::Value::Array(Vec::new()),
+        Some(v) => serde_json::to_value(v).map_err(|e| {
+            at.error(
+                find_key_line(at.text, "reject_rules"),
+                format!("reject_rules: {e}"),
+            )
+        })?,
+    };
+    if !reject_rules.is_array() {
+        return Err(at.error(
+            find_key_line(at.text, "reject_rules"),
+            "reject_rules must be a list of rules".into(),
+        ));
+    }
+    Ok(reject_rules)
+}
+
+fn parse_postprocess(
+    at: &Locator,
+    raw: Option<&str>,
+    gateway: &GatewayConfig,
+) -> Result<Option<Handler>, ConfigError> {
+    Ok(match raw {
+        None => gateway.postprocess_default,
+        Some("none") | Some("") => None,
+        Some(name) => Some(Handler::from_name(name).ok_or_else(|| {
+            at.error(
+                find_key_line(at.text, "postprocess"),
+                format!(
+                    "postprocess: unknown handler {name:?} (strip_actual_usage, vllm_format, none)"
+                ),
+            )
+        })?),
+    })
+}
