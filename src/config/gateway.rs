@@ -2,7 +2,7 @@
 
 use super::file::GatewayFile;
 use super::{find_key_line, ConfigError};
-use crate::postprocess::Handler;
+use crate::stream::postprocess::Handler;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -8,7 +8,7 @@ use super::file::{
 use super::gateway::GatewayConfig;
 use super::units::Flag;
 use super::{find_key_line, peer_item_line, ConfigError};
-use crate::postprocess::Handler;
+use crate::stream::postprocess::Handler;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

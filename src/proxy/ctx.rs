@@ -1,10 +1,10 @@
 //! Per-request state shared by the proxy hooks.
 
 use crate::lifecycle::ActiveRequest;
-use crate::proxy::observe::ResponsePipeline;
 use crate::proxy::pick::Decision;
 use crate::registry::{InFlightGuard, Route};
 use crate::session::SessionId;
+use crate::stream::ResponsePipeline;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;

@@ -6,7 +6,7 @@ use crate::errors::ErrorResponse;
 use crate::metrics::metrics;
 use crate::registry::{Registry, Route};
 use crate::reject::{rejection_body, RequestFacts};
-use crate::usage::inject_include_usage;
+use crate::stream::usage::inject_include_usage;
 use bytes::Bytes;
 use pingora::proxy::Session;
 

@@ -11,7 +11,6 @@
 
 pub mod ctx;
 pub mod guards;
-pub mod observe;
 pub mod pick;
 pub mod replay;
 pub mod request;
@@ -371,8 +370,12 @@ impl ProxyHttp for Gateway {
                 .config
                 .postprocess
                 .filter(|_| route.runtime.toggles.postprocess.is_on(true));
-            ctx.pipeline =
-                observe::ResponsePipeline::for_response(resp, handler, ctx.usage_injected);
+            ctx.pipeline = crate::stream::ResponsePipeline::for_response(
+                resp.status,
+                &resp.headers,
+                handler,
+                ctx.usage_injected,
+            );
             if ctx.pipeline.as_ref().is_some_and(|p| p.rewrites()) {
                 // The body may change length: send it chunked.
                 resp.remove_header("content-length");

@@ -9,10 +9,10 @@
 //! - a stream is never held: each complete SSE event leaves with the chunk
 //!   that completed it, and only an event cut by a chunk boundary waits.
 
-use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::sse::{contains, data_field_value, event_data, split_line_terminator, SseSplitter};
+use super::scan::contains;
+use super::sse::{data_field_value, event_data, split_line_terminator};
 
 /// Largest non-stream body held for rewriting; bigger ones pass unchanged.
 pub const MAX_HELD_JSON_BYTES: usize = 8 * 1024 * 1024;
@@ -52,11 +52,16 @@ impl Handler {
     /// can also be spelled with `\u` escapes, so those documents always go
     /// on to the real check.
     fn may_apply(self, data: &[u8]) -> bool {
-        let names: &[&str] = match self {
-            Handler::StripActualUsage => &["actual_usage"],
-            Handler::VllmFormat => VLLM_TOUCHED,
+        let found = |names: &[&str]| names.iter().any(|n| contains(data, n.as_bytes()));
+        let applies = match self {
+            Handler::StripActualUsage => found(&["actual_usage"]),
+            Handler::VllmFormat => {
+                found(DROP_IF_NULL)
+                    || found(DROP_ALWAYS)
+                    || found(&[REASONING_RENAME.0, CACHE_WRITE_RENAME.0])
+            }
         };
-        names.iter().any(|n| contains(data, n.as_bytes())) || contains(data, b"\\u")
+        applies || contains(data, b"\\u")
     }
 }
 
@@ -82,33 +87,6 @@ const DROP_ALWAYS: &[&str] = &[
 
 const REASONING_RENAME: (&str, &str) = ("reasoning", "reasoning_content");
 const CACHE_WRITE_RENAME: (&str, &str) = ("created_cache_tokens", "cache_write_tokens");
-
-/// Every member name `vllm_format` may act on (for the byte pre-check).
-const VLLM_TOUCHED: &[&str] = &[
-    "prompt_token_ids",
-    "prompt_logprobs",
-    "logprobs",
-    "token_ids",
-    "refusal",
-    "annotations",
-    "stop_reason",
-    "service_tier",
-    "system_fingerprint",
-    "kv_transfer_params",
-    "ec_transfer_params",
-    "actual_usage",
-    "reasoning",
-    "created_cache_tokens",
-];
-
-/// Which kind of body a [`ResponseRewriter`] is looking at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyKind {
-    /// `text/event-stream`: rewritten frame by frame.
-    Sse,
-    /// `application/json`: held whole, then rewritten.
-    Json,
-}
 
 /// Rewrites one JSON document (a whole body or one SSE frame's data).
 /// `None` means nothing changed and the caller must send the original
@@ -207,7 +185,7 @@ fn clean_object(map: &mut Map<String, Value>, drop: bool, rename: Option<(&str, 
 /// `[DONE]`, not JSON, nothing to change — is copied byte for byte.
 /// A changed event keeps its other lines and its line endings; its data
 /// line(s) become one `data:` line (re-encoded JSON has no raw newlines).
-fn write_event(handler: Handler, event: &[u8], out: &mut Vec<u8>) {
+pub(super) fn write_event(handler: Handler, event: &[u8], out: &mut Vec<u8>) {
     let new_json = event_data(event).and_then(|data| {
         let trimmed = data.trim_ascii_start();
         if trimmed.first() == Some(&b'{') {
@@ -248,83 +226,11 @@ pub fn rewrite_sse_event(handler: Handler, event: &[u8]) -> Option<Vec<u8>> {
     (out != event).then_some(out)
 }
 
-/// Per-response streaming rewriter kept by the proxy.
-#[derive(Debug)]
-pub struct ResponseRewriter {
-    handler: Handler,
-    kind: BodyKind,
-    splitter: SseSplitter,
-    /// The JSON body so far (JSON kind only).
-    held: Vec<u8>,
-    /// Set once a size cap was hit: from then on bytes pass unchanged.
-    passthrough: bool,
-}
-
-impl ResponseRewriter {
-    pub fn new(handler: Handler, kind: BodyKind) -> Self {
-        Self {
-            handler,
-            kind,
-            splitter: SseSplitter::new(),
-            held: Vec::new(),
-            passthrough: false,
-        }
-    }
-
-    /// Feeds one upstream chunk (`None` on a final empty call) and returns
-    /// the bytes to send now, possibly empty.
-    pub fn push(&mut self, chunk: Option<&[u8]>, end_of_stream: bool) -> Bytes {
-        let chunk = chunk.unwrap_or_default();
-        if self.passthrough {
-            return Bytes::copy_from_slice(chunk);
-        }
-        match self.kind {
-            BodyKind::Sse => self.push_sse(chunk, end_of_stream),
-            BodyKind::Json => self.push_json(chunk, end_of_stream),
-        }
-    }
-
-    fn push_sse(&mut self, chunk: &[u8], end_of_stream: bool) -> Bytes {
-        let handler = self.handler;
-        let mut out = Vec::with_capacity(chunk.len() + self.splitter.pending_len());
-        self.splitter
-            .push(chunk, |event| write_event(handler, event, &mut out));
-        if end_of_stream {
-            if let Some(rest) = self.splitter.finish() {
-                write_event(handler, &rest, &mut out);
-            }
-        } else if self.splitter.pending_len() > MAX_PENDING_EVENT_BYTES {
-            // Not SSE as we understand it; stop interpreting, lose nothing.
-            if let Some(rest) = self.splitter.finish() {
-                out.extend_from_slice(&rest);
-            }
-            self.passthrough = true;
-        }
-        Bytes::from(out)
-    }
-
-    fn push_json(&mut self, chunk: &[u8], end_of_stream: bool) -> Bytes {
-        self.held.extend_from_slice(chunk);
-        if self.held.len() > MAX_HELD_JSON_BYTES {
-            self.passthrough = true;
-            return Bytes::from(std::mem::take(&mut self.held));
-        }
-        if !end_of_stream {
-            return Bytes::new();
-        }
-        let body = std::mem::take(&mut self.held);
-        // Later calls (there should be none) must not resend anything.
-        self.passthrough = true;
-        match rewrite_json(self.handler, &body) {
-            Some(new) => Bytes::from(new),
-            None => Bytes::from(body),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stream::pipeline::{BodyKind, ResponsePipeline};
+    use bytes::Bytes;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -332,12 +238,17 @@ mod tests {
         rewrite_json(h, s.as_bytes()).map(|b| String::from_utf8(b).unwrap())
     }
 
-    /// Runs a whole body through a rewriter in the given chunks.
+    /// Runs a whole body through the response pipeline the proxy runs, in
+    /// the given chunks, then the final empty call.
     fn run(h: Handler, kind: BodyKind, chunks: &[&[u8]]) -> (Vec<u8>, Vec<Bytes>) {
-        let mut rw = ResponseRewriter::new(h, kind);
-        let mut outs: Vec<Bytes> = chunks.iter().map(|c| rw.push(Some(c), false)).collect();
-        outs.push(rw.push(None, true));
+        let mut rw = rewriter(h, kind);
+        let mut outs: Vec<Bytes> = chunks.iter().map(|c| rw.push(c, false)).collect();
+        outs.push(rw.push(&[], true));
         (outs.concat(), outs)
+    }
+
+    fn rewriter(h: Handler, kind: BodyKind) -> ResponsePipeline {
+        ResponsePipeline::new(kind, Some(h), false)
     }
 
     #[test]
@@ -527,13 +438,13 @@ mod tests {
 
     #[test]
     fn sse_events_leave_with_the_chunk_that_completes_them() {
-        let mut rw = ResponseRewriter::new(Handler::StripActualUsage, BodyKind::Sse);
+        let mut rw = rewriter(Handler::StripActualUsage, BodyKind::Sse);
         let a = "data: {\"a\":1,\"actual_usage\":2}\n\n";
-        let out = rw.push(Some(format!("{a}data: {{\"b\"").as_bytes()), false);
+        let out = rw.push(format!("{a}data: {{\"b\"").as_bytes(), false);
         assert_eq!(&out[..], b"data: {\"a\":1}\n\n");
-        assert_eq!(&rw.push(Some(b":1}\n"), false)[..], b"");
-        assert_eq!(&rw.push(Some(b"\n"), false)[..], b"data: {\"b\":1}\n\n");
-        assert_eq!(&rw.push(None, true)[..], b"");
+        assert_eq!(&rw.push(b":1}\n", false)[..], b"");
+        assert_eq!(&rw.push(b"\n", false)[..], b"data: {\"b\":1}\n\n");
+        assert_eq!(&rw.push(&[], true)[..], b"");
     }
 
     #[test]
@@ -584,14 +495,14 @@ mod tests {
 
     #[test]
     fn sse_runaway_event_switches_to_passthrough() {
-        let mut rw = ResponseRewriter::new(Handler::StripActualUsage, BodyKind::Sse);
+        let mut rw = rewriter(Handler::StripActualUsage, BodyKind::Sse);
         let big = vec![b'x'; MAX_PENDING_EVENT_BYTES / 2 + 1];
-        assert!(rw.push(Some(&big), false).is_empty());
-        let out = rw.push(Some(&big), false);
+        assert!(rw.push(&big, false).is_empty());
+        let out = rw.push(&big, false);
         assert_eq!(out.len(), big.len() * 2);
         let tail = b"\n\ndata: {\"actual_usage\":1}\n\n";
-        assert_eq!(&rw.push(Some(tail), false)[..], tail);
-        assert!(rw.push(None, true).is_empty());
+        assert_eq!(&rw.push(tail, false)[..], tail);
+        assert!(rw.push(&[], true).is_empty());
     }
 
     #[test]
@@ -605,11 +516,8 @@ mod tests {
         assert_eq!(out, br#"{"id":"x","choices":[]}"#);
         assert!(outs[..3].iter().all(Bytes::is_empty));
         // Data on the final call itself.
-        let mut rw = ResponseRewriter::new(Handler::StripActualUsage, BodyKind::Json);
-        assert_eq!(
-            &rw.push(Some(body), true)[..],
-            br#"{"id":"x","choices":[]}"#
-        );
+        let mut rw = rewriter(Handler::StripActualUsage, BodyKind::Json);
+        assert_eq!(&rw.push(body, true)[..], br#"{"id":"x","choices":[]}"#);
     }
 
     #[test]
@@ -648,8 +556,8 @@ mod tests {
         let mut body = br#"{"actual_usage":1,"pad":""#.to_vec();
         body.resize(MAX_HELD_JSON_BYTES - 2, b'a');
         body.extend_from_slice(b"\"}");
-        let mut rw = ResponseRewriter::new(Handler::StripActualUsage, BodyKind::Json);
-        let out = rw.push(Some(&body), true);
+        let mut rw = rewriter(Handler::StripActualUsage, BodyKind::Json);
+        let out = rw.push(&body, true);
         assert!(!out.starts_with(b"{\"actual_usage\""));
         assert_eq!(out.len(), body.len() - br#""actual_usage":1,"#.len());
     }

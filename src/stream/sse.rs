@@ -14,8 +14,6 @@
 
 use std::borrow::Cow;
 
-use crate::usage::{self, Usage};
-
 /// Where the scanner stands relative to the current line. Kept between
 /// `push` calls so that a terminator cut by a chunk boundary (`"\n" | "\n"`,
 /// `"\r\n\r" | "\n"`, ...) is still recognised without re-scanning the tail.
@@ -117,7 +115,7 @@ fn scan_event_end(bytes: &[u8], state: &mut LineState) -> Option<usize> {
     let mut i = 0;
     while i < bytes.len() {
         match *state {
-            LineState::InLine => match find_byte(&bytes[i..], b'\n') {
+            LineState::InLine => match memchr::memchr(b'\n', &bytes[i..]) {
                 Some(off) => {
                     i += off + 1;
                     *state = LineState::LineStart;
@@ -186,139 +184,10 @@ pub fn event_data(event: &[u8]) -> Option<Cow<'_, [u8]>> {
     data
 }
 
-/// What the proxy learns from a stream without changing it.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct StreamStats {
-    /// Events that carried generated output (see [`observe_event`]).
-    pub content_events: u64,
-    /// The last `usage` object seen (engines report cumulative counts).
-    pub usage: Option<Usage>,
-}
-
-/// Updates `stats` from one event's data payload.
-///
-/// This runs on every frame of every stream, so it avoids JSON parsing on
-/// the hot path:
-/// - usage: a frame is parsed only if the bytes `"usage"` occur in it
-///   (typically just the last frame), and then only the `usage` member is
-///   materialised.
-/// - content: decided by a byte search for a `"content"`, `"text"`,
-///   `"reasoning"`, `"reasoning_content"` or `"arguments"` key whose value
-///   is a non-empty string. For valid JSON this cannot be fooled by string
-///   contents: inside a string every `"` is escaped, and the backslash
-///   parity check rejects those. The trade-off is that the search does not
-///   know which object the key belongs to, so a frame that has such a key
-///   outside `choices[]` (no engine sends one today) would count, and a
-///   malformed frame may be counted either way. `arguments` (tool-call
-///   deltas) is included because a tool-only answer is still generated
-///   output, and leaving it out would make it look like an empty stream.
-pub fn observe_event(event_data: &[u8], stats: &mut StreamStats) {
-    if carries_content(event_data) {
-        stats.content_events += 1;
-    }
-    if contains(event_data, b"\"usage\"") {
-        if let Some(u) = usage::parse_usage_bytes(event_data) {
-            stats.usage = Some(u);
-        }
-    }
-}
-
-const CONTENT_KEYS: [&[u8]; 5] = [
-    b"\"content\"",
-    b"\"text\"",
-    b"\"reasoning\"",
-    b"\"reasoning_content\"",
-    b"\"arguments\"",
-];
-
-fn carries_content(data: &[u8]) -> bool {
-    CONTENT_KEYS
-        .iter()
-        .any(|key| key_has_nonempty_string(data, key))
-}
-
-/// Is there a member `key` (given with its quotes) whose value is a string
-/// of at least one character?
-fn key_has_nonempty_string(data: &[u8], key: &[u8]) -> bool {
-    let mut from = 0;
-    while let Some(off) = find(&data[from..], key) {
-        let at = from + off;
-        from = at + 1;
-        if !quote_is_unescaped(data, at) {
-            continue;
-        }
-        let mut i = skip_json_ws(data, at + key.len());
-        if data.get(i) != Some(&b':') {
-            continue;
-        }
-        i = skip_json_ws(data, i + 1);
-        if data.get(i) == Some(&b'"') && data.get(i + 1).is_some_and(|&b| b != b'"') {
-            return true;
-        }
-    }
-    false
-}
-
-/// A `"` preceded by an odd number of backslashes is inside a string.
-fn quote_is_unescaped(data: &[u8], at: usize) -> bool {
-    let backslashes = data[..at].iter().rev().take_while(|&&b| b == b'\\').count();
-    backslashes % 2 == 0
-}
-
-pub(crate) fn skip_json_ws(data: &[u8], mut i: usize) -> usize {
-    while matches!(data.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-        i += 1;
-    }
-    i
-}
-
-/// Position of the first `needle` byte. Reads a word at a time because this
-/// is the inner loop of the splitter and of every per-frame pre-check, and
-/// `memchr` is not a dependency.
-pub(crate) fn find_byte(hay: &[u8], needle: u8) -> Option<usize> {
-    const LO: u64 = 0x0101_0101_0101_0101;
-    const HI: u64 = 0x8080_8080_8080_8080;
-    let pattern = LO.wrapping_mul(u64::from(needle));
-    let mut words = hay.chunks_exact(8);
-    let mut base = 0;
-    for word in &mut words {
-        let mut bytes = [0u8; 8];
-        bytes.copy_from_slice(word);
-        let x = u64::from_le_bytes(bytes) ^ pattern;
-        // Classic "has a zero byte" test: exact as to whether one exists.
-        if x.wrapping_sub(LO) & !x & HI != 0 {
-            return word.iter().position(|&b| b == needle).map(|i| base + i);
-        }
-        base += 8;
-    }
-    words
-        .remainder()
-        .iter()
-        .position(|&b| b == needle)
-        .map(|i| base + i)
-}
-
-/// Position of the first occurrence of `needle` (non-empty) in `hay`.
-pub(crate) fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    let (&first, tail) = needle.split_first()?;
-    let mut from = 0;
-    while let Some(off) = find_byte(hay.get(from..)?, first) {
-        let at = from + off;
-        if hay.get(at + 1..at + needle.len()) == Some(tail) {
-            return Some(at);
-        }
-        from = at + 1;
-    }
-    None
-}
-
-pub(crate) fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    find(hay, needle).is_some()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stream::scan::find;
     use proptest::prelude::*;
 
     fn collect(splitter: &mut SseSplitter, chunk: &[u8]) -> Vec<Vec<u8>> {
@@ -444,70 +313,6 @@ mod tests {
         assert_eq!(event_data(b"\n"), None);
         assert_eq!(event_data(b"datax: y\n\n"), None);
         assert_eq!(event_data(b"data: [DONE]").as_deref(), Some(&b"[DONE]"[..]));
-    }
-
-    #[test]
-    fn observe_counts_content_and_captures_usage() {
-        let mut stats = StreamStats::default();
-        let frames: [&[u8]; 8] = [
-            br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
-            br#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#,
-            br#"{"choices":[{"index":0,"delta":{"reasoning_content":"hmm"}}]}"#,
-            br#"{"choices":[{"index":0,"text":"x"}]}"#,
-            br#"{"choices":[{"index":0,"delta":{"content" : "\"q"}}]}"#,
-            br#"{"choices":[{"index":0,"delta":{"content":null},"finish_reason":"stop"}]}"#,
-            br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}"#,
-            b"[DONE]",
-        ];
-        for f in frames {
-            observe_event(f, &mut stats);
-        }
-        assert_eq!(stats.content_events, 4);
-        assert_eq!(
-            stats.usage,
-            Some(Usage {
-                prompt_tokens: 5,
-                completion_tokens: 3,
-                cached_tokens: 2
-            })
-        );
-    }
-
-    #[test]
-    fn observe_is_not_fooled_by_string_contents() {
-        let mut stats = StreamStats::default();
-        // The needle appears only inside a string value (escaped quotes).
-        observe_event(
-            br#"{"choices":[{"delta":{"content":""},"x":"\"content\":\"y"}]}"#,
-            &mut stats,
-        );
-        // A key containing an escaped quote right before the needle.
-        observe_event(br#"{"choices":[],"a\"content":"y"}"#, &mut stats);
-        observe_event(br#"{"note":"the \"usage\" word","usage":null}"#, &mut stats);
-        assert_eq!(stats, StreamStats::default());
-        // Tool-call argument deltas are generated output too.
-        observe_event(
-            br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\""}}]}}]}"#,
-            &mut stats,
-        );
-        assert_eq!(stats.content_events, 1);
-    }
-
-    #[test]
-    fn find_helpers_match_naive() {
-        let hay = b"abcdefghij\nklmnopqrstuvwxyz\n0123456789";
-        for n in 0u8..=255 {
-            for start in 0..hay.len() {
-                assert_eq!(
-                    find_byte(&hay[start..], n),
-                    hay[start..].iter().position(|&b| b == n)
-                );
-            }
-        }
-        assert_eq!(find(hay, b"xyz\n0"), Some(24));
-        assert_eq!(find(hay, b"xyz\n1"), None);
-        assert_eq!(find(b"ab", b"abc"), None);
-        assert_eq!(find(b"ab", b""), None);
     }
 
     /// One event: field/comment lines (no CR/LF inside, non-empty) with a

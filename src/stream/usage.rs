@@ -12,7 +12,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::sse::{contains, find_byte, skip_json_ws};
+use super::scan::{contains, find_byte, skip_json_ws};
 
 /// Token counts as reported by the engine.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

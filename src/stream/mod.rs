@@ -1,0 +1,18 @@
+//! The response on its way to the client, as pure byte processing: SSE
+//! framing (`sse`), byte scans (`scan`), what the gateway observes
+//! (`observe`, `usage`), what it rewrites (`postprocess`), and the one
+//! per-response engine that runs them in order (`pipeline`). Nothing here
+//! knows about Pingora; the proxy feeds it chunks.
+//!
+//! Where new stream work goes: per-frame measurements (TTFT, decode rate)
+//! are fed from `pipeline`'s observe step; per-frame rewrites are handlers
+//! in `postprocess`.
+
+pub mod observe;
+pub mod pipeline;
+pub mod postprocess;
+pub mod scan;
+pub mod sse;
+pub mod usage;
+
+pub use pipeline::{BodyKind, ResponsePipeline};

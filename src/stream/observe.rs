@@ -1,0 +1,108 @@
+//! What the gateway learns from a response without changing it: whether an
+//! SSE event carries generated output, and the engine's token usage.
+
+use super::scan::{contains, key_has_nonempty_string};
+use super::usage::{self, Usage};
+
+/// What the proxy learns from a stream without changing it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Events that carried generated output (see [`observe_event`]).
+    pub content_events: u64,
+    /// The last `usage` object seen (engines report cumulative counts).
+    pub usage: Option<Usage>,
+}
+
+/// Updates `stats` from one event's data payload.
+///
+/// This runs on every frame of every stream, so it avoids JSON parsing on
+/// the hot path:
+/// - usage: a frame is parsed only if the bytes `"usage"` occur in it
+///   (typically just the last frame), and then only the `usage` member is
+///   materialised.
+/// - content: decided by a byte search for a `"content"`, `"text"`,
+///   `"reasoning"`, `"reasoning_content"` or `"arguments"` key whose value
+///   is a non-empty string. For valid JSON this cannot be fooled by string
+///   contents: inside a string every `"` is escaped, and the backslash
+///   parity check rejects those. The trade-off is that the search does not
+///   know which object the key belongs to, so a frame that has such a key
+///   outside `choices[]` (no engine sends one today) would count, and a
+///   malformed frame may be counted either way. `arguments` (tool-call
+///   deltas) is included because a tool-only answer is still generated
+///   output, and leaving it out would make it look like an empty stream.
+pub fn observe_event(event_data: &[u8], stats: &mut StreamStats) {
+    if carries_content(event_data) {
+        stats.content_events += 1;
+    }
+    if contains(event_data, b"\"usage\"") {
+        if let Some(u) = usage::parse_usage_bytes(event_data) {
+            stats.usage = Some(u);
+        }
+    }
+}
+
+const CONTENT_KEYS: [&[u8]; 5] = [
+    b"\"content\"",
+    b"\"text\"",
+    b"\"reasoning\"",
+    b"\"reasoning_content\"",
+    b"\"arguments\"",
+];
+
+fn carries_content(data: &[u8]) -> bool {
+    CONTENT_KEYS
+        .iter()
+        .any(|key| key_has_nonempty_string(data, key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observe_counts_content_and_captures_usage() {
+        let mut stats = StreamStats::default();
+        let frames: [&[u8]; 8] = [
+            br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            br#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#,
+            br#"{"choices":[{"index":0,"delta":{"reasoning_content":"hmm"}}]}"#,
+            br#"{"choices":[{"index":0,"text":"x"}]}"#,
+            br#"{"choices":[{"index":0,"delta":{"content" : "\"q"}}]}"#,
+            br#"{"choices":[{"index":0,"delta":{"content":null},"finish_reason":"stop"}]}"#,
+            br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            b"[DONE]",
+        ];
+        for f in frames {
+            observe_event(f, &mut stats);
+        }
+        assert_eq!(stats.content_events, 4);
+        assert_eq!(
+            stats.usage,
+            Some(Usage {
+                prompt_tokens: 5,
+                completion_tokens: 3,
+                cached_tokens: 2
+            })
+        );
+    }
+
+    #[test]
+    fn observe_is_not_fooled_by_string_contents() {
+        let mut stats = StreamStats::default();
+        // The needle appears only inside a string value (escaped quotes).
+        observe_event(
+            br#"{"choices":[{"delta":{"content":""},"x":"\"content\":\"y"}]}"#,
+            &mut stats,
+        );
+        // A key containing an escaped quote right before the needle.
+        observe_event(br#"{"choices":[],"a\"content":"y"}"#, &mut stats);
+        observe_event(br#"{"note":"the \"usage\" word","usage":null}"#, &mut stats);
+        assert_eq!(stats, StreamStats::default());
+        // Tool-call argument deltas are generated output too.
+        observe_event(
+            br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\""}}]}}]}"#,
+            &mut stats,
+        );
+        assert_eq!(stats.content_events, 1);
+    }
+}

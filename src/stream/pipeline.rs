@@ -1,0 +1,330 @@
+//! One engine for a response body, run once per upstream chunk:
+//! 1. observe: token usage and the time of the first generated token (on the
+//!    engine's raw bytes, before anything changes them);
+//! 2. drop the usage frame the gateway asked for on the client's behalf;
+//! 3. post-process with the route's handler.
+//!
+//! Without 2 and 3 the bytes pass untouched. With them, an SSE event goes
+//! out with the chunk that completed it (never held for the next one); a
+//! JSON body is held once, for rewriting up to `MAX_HELD_JSON_BYTES`, then
+//! passes unchanged. The proptests of `postprocess` drive this engine.
+
+use super::observe::{observe_event, StreamStats};
+use super::postprocess::{write_event, Handler, MAX_HELD_JSON_BYTES, MAX_PENDING_EVENT_BYTES};
+use super::sse::{event_data, SseSplitter};
+use super::usage::{is_usage_only_event, parse_usage_bytes, Usage};
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use std::time::Instant;
+
+/// A pass-through JSON body larger than this is not inspected for usage.
+const MAX_OBSERVED_JSON: usize = 1 << 20;
+
+/// Which kind of body a pipeline is looking at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    /// `text/event-stream`: handled event by event.
+    Sse,
+    /// `application/json`: held whole when rewritten, else passed through.
+    Json,
+}
+
+pub struct ResponsePipeline {
+    kind: BodyKind,
+    splitter: SseSplitter,
+    /// JSON: the body so far. Held for the rewrite when one is due (up to
+    /// MAX_HELD_JSON_BYTES), else a copy for usage (up to MAX_OBSERVED_JSON);
+    /// `None` once it outgrew its cap.
+    held: Option<Vec<u8>>,
+    /// A cap was passed: stop interpreting, pass bytes through.
+    passthrough: bool,
+    stats: StreamStats,
+    first_content_at: Option<Instant>,
+    handler: Option<Handler>,
+    drop_usage_frame: bool,
+}
+
+impl ResponsePipeline {
+    /// A pipeline for 2xx SSE/JSON responses that are not content-encoded
+    /// (compressed bytes can be neither read nor rewritten); None otherwise.
+    pub fn for_response(
+        status: StatusCode,
+        headers: &HeaderMap,
+        handler: Option<Handler>,
+        drop_usage_frame: bool,
+    ) -> Option<Self> {
+        if !status.is_success() {
+            return None;
+        }
+        let header = |name: http::header::HeaderName| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_ascii_lowercase()
+        };
+        let encoding = header(http::header::CONTENT_ENCODING);
+        if !(encoding.is_empty() || encoding == "identity") {
+            return None;
+        }
+        let ct = header(http::header::CONTENT_TYPE);
+        let kind = if ct.starts_with("text/event-stream") {
+            BodyKind::Sse
+        } else if ct.starts_with("application/json") {
+            BodyKind::Json
+        } else {
+            return None;
+        };
+        Some(Self::new(kind, handler, drop_usage_frame))
+    }
+
+    pub fn new(kind: BodyKind, handler: Option<Handler>, drop_usage_frame: bool) -> Self {
+        ResponsePipeline {
+            kind,
+            splitter: SseSplitter::new(),
+            held: (kind == BodyKind::Json).then(Vec::new),
+            passthrough: false,
+            stats: StreamStats::default(),
+            first_content_at: None,
+            handler,
+            drop_usage_frame: drop_usage_frame && kind == BodyKind::Sse,
+        }
+    }
+
+    /// Whether the bytes may change, so Content-Length must go.
+    pub fn rewrites(&self) -> bool {
+        self.handler.is_some() || self.drop_usage_frame
+    }
+
+    /// Processes one upstream chunk in place (`None` on a final empty call).
+    pub fn process(&mut self, body: &mut Option<Bytes>, end_of_stream: bool) {
+        let chunk = body.take().unwrap_or_default();
+        *body = if self.passthrough {
+            Some(chunk)
+        } else {
+            match self.kind {
+                BodyKind::Sse => self.push_sse(chunk, end_of_stream),
+                BodyKind::Json => self.push_json(chunk, end_of_stream),
+            }
+        };
+    }
+
+    /// [`process`](Self::process) for callers holding a slice: the bytes to
+    /// send now, possibly empty.
+    pub fn push(&mut self, chunk: &[u8], end_of_stream: bool) -> Bytes {
+        let mut body = Some(Bytes::copy_from_slice(chunk));
+        self.process(&mut body, end_of_stream);
+        body.unwrap_or_default()
+    }
+
+    fn push_sse(&mut self, chunk: Bytes, end_of_stream: bool) -> Option<Bytes> {
+        let rewrites = self.rewrites();
+        let (handler, drop_usage) = (self.handler, self.drop_usage_frame);
+        let (stats, first) = (&mut self.stats, &mut self.first_content_at);
+        let mut out = Vec::new();
+        self.splitter.push(&chunk, |event| {
+            let data = event_data(event);
+            if let Some(d) = data.as_deref() {
+                observe(d, stats, first);
+            }
+            if rewrites {
+                transform_event(handler, drop_usage, event, data.as_deref(), &mut out);
+            }
+        });
+        let runaway = self.splitter.pending_len() > MAX_PENDING_EVENT_BYTES;
+        if end_of_stream || runaway {
+            // Not SSE as we understand it: stop interpreting, lose nothing.
+            self.passthrough = runaway;
+            if let Some(rest) = self.splitter.finish() {
+                if rewrites && !runaway {
+                    let data = event_data(&rest);
+                    transform_event(handler, drop_usage, &rest, data.as_deref(), &mut out);
+                } else if rewrites {
+                    out.extend_from_slice(&rest);
+                }
+            }
+        }
+        if !rewrites {
+            Some(chunk)
+        } else {
+            (!out.is_empty()).then(|| Bytes::from(out))
+        }
+    }
+
+    fn push_json(&mut self, chunk: Bytes, end_of_stream: bool) -> Option<Bytes> {
+        let Some(handler) = self.handler else {
+            // Pass through, keeping a bounded copy for the usage read.
+            if let Some(buf) = &mut self.held {
+                if buf.len() + chunk.len() <= MAX_OBSERVED_JSON {
+                    buf.extend_from_slice(&chunk);
+                } else {
+                    self.held = None;
+                }
+            }
+            if end_of_stream {
+                self.read_json_usage();
+            }
+            return Some(chunk);
+        };
+        let held = self.held.get_or_insert_with(Vec::new);
+        held.extend_from_slice(&chunk);
+        if held.len() > MAX_HELD_JSON_BYTES {
+            self.passthrough = true;
+            return self.held.take().map(Bytes::from);
+        }
+        if !end_of_stream {
+            return None;
+        }
+        self.read_json_usage();
+        // Later calls (there should be none) must not resend anything.
+        self.passthrough = true;
+        let body = self.held.take()?;
+        Some(match super::postprocess::rewrite_json(handler, &body) {
+            Some(new) => Bytes::from(new),
+            None => Bytes::from(body),
+        })
+    }
+
+    fn read_json_usage(&mut self) {
+        if let Some(buf) = self.held.as_deref().filter(|b| !b.is_empty()) {
+            self.stats.usage = parse_usage_bytes(buf);
+        }
+    }
+
+    pub fn usage(&self) -> Option<Usage> {
+        self.stats.usage
+    }
+
+    pub fn first_content_at(&self) -> Option<Instant> {
+        self.first_content_at
+    }
+}
+
+fn observe(data: &[u8], stats: &mut StreamStats, first: &mut Option<Instant>) {
+    let before = stats.content_events;
+    observe_event(data, stats);
+    if first.is_none() && stats.content_events > before {
+        *first = Some(Instant::now());
+    }
+}
+
+/// What the client gets for one SSE event.
+fn transform_event(
+    handler: Option<Handler>,
+    drop_usage_frame: bool,
+    event: &[u8],
+    data: Option<&[u8]>,
+    out: &mut Vec<u8>,
+) {
+    if drop_usage_frame && data.is_some_and(is_usage_only_event) {
+        return;
+    }
+    match handler {
+        Some(h) => write_event(h, event, out),
+        None => out.extend_from_slice(event),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(ct: &str) -> (StatusCode, HeaderMap) {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", ct.parse().unwrap());
+        (StatusCode::OK, h)
+    }
+
+    fn pipeline(
+        (status, headers): (StatusCode, HeaderMap),
+        handler: Option<Handler>,
+        drop_usage_frame: bool,
+    ) -> Option<ResponsePipeline> {
+        ResponsePipeline::for_response(status, &headers, handler, drop_usage_frame)
+    }
+
+    fn run(p: &mut ResponsePipeline, chunks: &[&str]) -> String {
+        let mut out = String::new();
+        for (i, c) in chunks.iter().enumerate() {
+            let mut b = Some(Bytes::copy_from_slice(c.as_bytes()));
+            p.process(&mut b, i + 1 == chunks.len());
+            if let Some(b) = b {
+                out.push_str(std::str::from_utf8(&b).unwrap());
+            }
+        }
+        out
+    }
+
+    const CONTENT: &str =
+        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"system_fingerprint\":\"x\"}\n\n";
+    const USAGE: &str =
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":1}}\n\n";
+
+    #[test]
+    fn observe_only_passes_bytes_untouched() {
+        let mut p = pipeline(header("text/event-stream"), None, false).unwrap();
+        assert!(!p.rewrites());
+        let stream = format!("{CONTENT}{USAGE}data: [DONE]\n\n");
+        let (a, b) = stream.split_at(17);
+        assert_eq!(run(&mut p, &[a, b]), stream);
+        assert_eq!(p.usage().unwrap().prompt_tokens, 7);
+        assert!(p.first_content_at().is_some());
+    }
+
+    #[test]
+    fn injected_usage_frame_is_counted_then_dropped() {
+        let mut p = pipeline(header("text/event-stream"), None, true).unwrap();
+        let out = run(
+            &mut p,
+            &[CONTENT, &USAGE[..10], &USAGE[10..], "data: [DONE]\n\n"],
+        );
+        assert_eq!(out, format!("{CONTENT}data: [DONE]\n\n"));
+        assert_eq!(
+            p.usage().unwrap().prompt_tokens,
+            7,
+            "the gateway still saw it"
+        );
+    }
+
+    #[test]
+    fn handler_rewrites_events_and_sees_raw_usage() {
+        let mut p = pipeline(
+            header("text/event-stream"),
+            Some(Handler::VllmFormat),
+            false,
+        )
+        .unwrap();
+        let out = run(&mut p, &[CONTENT, USAGE]);
+        assert!(!out.contains("system_fingerprint"), "{out}");
+        assert!(out.contains("\"usage\""));
+        assert_eq!(p.usage().unwrap().completion_tokens, 1);
+    }
+
+    #[test]
+    fn json_body_is_rewritten_and_usage_read() {
+        let mut p = pipeline(
+            header("application/json"),
+            Some(Handler::StripActualUsage),
+            false,
+        )
+        .unwrap();
+        let body = "{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2},\"actual_usage\":{}}";
+        let out = run(&mut p, &[&body[..20], &body[20..]]);
+        assert_eq!(
+            out,
+            "{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}"
+        );
+        assert_eq!(p.usage().unwrap().prompt_tokens, 3);
+    }
+
+    #[test]
+    fn errors_and_compressed_bodies_are_left_alone() {
+        let (_, json) = header("application/json");
+        let err = (StatusCode::INTERNAL_SERVER_ERROR, json);
+        assert!(pipeline(err, Some(Handler::VllmFormat), false).is_none());
+        let (ok, mut gz) = header("text/event-stream");
+        gz.insert("content-encoding", "gzip".parse().unwrap());
+        assert!(pipeline((ok, gz), Some(Handler::VllmFormat), true).is_none());
+        assert!(pipeline(header("text/plain"), None, false).is_none());
+    }
+}
