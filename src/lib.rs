@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod balance;
 pub mod clock;
 pub mod config;
 pub mod controller;

@@ -3,9 +3,9 @@
 //! explains a placement without making it). No raw session id is ever
 //! echoed: only its hash.
 
+use crate::balance;
 use crate::clock::now_ms;
 use crate::errors::ErrorResponse;
-use crate::proxy::pick;
 use crate::registry::{Registry, Route, Toggle};
 use crate::session::extract_session;
 use serde_json::{json, Value};
@@ -120,7 +120,7 @@ fn peer_engine_json(route: &Route, i: usize, fresh: bool, now: u64) -> Value {
 fn route_state(route: &Route) -> Value {
     let now = now_ms();
     let all: Vec<usize> = (0..route.peers.len()).collect();
-    let loads = route.peer_loads(&all, now);
+    let loads = balance::peer_loads(route, &all, now);
     let sessions = route.sessions_per_peer();
     let c = &route.config;
     json!({
@@ -129,7 +129,7 @@ fn route_state(route: &Route) -> Value {
         "cross_tier_fallback": c.balancing.cross_tier_fallback,
         "idle_timeout_s": c.balancing.idle_timeout.as_secs(),
         "toggles": toggles_json(route),
-        "active_candidates": pick::candidates(route, &all, now)
+        "active_candidates": balance::candidates(route, &all, now)
             .iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
         "models": c.peers_by_model.iter().map(|(m, idx)| json!({
             "model": m,
@@ -222,7 +222,7 @@ fn route_debug(route: &Route, query: &str) -> Value {
     match session {
         Some(sid) => {
             let all: Vec<usize> = (0..route.peers.len()).collect();
-            let mut out = pick::explain(route, &all, &sid);
+            let mut out = balance::explain(route, &all, &sid);
             out["source"] = json!("query:sid");
             out
         }

@@ -1,5 +1,6 @@
-//! Peer choice for one request: `load_aware` (the session table), `hash` and
-//! `least_conn`.
+//! The pure placement rules: `load_aware` (the session table), `hash` and
+//! `least_conn`. `crate::balance` turns live peer state into their input and
+//! their output into a reserved slot.
 //!
 //! Everything here is pure and clock-injected: callers pass a snapshot of the
 //! route's peers ([`PeerLoad`]) and the current time in milliseconds, so every
@@ -106,8 +107,13 @@ pub enum PlacementKind {
     Hash,
     /// Mode `hash`: the home was not ready or saturated; least connections.
     HashFallback,
-    /// No session id: least connections.
+    /// No session id (or a mode that ignores sessions): least connections.
     LeastConn,
+    /// Mode `round_robin`: the next ready peer in turn (a benchmark baseline).
+    RoundRobin,
+    /// The placed peer was at `max_concurrency`: this one request went to the
+    /// least-loaded peer with room; the session's binding stays.
+    Overflow,
 }
 
 impl PlacementKind {
@@ -121,6 +127,8 @@ impl PlacementKind {
             PlacementKind::Hash => "hash",
             PlacementKind::HashFallback => "hash_fallback",
             PlacementKind::LeastConn => "least_conn",
+            PlacementKind::RoundRobin => "round_robin",
+            PlacementKind::Overflow => "overflow",
         }
     }
 }
@@ -137,6 +145,8 @@ pub enum Reason {
     NotReady,
     /// The session table had no room for the chosen peer.
     TableFull,
+    /// Every gateway slot of the placed peer was taken.
+    Saturated,
 }
 
 impl Reason {
@@ -146,11 +156,13 @@ impl Reason {
             Reason::KvFull => "kv_full",
             Reason::NotReady => "not_ready",
             Reason::TableFull => "table_full",
+            Reason::Saturated => "saturated",
         }
     }
 }
 
-/// Where one request goes, and why.
+/// Where one request goes, and why: the one decision type of the gateway
+/// (X-Routed-Mode is `kind`, the placements metric has `kind` and `reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
     pub peer: PeerId,

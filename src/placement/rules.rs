@@ -25,7 +25,7 @@ pub(super) struct Remembered {
 
 /// What should happen to the session's binding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Decision {
+pub(super) enum Verdict {
     NoReadyPeer,
     New {
         to: PeerId,
@@ -53,7 +53,7 @@ pub(super) struct HomeState {
     pub kv_full: bool,
 }
 
-/// The facts behind a decision, turned into prose only by `peek`.
+/// The facts behind a verdict, turned into prose only by `peek`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Why {
     NoReadyPeer,
@@ -93,17 +93,17 @@ pub(super) fn decide(
     remembered: Option<Remembered>,
     peers: &[PeerLoad],
     limits: Limits,
-) -> (Decision, Why) {
+) -> (Verdict, Why) {
     let Some(remembered) = remembered else {
         return match least_loaded_preferring_kv_room(sid, peers) {
             Some(to) => (
-                Decision::New { to: to.id },
+                Verdict::New { to: to.id },
                 Why::NewSession {
                     load: to.load(),
                     kv_room: !to.kv_full,
                 },
             ),
-            None => (Decision::NoReadyPeer, Why::NoReadyPeer),
+            None => (Verdict::NoReadyPeer, Why::NoReadyPeer),
         };
     };
 
@@ -113,16 +113,16 @@ pub(super) fn decide(
         // a new one; the cooldown only guards against moves for pressure.
         return match least_loaded_preferring_kv_room(sid, peers) {
             Some(to) => (
-                Decision::Migrate { from, to: to.id },
+                Verdict::Migrate { from, to: to.id },
                 Why::HomeGone {
                     still_configured: peers.iter().any(|p| p.id == from),
                     load: to.load(),
                 },
             ),
-            None => (Decision::NoReadyPeer, Why::NoReadyPeer),
+            None => (Verdict::NoReadyPeer, Why::NoReadyPeer),
         };
     };
-    let stay = Decision::Stay { on: from };
+    let stay = Verdict::Stay { on: from };
 
     if !peers.iter().any(|p| p.ready && p.id != from) {
         return (stay, Why::OnlyReadyPeer);
@@ -147,7 +147,7 @@ pub(super) fn decide(
         return (stay, Why::NoKvRoomElsewhere { home: home_state });
     };
     let target_load = target.load();
-    let spill = |reason| Decision::Spill {
+    let spill = |reason| Verdict::Spill {
         from,
         to: target.id,
         reason,
@@ -185,11 +185,11 @@ pub(super) fn decide(
     (stay, why)
 }
 
-/// Human explanation of a decision for `/_route_debug`.
-pub(super) fn explain(decision: Decision, why: Why) -> String {
-    match (decision, why) {
+/// Human explanation of a verdict for `/_route_debug`.
+pub(super) fn explain(verdict: Verdict, why: Why) -> String {
+    match (verdict, why) {
         (_, Why::NoReadyPeer) => "no ready peer".to_owned(),
-        (Decision::New { to }, Why::NewSession { load, kv_room }) => {
+        (Verdict::New { to }, Why::NewSession { load, kv_room }) => {
             let room = if kv_room {
                 "with KV room"
             } else {
@@ -197,7 +197,7 @@ pub(super) fn explain(decision: Decision, why: Why) -> String {
             };
             format!("unknown session: least-loaded ready peer {room} is {to} (load {load})")
         }
-        (Decision::Migrate { from, to }, Why::HomeGone { still_configured, load }) => {
+        (Verdict::Migrate { from, to }, Why::HomeGone { still_configured, load }) => {
             let state = if still_configured {
                 "is not ready"
             } else {
@@ -212,12 +212,12 @@ pub(super) fn explain(decision: Decision, why: Why) -> String {
         (_, Why::NoKvRoomElsewhere { home }) => {
             format!("{}; no other ready peer has KV room: stays", describe(home))
         }
-        (Decision::Spill { to, .. }, Why::BackedUp { home, target_load, margin }) => format!(
+        (Verdict::Spill { to, .. }, Why::BackedUp { home, target_load, margin }) => format!(
             "{}; backed up: load {} >= {target_load} (least-loaded peer {to} with KV room) + {margin}: spills",
             describe(home),
             home.load
         ),
-        (Decision::Spill { to, .. }, Why::KvFullShed { home, target_load }) => format!(
+        (Verdict::Spill { to, .. }, Why::KvFullShed { home, target_load }) => format!(
             "{}; KV-full and queuing, peer {to} has KV room and is no busier (load {target_load}): spills",
             describe(home)
         ),
@@ -233,7 +233,7 @@ pub(super) fn explain(decision: Decision, why: Why) -> String {
                 describe(home)
             )
         }
-        (decision, why) => format!("{decision:?} because {why:?}"),
+        (verdict, why) => format!("{verdict:?} because {why:?}"),
     }
 }
 

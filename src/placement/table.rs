@@ -7,7 +7,7 @@
 //! a client could otherwise craft ids that pile into one shard or one probe
 //! chain.
 //!
-//! Each decision is made while holding the session's shard lock, so racing
+//! Each verdict is made while holding the session's shard lock, so racing
 //! first requests of one session serialise: the first inserts, the rest find
 //! its binding and stick to it. Locks are held for a map lookup plus a pass
 //! over the peer list, never for a scan, except by expiry scans, which lock one
@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use parking_lot::{Mutex, RwLock};
 
 use super::load::rendezvous;
-use super::rules::{self, Decision, Limits, Remembered};
+use super::rules::{self, Limits, Remembered, Verdict};
 use super::{PeerId, PeerLoad, Placement, PlacementKind, Reason};
 
 /// Enough shards that worker threads (a few dozen at most) rarely meet on one
@@ -227,16 +227,16 @@ impl SessionTable {
         let shard = self.shard(sid);
         let mut map = shard.map.lock();
         let remembered = self.live_binding(&mut map, sid, now);
-        let (decision, _) = rules::decide(sid, remembered, peers, self.config.limits());
+        let (verdict, _) = rules::decide(sid, remembered, peers, self.config.limits());
         let cap = self.config.max_sessions_per_peer.load(Relaxed);
         let placed = |peer, kind, reason| Attempt::Done(Some(Placement { peer, kind, reason }));
-        match decision {
-            Decision::NoReadyPeer => Attempt::Done(None),
-            Decision::Stay { on } => {
+        match verdict {
+            Verdict::NoReadyPeer => Attempt::Done(None),
+            Verdict::Stay { on } => {
                 touch(&mut map, sid, now);
                 placed(on, PlacementKind::Sticky, None)
             }
-            Decision::New { to } => {
+            Verdict::New { to } => {
                 if self.reserve(to, cap) {
                     let binding = Binding {
                         peer: to,
@@ -255,7 +255,7 @@ impl SessionTable {
                 }
                 Attempt::Done(table_full(sid, peers))
             }
-            Decision::Spill { from, to, reason } => {
+            Verdict::Spill { from, to, reason } => {
                 // Moving keeps the table's size; it must not break the other
                 // peer's cap though, and staying is still a valid answer.
                 if self.reserve(to, cap) {
@@ -265,7 +265,7 @@ impl SessionTable {
                 touch(&mut map, sid, now);
                 placed(from, PlacementKind::Sticky, None)
             }
-            Decision::Migrate { from, to } => {
+            Verdict::Migrate { from, to } => {
                 if self.reserve(to, cap) {
                     self.rebind(&mut map, sid, from, to, now);
                     return placed(to, PlacementKind::Migrated, Some(Reason::NotReady));
@@ -284,7 +284,7 @@ impl SessionTable {
         }
     }
 
-    /// The decision `place` would make now, and why, changing nothing. When
+    /// The verdict `place` would make now, and why, changing nothing. When
     /// the chosen peer's table share is full, `place` would first run an
     /// expiry scan if one could free room; the explanation says so.
     pub fn peek(&self, sid: u64, peers: &[PeerLoad], now_ms: u64) -> Option<(Placement, String)> {
@@ -296,8 +296,8 @@ impl SessionTable {
                 .filter(|binding| !self.expired(binding.last_seen, now))
                 .map(|binding| self.remembered(binding, now))
         };
-        let (decision, why) = rules::decide(sid, remembered, peers, self.config.limits());
-        let mut explanation = rules::explain(decision, why);
+        let (verdict, why) = rules::decide(sid, remembered, peers, self.config.limits());
+        let mut explanation = rules::explain(verdict, why);
         let cap = self.config.max_sessions_per_peer.load(Relaxed);
         let placement = |peer, kind, reason| Placement { peer, kind, reason };
         let mut no_room = |to: PeerId| {
@@ -309,22 +309,22 @@ impl SessionTable {
             }
             table_full(sid, peers)
         };
-        let result = match decision {
-            Decision::NoReadyPeer => None,
-            Decision::Stay { on } => Some(placement(on, PlacementKind::Sticky, None)),
-            Decision::New { to } if self.has_room(to, cap) => {
+        let result = match verdict {
+            Verdict::NoReadyPeer => None,
+            Verdict::Stay { on } => Some(placement(on, PlacementKind::Sticky, None)),
+            Verdict::New { to } if self.has_room(to, cap) => {
                 Some(placement(to, PlacementKind::New, None))
             }
-            Decision::Migrate { to, .. } if self.has_room(to, cap) => Some(placement(
+            Verdict::Migrate { to, .. } if self.has_room(to, cap) => Some(placement(
                 to,
                 PlacementKind::Migrated,
                 Some(Reason::NotReady),
             )),
-            Decision::New { to } | Decision::Migrate { to, .. } => no_room(to),
-            Decision::Spill { to, reason, .. } if self.has_room(to, cap) => {
+            Verdict::New { to } | Verdict::Migrate { to, .. } => no_room(to),
+            Verdict::Spill { to, reason, .. } if self.has_room(to, cap) => {
                 Some(placement(to, PlacementKind::Spill, Some(reason)))
             }
-            Decision::Spill { from, to, .. } => {
+            Verdict::Spill { from, to, .. } => {
                 explanation.push_str(&format!(
                     "; but peer {to} already holds {cap} sessions, so the session stays"
                 ));

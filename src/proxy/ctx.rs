@@ -1,7 +1,7 @@
 //! Per-request state shared by the proxy hooks.
 
 use crate::lifecycle::ActiveRequest;
-use crate::proxy::pick::Decision;
+use crate::placement::Placement;
 use crate::registry::{InFlightGuard, Route};
 use crate::session::SessionId;
 use crate::stream::ResponsePipeline;
@@ -40,7 +40,7 @@ pub struct RequestCtx {
     /// The request's session (hash and source only, never the raw value).
     pub session: Option<SessionId>,
     /// What placement decided (X-Routed-Mode).
-    pub decision: Option<Decision>,
+    pub decision: Option<Placement>,
     /// The gateway added `stream_options.include_usage`: the usage frame is
     /// for the gateway, not the client.
     pub usage_injected: bool,

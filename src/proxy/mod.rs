@@ -11,7 +11,6 @@
 
 pub mod ctx;
 pub mod guards;
-pub mod pick;
 pub mod replay;
 pub mod request;
 
@@ -126,25 +125,25 @@ impl Gateway {
             .as_ref()
             .and_then(|j| j.get("model"))
             .and_then(|m| m.as_str());
-        ctx.pool = pick::model_pool(&route, model)?;
+        ctx.pool = crate::balance::model_pool(&route, model)?;
         ctx.session = crate::session::extract_session(
             &session.req_header().headers,
             &route.config.balancing.session_headers,
             ctx.json.as_ref(),
         );
-        let choice = pick::choose(&route, &ctx.pool, ctx.session.as_ref())?;
+        let placed = crate::balance::place(&route, &ctx.pool, ctx.session.as_ref())?;
         metrics()
             .placements
             .with_label_values(&[
                 route.name(),
-                &route.peers[choice.peer].config.name,
-                choice.decision.mode,
-                choice.decision.reason.unwrap_or("none"),
+                &route.peers[placed.peer].config.name,
+                placed.placement.kind.as_str(),
+                placed.placement.reason.map_or("none", |r| r.as_str()),
             ])
             .inc();
-        ctx.peer = Some(choice.peer);
-        ctx.slot = Some(choice.slot);
-        ctx.decision = Some(choice.decision);
+        ctx.peer = Some(placed.peer);
+        ctx.slot = Some(placed.slot);
+        ctx.decision = Some(placed.placement);
 
         let uri = rest
             .parse::<http::Uri>()
@@ -271,7 +270,7 @@ impl ProxyHttp for Gateway {
                 .route
                 .clone()
                 .ok_or_else(|| Error::explain(ErrorType::InternalError, "retry without route"))?;
-            match pick::retry(&route, &ctx.pool, &ctx.tried) {
+            match crate::balance::retry(&route, &ctx.pool, &ctx.tried) {
                 Some((peer, slot)) => {
                     ctx.peer = Some(peer);
                     ctx.slot = Some(slot);
@@ -316,7 +315,9 @@ impl ProxyHttp for Gateway {
                 p.config.name,
                 e.etype().as_str()
             ));
-            e.set_retry(pick::has_untried_ready(route, &ctx.pool, &ctx.tried));
+            e.set_retry(crate::balance::has_untried_ready(
+                route, &ctx.pool, &ctx.tried,
+            ));
         }
         e
     }
@@ -393,7 +394,7 @@ impl ProxyHttp for Gateway {
             resp.insert_header("x-routed-source", sid.source.as_str().to_string())?;
         }
         if let Some(decision) = ctx.decision {
-            resp.insert_header("x-routed-mode", decision.mode)?;
+            resp.insert_header("x-routed-mode", decision.kind.as_str())?;
         }
         resp.insert_header("x-routed-peer", ctx.peer_name().to_string())?;
         resp.insert_header(

@@ -1,0 +1,77 @@
+//! What placement sees of each peer at this instant ([`PeerLoad`]): the
+//! gateway's in-flight count, readiness, and the engine's own metrics while
+//! they are fresh, with the engine's queue corrected for what finished since
+//! the scrape.
+
+use crate::placement::{EngineLoad, PeerLoad};
+use crate::registry::Route;
+
+/// The load view placement works on, for the peers of `route` at `indices`.
+pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad> {
+    let engine_cfg = route.config.engine_metrics.as_ref();
+    indices
+        .iter()
+        .filter_map(|&i| route.peers.get(i))
+        .map(|p| {
+            let fresh = engine_cfg.and_then(|cfg| {
+                let sample = p.state.engine_sample()?;
+                (now_ms.saturating_sub(sample.read_at_ms) <= cfg.max_age_ms()).then(|| {
+                    let queue = EngineLoad {
+                        waiting: sample.sustained_waiting,
+                        ..sample.load
+                    };
+                    discount_completed(queue, p.state.completed_since(&sample))
+                })
+            });
+            let kv_full = match (fresh, engine_cfg) {
+                (Some(load), Some(cfg)) => load.kv_usage >= cfg.kv_full_threshold,
+                _ => false,
+            };
+            PeerLoad {
+                id: p.state.id,
+                ready: p.state.is_ready(now_ms),
+                in_flight: p.state.in_flight(),
+                max_concurrency: p.config.max_concurrency,
+                engine: fresh,
+                kv_full,
+            }
+        })
+        .collect()
+}
+
+/// The engine's queue as it must be now: every request this gateway saw
+/// finish since the sample freed a running slot, which admits one waiting
+/// request (continuous batching). Without this, a queue that drained right
+/// after a scrape keeps looking backed up for up to two scrape intervals,
+/// and sessions spill needlessly, each re-prefilling its whole context on a
+/// cold peer.
+pub fn discount_completed(load: EngineLoad, completed: u64) -> EngineLoad {
+    let completed = u32::try_from(completed).unwrap_or(u32::MAX);
+    let from_waiting = completed.min(load.waiting);
+    EngineLoad {
+        waiting: load.waiting - from_waiting,
+        running: load.running.saturating_sub(completed - from_waiting),
+        kv_usage: load.kv_usage,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(waiting: u32, running: u32) -> EngineLoad {
+        EngineLoad {
+            waiting,
+            running,
+            kv_usage: 0.5,
+        }
+    }
+    #[test]
+    fn completions_since_a_scrape_drain_the_queue_first() {
+        assert_eq!(discount_completed(load(3, 6), 0), load(3, 6));
+        assert_eq!(discount_completed(load(3, 6), 2), load(1, 6));
+        assert_eq!(discount_completed(load(3, 6), 5), load(0, 4));
+        assert_eq!(discount_completed(load(3, 6), 100), load(0, 0));
+        assert_eq!(discount_completed(load(1, 1), u64::MAX), load(0, 0));
+    }
+}

@@ -1,0 +1,183 @@
+//! The one home of peer choice: which peer a request gets, with its
+//! in-flight slot reserved, and why.
+//!
+//! - `pools`: the model's pool and the active priority tier (candidates);
+//! - `load`: live peer state turned into the pure rules' input;
+//! - this file: the route's mode applied (`crate::placement` holds the pure
+//!   rules and the session table), overflow when the placed peer is full,
+//!   retries after a refused connection;
+//! - `explain`: the same decision described, changing nothing.
+//!
+//! One verb (place) and one decision type ([`Placement`]) for every mode:
+//! round-robin and overflow are kinds of it like sticky and spill.
+//! Where new admission work goes: gates that refuse before a peer is chosen
+//! live in `proxy/guards`; limits on a peer's slots (adaptive concurrency)
+//! live here, next to `try_acquire`.
+
+mod explain;
+mod load;
+mod pools;
+
+pub use explain::explain;
+pub use load::{discount_completed, peer_loads};
+pub use pools::{candidates, model_pool};
+
+use crate::clock::now_ms;
+use crate::config::Mode;
+use crate::errors::ErrorResponse;
+use crate::placement::{self, PeerLoad, Placement, PlacementKind, Reason};
+use crate::registry::{InFlightGuard, Route};
+use crate::session::SessionId;
+use pools::{load_ratio, usable};
+use std::cell::Cell;
+
+/// A placed request: the peer (index into `route.peers`), its reserved
+/// slot, and the decision.
+pub struct Placed {
+    pub peer: usize,
+    pub slot: InFlightGuard,
+    pub placement: Placement,
+}
+
+/// Places a new request and reserves its slot.
+/// No ready peer → 503; every candidate at its limit → 429.
+pub fn place(
+    route: &Route,
+    pool: &[usize],
+    session: Option<&SessionId>,
+) -> Result<Placed, ErrorResponse> {
+    let now = now_ms();
+    let cands = candidates(route, pool, now);
+    if cands.is_empty() {
+        return Err(ErrorResponse::no_ready_peer(route.name()));
+    }
+    let loads = peer_loads(route, &cands, now);
+    let placed = apply_mode(route, &loads, session, now).and_then(|placement| {
+        let (i, p) = route.peer_by_id(placement.peer)?;
+        p.state
+            .try_acquire(p.config.max_concurrency)
+            .map(|slot| Placed {
+                peer: i,
+                slot,
+                placement,
+            })
+    });
+    if let Some(placed) = placed {
+        return Ok(placed);
+    }
+    overflow(route, &cands).ok_or_else(|| concurrency_limit(route, &cands))
+}
+
+/// The placed peer is at its limit: this one request goes to the
+/// least-loaded candidate with room, the session's binding stays.
+fn overflow(route: &Route, cands: &[usize]) -> Option<Placed> {
+    let mut by_load = cands.to_vec();
+    by_load.sort_by(|&a, &b| load_ratio(route, a).total_cmp(&load_ratio(route, b)));
+    by_load.into_iter().find_map(|i| {
+        let p = &route.peers[i];
+        let slot = p.state.try_acquire(p.config.max_concurrency)?;
+        Some(Placed {
+            peer: i,
+            slot,
+            placement: Placement {
+                peer: p.state.id,
+                kind: PlacementKind::Overflow,
+                reason: Some(Reason::Saturated),
+            },
+        })
+    })
+}
+
+fn concurrency_limit(route: &Route, cands: &[usize]) -> ErrorResponse {
+    let limit: u32 = cands
+        .iter()
+        .map(|&i| route.peers[i].config.max_concurrency)
+        .sum();
+    let in_flight: u32 = cands
+        .iter()
+        .map(|&i| route.peers[i].state.in_flight())
+        .sum();
+    ErrorResponse::new(
+        429,
+        "concurrency_limit",
+        format!("route {:?} is at its concurrency limit", route.name()),
+    )
+    .with("limit", limit)
+    .with("in_flight", in_flight)
+    .with("healthy_peers", cands.len())
+    .retry_after(1)
+}
+
+/// The route's placement mode over live loads; None only if no peer is ready.
+fn apply_mode(
+    route: &Route,
+    loads: &[PeerLoad],
+    session: Option<&SessionId>,
+    now: u64,
+) -> Option<Placement> {
+    let plain = |peer, kind| Placement {
+        peer,
+        kind,
+        reason: None,
+    };
+    match (route.config.balancing.mode, session) {
+        (Mode::RoundRobin, _) => {
+            let ready: Vec<&PeerLoad> = loads.iter().filter(|l| l.ready).collect();
+            let turn = route
+                .runtime
+                .round_robin
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let next = ready.get(turn % ready.len().max(1))?;
+            Some(plain(next.id, PlacementKind::RoundRobin))
+        }
+        (Mode::LeastConn, _) | (_, None) => placement::least_conn(loads, next_random())
+            .map(|id| plain(id, PlacementKind::LeastConn)),
+        (Mode::Hash, Some(sid)) => placement::hash_place(sid.hash, loads, next_random()),
+        (Mode::LoadAware, Some(sid)) => route.runtime.sessions.place(sid.hash, loads, now),
+    }
+}
+
+/// The next peer for a retry: ready, not tried yet, with a free slot.
+pub fn retry(route: &Route, pool: &[usize], tried: &[usize]) -> Option<(usize, InFlightGuard)> {
+    let now = now_ms();
+    let mut untried: Vec<usize> = candidates(route, pool, now)
+        .into_iter()
+        .filter(|i| !tried.contains(i))
+        .collect();
+    untried.sort_by(|&a, &b| load_ratio(route, a).total_cmp(&load_ratio(route, b)));
+    untried.into_iter().find_map(|i| {
+        let p = &route.peers[i];
+        p.state
+            .try_acquire(p.config.max_concurrency)
+            .map(|slot| (i, slot))
+    })
+}
+
+pub fn has_untried_ready(route: &Route, pool: &[usize], tried: &[usize]) -> bool {
+    let now = now_ms();
+    pool.iter()
+        .any(|i| !tried.contains(i) && usable(route, *i, now))
+}
+
+/// A cheap per-thread random number for tie-breaking (xorshift64*). Not
+/// for anything security-related.
+fn next_random() -> u64 {
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new({
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0x9E37_79B9_7F4A_7C15);
+            let tid = std::thread::current().id();
+            crate::hash::stable_hash64(format!("{t}{tid:?}").as_bytes()) | 1
+        });
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    })
+}

@@ -1,0 +1,227 @@
+//! The live route table and the runtime state that outlives a reload.
+//!
+//! A request takes one `Arc<RouteTable>` snapshot and keeps it to the end, so
+//! a reload never changes a request mid-flight. Runtime state (in-flight
+//! counts, bans, engine load, the session table, toggles) lives in
+//! `RouteRuntime`, keyed by route name and, per peer, by `host:port`: a
+//! reload hands the same state to every peer that is still configured and
+//! drops it for the rest.
+//!
+//! Who writes what: `reload` (the controller) swaps the table and re-reads
+//! key files; the request path takes in-flight slots and bans peers it
+//! cannot reach; the health tasks ban, unban and record engine samples; the
+//! toggle endpoints flip `Toggles`.
+
+mod keys;
+mod peer;
+mod route;
+mod toggles;
+
+pub use keys::KeyState;
+pub use peer::{EngineSample, InFlightGuard, PeerState};
+pub use route::{Route, RoutePeer, RouteRuntime};
+pub use toggles::{Toggle, Toggles};
+
+use crate::auth::KeyFileStatus;
+use crate::config::{ConfigError, GatewayConfig, PeerConfig, RouteConfig};
+use crate::reject::RuleSet;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use route::{resolve, table_config};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+pub type RouteTable = HashMap<String, Arc<Route>>;
+
+/// What a reload did, for logs, metrics and tests.
+#[derive(Debug, Default, Clone)]
+pub struct ReloadReport {
+    pub added: Vec<String>,
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
+    pub unchanged: Vec<String>,
+    /// Files that failed; their route keeps its previous version (or stays absent).
+    pub errors: Vec<ConfigError>,
+    pub warnings: Vec<String>,
+}
+
+impl ReloadReport {
+    pub fn ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// Owns the current route table and the runtime registry behind it.
+pub struct Registry {
+    table: ArcSwap<RouteTable>,
+    runtimes: Mutex<HashMap<String, Arc<RouteRuntime>>>,
+    gateway: GatewayConfig,
+    /// Serialises reloads (SIGHUP can arrive while one is running).
+    reload_lock: Mutex<()>,
+    shared_keys: ArcSwap<KeyState>,
+}
+
+impl Registry {
+    pub fn new(gateway: GatewayConfig) -> Self {
+        Registry {
+            table: ArcSwap::from_pointee(HashMap::new()),
+            runtimes: Mutex::new(HashMap::new()),
+            // Read (and logged) by the first reload, like every later one.
+            shared_keys: ArcSwap::from_pointee(KeyState {
+                path: gateway.api_keys_file.clone(),
+                status: KeyFileStatus::Missing,
+                keys: None,
+                scope: "shared",
+            }),
+            gateway,
+            reload_lock: Mutex::new(()),
+        }
+    }
+
+    pub fn shared_keys(&self) -> Arc<KeyState> {
+        self.shared_keys.load_full()
+    }
+
+    pub fn gateway(&self) -> &GatewayConfig {
+        &self.gateway
+    }
+
+    /// The current table; cheap (one Arc clone, no lock).
+    pub fn snapshot(&self) -> Arc<RouteTable> {
+        self.table.load_full()
+    }
+
+    pub fn route(&self, name: &str) -> Option<Arc<Route>> {
+        self.table.load().get(name).cloned()
+    }
+
+    /// Re-reads the routes directory and swaps in the new table. A file that
+    /// fails to parse or validate keeps its previous version (or stays absent
+    /// if new); a file that disappeared removes its route.
+    pub fn reload(&self) -> ReloadReport {
+        let _serial = self.reload_lock.lock();
+        let mut report = ReloadReport::default();
+        let dir = &self.gateway.routes_dir;
+        let loaded = match crate::config::load_routes_dir(dir, &self.gateway) {
+            Ok(l) => l,
+            Err(e) => {
+                // An unreadable directory says nothing about which routes
+                // should exist: keep serving what we have.
+                report.errors.push(e);
+                return report;
+            }
+        };
+        let old = self.snapshot();
+        let mut next: RouteTable = HashMap::with_capacity(loaded.len());
+        for (name, result) in loaded {
+            match result {
+                Ok(config) => {
+                    report.warnings.extend(
+                        config
+                            .warnings
+                            .iter()
+                            .map(|w| format!("{}: {w}", config.file.display())),
+                    );
+                    match old.get(&name) {
+                        Some(prev) if prev.config == config => {
+                            report.unchanged.push(name.clone());
+                            next.insert(name, Arc::clone(prev));
+                        }
+                        Some(_) => {
+                            report.changed.push(name.clone());
+                            next.insert(name, self.build_route(config));
+                        }
+                        None => {
+                            report.added.push(name.clone());
+                            next.insert(name, self.build_route(config));
+                        }
+                    }
+                }
+                Err(e) => {
+                    if let Some(prev) = old.get(&name) {
+                        next.insert(name, Arc::clone(prev));
+                    }
+                    report.errors.push(e);
+                }
+            }
+        }
+        for name in old.keys() {
+            if !next.contains_key(name) {
+                report.removed.push(name.clone());
+            }
+        }
+        {
+            let mut runtimes = self.runtimes.lock();
+            runtimes.retain(|name, _| next.contains_key(name));
+        }
+        self.reload_keys(&next);
+        report.added.sort();
+        report.changed.sort();
+        report.removed.sort();
+        report.unchanged.sort();
+        self.table.store(Arc::new(next));
+        report
+    }
+
+    /// Re-reads every key file (rotation without restart). In-flight
+    /// requests already passed their check and are unaffected.
+    fn reload_keys(&self, table: &RouteTable) {
+        let shared = Arc::new(KeyState::load(&self.gateway.api_keys_file, "shared"));
+        // KeySet::load has logged a missing, unreadable or empty file.
+        let shared_used =
+            table.is_empty() || table.values().any(|r| r.config.api_keys_file.is_none());
+        let mut all_enforced = !shared_used || shared.enforced().is_some();
+        self.shared_keys.store(shared);
+        for route in table.values() {
+            let own = route
+                .config
+                .api_keys_file
+                .as_ref()
+                .map(|path| Arc::new(KeyState::load(path, "route")));
+            if let Some(state) = &own {
+                all_enforced &= state.enforced().is_some();
+            }
+            route.runtime.keys.store(own);
+        }
+        crate::metrics::metrics()
+            .api_keys_configured
+            .set(all_enforced as i64);
+    }
+
+    fn build_route(&self, config: RouteConfig) -> Arc<Route> {
+        let runtime = {
+            let mut runtimes = self.runtimes.lock();
+            Arc::clone(
+                runtimes
+                    .entry(config.name.clone())
+                    .or_insert_with(|| Arc::new(RouteRuntime::new(&config))),
+            )
+        };
+        let addresses: Vec<String> = config.peers.iter().map(PeerConfig::address).collect();
+        for gone in runtime.retain_peers(&addresses) {
+            runtime.sessions.forget_peer(gone);
+        }
+        runtime.sessions.set_config(table_config(&config));
+        runtime.generation.fetch_add(1, Ordering::AcqRel);
+        let peers = config
+            .peers
+            .iter()
+            .map(|pc| RoutePeer {
+                config: pc.clone(),
+                state: runtime.peer_state(&pc.address()),
+                addr: resolve(&pc.host, pc.port),
+            })
+            .collect();
+        let (rules, rule_errors) = RuleSet::compile(&config.reject_rules);
+        for e in rule_errors {
+            log::error!("{}: reject rule dropped: {e}", config.file.display());
+        }
+        Arc::new(Route {
+            config,
+            peers,
+            runtime,
+            rules,
+        })
+    }
+}

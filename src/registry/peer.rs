@@ -1,0 +1,223 @@
+//! Runtime state of one peer (route + `host:port`), shared by every worker
+//! thread and carried across reloads: in-flight slots, readiness, the last
+//! engine metrics. Written by the request path (slots, passive bans) and by
+//! the health tasks (bans, engine samples); read by `balance`.
+
+use crate::placement::{EngineLoad, PeerId};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Last engine metrics read from a peer's `/metrics`.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineSample {
+    pub load: EngineLoad,
+    pub read_at_ms: u64,
+    /// The peer's completion count when the sample was read.
+    pub completed_at_read: u64,
+    /// Waiting requests seen in this AND the previous scrape (the smaller
+    /// count), 0 when the previous scrape is missing or too old. A queue
+    /// that shows up in one sample only is a burst the engine absorbs on
+    /// its own; moving a session for it costs a cold prefill of its whole
+    /// context (measured in the replay bench: such spills cost load_aware
+    /// its lead on TTFT p95).
+    pub sustained_waiting: u32,
+}
+
+/// Runtime state of one peer (route + host:port). Shared by all worker threads.
+#[derive(Debug)]
+pub struct PeerState {
+    pub id: PeerId,
+    pub address: String,
+    in_flight: AtomicU32,
+    /// Requests finished (slots released) since the peer was first seen.
+    completed: AtomicU64,
+    /// 0 = not banned; else `now_ms()` until which the peer is not ready.
+    banned_until_ms: AtomicU64,
+    /// Set by a failing probe or a live connect failure, cleared by a passing probe.
+    failing: AtomicBool,
+    engine: Mutex<Option<EngineSample>>,
+}
+
+impl PeerState {
+    pub(super) fn new(id: PeerId, address: String) -> Self {
+        PeerState {
+            id,
+            address,
+            in_flight: AtomicU32::new(0),
+            completed: AtomicU64::new(0),
+            banned_until_ms: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
+            engine: Mutex::new(None),
+        }
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn is_ready(&self, now_ms: u64) -> bool {
+        let until = self.banned_until_ms.load(Ordering::Relaxed);
+        until == 0 || now_ms >= until
+    }
+
+    /// Remaining ban, for the status endpoints.
+    pub fn banned_for_ms(&self, now_ms: u64) -> u64 {
+        self.banned_until_ms
+            .load(Ordering::Relaxed)
+            .saturating_sub(now_ms)
+    }
+
+    pub fn ban(&self, now_ms: u64, ttl: Duration) {
+        self.failing.store(true, Ordering::Relaxed);
+        self.banned_until_ms
+            .store(now_ms + ttl.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    pub fn unban(&self) {
+        self.failing.store(false, Ordering::Relaxed);
+        self.banned_until_ms.store(0, Ordering::Relaxed);
+    }
+
+    pub fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+
+    /// Stores a scrape; `max_gap_ms` is how old the previous one may be to
+    /// count as consecutive (two scrape intervals).
+    pub fn record_engine(&self, load: EngineLoad, now_ms: u64, max_gap_ms: u64) {
+        let mut slot = self.engine.lock();
+        let sustained_waiting = match *slot {
+            Some(prev) if now_ms.saturating_sub(prev.read_at_ms) <= max_gap_ms => {
+                prev.load.waiting.min(load.waiting)
+            }
+            _ => 0,
+        };
+        *slot = Some(EngineSample {
+            load,
+            read_at_ms: now_ms,
+            completed_at_read: self.completed.load(Ordering::Acquire),
+            sustained_waiting,
+        });
+    }
+
+    /// Requests that finished on this peer since `sample` was read.
+    pub fn completed_since(&self, sample: &EngineSample) -> u64 {
+        self.completed
+            .load(Ordering::Acquire)
+            .saturating_sub(sample.completed_at_read)
+    }
+
+    pub fn engine_sample(&self) -> Option<EngineSample> {
+        *self.engine.lock()
+    }
+
+    /// Reserves an in-flight slot unless the peer already carries `limit`.
+    /// One atomic read-modify-write, so the limit holds across worker threads.
+    pub fn try_acquire(self: &Arc<Self>, limit: u32) -> Option<InFlightGuard> {
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| InFlightGuard {
+                peer: Arc::clone(self),
+            })
+    }
+}
+
+/// An in-flight slot on a peer. Dropping it releases the slot, so every exit
+/// path of a request (local response, connect failure, upstream death, client
+/// disconnect, a panic unwinding the task) gives it back.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    peer: Arc<PeerState>,
+}
+
+impl InFlightGuard {
+    pub fn peer(&self) -> &Arc<PeerState> {
+        &self.peer
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.peer.completed.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balance::discount_completed;
+
+    fn load(waiting: u32, running: u32) -> EngineLoad {
+        EngineLoad {
+            waiting,
+            running,
+            kv_usage: 0.5,
+        }
+    }
+
+    #[test]
+    fn a_released_slot_counts_as_a_completion_against_the_sample() {
+        let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
+        let first = peer.try_acquire(8).expect("slot");
+        let second = peer.try_acquire(8).expect("slot");
+        peer.record_engine(load(2, 8), 0, 100);
+        peer.record_engine(load(2, 8), 1, 100);
+        let sample = peer.engine_sample().expect("sample");
+        assert_eq!(sample.sustained_waiting, 2);
+        assert_eq!(peer.completed_since(&sample), 0);
+        drop(first);
+        assert_eq!(peer.completed_since(&sample), 1);
+        drop(second);
+        assert_eq!(
+            discount_completed(sample.load, peer.completed_since(&sample)),
+            load(0, 8)
+        );
+        assert_eq!(peer.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_slot_limit_holds_and_slots_come_back() {
+        let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
+        let a = peer.try_acquire(2).expect("first");
+        let _b = peer.try_acquire(2).expect("second");
+        assert!(peer.try_acquire(2).is_none(), "limit reached");
+        drop(a);
+        assert!(peer.try_acquire(2).is_some(), "a released slot is reusable");
+    }
+
+    #[test]
+    fn a_queue_counts_only_when_two_consecutive_scrapes_show_it() {
+        let peer = PeerState::new(0, "127.0.0.1:1".into());
+        peer.record_engine(load(3, 6), 0, 100);
+        assert_eq!(
+            peer.engine_sample().unwrap().sustained_waiting,
+            0,
+            "one sample is a blip"
+        );
+        peer.record_engine(load(2, 6), 50, 100);
+        assert_eq!(
+            peer.engine_sample().unwrap().sustained_waiting,
+            2,
+            "seen twice: the smaller count"
+        );
+        peer.record_engine(load(0, 6), 100, 100);
+        assert_eq!(
+            peer.engine_sample().unwrap().sustained_waiting,
+            0,
+            "drained"
+        );
+        peer.record_engine(load(4, 6), 150, 100);
+        peer.record_engine(load(4, 6), 400, 100);
+        assert_eq!(
+            peer.engine_sample().unwrap().sustained_waiting,
+            0,
+            "previous scrape too old to count"
+        );
+    }
+}

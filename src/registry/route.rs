@@ -1,0 +1,147 @@
+//! One route version (validated config + its peers) and the per-route
+//! runtime state that outlives reloads.
+
+use super::keys::KeyState;
+use super::peer::PeerState;
+use super::toggles::Toggles;
+use super::Registry;
+use crate::config::{PeerConfig, RouteConfig};
+use crate::placement::{PeerId, SessionTable, TableConfig};
+use crate::reject::RuleSet;
+use arc_swap::ArcSwapOption;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A configured peer of the current route version with its runtime state.
+#[derive(Debug)]
+pub struct RoutePeer {
+    pub config: PeerConfig,
+    pub state: Arc<PeerState>,
+    /// Resolved at load time so the request path never blocks on DNS; None
+    /// when the host did not resolve (the peer is then never chosen).
+    pub addr: Option<SocketAddr>,
+}
+
+/// Per-route state that survives reloads.
+pub struct RouteRuntime {
+    peers: Mutex<HashMap<String, Arc<PeerState>>>,
+    next_peer_id: AtomicU32,
+    pub sessions: SessionTable,
+    /// Bumped on every reload that changes this route; background tasks of an
+    /// older generation stop by themselves.
+    pub generation: AtomicUsize,
+    /// Turn counter of the round_robin baseline mode.
+    pub round_robin: AtomicUsize,
+    /// Runtime overrides set through the `/_…_toggle` endpoints; they
+    /// outlive reloads until `?reset=1`.
+    pub toggles: Toggles,
+    /// The route's own key file, re-read on every reload (None: shared keys).
+    pub(super) keys: ArcSwapOption<KeyState>,
+}
+
+impl RouteRuntime {
+    pub(super) fn new(config: &RouteConfig) -> Self {
+        RouteRuntime {
+            peers: Mutex::new(HashMap::new()),
+            next_peer_id: AtomicU32::new(0),
+            sessions: SessionTable::new(table_config(config)),
+            generation: AtomicUsize::new(0),
+            round_robin: AtomicUsize::new(0),
+            toggles: Toggles::default(),
+            keys: ArcSwapOption::empty(),
+        }
+    }
+
+    /// The state for `address`, created on first sight. Ids are never reused
+    /// within a route, so a binding to a removed peer can never point at a new one.
+    pub(super) fn peer_state(&self, address: &str) -> Arc<PeerState> {
+        let mut peers = self.peers.lock();
+        if let Some(p) = peers.get(address) {
+            return Arc::clone(p);
+        }
+        let id = self.next_peer_id.fetch_add(1, Ordering::Relaxed);
+        let p = Arc::new(PeerState::new(id, address.to_string()));
+        peers.insert(address.to_string(), Arc::clone(&p));
+        p
+    }
+
+    /// Drops state of peers no longer configured and returns their ids.
+    pub(super) fn retain_peers(&self, keep: &[String]) -> Vec<PeerId> {
+        let mut peers = self.peers.lock();
+        let gone: Vec<PeerId> = peers
+            .iter()
+            .filter(|(addr, _)| !keep.contains(addr))
+            .map(|(_, p)| p.id)
+            .collect();
+        peers.retain(|addr, _| keep.contains(addr));
+        gone
+    }
+}
+
+pub(super) fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Some(SocketAddr::new(ip, port));
+    }
+    match (host, port).to_socket_addrs() {
+        Ok(mut addrs) => addrs.next(),
+        Err(e) => {
+            log::error!("peer {host}:{port}: cannot resolve ({e}); it will not be used until a reload resolves it");
+            None
+        }
+    }
+}
+
+pub(super) fn table_config(config: &RouteConfig) -> TableConfig {
+    TableConfig {
+        idle_timeout_ms: config.balancing.idle_timeout.as_millis() as u64,
+        ..TableConfig::default()
+    }
+}
+
+/// One route version: immutable config plus shared runtime state.
+pub struct Route {
+    pub config: RouteConfig,
+    pub peers: Vec<RoutePeer>,
+    pub runtime: Arc<RouteRuntime>,
+    /// `config.reject_rules` compiled; invalid rules were dropped (and logged).
+    pub rules: RuleSet,
+}
+
+impl Route {
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The key file in force for this route: its own, else the shared one.
+    pub fn keys(&self, registry: &Registry) -> Arc<KeyState> {
+        match self.runtime.keys.load_full() {
+            Some(own) if self.config.api_keys_file.is_some() => own,
+            _ => registry.shared_keys(),
+        }
+    }
+
+    /// Remembered sessions per peer, in the order of `peers`.
+    pub fn sessions_per_peer(&self) -> Vec<usize> {
+        let bindings = self.runtime.sessions.bindings_per_peer();
+        self.peers
+            .iter()
+            .map(|p| {
+                bindings
+                    .iter()
+                    .find(|(id, _)| *id == p.state.id)
+                    .map_or(0, |(_, n)| *n)
+            })
+            .collect()
+    }
+
+    pub fn peer_by_id(&self, id: PeerId) -> Option<(usize, &RoutePeer)> {
+        self.peers
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.state.id == id)
+    }
+}

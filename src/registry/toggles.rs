@@ -1,0 +1,54 @@
+//! Runtime switches: a route file sets a value, a loopback `/_…_toggle`
+//! call may override it until `?reset=1`; overrides outlive reloads.
+
+use std::sync::atomic::Ordering;
+
+/// A switch that the route config sets and a runtime toggle may override.
+#[derive(Debug, Default)]
+pub struct Toggle(std::sync::atomic::AtomicU8);
+
+impl Toggle {
+    const UNSET: u8 = 0;
+    const OFF: u8 = 1;
+    const ON: u8 = 2;
+
+    /// The value in force and where it comes from ("config" or "runtime").
+    pub fn effective(&self, configured: bool) -> (bool, &'static str) {
+        match self.0.load(Ordering::Relaxed) {
+            Self::OFF => (false, "runtime"),
+            Self::ON => (true, "runtime"),
+            _ => (configured, "config"),
+        }
+    }
+
+    pub fn is_on(&self, configured: bool) -> bool {
+        self.effective(configured).0
+    }
+
+    pub fn set(&self, on: bool) {
+        self.0
+            .store(if on { Self::ON } else { Self::OFF }, Ordering::Relaxed);
+    }
+
+    pub fn reset(&self) {
+        self.0.store(Self::UNSET, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Toggles {
+    pub reject_rules: Toggle,
+    pub include_usage: Toggle,
+    pub postprocess: Toggle,
+}
+
+impl Toggles {
+    pub fn by_name(&self, name: &str) -> Option<&Toggle> {
+        match name {
+            "reject_rules" => Some(&self.reject_rules),
+            "include_usage" => Some(&self.include_usage),
+            "postprocess" => Some(&self.postprocess),
+            _ => None,
+        }
+    }
+}
