@@ -32,7 +32,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
+use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
+use std::sync::Arc;
 
 use super::load::rendezvous;
 use super::rules::{self, Limits, Remembered, Verdict};
@@ -105,44 +107,12 @@ struct Shard {
     oldest_bound: AtomicU32,
 }
 
-/// The config, stored field by field so readers never take a lock; a reload
-/// racing a placement may mix old and new fields for that one placement.
-struct LiveConfig {
-    idle_timeout_ms: AtomicU64,
-    max_sessions_per_peer: AtomicUsize,
-    cooldown_ms: AtomicU64,
-    spill_margin: AtomicU32,
-    spill_margin_blind: AtomicU32,
-}
-
-impl LiveConfig {
-    fn new(cfg: TableConfig) -> Self {
-        let live = LiveConfig {
-            idle_timeout_ms: AtomicU64::new(0),
-            max_sessions_per_peer: AtomicUsize::new(0),
-            cooldown_ms: AtomicU64::new(0),
-            spill_margin: AtomicU32::new(0),
-            spill_margin_blind: AtomicU32::new(0),
-        };
-        live.store(cfg);
-        live
-    }
-
-    fn store(&self, cfg: TableConfig) {
-        self.idle_timeout_ms.store(cfg.idle_timeout_ms, Relaxed);
-        self.max_sessions_per_peer
-            .store(cfg.max_sessions_per_peer, Relaxed);
-        self.cooldown_ms.store(cfg.cooldown_ms, Relaxed);
-        self.spill_margin.store(cfg.spill_margin, Relaxed);
-        self.spill_margin_blind
-            .store(cfg.spill_margin_blind, Relaxed);
-    }
-
+impl TableConfig {
     fn limits(&self) -> Limits {
         Limits {
-            spill_margin: self.spill_margin.load(Relaxed),
-            spill_margin_blind: self.spill_margin_blind.load(Relaxed),
-            cooldown_ms: self.cooldown_ms.load(Relaxed),
+            spill_margin: self.spill_margin,
+            spill_margin_blind: self.spill_margin_blind,
+            cooldown_ms: self.cooldown_ms,
         }
     }
 }
@@ -152,7 +122,8 @@ impl LiveConfig {
 pub struct SessionTable {
     shards: Box<[Shard]>,
     shard_selector: ahash::RandomState,
-    config: LiveConfig,
+    /// Swapped whole by a reload, so a placement sees one version.
+    config: ArcSwap<TableConfig>,
     /// The `now_ms` that tick 0 stands for; `u64::MAX` until the first call.
     epoch_ms: AtomicU64,
     /// Bindings per peer. The lock is written only when a peer is first seen
@@ -180,7 +151,7 @@ impl SessionTable {
         SessionTable {
             shards,
             shard_selector: ahash::RandomState::new(),
-            config: LiveConfig::new(cfg),
+            config: ArcSwap::from_pointee(cfg),
             epoch_ms: AtomicU64::new(u64::MAX),
             per_peer: RwLock::new(HashMap::new()),
             total: AtomicUsize::new(0),
@@ -192,18 +163,11 @@ impl SessionTable {
     /// (and at once for sessions looked up); a lower per-peer cap only stops
     /// new bindings, it evicts none.
     pub fn set_config(&self, cfg: TableConfig) {
-        self.config.store(cfg);
+        self.config.store(Arc::new(cfg));
     }
 
     pub fn config(&self) -> TableConfig {
-        let limits = self.config.limits();
-        TableConfig {
-            idle_timeout_ms: self.config.idle_timeout_ms.load(Relaxed),
-            max_sessions_per_peer: self.config.max_sessions_per_peer.load(Relaxed),
-            cooldown_ms: limits.cooldown_ms,
-            spill_margin: limits.spill_margin,
-            spill_margin_blind: limits.spill_margin_blind,
-        }
+        **self.config.load()
     }
 
     /// Places one request of session `sid` and records the outcome. `None`
@@ -227,8 +191,9 @@ impl SessionTable {
         let shard = self.shard(sid);
         let mut map = shard.map.lock();
         let remembered = self.live_binding(&mut map, sid, now);
-        let (verdict, _) = rules::decide(sid, remembered, peers, self.config.limits());
-        let cap = self.config.max_sessions_per_peer.load(Relaxed);
+        let config = self.config.load();
+        let (verdict, _) = rules::decide(sid, remembered, peers, config.limits());
+        let cap = config.max_sessions_per_peer;
         let placed = |peer, kind, reason| Attempt::Done(Some(Placement { peer, kind, reason }));
         match verdict {
             Verdict::NoReadyPeer => Attempt::Done(None),
@@ -296,9 +261,10 @@ impl SessionTable {
                 .filter(|binding| !self.expired(binding.last_seen, now))
                 .map(|binding| self.remembered(binding, now))
         };
-        let (verdict, why) = rules::decide(sid, remembered, peers, self.config.limits());
+        let config = self.config.load();
+        let (verdict, why) = rules::decide(sid, remembered, peers, config.limits());
         let mut explanation = rules::explain(verdict, why);
-        let cap = self.config.max_sessions_per_peer.load(Relaxed);
+        let cap = config.max_sessions_per_peer;
         let placement = |peer, kind, reason| Placement { peer, kind, reason };
         let mut no_room = |to: PeerId| {
             explanation.push_str(&format!(
@@ -478,7 +444,7 @@ impl SessionTable {
     }
 
     fn expired(&self, last_seen: u32, now: u32) -> bool {
-        let idle_ms = self.config.idle_timeout_ms.load(Relaxed);
+        let idle_ms = self.config.load().idle_timeout_ms;
         u64::from(now.saturating_sub(last_seen)) * TICK_MS >= idle_ms
     }
 
