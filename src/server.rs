@@ -52,6 +52,14 @@ pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
     };
     for (name, result) in &routes {
         match result {
+            Ok(route) if !route.reject_rule_errors.is_empty() => {
+                // A load would drop these rules and serve without them;
+                // check exists to say so before that happens.
+                for e in &route.reject_rule_errors {
+                    eprintln!("error: {}: {e}", route.file.display());
+                }
+                return ExitCode::FAILURE;
+            }
             Ok(route) => {
                 for w in &route.warnings {
                     eprintln!("warning: {}: {w}", route.file.display());

@@ -229,3 +229,31 @@ fn check_reports_file_line_and_reason() {
     let (ok, text) = check(dir.path());
     assert!(!ok && text.contains("gateway.yaml:1"), "{text}");
 }
+
+#[test]
+fn check_refuses_a_reject_rule_that_a_load_would_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes");
+    std::fs::create_dir_all(&routes).unwrap();
+    std::fs::write(
+        dir.path().join("gateway.yaml"),
+        format!("routes_dir: {}\n", routes.display()),
+    )
+    .unwrap();
+    let route = |pattern: &str| {
+        format!(
+            "peers:\n  - {{name: a, host: 127.0.0.1, port: 8000}}\nreject_rules:\n  - name: no-foo\n    when: {{field: model, op: match, value: \"{pattern}\"}}\n"
+        )
+    };
+    // Control: the same rule with a valid pattern passes.
+    std::fs::write(routes.join("r.yaml"), route("^foo")).unwrap();
+    let (ok, text) = check(dir.path());
+    assert!(ok, "a valid rule passes: {text}");
+
+    std::fs::write(routes.join("r.yaml"), route("(unclosed")).unwrap();
+    let (ok, text) = check(dir.path());
+    assert!(!ok, "a bad regex must fail check: {text}");
+    assert!(text.contains("r.yaml"), "names the file: {text}");
+    assert!(text.contains("no-foo"), "names the rule: {text}");
+    assert!(text.contains("regex"), "says why: {text}");
+}

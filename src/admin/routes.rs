@@ -80,8 +80,8 @@ fn reject_rules_status(route: &Route) -> Value {
     json!({
         "route": route.config.name,
         "enabled": toggle_json(&route.runtime.toggles.reject_rules, route.config.reject_rules_enabled),
-        "configured_rules": route.config.reject_rules.as_array().map_or(0, Vec::len),
-        "rules": route.rules.status_json(),
+        "configured_rules": route.config.reject_rules.configured(),
+        "rules": route.config.reject_rules.status_json(),
     })
 }
 

@@ -8,9 +8,11 @@ use super::file::{
 use super::gateway::GatewayConfig;
 use super::units::Flag;
 use super::{find_key_line, peer_item_line, ConfigError};
+use crate::reject::RuleSet;
 use crate::stream::postprocess::Handler;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,9 +125,12 @@ pub struct RouteConfig {
     pub routed_headers: bool,
     /// The route's own key file instead of the gateway's shared one.
     pub api_keys_file: Option<PathBuf>,
-    /// Content reject rules as written (compiled when the route is built;
-    /// an invalid rule is dropped there, not here).
-    pub reject_rules: serde_json::Value,
+    /// Content reject rules, compiled. An invalid rule is dropped (the
+    /// route still serves) and its error kept in `reject_rule_errors`.
+    pub reject_rules: Arc<RuleSet>,
+    /// One error per dropped rule, naming it: logged at load, fatal for
+    /// `llm-gateway check`.
+    pub reject_rule_errors: Vec<String>,
     pub reject_rules_enabled: bool,
     /// None: responses pass unchanged.
     pub postprocess: Option<Handler>,
@@ -190,7 +195,8 @@ impl RouteConfig {
         let health = parse_health(&at, file.health.unwrap_or_default())?;
         let engine_metrics = parse_engine_metrics(&at, file.engine_metrics)?;
         let timeouts = parse_timeouts(file.timeouts.unwrap_or_default());
-        let reject_rules = parse_reject_rules(&at, file.reject_rules)?;
+        let (reject_rules, reject_rule_errors) =
+            RuleSet::compile(&parse_reject_rules(&at, file.reject_rules)?);
         let postprocess = parse_postprocess(&at, file.postprocess.as_deref(), gateway)?;
         Ok(RouteConfig {
             name: name.to_string(),
@@ -207,7 +213,8 @@ impl RouteConfig {
             timeouts,
             routed_headers: flag(file.routed_headers, true),
             api_keys_file: file.api_keys_file,
-            reject_rules,
+            reject_rules: Arc::new(reject_rules),
+            reject_rule_errors,
             reject_rules_enabled: flag(file.reject_rules_enabled, true),
             postprocess,
             include_usage: flag(file.include_usage, false),

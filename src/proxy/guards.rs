@@ -74,10 +74,11 @@ pub fn check_reject_rules(
         .toggles
         .reject_rules
         .is_on(route.config.reject_rules_enabled);
-    if !enabled || route.rules.is_empty() {
+    let rules = &route.config.reject_rules;
+    if !enabled || rules.is_empty() {
         return Ok(());
     }
-    let Some(rule) = route.rules.evaluate(&RequestFacts { body, raw_len }) else {
+    let Some(rule) = rules.evaluate(&RequestFacts { body, raw_len }) else {
         return Ok(());
     };
     metrics()

@@ -24,7 +24,6 @@ pub use toggles::{Toggle, Toggles};
 
 use crate::auth::KeyFileStatus;
 use crate::config::{ConfigError, GatewayConfig, PeerConfig, RouteConfig};
-use crate::reject::RuleSet;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use route::{resolve, table_config};
@@ -213,15 +212,13 @@ impl Registry {
                 addr: resolve(&pc.host, pc.port),
             })
             .collect();
-        let (rules, rule_errors) = RuleSet::compile(&config.reject_rules);
-        for e in rule_errors {
+        for e in &config.reject_rule_errors {
             log::error!("{}: reject rule dropped: {e}", config.file.display());
         }
         Arc::new(Route {
             config,
             peers,
             runtime,
-            rules,
         })
     }
 }

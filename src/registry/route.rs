@@ -7,7 +7,6 @@ use super::toggles::Toggles;
 use super::Registry;
 use crate::config::{PeerConfig, RouteConfig};
 use crate::placement::{PeerId, SessionTable, TableConfig};
-use crate::reject::RuleSet;
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -107,8 +106,6 @@ pub struct Route {
     pub config: RouteConfig,
     pub peers: Vec<RoutePeer>,
     pub runtime: Arc<RouteRuntime>,
-    /// `config.reject_rules` compiled; invalid rules were dropped (and logged).
-    pub rules: RuleSet,
 }
 
 impl Route {
