@@ -10,12 +10,16 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use memchr::memmem;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 const MAX_HEAD: usize = 64 * 1024;
+/// Header slots for httparse: Pingora forwards at most 256 upstream headers
+/// and adds a few of its own.
+const MAX_HEADERS: usize = 512;
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// Decodes a chunked body incrementally.
@@ -42,13 +46,15 @@ impl Chunked {
             match self.state {
                 ChunkState::Done => return Ok(true),
                 ChunkState::Size => {
-                    let Some(end) = find(input, b"\r\n") else {
+                    let Some(end) = memmem::find(input, b"\r\n") else {
                         return if input.len() > 4096 {
                             Err("chunk size line too long".into())
                         } else {
                             Ok(false)
                         };
                     };
+                    // Not httparse::parse_chunk_size: it reads an empty size
+                    // line as the last chunk.
                     let line = std::str::from_utf8(&input[..end])
                         .map_err(|_| "chunk size is not UTF-8".to_string())?;
                     let hex = line.split(';').next().unwrap_or("").trim();
@@ -85,7 +91,7 @@ impl Chunked {
                     self.state = ChunkState::Size;
                 }
                 ChunkState::Trailer => {
-                    let Some(end) = find(input, b"\r\n") else {
+                    let Some(end) = memmem::find(input, b"\r\n") else {
                         return Ok(false);
                     };
                     input.advance(end + 2);
@@ -96,10 +102,6 @@ impl Chunked {
             }
         }
     }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Token counts from a stream's usage frame.
@@ -131,8 +133,8 @@ impl StreamTimer {
         self.pending.extend_from_slice(data);
         loop {
             // Events end at a blank line; accept \n\n and \r\n\r\n.
-            let lf = find(&self.pending, b"\n\n").map(|i| (i, 2));
-            let crlf = find(&self.pending, b"\r\n\r\n").map(|i| (i, 4));
+            let lf = memmem::find(&self.pending, b"\n\n").map(|i| (i, 2));
+            let crlf = memmem::find(&self.pending, b"\r\n\r\n").map(|i| (i, 4));
             let Some((end, sep)) = [lf, crlf].into_iter().flatten().min_by_key(|(i, _)| *i) else {
                 return;
             };
@@ -239,30 +241,32 @@ impl Head {
 /// Parses a head from the start of `buf`; `Ok(None)` if it is incomplete.
 /// On success the head's bytes are removed from `buf`.
 pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
-    let Some(end) = find(buf, b"\r\n\r\n") else {
-        return if buf.len() > MAX_HEAD {
-            Err("response head too large".into())
-        } else {
-            Ok(None)
-        };
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut slots);
+    // Header lines the bench cannot read are skipped, not fatal: it only
+    // needs the framing headers and the ones it reports.
+    let end = match httparse::ParserConfig::default()
+        .ignore_invalid_headers_in_responses(true)
+        .allow_spaces_after_header_name_in_responses(true)
+        .parse_response(&mut parsed, buf)
+    {
+        Ok(httparse::Status::Complete(end)) => end,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+            return Err("response head too large".into())
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(format!("bad response head: {e}")),
     };
-    let text = std::str::from_utf8(&buf[..end]).map_err(|_| "response head is not UTF-8")?;
-    let mut lines = text.split("\r\n");
-    let status_line = lines.next().unwrap_or("");
-    let mut parts = status_line.split(' ');
-    let version = parts.next().unwrap_or("");
-    if !version.starts_with("HTTP/1.") {
-        return Err(format!("bad status line {status_line:?}"));
-    }
-    let status = parts
-        .next()
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    buf.advance(end + 4);
+    let status = parsed.code.ok_or("response head without a status")?;
+    let headers = parsed
+        .headers
+        .iter()
+        .map(|h| {
+            let value = std::str::from_utf8(h.value).map_err(|_| "response head is not UTF-8")?;
+            Ok((h.name.to_ascii_lowercase(), value.to_string()))
+        })
+        .collect::<Result<_, String>>()?;
+    buf.advance(end);
     Ok(Some(Head { status, headers }))
 }
 

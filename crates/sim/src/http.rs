@@ -13,6 +13,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Header slots for httparse; one more header is a 431.
 const MAX_HEADERS: usize = 128;
 /// Generous for prompts (400k tokens at 4 bytes each is 1.6 MB) while
 /// bounding what a broken client can make us buffer.
@@ -78,10 +79,6 @@ async fn fill<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut BytesMut) -> Result<us
     rd.read_buf(buf).await.map_err(|_| ReadError::Io)
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
 /// Reads one request. `buf` carries bytes across calls (pipelining), and `wr`
 /// is only used for the interim `100 Continue`.
 pub(crate) async fn read_request<R, W>(
@@ -93,13 +90,16 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let head_len = loop {
+    let mut req = loop {
         // RFC 9112 §2.2: empty lines before a request-line are to be ignored.
+        // Dropped here rather than by httparse, so that a peer that leaves
+        // after sending only those has closed cleanly.
         while buf.starts_with(b"\r\n") {
             buf.advance(2);
         }
-        if let Some(end) = find(buf, b"\r\n\r\n") {
-            break end + 4;
+        if let Some((req, head_len)) = parse_head(buf)? {
+            buf.advance(head_len);
+            break req;
         }
         if buf.len() > MAX_HEAD_BYTES {
             return Err(bad(431, "request head too large"));
@@ -112,11 +112,6 @@ where
             });
         }
     };
-    if head_len > MAX_HEAD_BYTES {
-        return Err(bad(431, "request head too large"));
-    }
-    let head = buf.split_to(head_len);
-    let mut req = parse_head(&head[..head_len - 4])?;
 
     let framing = framing(&req)?;
     let has_body = !matches!(framing, Framing::Length(0));
@@ -138,55 +133,45 @@ where
     Ok(req)
 }
 
-fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-fn parse_head(head: &[u8]) -> Result<Request, ReadError> {
-    let text = std::str::from_utf8(head).map_err(|_| bad(400, "request head is not UTF-8"))?;
-    let mut lines = text.split("\r\n");
-    let request_line = lines.next().unwrap_or_default();
-    let mut parts = request_line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
+/// The request head at the start of `buf` and its length, or `None` while
+/// it is incomplete.
+fn parse_head(buf: &[u8]) -> Result<Option<(Request, usize)>, ReadError> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut slots);
+    let head_len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(bad(431, "too many headers")),
+        Err(e @ (httparse::Error::Version | httparse::Error::NewLine)) => {
+            return version_error(buf, e)
+        }
+        Err(e) => return Err(bad(400, format!("malformed request head: {e}"))),
+    };
+    if head_len > MAX_HEAD_BYTES {
+        return Err(bad(431, "request head too large"));
+    }
+    // httparse also ends lines at a bare LF; this server takes CRLF only, so
+    // that no line break can mean one thing here and another to a proxy.
+    let head = &buf[..head_len];
+    if memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r') {
+        return Err(bad(400, "bare LF in the request head"));
+    }
+    let (Some(method), Some(target), Some(minor)) = (parsed.method, parsed.path, parsed.version)
     else {
         return Err(bad(400, "malformed request line"));
     };
-    if method.is_empty() || !method.bytes().all(is_tchar) {
-        return Err(bad(400, "malformed method"));
-    }
-    if target.is_empty() || target.bytes().any(|b| b.is_ascii_control() || b == b' ') {
-        return Err(bad(400, "malformed request target"));
-    }
-    let http10 = match version {
-        "HTTP/1.1" => false,
-        "HTTP/1.0" => true,
-        v if v.starts_with("HTTP/") => return Err(bad(505, "only HTTP/1.0 and HTTP/1.1")),
-        _ => return Err(bad(400, "malformed HTTP version")),
-    };
+    let http10 = minor == 0;
     let path = route_path(target).ok_or_else(|| bad(400, "malformed request target"))?;
-
-    let mut headers = Vec::new();
-    for line in lines {
-        if line.starts_with([' ', '\t']) {
-            return Err(bad(400, "obsolete header line folding"));
-        }
-        let (name, value) = line
-            .split_once(':')
-            .ok_or_else(|| bad(400, "header line without a colon"))?;
-        // No whitespace is allowed between name and colon (RFC 9112 §5.1).
-        if name.is_empty() || !name.bytes().all(is_tchar) {
-            return Err(bad(400, "malformed header name"));
-        }
-        let value = value.trim_matches([' ', '\t']);
-        if value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
-            return Err(bad(400, "control character in header value"));
-        }
-        if headers.len() == MAX_HEADERS {
-            return Err(bad(431, "too many headers"));
-        }
-        headers.push((name.to_string(), value.to_string()));
-    }
+    let headers = parsed
+        .headers
+        .iter()
+        .map(|h| {
+            // httparse passes obs-text through as bytes; header values here are strings.
+            let value =
+                std::str::from_utf8(h.value).map_err(|_| bad(400, "request head is not UTF-8"))?;
+            Ok((h.name.to_string(), value.to_string()))
+        })
+        .collect::<Result<Vec<_>, ReadError>>()?;
 
     let mut req = Request {
         method: method.to_string(),
@@ -203,7 +188,29 @@ fn parse_head(head: &[u8]) -> Result<Request, ReadError> {
         && !req
             .header_tokens("connection")
             .any(|t| t.eq_ignore_ascii_case("close"));
-    Ok(req)
+    Ok(Some((req, head_len)))
+}
+
+/// httparse refuses every version but 1.0 and 1.1 alike, while a request line
+/// that names another HTTP version is answered 505 (RFC 9110 §15.6.6).
+fn version_error(buf: &[u8], e: httparse::Error) -> Result<Option<(Request, usize)>, ReadError> {
+    let Some(end) = memchr::memmem::find(buf, b"\r\n") else {
+        // httparse stops at the first wrong byte; the rest of the version
+        // decides between 400 and 505.
+        return match e {
+            httparse::Error::Version => Ok(None),
+            _ => Err(bad(400, "malformed request line")),
+        };
+    };
+    let mut parts = buf[..end].split(|&b| b == b' ');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(_), Some(_), Some(v), None)
+            if v.starts_with(b"HTTP/") && v != b"HTTP/1.0" && v != b"HTTP/1.1" =>
+        {
+            Err(bad(505, "only HTTP/1.0 and HTTP/1.1"))
+        }
+        _ => Err(bad(400, format!("malformed request head: {e}"))),
+    }
 }
 
 /// The path used for routing: absolute-form targets lose scheme and
@@ -276,7 +283,7 @@ async fn read_line<R: AsyncRead + Unpin>(
     buf: &mut BytesMut,
 ) -> Result<String, ReadError> {
     loop {
-        if let Some(end) = find(buf, b"\r\n") {
+        if let Some(end) = memchr::memmem::find(buf, b"\r\n") {
             if end > MAX_LINE_BYTES {
                 return Err(bad(400, "chunk line too long"));
             }
@@ -301,6 +308,8 @@ async fn read_chunked<R: AsyncRead + Unpin>(
     let mut body = Vec::new();
     loop {
         let line = read_line(rd, buf).await?;
+        // Not httparse::parse_chunk_size: it reads an empty size as 0 and
+        // cannot tell an overflow (413 here) from garbage (400).
         let size = line
             .split(';')
             .next()
