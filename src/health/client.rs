@@ -1,6 +1,7 @@
-//! A minimal HTTP/1.1 GET for probes and metric scrapes. Engines answer these
-//! on loopback or a LAN; a few lines over a TcpStream avoid pulling an HTTP
-//! client crate into the gateway.
+//! A minimal HTTP/1.1 GET for probes and metric scrapes: one request per
+//! connection (`Connection: close`), the head parsed by httparse. Pingora's
+//! connector would pool connections, which a probe must not do: a probe over
+//! a kept-alive connection can pass while the engine refuses new ones.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -60,16 +61,19 @@ async fn get_inner(
 
 /// Status and de-chunked body of a complete (or truncated) response.
 fn parse_response(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
-    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..head_end]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next()?;
-    let status: u16 = status_line.split_whitespace().nth(1)?.parse().ok()?;
-    let chunked = lines.any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut resp = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(head_len) = resp.parse(raw).ok()? else {
+        return None;
+    };
+    let status = resp.code?;
+    let chunked = resp.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("transfer-encoding")
+            && String::from_utf8_lossy(h.value)
+                .to_ascii_lowercase()
+                .contains("chunked")
     });
-    let body = &raw[head_end + 4..];
+    let body = &raw[head_len..];
     let body = if chunked {
         dechunk(body)
     } else {
@@ -78,15 +82,15 @@ fn parse_response(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
     Some((status, body))
 }
 
+/// httparse reads chunk-size lines but not the chunk framing around them;
+/// a scrape body is small, so a plain loop over the buffer does.
 fn dechunk(mut body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len());
-    while let Some(line_end) = body.windows(2).position(|w| w == b"\r\n") {
-        let size_text = std::str::from_utf8(&body[..line_end]).unwrap_or("");
-        let size_text = size_text.split(';').next().unwrap_or("").trim();
-        let Ok(size) = usize::from_str_radix(size_text, 16) else {
+    while let Ok(httparse::Status::Complete((line_len, size))) = httparse::parse_chunk_size(body) {
+        let Ok(size) = usize::try_from(size) else {
             break;
         };
-        body = &body[line_end + 2..];
+        body = &body[line_len..];
         if size == 0 || body.len() < size {
             out.extend_from_slice(&body[..size.min(body.len())]);
             break;
