@@ -3,6 +3,7 @@
 //! never rename.
 
 use bytes::Bytes;
+use pingora::{Error, ErrorSource, ErrorType};
 use serde_json::{json, Map, Value};
 
 /// An error response the gateway answers locally.
@@ -85,6 +86,57 @@ impl ErrorResponse {
     pub fn upstream_failed(message: impl Into<String>) -> Self {
         Self::new(502, "upstream_error", message)
     }
+}
+
+/// The status for a request whose proxying failed: the engine's fault
+/// (502), the client's (400, or 0 when the client just went away), or ours
+/// (500). `attempted`: an upstream attempt had started.
+pub fn proxy_failure_status(e: &Error, attempted: bool) -> u16 {
+    match e.etype() {
+        ErrorType::HTTPStatus(code) => *code,
+        _ => match e.esource() {
+            ErrorSource::Downstream => match e.etype() {
+                ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed => 0,
+                _ => 400,
+            },
+            ErrorSource::Upstream => 502,
+            _ if attempted => 502,
+            _ => 500,
+        },
+    }
+}
+
+/// The client's body for a failed proxy attempt with `status`.
+pub fn proxy_failure(
+    status: u16,
+    e: &Error,
+    tried: &[usize],
+    last_upstream_error: Option<&str>,
+) -> ErrorResponse {
+    match status {
+        502 => {
+            let detail = last_upstream_error
+                .map(str::to_string)
+                .unwrap_or_else(|| e.to_string());
+            ErrorResponse::upstream_failed(format!(
+                "upstream failed after {} attempt(s): {detail}",
+                tried.len()
+            ))
+            .with("attempts", tried.len())
+        }
+        400 => ErrorResponse::bad_request(format!("bad request: {}", e.etype().as_str())),
+        c => ErrorResponse::new(c, "internal_error", e.etype().as_str().to_string()),
+    }
+}
+
+/// A client that hangs up is routine (a cancelled completion, a load
+/// generator ending its run), not a gateway error.
+pub fn is_client_gone(e: &Error) -> bool {
+    *e.esource() == ErrorSource::Downstream
+        && matches!(
+            e.etype(),
+            ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+        )
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
-//! Per-request state shared by the proxy hooks.
+//! Per-request state shared by the proxy hooks, grouped by the phase that
+//! writes it: the request as admitted, the current upstream attempt, and the
+//! response on its way back.
 
 use crate::lifecycle::ActiveRequest;
 use crate::placement::Placement;
-use crate::registry::{InFlightGuard, Route};
+use crate::registry::{InFlightGuard, Route, RoutePeer};
 use crate::session::SessionId;
 use crate::stream::ResponsePipeline;
 use bytes::Bytes;
@@ -13,6 +15,15 @@ pub struct RequestCtx {
     pub started: Instant,
     /// The route version this request was admitted under; kept to the end.
     pub route: Option<Arc<Route>>,
+    pub request: Admitted,
+    pub upstream: Attempt,
+    pub response: Returning,
+    _active: ActiveRequest,
+}
+
+/// Written by `request_filter`: what the request is and where it may go.
+#[derive(Default)]
+pub struct Admitted {
     /// The whole request body as the engine will receive it.
     pub body: Bytes,
     /// True once a body was read, so the upstream request gets its real
@@ -20,33 +31,42 @@ pub struct RequestCtx {
     pub body_read: bool,
     /// Parsed once in `request_filter`; later phases reuse it.
     pub json: Option<serde_json::Value>,
-    /// The replayed request carries a placeholder body; whether the real body
-    /// already went out in the current upstream attempt.
-    pub body_sent_this_attempt: bool,
-    /// Indices into `route.peers` this request may use (model pool + tier).
+    /// Indices into `route.peers` this request may use (model pool).
     pub pool: Vec<usize>,
-    /// Peers tried so far, in order (indices into `route.peers`).
-    pub tried: Vec<usize>,
-    /// The peer of the current attempt.
-    pub peer: Option<usize>,
-    /// In-flight slot on `peer`; dropped on every exit path.
-    pub slot: Option<InFlightGuard>,
-    /// Upstream attempts started.
-    pub attempts: u32,
-    /// Status of a response the gateway answered itself.
-    pub local_status: Option<u16>,
-    /// Why the last upstream attempt failed, for the final 502.
-    pub last_upstream_error: Option<String>,
     /// The request's session (hash and source only, never the raw value).
     pub session: Option<SessionId>,
     /// What placement decided (X-Routed-Mode).
-    pub decision: Option<Placement>,
+    pub placement: Option<Placement>,
     /// The gateway added `stream_options.include_usage`: the usage frame is
     /// for the gateway, not the client.
     pub usage_injected: bool,
+}
+
+/// Written by `upstream_peer` and the failure hooks: the current attempt.
+#[derive(Default)]
+pub struct Attempt {
+    /// The peer of the current attempt (index into `route.peers`).
+    pub peer: Option<usize>,
+    /// In-flight slot on `peer`; dropped on every exit path.
+    pub slot: Option<InFlightGuard>,
+    /// Peers tried so far, in order.
+    pub tried: Vec<usize>,
+    /// Upstream attempts started.
+    pub count: u32,
+    /// The replayed request carries a placeholder body; whether the real
+    /// body already went out in this attempt.
+    pub body_sent: bool,
+    /// Why the last attempt failed, for the log line of the final 502.
+    pub last_error: Option<String>,
+}
+
+/// Written by the response hooks.
+#[derive(Default)]
+pub struct Returning {
+    /// Status of a response the gateway answered itself.
+    pub local_status: Option<u16>,
     /// Usage and first-token time of a 2xx SSE/JSON response.
     pub pipeline: Option<ResponsePipeline>,
-    _active: ActiveRequest,
 }
 
 impl RequestCtx {
@@ -54,23 +74,17 @@ impl RequestCtx {
         RequestCtx {
             started: Instant::now(),
             route: None,
-            body: Bytes::new(),
-            body_read: false,
-            json: None,
-            body_sent_this_attempt: false,
-            pool: Vec::new(),
-            tried: Vec::new(),
-            peer: None,
-            slot: None,
-            attempts: 0,
-            local_status: None,
-            last_upstream_error: None,
-            session: None,
-            decision: None,
-            pipeline: None,
-            usage_injected: false,
+            request: Admitted::default(),
+            upstream: Attempt::default(),
+            response: Returning::default(),
             _active: ActiveRequest::new(),
         }
+    }
+
+    /// The route and the peer of the current attempt, once one is chosen.
+    pub fn peer(&self) -> Option<(&Route, &RoutePeer)> {
+        let route = self.route.as_deref()?;
+        Some((route, route.peers.get(self.upstream.peer?)?))
     }
 
     pub fn route_name(&self) -> &str {
@@ -78,14 +92,7 @@ impl RequestCtx {
     }
 
     pub fn peer_name(&self) -> &str {
-        match (&self.route, self.peer) {
-            (Some(route), Some(i)) => route
-                .peers
-                .get(i)
-                .map(|p| p.config.name.as_str())
-                .unwrap_or("-"),
-            _ => "-",
-        }
+        self.peer().map_or("-", |(_, p)| p.config.name.as_str())
     }
 }
 

@@ -1,41 +1,32 @@
-//! Request-side steps before a peer is chosen: route lookup, body reading,
-//! JSON parsing. Each returns a `Local` answer when the gateway itself must
-//! respond.
+//! The request body: whether there is one, reading it whole (bounded by the
+//! route's `max_body_size`), and parsing an LLM endpoint's JSON.
 
+use super::Local;
 use crate::errors::ErrorResponse;
+use crate::proxy::ctx::Admitted;
+use crate::registry::Route;
 use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 
-/// A response the gateway writes itself instead of proxying.
-#[derive(Debug)]
-pub enum Local {
-    Error(ErrorResponse),
-    Json(u16, serde_json::Value),
-}
-
-impl From<ErrorResponse> for Local {
-    fn from(e: ErrorResponse) -> Self {
-        Local::Error(e)
+/// Reads the body, if any, and parses what the gateway needs from it: an
+/// LLM endpoint's body must be a JSON object; other endpoints are parsed
+/// only when the route picks a pool by model.
+pub async fn read(
+    session: &mut Session,
+    route: &Route,
+    rest: &str,
+    req: &mut Admitted,
+) -> Result<(), Local> {
+    if has_body(session) {
+        req.body = read_body(session, route.config.max_body_size).await?;
+        req.body_read = true;
     }
-}
-
-/// `/<route>/<rest>` → (route, rest). `rest` keeps the query string and is
-/// "/" when empty.
-pub fn split_route(path_and_query: &str) -> Option<(&str, String)> {
-    let trimmed = path_and_query.strip_prefix('/')?;
-    let end = trimmed.find(['/', '?']).unwrap_or(trimmed.len());
-    let (name, rest) = trimmed.split_at(end);
-    if name.is_empty() {
-        return None;
+    if is_llm_endpoint(rest) {
+        req.json = Some(parse_llm_body(&req.body)?);
+    } else if !route.config.peers_by_model.is_empty() && !req.body.is_empty() {
+        req.json = serde_json::from_slice(&req.body).ok();
     }
-    let rest = if rest.is_empty() {
-        "/".to_string()
-    } else if rest.starts_with('?') {
-        format!("/{rest}")
-    } else {
-        rest.to_string()
-    };
-    Some((name, rest))
+    Ok(())
 }
 
 /// Endpoints whose body must be an OpenAI-style JSON request.
@@ -135,23 +126,6 @@ pub fn parse_llm_body(body: &[u8]) -> Result<serde_json::Value, Local> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn splits_route_and_rest() {
-        assert_eq!(
-            split_route("/chat/v1/models"),
-            Some(("chat", "/v1/models".into()))
-        );
-        assert_eq!(split_route("/chat"), Some(("chat", "/".into())));
-        assert_eq!(split_route("/chat?x=1"), Some(("chat", "/?x=1".into())));
-        assert_eq!(
-            split_route("/chat/v1/x?a=b"),
-            Some(("chat", "/v1/x?a=b".into()))
-        );
-        assert_eq!(split_route("/"), None);
-        assert_eq!(split_route("//v1"), None);
-        assert_eq!(split_route("chat"), None);
-    }
 
     #[test]
     fn llm_endpoints() {

@@ -1,0 +1,43 @@
+//! The API key check: the route's key file, else the shared one.
+
+use crate::auth::presented_key;
+use crate::errors::ErrorResponse;
+use crate::metrics::metrics;
+use crate::registry::{Registry, Route};
+use pingora::proxy::Session;
+
+/// 401 unless the route's key file (or the shared one) is not configured
+/// (fail-open, logged at every reload) or the request carries a known key.
+pub fn check(route: &Route, registry: &Registry, session: &Session) -> Result<(), ErrorResponse> {
+    let state = route.keys(registry);
+    let Some(keys) = state.enforced() else {
+        return Ok(());
+    };
+    let counter = &metrics().auth;
+    match presented_key(&session.req_header().headers) {
+        None => {
+            counter
+                .with_label_values(&[route.name(), "-", "missing"])
+                .inc();
+            Err(ErrorResponse::new(
+                401,
+                "unauthorized",
+                "missing API key: send Authorization: Bearer <key>",
+            ))
+        }
+        Some(key) => match keys.check(key) {
+            Some(owner) => {
+                counter
+                    .with_label_values(&[route.name(), owner, "ok"])
+                    .inc();
+                Ok(())
+            }
+            None => {
+                counter
+                    .with_label_values(&[route.name(), "-", "invalid"])
+                    .inc();
+                Err(ErrorResponse::new(401, "unauthorized", "invalid API key"))
+            }
+        },
+    }
+}

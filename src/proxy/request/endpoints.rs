@@ -1,0 +1,72 @@
+//! The answers a route gives itself, without an engine: its `/_…` status
+//! endpoints and toggles, and `GET /v1/models` for a route with model pools.
+//! Each returns `Err(Local)` with the answer when the request is one of
+//! them, so the hook reads as one `?` per phase.
+
+use super::Local;
+use crate::admin::routes as endpoints;
+use crate::errors::ErrorResponse;
+use crate::proxy::guards::is_loopback_peer;
+use crate::registry::{Registry, Route};
+use pingora::proxy::Session;
+
+/// `/<route>/_…`: a read-only endpoint (no key), or a toggle (POST from
+/// loopback only).
+pub fn answer(
+    route: &Route,
+    registry: &Registry,
+    session: &Session,
+    rest: &str,
+) -> Result<(), Local> {
+    if let Some(name) = endpoints::toggle_name(rest) {
+        if session.req_header().method != http::Method::POST {
+            return Err(ErrorResponse::new(
+                405,
+                "method_not_allowed",
+                format!("toggle {name} takes POST"),
+            )
+            .into());
+        }
+        if !is_loopback_peer(session) {
+            return Err(ErrorResponse::new(
+                403,
+                "forbidden",
+                "toggles answer only 127.0.0.1 and ::1",
+            )
+            .into());
+        }
+        return Err(match endpoints::apply_toggle(route, rest) {
+            Ok(state) => Local::Json(200, state),
+            Err(e) => e.into(),
+        });
+    }
+    if !rest.starts_with("/_") {
+        return Ok(());
+    }
+    Err(match endpoints::respond(route, registry, rest) {
+        Some(value) => Local::Json(200, value),
+        None => ErrorResponse::not_found(format!(
+            "unknown endpoint; per-route endpoints: {}",
+            endpoints::ENDPOINTS.join(", ")
+        ))
+        .into(),
+    })
+}
+
+/// `GET /v1/models` of a route with model pools, answered from its config
+/// (the engines each know only their own model).
+pub fn answer_models(route: &Route, session: &Session, rest: &str) -> Result<(), Local> {
+    let pools = &route.config.peers_by_model;
+    if pools.is_empty() || rest != "/v1/models" || session.req_header().method != http::Method::GET
+    {
+        return Ok(());
+    }
+    let data: Vec<serde_json::Value> = pools
+        .iter()
+        .map(|(m, _)| serde_json::json!({"id": m, "object": "model", "owned_by": "llm-gateway"}))
+        .collect();
+    Err(Local::Json(
+        200,
+        serde_json::json!({"object": "list", "data": data}),
+    ))
+}

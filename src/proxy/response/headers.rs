@@ -1,0 +1,54 @@
+//! A proxied response's head: the stream pipeline it gets (and so whether
+//! Content-Length must go), and the X-Routed-* headers.
+
+use crate::proxy::ctx::RequestCtx;
+use crate::stream::ResponsePipeline;
+use pingora::http::ResponseHeader;
+use pingora::Result;
+
+/// Sets up the body pipeline for this response; a body that may change
+/// length is sent chunked.
+pub fn prepare_pipeline(resp: &mut ResponseHeader, ctx: &mut RequestCtx) -> Result<()> {
+    let Some(route) = &ctx.route else {
+        return Ok(());
+    };
+    let handler = route
+        .config
+        .postprocess
+        .filter(|_| route.runtime.toggles.postprocess.is_on(true));
+    let pipeline = ResponsePipeline::for_response(
+        resp.status,
+        &resp.headers,
+        handler,
+        ctx.request.usage_injected,
+    );
+    if pipeline.as_ref().is_some_and(ResponsePipeline::rewrites) {
+        resp.remove_header("content-length");
+        resp.insert_header("transfer-encoding", "chunked")?;
+    }
+    ctx.response.pipeline = pipeline;
+    Ok(())
+}
+
+/// X-Routed-Session/Source/Mode/Peer/Retries, unless the route turned them off.
+pub fn insert_routed(resp: &mut ResponseHeader, ctx: &RequestCtx) -> Result<()> {
+    let Some(route) = &ctx.route else {
+        return Ok(());
+    };
+    if !route.config.routed_headers {
+        return Ok(());
+    }
+    if let Some(sid) = &ctx.request.session {
+        resp.insert_header("x-routed-session", sid.hex())?;
+        resp.insert_header("x-routed-source", sid.source.as_str().to_string())?;
+    }
+    if let Some(placement) = ctx.request.placement {
+        resp.insert_header("x-routed-mode", placement.kind.as_str())?;
+    }
+    resp.insert_header("x-routed-peer", ctx.peer_name().to_string())?;
+    resp.insert_header(
+        "x-routed-retries",
+        ctx.upstream.count.saturating_sub(1).to_string(),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! Responses the gateway writes itself: refusals and endpoint answers from
+//! `request_filter`, and the error after a failed upstream attempt.
+
+use crate::errors;
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::request::{body::has_body, Local};
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::{FailToProxy, Session};
+use pingora::{Error, Result};
+
+/// Answers `local` instead of proxying.
+pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) {
+    let (status, body, retry_after) = match local {
+        Local::Error(e) => (e.status, e.body(), e.retry_after),
+        Local::Json(status, value) => {
+            let mut bytes = serde_json::to_vec(&value).unwrap_or_default();
+            bytes.push(b'\n');
+            (status, Bytes::from(bytes), None)
+        }
+    };
+    ctx.response.local_status = Some(status);
+    // The peer slot is not needed for a local answer.
+    ctx.upstream.slot = None;
+    if !ctx.request.body_read && has_body(session) {
+        // Refused before its body was read (e.g. 401): rather than drain
+        // an unknown amount of upload, close after answering.
+        session.set_keepalive(None);
+    }
+    if let Err(e) = write_json(session, status, body, retry_after).await {
+        log::debug!("could not write local response: {e}");
+    }
+}
+
+/// After a failed attempt: the JSON error, if nothing was written yet.
+pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+    let code = errors::proxy_failure_status(e, ctx.upstream.count > 0);
+    if code > 0 && session.response_written().is_none() {
+        let err = errors::proxy_failure(
+            code,
+            e,
+            &ctx.upstream.tried,
+            ctx.upstream.last_error.as_deref(),
+        );
+        ctx.response.local_status = Some(code);
+        let _ = write_json(session, code, err.body(), err.retry_after).await;
+    }
+    ctx.upstream.slot = None;
+    FailToProxy {
+        error_code: code,
+        can_reuse_downstream: false,
+    }
+}
+
+/// Writes a complete JSON response.
+pub async fn write_json(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u32>,
+) -> Result<()> {
+    let mut resp = ResponseHeader::build(status, Some(4))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    if let Some(secs) = retry_after {
+        resp.insert_header("retry-after", secs.to_string())?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await
+}

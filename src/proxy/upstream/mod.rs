@@ -1,0 +1,108 @@
+//! The upstream attempt: which peer it goes to (the placed one, or on a
+//! retry the next untried ready one), what a refused connection does to the
+//! peer, and the request head and body as the engine receives them.
+
+use crate::balance;
+use crate::clock::now_ms;
+use crate::proxy::ctx::RequestCtx;
+use bytes::Bytes;
+use pingora::http::RequestHeader;
+use pingora::prelude::HttpPeer;
+use pingora::{Error, ErrorType, Result};
+
+/// The peer of the next attempt. On a retry the previous slot goes back
+/// before the next peer is chosen.
+pub fn next_peer(ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    if ctx.upstream.count > 0 {
+        ctx.upstream.slot = None;
+        let route = ctx
+            .route
+            .clone()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "retry without route"))?;
+        let (peer, slot) = balance::retry(&route, &ctx.request.pool, &ctx.upstream.tried)
+            .ok_or_else(|| Error::explain(ErrorType::ConnectNoRoute, "no untried ready peer left"))
+            .inspect_err(|_| ctx.upstream.peer = None)?;
+        ctx.upstream.peer = Some(peer);
+        ctx.upstream.slot = Some(slot);
+    }
+    let attempt = &mut ctx.upstream;
+    if let Some(p) = attempt.peer {
+        attempt.tried.push(p);
+    }
+    attempt.count += 1;
+    attempt.body_sent = false;
+    build_peer(ctx)
+}
+
+fn build_peer(ctx: &RequestCtx) -> Result<Box<HttpPeer>> {
+    let Some((route, p)) = ctx.peer() else {
+        return Error::e_explain(ErrorType::InternalError, "no peer chosen");
+    };
+    let Some(addr) = p.addr else {
+        return Error::e_explain(
+            ErrorType::ConnectNoRoute,
+            format!("peer {} has no address", p.config.name),
+        );
+    };
+    let mut peer = HttpPeer::new(addr, false, String::new());
+    let t = &route.config.timeouts;
+    peer.options.connection_timeout = Some(t.connect);
+    peer.options.read_timeout = Some(t.read);
+    peer.options.idle_timeout = Some(t.idle);
+    Ok(Box::new(peer))
+}
+
+/// Passive health check: a peer that refuses connections is not ready until
+/// a probe (or the ban TTL) says otherwise. Retry when another ready peer is
+/// left untried.
+pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error> {
+    let Some((route, p)) = ctx.peer() else {
+        return e;
+    };
+    p.state.ban(now_ms(), route.config.health.ban_ttl);
+    log::warn!(
+        "route {} peer {}: connect failed ({}), marked not ready",
+        route.name(),
+        p.config.name,
+        e.etype().as_str()
+    );
+    let failed = format!(
+        "connect to {} failed: {}",
+        p.config.name,
+        e.etype().as_str()
+    );
+    e.set_retry(balance::has_untried_ready(
+        route,
+        &ctx.request.pool,
+        &ctx.upstream.tried,
+    ));
+    ctx.upstream.last_error = Some(failed);
+    e
+}
+
+/// The head the engine receives: its own Host, and the real Content-Length
+/// of the pre-read body (the replayed request carries a placeholder).
+pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &RequestCtx) -> Result<()> {
+    if let Some((_, p)) = ctx.peer() {
+        upstream.insert_header("host", format!("{}:{}", p.config.host, p.config.port))?;
+    }
+    if ctx.request.body_read {
+        upstream.remove_header("transfer-encoding");
+        upstream.insert_header("content-length", ctx.request.body.len().to_string())?;
+    }
+    Ok(())
+}
+
+/// The real body goes out once per attempt, in place of the replay's
+/// placeholder, whatever chunks Pingora hands over.
+pub fn swap_body(body: &mut Option<Bytes>, ctx: &mut RequestCtx) {
+    if !ctx.request.body_read {
+        return;
+    }
+    *body = if ctx.upstream.body_sent || ctx.request.body.is_empty() {
+        None
+    } else {
+        ctx.upstream.body_sent = true;
+        Some(ctx.request.body.clone())
+    };
+}
