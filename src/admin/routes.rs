@@ -232,29 +232,11 @@ fn route_debug(route: &Route, query: &str) -> Value {
     }
 }
 
+/// A query value as a browser or curl encodes it: `%XX` escapes and `+`
+/// for a space.
 fn percent_decode(s: &str) -> Vec<u8> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    out
+    let spaced = s.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced).collect()
 }
 
 #[cfg(test)]
