@@ -562,3 +562,82 @@ fn engine_metrics_are_scraped_and_reported() {
     let s = http::get(gw2.addr, "/chat/_route_state").json();
     assert!(s["peers"][0]["engine"].is_null());
 }
+
+/// Waits until a probe has banned (or readmitted) `peer` of route `route`.
+fn wait_ready(gw: &Gateway, route: &str, peer: &str, ready: bool) {
+    wait_for(
+        "the peer's readiness to change",
+        Duration::from_secs(5),
+        || {
+            let st = http::get(gw.addr, &format!("/{route}/_health_status")).json();
+            st["peers"]
+                .as_array()?
+                .iter()
+                .any(|p| p["name"] == peer && p["ready"] == ready)
+                .then_some(())
+        },
+    );
+}
+
+#[test]
+fn hash_mode_labels_a_session_whose_home_is_down_hash_fallback() {
+    let cluster = engines(3);
+    let extra = "balancing:\n  mode: hash\nhealth:\n  interval: 100ms\n  ban_ttl: 1h\n";
+    let gw = Gateway::start(&[("h", route_yaml(&ports(&cluster), extra))]);
+    let send = || {
+        http::post_json(
+            gw.addr,
+            "/h/v1/chat/completions",
+            &[("x-session-id", "hash-home")],
+            &chat_body("hash-home", "x", false),
+        )
+    };
+    // Control: with its home ready, the session is at home, mode `hash`.
+    let first = send();
+    assert_eq!(first.header("x-routed-mode"), Some("hash"));
+    let home = peer_of(&first);
+    let home_idx: usize = home[1..].parse().unwrap();
+    cluster.engines[home_idx]
+        .faults
+        .health_down
+        .store(true, Ordering::Relaxed);
+    wait_ready(&gw, "h", &home, false);
+
+    let moved = send();
+    assert_ne!(peer_of(&moved), home);
+    assert_eq!(moved.header("x-routed-mode"), Some("hash_fallback"));
+    assert_eq!(
+        gw.metric(
+            "llm_gateway_placements_total",
+            &["kind=\"hash_fallback\"", "reason=\"not_ready\""]
+        ),
+        1.0
+    );
+    // The explanation names the home as down, not as gone from the config.
+    let debug = http::get(gw.addr, "/h/_route_debug?sid=hash-home").json();
+    assert_eq!(debug["decision"]["kind"], "hash_fallback", "{debug}");
+}
+
+#[test]
+fn route_debug_calls_a_banned_peer_not_ready() {
+    let cluster = engines(2);
+    let extra = "health:\n  interval: 100ms\n  ban_ttl: 1h\n";
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), extra))]);
+    let first = http::post_json(
+        gw.addr,
+        CHAT,
+        &[("x-session-id", "dbg")],
+        &chat_body("dbg", "x", false),
+    );
+    let home = peer_of(&first);
+    let home_idx: usize = home[1..].parse().unwrap();
+    cluster.engines[home_idx]
+        .faults
+        .health_down
+        .store(true, Ordering::Relaxed);
+    wait_ready(&gw, "chat", &home, false);
+    let debug = http::get(gw.addr, "/chat/_route_debug?sid=dbg").json();
+    let why = debug["why"].as_str().unwrap_or_default();
+    assert!(why.contains("is not ready"), "{debug}");
+    assert!(!why.contains("no longer configured"), "{debug}");
+}

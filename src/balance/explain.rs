@@ -1,7 +1,7 @@
 //! `/_route_debug`: the placement a session would get and why, computed by
 //! the same rules as a real request, changing nothing.
 
-use super::{candidates, peer_loads};
+use super::{candidates, peer_loads, rule_view};
 use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::placement::{self, PlacementKind};
@@ -12,7 +12,7 @@ use crate::session::SessionId;
 pub fn explain(route: &Route, pool: &[usize], session: &SessionId) -> serde_json::Value {
     let now = now_ms();
     let cands = candidates(route, pool, now);
-    let loads = peer_loads(route, &cands, now);
+    let loads = peer_loads(route, &rule_view(route, pool, &cands, now), now);
     let name_of = |id: u32| {
         route
             .peer_by_id(id)

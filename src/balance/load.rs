@@ -29,7 +29,8 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
             };
             PeerLoad {
                 id: p.state.id,
-                ready: p.state.is_ready(now_ms),
+                // A peer whose host did not resolve can never be chosen.
+                ready: p.addr.is_some() && p.state.is_ready(now_ms),
                 in_flight: p.state.in_flight(),
                 max_concurrency: p.config.max_concurrency,
                 engine: fresh,

@@ -20,7 +20,7 @@ mod pools;
 
 pub use explain::explain;
 pub use load::{discount_completed, peer_loads};
-pub use pools::{candidates, model_pool};
+pub use pools::{candidates, model_pool, rule_view};
 
 use crate::clock::now_ms;
 use crate::config::Mode;
@@ -51,7 +51,7 @@ pub fn place(
     if cands.is_empty() {
         return Err(ErrorResponse::no_ready_peer(route.name()));
     }
-    let loads = peer_loads(route, &cands, now);
+    let loads = peer_loads(route, &rule_view(route, pool, &cands, now), now);
     let placed = apply_mode(route, &loads, session, now).and_then(|placement| {
         let (i, p) = route.peer_by_id(placement.peer)?;
         p.state

@@ -44,6 +44,17 @@ pub(super) fn load_ratio(route: &Route, i: usize) -> f64 {
     p.state.in_flight() as f64 / p.config.max_concurrency.max(1) as f64
 }
 
+/// What the placement rules see: the candidates, plus the pool's peers that
+/// are not ready. The rules never choose those, but they must know them: a
+/// `hash` session whose home is down falls back (and says so), and a
+/// session bound to a banned peer migrates because it is not ready, not
+/// because it left the config.
+pub fn rule_view(route: &Route, pool: &[usize], cands: &[usize], now: u64) -> Vec<usize> {
+    let mut view = cands.to_vec();
+    view.extend(pool.iter().filter(|&&i| !usable(route, i, now)));
+    view
+}
+
 /// The ready peers placement chooses among: the most preferred priority
 /// tier that has a ready member (lower `priority` value first). With
 /// `cross_tier_fallback`, tiers whose ready members are all at their limit
