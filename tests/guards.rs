@@ -805,3 +805,46 @@ fn strip_actual_usage_on_split_sse_and_untouched_json() {
         "nothing to change: byte-identical, spacing included"
     );
 }
+
+#[test]
+fn gateway_answers_carry_routed_headers_so_a_client_can_tell_them_from_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "k1:team\n").unwrap();
+    let cluster = engines(1);
+    let route = route_yaml(
+        &ports(&cluster),
+        "max_body_size: 1k\nreject_rules:\n  - {name: busy, status: 429, when: {field: model, op: eq, value: busy}}\n",
+    );
+    let gw = keyed(&keys, &[("chat", route)]);
+    let auth = [("authorization", "Bearer k1"), ("x-session-id", "tell-me")];
+    let mode = |r: &http::Response| r.header("x-routed-mode").map(str::to_string);
+
+    // Control: an engine's answer says where placement put it.
+    let ok = post(&gw, "/chat/v1/chat/completions", &auth, &small());
+    assert_eq!(ok.status(), 200);
+    assert_eq!(mode(&ok).as_deref(), Some("new"));
+
+    let refused = post(
+        &gw,
+        "/chat/v1/chat/completions",
+        &auth,
+        &json!({"model": "busy", "messages": []}),
+    );
+    assert_eq!(refused.status(), 429);
+    assert_eq!(mode(&refused).as_deref(), Some("local"));
+    assert_eq!(
+        refused.header("x-routed-session"),
+        ok.header("x-routed-session")
+    );
+    assert!(refused.header("x-routed-session").is_some());
+
+    let unauthorized = post(&gw, "/chat/v1/chat/completions", &[], &small());
+    assert_eq!(unauthorized.status(), 401);
+    assert_eq!(mode(&unauthorized).as_deref(), Some("local"));
+
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(2000)}]});
+    let too_large = post(&gw, "/chat/v1/chat/completions", &auth, &big);
+    assert_eq!(too_large.status(), 413);
+    assert_eq!(mode(&too_large).as_deref(), Some("local"));
+}

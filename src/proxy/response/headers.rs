@@ -30,8 +30,18 @@ pub fn prepare_pipeline(resp: &mut ResponseHeader, ctx: &mut RequestCtx) -> Resu
     Ok(())
 }
 
-/// X-Routed-Session/Source/Mode/Peer/Retries, unless the route turned them off.
-pub fn insert_routed(resp: &mut ResponseHeader, ctx: &RequestCtx) -> Result<()> {
+/// Who produced a response: the engine (through an upstream attempt), or
+/// the gateway itself without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Upstream,
+    Gateway,
+}
+
+/// X-Routed-Session/Source/Mode/Peer/Retries, unless the route turned them
+/// off. A gateway answer says `X-Routed-Mode: local` (and names no peer),
+/// so a client can tell a gateway 429 from an engine's.
+pub fn insert_routed(resp: &mut ResponseHeader, ctx: &RequestCtx, origin: Origin) -> Result<()> {
     let Some(route) = &ctx.route else {
         return Ok(());
     };
@@ -42,9 +52,11 @@ pub fn insert_routed(resp: &mut ResponseHeader, ctx: &RequestCtx) -> Result<()> 
         resp.insert_header("x-routed-session", sid.hex())?;
         resp.insert_header("x-routed-source", sid.source.as_str().to_string())?;
     }
-    if let Some(placement) = ctx.request.placement {
-        resp.insert_header("x-routed-mode", placement.kind.as_str())?;
-    }
+    let placement = ctx.request.placement.filter(|_| origin == Origin::Upstream);
+    let Some(placement) = placement else {
+        return resp.insert_header("x-routed-mode", "local");
+    };
+    resp.insert_header("x-routed-mode", placement.kind.as_str())?;
     resp.insert_header("x-routed-peer", ctx.peer_name().to_string())?;
     resp.insert_header(
         "x-routed-retries",

@@ -1,6 +1,7 @@
 //! Responses the gateway writes itself: refusals and endpoint answers from
 //! `request_filter`, and the error after a failed upstream attempt.
 
+use super::headers::{insert_routed, Origin};
 use crate::errors;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::request::{body::has_body, Local};
@@ -27,7 +28,7 @@ pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) 
         // an unknown amount of upload, close after answering.
         session.set_keepalive(None);
     }
-    if let Err(e) = write_json(session, status, body, retry_after).await {
+    if let Err(e) = write_json(session, ctx, Origin::Gateway, status, body, retry_after).await {
         log::debug!("could not write local response: {e}");
     }
 }
@@ -43,7 +44,12 @@ pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> Fai
             ctx.upstream.last_error.as_deref(),
         );
         ctx.response.local_status = Some(code);
-        let _ = write_json(session, code, err.body(), err.retry_after).await;
+        let origin = if ctx.upstream.count > 0 {
+            Origin::Upstream
+        } else {
+            Origin::Gateway
+        };
+        let _ = write_json(session, ctx, origin, code, err.body(), err.retry_after).await;
     }
     ctx.upstream.slot = None;
     FailToProxy {
@@ -53,13 +59,16 @@ pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> Fai
 }
 
 /// Writes a complete JSON response.
-pub async fn write_json(
+async fn write_json(
     session: &mut Session,
+    ctx: &RequestCtx,
+    origin: Origin,
     status: u16,
     body: Bytes,
     retry_after: Option<u32>,
 ) -> Result<()> {
-    let mut resp = ResponseHeader::build(status, Some(4))?;
+    let mut resp = ResponseHeader::build(status, Some(8))?;
+    insert_routed(&mut resp, ctx, origin)?;
     resp.insert_header("content-type", "application/json")?;
     resp.insert_header("content-length", body.len().to_string())?;
     if let Some(secs) = retry_after {
