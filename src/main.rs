@@ -48,10 +48,33 @@ fn init_logging() {
     logger.format_timestamp_millis();
     // Pingora's debug and trace logs print whole request headers, which
     // carry session ids and API keys. Keep them out unless asked for by name.
-    if std::env::var_os("LLM_GATEWAY_UNSAFE_PINGORA_DEBUG").is_none() {
+    let unsafe_debug = std::env::var("LLM_GATEWAY_UNSAFE_PINGORA_DEBUG").ok();
+    if !unsafe_debug_wanted(unsafe_debug.as_deref()) {
         for module in ["pingora_proxy", "pingora_core", "pingora_http"] {
             logger.filter_module(module, log::LevelFilter::Info);
         }
     }
     logger.init();
+}
+
+/// Only an explicit yes turns the unsafe logs on: `0`, `false` or an empty
+/// value must keep them off.
+fn unsafe_debug_wanted(value: Option<&str>) -> bool {
+    value.is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unsafe_debug_wanted;
+
+    #[test]
+    fn only_one_or_true_turns_the_unsafe_pingora_logs_on() {
+        for on in ["1", "true", "TRUE"] {
+            assert!(unsafe_debug_wanted(Some(on)), "{on}");
+        }
+        for off in ["0", "false", "", "no", "yes please"] {
+            assert!(!unsafe_debug_wanted(Some(off)), "{off:?}");
+        }
+        assert!(!unsafe_debug_wanted(None));
+    }
 }
