@@ -9,7 +9,7 @@ use std::time::Duration;
 
 pub const DEFAULT_MAX_BODY_SIZE: u64 = 10 << 20;
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
-pub const DEFAULT_API_KEYS_FILE: &str = "/etc/llm-gateway/api-keys";
+pub const DEFAULT_API_KEYS_FILE: &str = "/etc/llm-gateway/keys/api-keys";
 pub const API_KEYS_ENV: &str = "LLM_GATEWAY_API_KEYS_FILE";
 
 /// The validated gateway-wide settings.
