@@ -848,3 +848,68 @@ fn gateway_answers_carry_routed_headers_so_a_client_can_tell_them_from_the_engin
     assert_eq!(too_large.status(), 413);
     assert_eq!(mode(&too_large).as_deref(), Some("local"));
 }
+
+#[test]
+fn the_gateway_key_is_not_forwarded_unless_the_route_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "client-key-1:team\n").unwrap();
+    let engine_key = dir.path().join("engine-key");
+    std::fs::write(&engine_key, "engine-secret\n").unwrap();
+    let cluster = engines(3);
+    let p = ports(&cluster);
+    let gw = keyed(
+        &keys,
+        &[
+            ("strip", route_yaml(&p[0..1], "")),
+            ("fwd", route_yaml(&p[1..2], "forward_client_key: true\n")),
+            (
+                "own",
+                route_yaml(
+                    &p[2..3],
+                    &format!("engine_api_key_file: {}\n", engine_key.display()),
+                ),
+            ),
+        ],
+    );
+    let last_headers = |engine: usize| {
+        let recorded = cluster.engines[engine].stats.recorded.lock().clone();
+        let last = recorded
+            .last()
+            .cloned()
+            .expect("the engine got the request");
+        (
+            last.header("authorization").map(str::to_string),
+            last.header("x-api-key").map(str::to_string),
+        )
+    };
+    for (route, engine) in [("strip", 0), ("fwd", 1), ("own", 2)] {
+        for header in ["authorization", "x-api-key"] {
+            let value = if header == "authorization" {
+                "Bearer client-key-1"
+            } else {
+                "client-key-1"
+            };
+            let r = post(
+                &gw,
+                &format!("/{route}/v1/chat/completions"),
+                &[(header, value)],
+                &small(),
+            );
+            assert_eq!(r.status(), 200, "{route} {header}");
+            let (auth, api_key) = last_headers(engine);
+            match route {
+                "strip" => assert_eq!((auth, api_key), (None, None), "{header}"),
+                // Control: the same request does carry the key when asked to.
+                "fwd" if header == "authorization" => {
+                    assert_eq!(auth.as_deref(), Some("Bearer client-key-1"))
+                }
+                "fwd" => assert_eq!(api_key.as_deref(), Some("client-key-1")),
+                _ => {
+                    assert_eq!(auth.as_deref(), Some("Bearer engine-secret"), "{header}");
+                    assert_eq!(api_key, None, "{header}");
+                }
+            }
+        }
+    }
+}

@@ -38,6 +38,8 @@ pub(super) struct RouteFile {
     pub reject_rules_enabled: Option<Flag>,
     pub postprocess: Option<String>,
     pub include_usage: Option<Flag>,
+    pub forward_client_key: Option<Flag>,
+    pub engine_api_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -136,6 +136,13 @@ pub struct RouteConfig {
     pub postprocess: Option<Handler>,
     /// Add `stream_options.include_usage` to streaming requests that lack it.
     pub include_usage: bool,
+    /// Send the client's `Authorization`/`x-api-key` on to the engine. Off by
+    /// default: a key the gateway checks is the client's credential for the
+    /// gateway, not for the engines behind it.
+    pub forward_client_key: bool,
+    /// A file whose first line is the key the engines expect; sent as
+    /// `Authorization: Bearer <key>` in place of the client's.
+    pub engine_api_key_file: Option<PathBuf>,
     /// Deprecation notices to log at load; the route still serves.
     pub warnings: Vec<String>,
 }
@@ -218,6 +225,8 @@ impl RouteConfig {
             reject_rules_enabled: flag(file.reject_rules_enabled, true),
             postprocess,
             include_usage: flag(file.include_usage, false),
+            forward_client_key: flag(file.forward_client_key, false),
+            engine_api_key_file: file.engine_api_key_file,
             warnings,
         })
     }

@@ -215,10 +215,35 @@ impl Registry {
         for e in &config.reject_rule_errors {
             log::error!("{}: reject rule dropped: {e}", config.file.display());
         }
+        let engine_auth = config
+            .engine_api_key_file
+            .as_deref()
+            .and_then(read_engine_key);
         Arc::new(Route {
+            engine_auth,
             config,
             peers,
             runtime,
         })
     }
+}
+
+/// The engines' key: the first non-blank line of the file. An unreadable or
+/// empty file is logged and sends no key (the engine then refuses, loudly).
+fn read_engine_key(path: &std::path::Path) -> Option<http::HeaderValue> {
+    let text = std::fs::read_to_string(path)
+        .inspect_err(|e| log::error!("engine_api_key_file {}: {e}", path.display()))
+        .ok()?;
+    let key = text.lines().map(str::trim).find(|l| !l.is_empty());
+    let value = key.and_then(|k| http::HeaderValue::from_str(&format!("Bearer {k}")).ok());
+    if value.is_none() {
+        log::error!(
+            "engine_api_key_file {}: no usable key on its first line",
+            path.display()
+        );
+    }
+    value.map(|mut v| {
+        v.set_sensitive(true);
+        v
+    })
 }

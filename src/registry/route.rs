@@ -104,6 +104,9 @@ pub(super) fn table_config(config: &RouteConfig) -> TableConfig {
 /// One route version: immutable config plus shared runtime state.
 pub struct Route {
     pub config: RouteConfig,
+    /// `Authorization` value for the engines, from `engine_api_key_file`
+    /// (read at each reload); never logged.
+    pub engine_auth: Option<http::HeaderValue>,
     pub peers: Vec<RoutePeer>,
     pub runtime: Arc<RouteRuntime>,
 }

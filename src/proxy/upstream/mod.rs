@@ -80,11 +80,19 @@ pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error>
     e
 }
 
-/// The head the engine receives: its own Host, and the real Content-Length
-/// of the pre-read body (the replayed request carries a placeholder).
+/// The head the engine receives: its own Host, the engine's credential
+/// rather than the client's, and the real Content-Length of the pre-read
+/// body (the replayed request carries a placeholder).
 pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &RequestCtx) -> Result<()> {
-    if let Some((_, p)) = ctx.peer() {
+    if let Some((route, p)) = ctx.peer() {
         upstream.insert_header("host", format!("{}:{}", p.config.host, p.config.port))?;
+        if !route.config.forward_client_key {
+            upstream.remove_header(&http::header::AUTHORIZATION);
+            upstream.remove_header("x-api-key");
+        }
+        if let Some(key) = &route.engine_auth {
+            upstream.insert_header(http::header::AUTHORIZATION, key.clone())?;
+        }
     }
     if ctx.request.body_read {
         upstream.remove_header("transfer-encoding");
