@@ -106,10 +106,13 @@ pub fn proxy_failure_status(e: &Error, attempted: bool) -> u16 {
     }
 }
 
-/// The client's body for a failed proxy attempt with `status`.
+/// The client's body for a failed proxy attempt with `status`. It names
+/// the peer and the kind of failure only: the engine's own bytes and its
+/// address are for the log, not for the client.
 pub fn proxy_failure(
     status: u16,
     e: &Error,
+    peer: &str,
     tried: &[usize],
     last_upstream_error: Option<&str>,
 ) -> ErrorResponse {
@@ -117,7 +120,7 @@ pub fn proxy_failure(
         502 => {
             let detail = last_upstream_error
                 .map(str::to_string)
-                .unwrap_or_else(|| e.to_string());
+                .unwrap_or_else(|| format!("peer {peer}: {}", e.etype().as_str()));
             ErrorResponse::upstream_failed(format!(
                 "upstream failed after {} attempt(s): {detail}",
                 tried.len()

@@ -36,10 +36,19 @@ pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) 
 /// After a failed attempt: the JSON error, if nothing was written yet.
 pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
     let code = errors::proxy_failure_status(e, ctx.upstream.count > 0);
+    if code >= 500 {
+        log::warn!(
+            "route {} peer {}: proxying failed after {} attempt(s): {e}",
+            ctx.route_name(),
+            ctx.peer_name(),
+            ctx.upstream.count
+        );
+    }
     if code > 0 && session.response_written().is_none() {
         let err = errors::proxy_failure(
             code,
             e,
+            ctx.peer_name(),
             &ctx.upstream.tried,
             ctx.upstream.last_error.as_deref(),
         );
