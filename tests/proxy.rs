@@ -441,3 +441,68 @@ fn admin_endpoints() {
     assert_eq!(routes["routes"][0]["peers"][0]["name"], "e0");
     assert_eq!(http::get(gw.admin, "/nope").status(), 404);
 }
+
+/// A peer that answers every connection with `reply` and closes.
+fn raw_peer(reply: &'static [u8]) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut stream, &mut buf);
+            let _ = std::io::Write::write_all(&mut stream, reply);
+        }
+    });
+    port
+}
+
+#[test]
+fn a_502_names_the_peer_without_echoing_the_engines_bytes_or_address() {
+    const GARBAGE: &[u8] = b"HTTP/1.1 2OO SECRET-ENGINE-BANNER internal=10.9.8.7\r\n\r\n";
+    let port = raw_peer(GARBAGE);
+    let route = format!(
+        "peers:\n  - {{name: odd-engine, host: 127.0.0.1, port: {port}}}\nhealth: {{enabled: false}}\nengine_metrics: false\n"
+    );
+    let gw = Gateway::start(&[("chat", route)]);
+    let r = http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false));
+    assert_eq!(r.status(), 502);
+    let body = r.text();
+    assert_eq!(r.json()["error"]["type"], "upstream_error", "{body}");
+    assert!(body.contains("odd-engine"), "names the peer: {body}");
+    assert!(!body.contains("SECRET-ENGINE-BANNER"), "{body}");
+    assert!(!body.contains("10.9.8.7"), "{body}");
+    assert!(
+        !body.contains(&port.to_string()),
+        "no internal address: {body}"
+    );
+    // Control: the operator still gets the detail, in the log.
+    wait_for("the failure in the log", DEADLINE, || {
+        gw.log().contains("odd-engine").then_some(())
+    });
+}
+
+#[test]
+fn upstream_failures_log_the_path_without_its_query() {
+    let dead = free_port();
+    let route = format!(
+        "peers:\n  - {{name: gone, host: 127.0.0.1, port: {dead}}}\nhealth: {{enabled: false}}\nengine_metrics: false\n"
+    );
+    let gw = Gateway::start(&[("chat", route)]);
+    let r = http::post_json(
+        gw.addr,
+        "/chat/v1/chat/completions?api_key=sk-leaky-secret",
+        &[],
+        &chat_body("s", "x", false),
+    );
+    assert_eq!(r.status(), 502);
+    // Control: the failure itself is logged, with the path.
+    let log = wait_for("the failure in the log", DEADLINE, || {
+        let log = gw.log();
+        log.contains("/v1/chat/completions").then_some(log)
+    });
+    assert!(!log.contains("sk-leaky-secret"), "{log}");
+    // The test client's Host header.
+    assert!(!log.contains("gateway.test"), "{log}");
+}

@@ -183,6 +183,20 @@ impl ProxyHttp for Gateway {
         response::local::fail(session, e, ctx).await
     }
 
+    /// What Pingora's own error lines say about the request: method, path
+    /// and route only. The query string can carry a key (`?api_key=`) and
+    /// the default summary's Host and full URI are the client's to keep.
+    fn request_summary(&self, session: &Session, ctx: &RequestCtx) -> String {
+        let req = session.req_header();
+        format!(
+            "{} {} route {} peer {}",
+            req.method,
+            req.uri.path(),
+            ctx.route_name(),
+            ctx.peer_name()
+        )
+    }
+
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         ctx.upstream.slot = None;
         response::record::record(session, ctx);
