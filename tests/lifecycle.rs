@@ -257,3 +257,39 @@ fn check_refuses_a_reject_rule_that_a_load_would_drop() {
     assert!(text.contains("no-foo"), "names the rule: {text}");
     assert!(text.contains("regex"), "says why: {text}");
 }
+
+#[test]
+fn idle_client_connections_close_after_client_idle_timeout_while_a_busy_one_stays() {
+    let cluster = engines(1);
+    let gw = Gateway::start_with(
+        &[("chat", route_yaml(&ports(&cluster), ""))],
+        GatewayOptions {
+            extra_config: "client_idle_timeout: 1s\n".into(),
+            ..Default::default()
+        },
+    );
+    // A stream that stays busy (held at a gate) for longer than the timeout.
+    let (mut busy, _) = start_gated_stream(&gw, "chat", "idle-test");
+
+    let mut proxied = Conn::open(gw.addr);
+    let r = proxied.request(
+        "POST",
+        "/chat/v1/chat/completions",
+        &[("content-type", "application/json")],
+        chat_body("s", "hi", false).to_string().as_bytes(),
+    );
+    assert_eq!(r.status(), 200);
+    let mut local = Conn::open(gw.addr);
+    assert_eq!(
+        local.request("GET", "/nope/v1/models", &[], b"").status(),
+        404
+    );
+
+    for conn in [&mut proxied, &mut local] {
+        conn.set_read_timeout(Duration::from_secs(10));
+        assert!(conn.is_closed(), "an idle connection is closed");
+    }
+    // Control: the busy connection was not cut, and its stream ends cleanly.
+    cluster.engines[0].open_gate("idle-test");
+    assert!(finish_stream(&mut busy), "the busy stream finished intact");
+}

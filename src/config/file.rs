@@ -20,6 +20,7 @@ pub(super) struct GatewayFile {
     pub grace_period: Option<Dur>,
     pub max_body_size: Option<Size>,
     pub postprocess_default: Option<String>,
+    pub client_idle_timeout: Option<Dur>,
 }
 
 #[derive(Debug, Deserialize)]

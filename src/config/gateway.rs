@@ -24,7 +24,12 @@ pub struct GatewayConfig {
     pub max_body_size: u64,
     /// Post-processing handler for routes that name none.
     pub postprocess_default: Option<Handler>,
+    /// How long a client's keep-alive connection may sit idle between
+    /// requests before the gateway closes it (whole seconds, at least 1).
+    pub client_idle_timeout: Duration,
 }
+
+pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Command-line values that take precedence over the file.
 #[derive(Debug, Default, Clone)]
@@ -98,7 +103,18 @@ impl GatewayConfig {
                 )
             })?),
         };
+        let client_idle_timeout = file
+            .client_idle_timeout
+            .map_or(DEFAULT_CLIENT_IDLE_TIMEOUT, |d| d.0);
+        if client_idle_timeout < Duration::from_secs(1) || client_idle_timeout.subsec_nanos() != 0 {
+            return Err(ConfigError::new(
+                path,
+                find_key_line(text, "client_idle_timeout"),
+                "client_idle_timeout must be a whole number of seconds, at least 1s",
+            ));
+        }
         Ok(GatewayConfig {
+            client_idle_timeout,
             postprocess_default,
             listen,
             admin_listen,

@@ -11,8 +11,8 @@ mod route;
 pub mod units;
 
 pub use gateway::{
-    GatewayConfig, Overrides, API_KEYS_ENV, DEFAULT_API_KEYS_FILE, DEFAULT_GRACE_PERIOD,
-    DEFAULT_MAX_BODY_SIZE,
+    GatewayConfig, Overrides, API_KEYS_ENV, DEFAULT_API_KEYS_FILE, DEFAULT_CLIENT_IDLE_TIMEOUT,
+    DEFAULT_GRACE_PERIOD, DEFAULT_MAX_BODY_SIZE,
 };
 pub use route::{
     route_name_of, valid_route_name, Balancing, EngineMetricsConfig, HealthConfig, Mode,

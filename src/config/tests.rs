@@ -190,3 +190,19 @@ fn route_names() {
     );
     assert_eq!(route_name_of(Path::new("routes/chat.yaml.bak")), None);
 }
+
+#[test]
+fn client_idle_timeout_defaults_to_60s_and_needs_whole_seconds() {
+    assert_eq!(gw().client_idle_timeout, DEFAULT_CLIENT_IDLE_TIMEOUT);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    assert_eq!(
+        parse("client_idle_timeout: 5s\n")
+            .unwrap()
+            .client_idle_timeout,
+        Duration::from_secs(5)
+    );
+    for bad in ["500ms", "1500ms", "0s"] {
+        let e = parse(&format!("client_idle_timeout: {bad}\n")).unwrap_err();
+        assert_eq!(e.line, Some(1), "{bad}: {e}");
+    }
+}
