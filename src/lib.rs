@@ -26,6 +26,7 @@ pub mod placement;
 pub mod proxy;
 pub mod registry;
 pub mod reject;
+pub mod request_view;
 pub mod server;
 pub mod session;
 pub mod stream;

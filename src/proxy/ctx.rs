@@ -29,8 +29,14 @@ pub struct Admitted {
     /// True once a body was read, so the upstream request gets its real
     /// Content-Length even when it is 0.
     pub body_read: bool,
-    /// Parsed once in `request_filter`; later phases reuse it.
-    pub json: Option<serde_json::Value>,
+    /// The body was read as a JSON object (an LLM request, or a body whose
+    /// model picks the pool).
+    pub json_object: bool,
+    /// The body's `model`, when it names one.
+    pub model: Option<String>,
+    /// The body with `stream_options.include_usage` added, waiting for the
+    /// content guards to pass (they judge what the client sent).
+    pub usage_rewrite: Option<Bytes>,
     /// Indices into `route.peers` this request may use (model pool).
     pub pool: Vec<usize>,
     /// The request's session (hash and source only, never the raw value).

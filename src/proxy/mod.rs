@@ -54,13 +54,8 @@ impl Gateway {
         guards::auth::check(&route, &self.registry, session)?;
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
-        ctx.request.session = crate::session::extract_session(
-            &session.req_header().headers,
-            &route.config.balancing.session_headers,
-            ctx.request.json.as_ref(),
-        );
         guards::rules::check(&route, &ctx.request)?;
-        guards::usage::inject(&route, &mut ctx.request);
+        guards::usage::apply(&mut ctx.request);
         self.place(&route, ctx)?;
         let body_pending = ctx.request.body_read && !ctx.request.body.is_empty();
         request::forward(session, &rest, body_pending).await
@@ -69,8 +64,7 @@ impl Gateway {
     /// Model pool and placement: the peer and its reserved slot.
     fn place(&self, route: &crate::registry::Route, ctx: &mut RequestCtx) -> Result<(), Local> {
         let req = &mut ctx.request;
-        let model = req.json.as_ref().and_then(|j| j.get("model")?.as_str());
-        req.pool = crate::balance::model_pool(route, model)?;
+        req.pool = crate::balance::model_pool(route, req.model.as_deref())?;
         let placed = crate::balance::place(route, &req.pool, req.session.as_ref())?;
         metrics()
             .placements

@@ -29,8 +29,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use crate::request_view::{as_str, member, RequestView};
 use http::{HeaderMap, HeaderName};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::hash::{hex16, stable_hash64};
 
@@ -137,7 +138,7 @@ impl fmt::Display for SessionSource {
 pub fn extract_session(
     headers: &HeaderMap,
     configured: &[HeaderName],
-    body: Option<&Value>,
+    body: Option<&RequestView>,
 ) -> Option<SessionId> {
     for name in configured {
         if let Some(hash) = hash_header(headers, name.as_str()) {
@@ -158,23 +159,21 @@ pub fn extract_session(
     body.and_then(extract_from_body)
 }
 
-fn extract_from_body(body: &Value) -> Option<SessionId> {
+fn extract_from_body(body: &RequestView) -> Option<SessionId> {
     let found = |hash, source| Some(SessionId { hash, source });
-    let metadata = body.get("metadata");
+    let metadata = body.metadata;
 
     if let Some(hash) = metadata
-        .and_then(|m| m.get("session_id"))
+        .and_then(|m| member(m, "session_id"))
         .and_then(hash_scalar)
     {
         return found(hash, SessionSource::BodyMetadataSessionId);
     }
-    let litellm_session = body
-        .get("litellm_metadata")
-        .and_then(|m| m.get("session_id"));
+    let litellm_session = body.litellm_metadata.and_then(|m| member(m, "session_id"));
     if let Some(hash) = litellm_session.and_then(hash_scalar) {
         return found(hash, SessionSource::BodyLitellmMetadataSessionId);
     }
-    let user_id = metadata.and_then(|m| m.get("user_id"));
+    let user_id = metadata.and_then(|m| member(m, "user_id"));
     if let Some(hash) = user_id.and_then(hash_embedded_session_id) {
         return found(hash, SessionSource::BodyUserIdSessionId);
     }
@@ -183,28 +182,26 @@ fn extract_from_body(body: &Value) -> Option<SessionId> {
     if let Some(hash) = user_id.and_then(hash_scalar) {
         return found(hash, SessionSource::BodyUserId);
     }
-    if let Some(hash) = body.get("user").and_then(hash_scalar) {
+    if let Some(hash) = body.user.and_then(hash_scalar) {
         return found(hash, SessionSource::BodyUser);
     }
     None
 }
 
 /// `metadata.user_id.session_id` for both shapes of `user_id`.
-fn hash_embedded_session_id(user_id: &Value) -> Option<u64> {
-    match user_id {
-        Value::Object(fields) => fields.get("session_id").and_then(hash_scalar),
-        Value::String(text) => {
-            let text = text.trim();
-            // Cheap screen first: most user_id strings are plain ids, and
-            // parsing them as JSON on every request would be wasted work.
-            if !text.starts_with('{') || text.len() > MAX_EMBEDDED_USER_ID_JSON_BYTES {
-                return None;
-            }
-            let parsed: Value = serde_json::from_str(text).ok()?;
-            parsed.get("session_id").and_then(hash_scalar)
-        }
-        _ => None,
+fn hash_embedded_session_id(user_id: &RawValue) -> Option<u64> {
+    if user_id.get().starts_with('{') {
+        return member(user_id, "session_id").and_then(hash_scalar);
     }
+    let text = as_str(user_id)?;
+    let text = text.trim();
+    // Cheap screen first: most user_id strings are plain ids, and
+    // parsing them as JSON on every request would be wasted work.
+    if !text.starts_with('{') || text.len() > MAX_EMBEDDED_USER_ID_JSON_BYTES {
+        return None;
+    }
+    let embedded: &RawValue = serde_json::from_str(text).ok()?;
+    member(embedded, "session_id").and_then(hash_scalar)
 }
 
 /// First usable value among the header's (possibly repeated) values.
@@ -215,15 +212,20 @@ fn hash_header(headers: &HeaderMap, name: &str) -> Option<u64> {
         .find_map(|value| usable_bytes(value.as_bytes()).map(stable_hash64))
 }
 
-fn hash_scalar(value: &Value) -> Option<u64> {
-    match value {
-        Value::String(text) => usable_str(text).map(|t| stable_hash64(t.as_bytes())),
-        Value::Number(number) => {
-            let text = number.to_string();
-            usable_str(&text).map(|t| stable_hash64(t.as_bytes()))
-        }
-        _ => None,
+/// A string or a number (hashed in serde_json's canonical text, as it
+/// always has been: `1e3` and `1000.0` are one id).
+fn hash_scalar(value: &RawValue) -> Option<u64> {
+    let text = value.get();
+    if text.starts_with('"') {
+        let s = as_str(value)?;
+        return usable_str(&s).map(|t| stable_hash64(t.as_bytes()));
     }
+    if text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        let number: serde_json::Number = serde_json::from_str(text).ok()?;
+        let text = number.to_string();
+        return usable_str(&text).map(|t| stable_hash64(t.as_bytes()));
+    }
+    None
 }
 
 fn usable_str(text: &str) -> Option<&str> {
@@ -249,7 +251,7 @@ fn usable_bytes(bytes: &[u8]) -> Option<&[u8]> {
 mod tests {
     use super::*;
     use http::HeaderValue;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -277,7 +279,13 @@ mod tests {
         configured: &[&str],
         body: Option<Value>,
     ) -> Option<SessionId> {
-        extract_session(&headers(pairs), &names(configured), body.as_ref())
+        let text = body.map(|b| b.to_string());
+        // A body that is not an object never gets this far in the proxy
+        // (it is a 400), so it has no view.
+        let view = text
+            .as_deref()
+            .and_then(|t| RequestView::parse(t.as_bytes()).ok());
+        extract_session(&headers(pairs), &names(configured), view.as_ref())
     }
 
     fn source_and_hash(found: Option<SessionId>) -> Option<(String, u64)> {

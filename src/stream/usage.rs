@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::scan::{contains, find_byte, skip_json_ws};
+use crate::request_view::{member, RequestView};
 
 /// Token counts as reported by the engine.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -97,37 +98,39 @@ const NESTED_INSERT: &[u8] = b"\"include_usage\":true";
 /// Adds `stream_options.include_usage: true` to a streaming request body,
 /// touching only the bytes needed (see the module docs for why).
 ///
-/// `raw` is the exact body and `parsed` the same body parsed. Returns `None`
-/// when nothing needs to change (not `"stream": true`, or already asked
-/// for) and when it cannot be done safely: `stream_options` or
-/// `include_usage` of an unexpected type, a duplicated key, or `raw` not
-/// matching `parsed`.
-pub fn inject_include_usage(raw: &[u8], parsed: &Value) -> Option<Vec<u8>> {
-    let top = parsed.as_object()?;
-    if top.get("stream") != Some(&Value::Bool(true)) {
+/// `raw` is the exact body and `parsed` its view. Returns `None` when
+/// nothing needs to change (not `"stream": true`, or already asked for) and
+/// when it cannot be done safely: `stream_options` or `include_usage` of an
+/// unexpected type, a duplicated key, or `raw` not matching `parsed`.
+pub fn inject_include_usage(raw: &[u8], parsed: &RequestView) -> Option<Vec<u8>> {
+    if !parsed.is_stream() {
         return None;
     }
     let open = skip_json_ws(raw, 0);
     match find_member(raw, open, "stream_options")? {
         Member::Missing { empty } => {
-            if top.contains_key("stream_options") {
+            if parsed.stream_options.is_some() {
                 return None;
             }
             Some(insert_at(raw, open + 1, TOP_LEVEL_INSERT, !empty))
         }
         Member::Found { start, end: _ } => {
-            let opts = top.get("stream_options")?.as_object()?;
+            let opts = parsed.stream_options?;
+            if !opts.get().starts_with('{') {
+                return None;
+            }
+            let include_usage = member(opts, "include_usage");
             match find_member(raw, start, "include_usage")? {
                 Member::Missing { empty } => {
-                    if opts.contains_key("include_usage") {
+                    if include_usage.is_some() {
                         return None;
                     }
                     Some(insert_at(raw, start + 1, NESTED_INSERT, !empty))
                 }
                 Member::Found { start, end } => {
-                    let literal = match opts.get("include_usage")? {
-                        Value::Bool(false) => &b"false"[..],
-                        Value::Null => b"null",
+                    let literal = match include_usage?.get() {
+                        "false" => &b"false"[..],
+                        "null" => b"null",
                         // `true` needs nothing; any other type is the
                         // engine's to judge, not ours to overwrite.
                         _ => return None,
@@ -277,7 +280,8 @@ mod tests {
     use serde_json::json;
 
     fn inject(raw: &str) -> Option<String> {
-        let parsed: Value = serde_json::from_str(raw).unwrap();
+        // A body that is not an object has no view (the proxy answers 400).
+        let parsed = RequestView::parse(raw.as_bytes()).ok()?;
         inject_include_usage(raw.as_bytes(), &parsed).map(|b| String::from_utf8(b).unwrap())
     }
 
@@ -379,12 +383,11 @@ mod tests {
             assert_eq!(inject(raw), None, "{raw}");
         }
         // raw that does not match parsed
-        let parsed = json!({"stream": true, "stream_options": {}});
+        let other = br#"{"stream": true, "stream_options": {}}"#;
+        let parsed = RequestView::parse(other).unwrap();
         assert_eq!(inject_include_usage(br#"{"stream":true}"#, &parsed), None);
-        assert_eq!(
-            inject_include_usage(br#"{"stream":true,"#, &json!({"stream":true})),
-            None
-        );
+        let parsed = RequestView::parse(br#"{"stream":true}"#).unwrap();
+        assert_eq!(inject_include_usage(br#"{"stream":true,"#, &parsed), None);
     }
 
     #[test]
@@ -559,7 +562,8 @@ mod tests {
             let parsed: Value = serde_json::from_slice(&raw).expect("writer emits valid JSON");
             prop_assert_eq!(&parsed, &body);
 
-            let new = inject_include_usage(&raw, &parsed).expect("always applicable here");
+            let view = RequestView::parse(&raw).expect("the writer emits an object");
+            let new = inject_include_usage(&raw, &view).expect("always applicable here");
             let new_value: Value = serde_json::from_slice(&new).expect("valid JSON out");
             let mut expected = body.clone();
             let opts = expected

@@ -7,10 +7,13 @@ use crate::registry::Route;
 use crate::reject::{rejection_body, RequestFacts};
 
 /// The first matching content rule's refusal, if rules are on for the route.
+///
+/// Rules may look at any path of the body, so it is parsed whole here, and
+/// only when the route has rules switched on.
 pub fn check(route: &Route, req: &Admitted) -> Result<(), ErrorResponse> {
-    let Some(body) = &req.json else {
+    if !req.json_object {
         return Ok(());
-    };
+    }
     let raw_len = req.body.len();
     let enabled = route
         .runtime
@@ -21,7 +24,13 @@ pub fn check(route: &Route, req: &Admitted) -> Result<(), ErrorResponse> {
     if !enabled || rules.is_empty() {
         return Ok(());
     }
-    let Some(rule) = rules.evaluate(&RequestFacts { body, raw_len }) else {
+    let Ok(body) = serde_json::from_slice::<serde_json::Value>(&req.body) else {
+        return Ok(());
+    };
+    let Some(rule) = rules.evaluate(&RequestFacts {
+        body: &body,
+        raw_len,
+    }) else {
         return Ok(());
     };
     metrics()

@@ -2,24 +2,14 @@
 
 use crate::proxy::ctx::Admitted;
 use crate::registry::Route;
+use crate::request_view::RequestView;
 use crate::stream::usage::inject_include_usage;
 use bytes::Bytes;
 
-/// Adds `stream_options.include_usage` to a streaming request that lacks it,
-/// editing only the bytes needed; the usage frame is then the gateway's, not
-/// the client's.
-pub fn inject(route: &Route, req: &mut Admitted) {
-    if let Some(rewritten) = req
-        .json
-        .as_ref()
-        .and_then(|json| rewrite(route, &req.body, json))
-    {
-        req.body = rewritten;
-        req.usage_injected = true;
-    }
-}
-
-fn rewrite(route: &Route, body: &Bytes, json: &serde_json::Value) -> Option<Bytes> {
+/// `body` with `stream_options.include_usage` added, for a streaming
+/// request that lacks it (editing only the bytes needed); `None` when the
+/// route does not ask for it or nothing needs to change.
+pub fn rewrite(route: &Route, body: &Bytes, view: &RequestView) -> Option<Bytes> {
     if !route
         .runtime
         .toggles
@@ -28,8 +18,14 @@ fn rewrite(route: &Route, body: &Bytes, json: &serde_json::Value) -> Option<Byte
     {
         return None;
     }
-    if json.get("stream") != Some(&serde_json::Value::Bool(true)) {
-        return None;
+    inject_include_usage(body, view).map(Bytes::from)
+}
+
+/// Puts the rewritten body in place once the content guards passed; the
+/// usage frame is then the gateway's, not the client's.
+pub fn apply(req: &mut Admitted) {
+    if let Some(body) = req.usage_rewrite.take() {
+        req.body = body;
+        req.usage_injected = true;
     }
-    inject_include_usage(body, json).map(Bytes::from)
 }

@@ -4,13 +4,16 @@
 use super::Local;
 use crate::errors::ErrorResponse;
 use crate::proxy::ctx::Admitted;
+use crate::proxy::guards::usage;
 use crate::registry::Route;
+use crate::request_view::RequestView;
+use crate::session::extract_session;
 use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
+use std::borrow::Cow;
 
-/// Reads the body, if any, and parses what the gateway needs from it: an
-/// LLM endpoint's body must be a JSON object; other endpoints are parsed
-/// only when the route picks a pool by model.
+/// Reads the body, if any, and what the gateway needs from it (see
+/// [`inspect`]).
 pub async fn read(
     session: &mut Session,
     route: &Route,
@@ -21,11 +24,28 @@ pub async fn read(
         req.body = read_body(session, route.config.max_body_size).await?;
         req.body_read = true;
     }
-    if is_llm_endpoint(rest) {
-        req.json = Some(parse_llm_body(&req.body)?);
+    inspect(session, route, rest, req)
+}
+
+/// One pass over the body's view: an LLM endpoint's body must be a JSON
+/// object; other endpoints are looked at only when the route picks a pool by
+/// model. The session comes from the headers first, then the body.
+fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> Result<(), Local> {
+    let view = if is_llm_endpoint(rest) {
+        Some(parse_llm_body(&req.body)?)
     } else if !route.config.peers_by_model.is_empty() && !req.body.is_empty() {
-        req.json = serde_json::from_slice(&req.body).ok();
-    }
+        RequestView::parse(&req.body).ok()
+    } else {
+        None
+    };
+    req.json_object = view.is_some();
+    req.model = view.and_then(|v| v.model()).map(Cow::into_owned);
+    req.session = extract_session(
+        &session.req_header().headers,
+        &route.config.balancing.session_headers,
+        view.as_ref(),
+    );
+    req.usage_rewrite = view.and_then(|v| usage::rewrite(route, &req.body, &v));
     Ok(())
 }
 
@@ -109,18 +129,19 @@ pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Local
     Ok(buf.freeze())
 }
 
-/// Parses an LLM request body; anything but a JSON object is a client error.
-pub fn parse_llm_body(body: &[u8]) -> Result<serde_json::Value, Local> {
+/// Views an LLM request body; anything but a JSON object is a client error.
+pub fn parse_llm_body(body: &[u8]) -> Result<RequestView<'_>, Local> {
     if body.is_empty() {
         return Err(ErrorResponse::bad_request("request body must be a JSON object").into());
     }
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(v) if v.is_object() => Ok(v),
-        Ok(_) => Err(ErrorResponse::bad_request("request body must be a JSON object").into()),
-        Err(e) => {
-            Err(ErrorResponse::bad_request(format!("request body is not valid JSON: {e}")).into())
-        }
-    }
+    RequestView::parse(body).map_err(|e| {
+        let message = if e.is_data() {
+            "request body must be a JSON object".to_string()
+        } else {
+            format!("request body is not valid JSON: {e}")
+        };
+        Local::Error(ErrorResponse::bad_request(message))
+    })
 }
 
 #[cfg(test)]

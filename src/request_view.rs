@@ -1,0 +1,237 @@
+//! What the gateway reads of an OpenAI-style request body, borrowed from the
+//! bytes: the top-level members it routes and guards by, each as the raw
+//! JSON text the client wrote. Everything else (the messages: nearly all of
+//! a long-context body) is skipped as it is read, never built into a tree,
+//! so a body costs about its own size in memory however it is shaped (a
+//! `serde_json::Value` of 10 MB of small numbers takes ~40x that).
+//!
+//! Skipping still checks that the whole body is valid JSON, and nesting is
+//! bounded by serde_json's recursion limit (128) as a full parse would be.
+//! A member written twice keeps its last value, as the engines' parsers do.
+//! Reject rules, which may look at any path, parse the whole body
+//! themselves, and only when a route has rules switched on.
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::fmt;
+
+/// The members of a request body the gateway reads; `None` when absent.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RequestView<'a> {
+    pub model: Option<&'a RawValue>,
+    pub stream: Option<&'a RawValue>,
+    pub stream_options: Option<&'a RawValue>,
+    pub metadata: Option<&'a RawValue>,
+    pub litellm_metadata: Option<&'a RawValue>,
+    pub user: Option<&'a RawValue>,
+}
+
+impl<'a> RequestView<'a> {
+    /// The view of `body`, which must be one JSON object.
+    pub fn parse(body: &'a [u8]) -> Result<Self, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let view = de.deserialize_map(TopLevel)?;
+        de.end()?;
+        Ok(view)
+    }
+
+    /// `model` when it is a string.
+    pub fn model(&self) -> Option<Cow<'a, str>> {
+        self.model.and_then(as_str)
+    }
+
+    /// True only for `"stream": true`.
+    pub fn is_stream(&self) -> bool {
+        self.stream.is_some_and(|v| v.get() == "true")
+    }
+}
+
+/// A string value, borrowed unless it has escapes.
+pub fn as_str(value: &RawValue) -> Option<Cow<'_, str>> {
+    if !value.get().starts_with('"') {
+        return None;
+    }
+    serde_json::from_str::<Cow<'_, str>>(value.get()).ok()
+}
+
+/// Member `name` of an object value (the last one, if written twice).
+pub fn member<'a>(object: &'a RawValue, name: &str) -> Option<&'a RawValue> {
+    if !object.get().starts_with('{') {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_str(object.get());
+    de.deserialize_map(OneMember(name)).ok().flatten()
+}
+
+struct TopLevel;
+
+impl<'de> Visitor<'de> for TopLevel {
+    type Value = RequestView<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut view = RequestView::default();
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            let slot = match key.as_ref() {
+                "model" => &mut view.model,
+                "stream" => &mut view.stream,
+                "stream_options" => &mut view.stream_options,
+                "metadata" => &mut view.metadata,
+                "litellm_metadata" => &mut view.litellm_metadata,
+                "user" => &mut view.user,
+                _ => {
+                    map.next_value::<Skip>()?;
+                    continue;
+                }
+            };
+            *slot = Some(map.next_value::<&'de RawValue>()?);
+        }
+        Ok(view)
+    }
+}
+
+struct OneMember<'n>(&'n str);
+
+impl<'de> Visitor<'de> for OneMember<'_> {
+    type Value = Option<&'de RawValue>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == self.0 {
+                found = Some(map.next_value::<&'de RawValue>()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// Skips one value of any shape without building it. Unlike `IgnoredAny`
+/// it goes through serde_json's `deserialize_any`, so every level of
+/// nesting counts against the recursion limit, exactly as a full parse.
+struct Skip;
+
+impl<'de> de::Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Skip)
+    }
+}
+
+impl<'de> Visitor<'de> for Skip {
+    type Value = Skip;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_unit<E>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
+        while seq.next_element::<Skip>()?.is_some() {}
+        Ok(Skip)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
+        while map.next_entry::<IgnoredAny, Skip>()?.is_some() {}
+        Ok(Skip)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_members_it_needs_and_skips_the_rest() {
+        let body = br#"{"messages":[{"role":"user","content":"a \"model\": x"}],"model":"m\u00e9","stream":true,"user":"u","stream_options":{"include_usage":false}}"#;
+        let v = RequestView::parse(body).unwrap();
+        assert_eq!(v.model().as_deref(), Some("m\u{e9}"));
+        assert!(v.is_stream());
+        assert_eq!(v.user.map(RawValue::get), Some("\"u\""));
+        let opts = v.stream_options.unwrap();
+        assert_eq!(
+            member(opts, "include_usage").map(RawValue::get),
+            Some("false")
+        );
+        assert!(member(opts, "other").is_none());
+        assert!(v.metadata.is_none());
+    }
+
+    #[test]
+    fn the_last_of_a_repeated_member_wins() {
+        let v = RequestView::parse(br#"{"model":"a","model":"b"}"#).unwrap();
+        assert_eq!(v.model().as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn only_one_valid_object_is_accepted() {
+        for bad in [
+            &b"[1]"[..],
+            b"",
+            b"{not json",
+            b"{\"a\":1} trailing",
+            b"{\"messages\":[1,2,}",
+            b"\"text\"",
+        ] {
+            assert!(
+                RequestView::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn nesting_is_bounded_like_a_full_parse() {
+        let deep = |n: usize| format!("{{\"messages\":{}{}}}", "[".repeat(n), "]".repeat(n));
+        assert!(RequestView::parse(deep(100).as_bytes()).is_ok());
+        // Control: serde_json's full parse draws the line at the same depth.
+        for n in [126, 127, 128, 200, 100_000] {
+            let body = deep(n);
+            let full = serde_json::from_str::<serde_json::Value>(&body).is_ok();
+            assert_eq!(
+                RequestView::parse(body.as_bytes()).is_ok(),
+                full,
+                "depth {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn is_stream_is_exactly_true() {
+        for (body, want) in [
+            (&br#"{"stream":true}"#[..], true),
+            (br#"{"stream":false}"#, false),
+            (br#"{"stream":"true"}"#, false),
+            (br#"{"stream": true }"#, true),
+            (br#"{}"#, false),
+        ] {
+            assert_eq!(RequestView::parse(body).unwrap().is_stream(), want);
+        }
+    }
+}
