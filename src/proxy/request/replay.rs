@@ -11,7 +11,7 @@
 //!
 //! All hooks still run once per request, keep-alive and retries keep working,
 //! and the client address and socket digest survive (same stream). Pinned to
-//! pingora =0.9.1; `tests/body.rs` fails loudly if a bump breaks this.
+//! pingora =0.9.1; `tests/proxy.rs` fails loudly if a bump breaks this.
 //! Background: /work/shared/pingora-body.md.
 
 use bytes::BytesMut;
