@@ -61,12 +61,9 @@ mod tests {
     use super::*;
 
     fn load(waiting: u32, running: u32) -> EngineLoad {
-        EngineLoad {
-            waiting,
-            running,
-            kv_usage: 0.5,
-        }
+        EngineLoad::half_full(waiting, running)
     }
+
     #[test]
     fn completions_since_a_scrape_drain_the_queue_first() {
         assert_eq!(discount_completed(load(3, 6), 0), load(3, 6));

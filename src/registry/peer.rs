@@ -154,11 +154,7 @@ mod tests {
     use crate::balance::discount_completed;
 
     fn load(waiting: u32, running: u32) -> EngineLoad {
-        EngineLoad {
-            waiting,
-            running,
-            kv_usage: 0.5,
-        }
+        EngineLoad::half_full(waiting, running)
     }
 
     #[test]

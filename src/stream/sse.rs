@@ -6,6 +6,11 @@
 //! complete inside a chunk are handed out as slices of that chunk, and only
 //! the unfinished tail is kept between calls.
 //!
+//! Hand-written rather than taken from an SSE crate: those parse events into
+//! fields (allocating, normalising line endings), while the proxy must hand
+//! each event on byte for byte, out of the chunk it arrived in, so that a
+//! stream with nothing to change reaches the client untouched.
+//!
 //! Line endings: `\n` and `\r\n` (in any mix) are recognised. A bare `\r`
 //! line ending, which the SSE spec also allows, is not: no OpenAI-compatible
 //! engine emits it, and supporting it would force the splitter to hold a
