@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Peak resident memory of the gateway for a 10 MB request body of five
+# million small numbers (`{"model":"m","messages":[0,0,...]}`): once, and
+# eight at once, each on a fresh gateway process (VmHWM from /proc).
+#
+#   bash benches/body_memory.sh              # builds the release binary first
+#   GATEWAY_BIN=path SKIP_BUILD=1 bash benches/body_memory.sh
+#
+# Prints one markdown table row per case. Everything listens on 127.0.0.1
+# and is stopped on exit.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+GATEWAY_BIN=${GATEWAY_BIN:-$ROOT/target/release/llm-gateway}
+SIM_BIN=${SIM_BIN:-$ROOT/target/release/llm-gateway}
+if [ "${SKIP_BUILD:-0}" != 1 ]; then (cd "$ROOT" && cargo build --release --quiet); fi
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 1 200); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+
+python3 - "$TMP/body.json" <<'PY'
+import sys
+n = (10 << 20) // 2
+with open(sys.argv[1], "w") as f:
+    f.write('{"model":"m","messages":[' + "0," * (n - 1) + '0]}')
+PY
+BODY_BYTES=$(stat -c %s "$TMP/body.json")
+
+ENGINE_PORT=$(free_port)
+"$SIM_BIN" sim --engines 1 --port "$ENGINE_PORT" >/dev/null 2>&1 &
+PIDS+=($!)
+wait_port "$ENGINE_PORT"
+
+measure() { # $1 = concurrent requests
+    local port admin dir pid
+    port=$(free_port); admin=$(free_port); dir=$TMP/gw-$1; mkdir -p "$dir/routes"
+    printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s}\nmax_body_size: 20m\nhealth: {enabled: false}\nengine_metrics: false\n' "$ENGINE_PORT" > "$dir/routes/r.yaml"
+    printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 2\napi_keys_file: %s/none\n' "$port" "$admin" "$dir/routes" "$dir" > "$dir/gateway.yaml"
+    "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
+    pid=$!; PIDS+=($pid)
+    wait_port "$port"
+    local idle; idle=$(awk '/VmHWM/{print $2}' "/proc/$pid/status")
+    for _ in $(seq 1 "$1"); do
+        curl -s -o /dev/null -H 'content-type: application/json' --data-binary @"$TMP/body.json" \
+            "http://127.0.0.1:$port/r/v1/chat/completions" &
+    done
+    wait $(jobs -p | tail -n "$1")
+    local peak; peak=$(awk '/VmHWM/{print $2}' "/proc/$pid/status")
+    kill "$pid"
+    printf '| %s | %d | %.1f MB | %.1f MB | %.1f MB | %.1fx |\n' "$1" "$BODY_BYTES" \
+        "$(echo "$idle/1024" | bc -l)" "$(echo "$peak/1024" | bc -l)" \
+        "$(echo "($peak-$idle)/1024" | bc -l)" "$(echo "($peak-$idle)*1024/($1*$BODY_BYTES)" | bc -l)"
+}
+
+echo "| concurrent 10 MB bodies | body bytes | RSS idle | peak RSS | added | added / (bodies x size) |"
+echo "|--:|--:|--:|--:|--:|--:|"
+measure 1
+measure 8
