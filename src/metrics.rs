@@ -26,6 +26,7 @@ pub struct Metrics {
     pub cached_prompt_tokens: IntCounterVec,
     pub completion_tokens: IntCounterVec,
     pub ttft: HistogramVec,
+    pub queue_wait: HistogramVec,
     pub api_keys_configured: IntGauge,
     pub auth: IntCounterVec,
     pub rejections: IntCounterVec,
@@ -144,6 +145,13 @@ impl Metrics {
                 "Time from request start to the first streamed content event",
                 &["route"],
                 latency_buckets,
+            ),
+            queue_wait: histogram(
+                &registry,
+                "llm_gateway_queue_wait_seconds",
+                "Time a request waited in its route's admission queue (placed or refused after it)",
+                &["route"],
+                vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0],
             ),
             auth: counter(
                 &registry,

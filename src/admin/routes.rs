@@ -129,6 +129,7 @@ fn route_state(route: &Route) -> Value {
         "cross_tier_fallback": c.balancing.cross_tier_fallback,
         "idle_timeout_s": c.balancing.idle_timeout.as_secs(),
         "toggles": toggles_json(route),
+        "queue": queue_json(route),
         "active_candidates": balance::candidates(route, &all, now)
             .iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
         "models": c.peers_by_model.iter().map(|(m, idx)| json!({
@@ -146,7 +147,19 @@ fn route_state(route: &Route) -> Value {
             "kv_full": loads[i].kv_full,
             "engine": peer_engine_json(route, i, loads[i].engine.is_some(), now),
             "sessions": sessions[i],
+            "live_sessions": loads[i].bound.sessions,
+            "live_tokens": loads[i].bound.tokens,
+            "kv_capacity_tokens": loads[i].kv_capacity_tokens,
         })).collect::<Vec<_>>(),
+    })
+}
+
+fn queue_json(route: &Route) -> Value {
+    let (warm, new) = route.runtime.queue.waiting();
+    json!({
+        "timeout_ms": route.config.queue_timeout.as_millis() as u64,
+        "waiting_warm": warm,
+        "waiting_new": new,
     })
 }
 

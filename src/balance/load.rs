@@ -3,12 +3,18 @@
 //! they are fresh, with the engine's queue corrected for what finished since
 //! the scrape.
 
-use crate::placement::{EngineLoad, PeerLoad};
+use crate::placement::{Bound, EngineLoad, PeerLoad};
 use crate::registry::Route;
 
 /// The load view placement works on, for the peers of `route` at `indices`.
 pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad> {
     let engine_cfg = route.config.engine_metrics.as_ref();
+    let live = route.runtime.sessions.live_per_peer();
+    let bound_of = |id| {
+        live.iter()
+            .find(|(peer, _)| *peer == id)
+            .map_or(Bound::default(), |(_, b)| *b)
+    };
     indices
         .iter()
         .filter_map(|&i| route.peers.get(i))
@@ -35,6 +41,8 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                 max_concurrency: p.config.max_concurrency,
                 engine: fresh,
                 kv_full,
+                bound: bound_of(p.state.id),
+                kv_capacity_tokens: p.config.kv_capacity_tokens.or(p.state.kv_capacity_tokens()),
             }
         })
         .collect()

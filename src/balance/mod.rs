@@ -17,15 +17,17 @@
 mod explain;
 mod load;
 mod pools;
+mod queue;
 
 pub use explain::explain;
 pub use load::{discount_completed, peer_loads};
 pub use pools::{candidates, model_pool, rule_view};
+pub use queue::{place_or_wait, Admitted, Refused};
 
 use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::errors::ErrorResponse;
-use crate::placement::{self, PeerLoad, Placement, PlacementKind, Reason};
+use crate::placement::{self, Admission, Incoming, PeerLoad, Placement, PlacementKind, Reason};
 use crate::registry::{InFlightGuard, Route};
 use crate::session::SessionId;
 use pools::{load_ratio, usable};
@@ -39,20 +41,40 @@ pub struct Placed {
     pub placement: Placement,
 }
 
-/// Places a new request and reserves its slot.
-/// No ready peer → 503; every candidate at its limit → 429.
-pub fn place(
+/// Why a request could not be placed now.
+pub enum Refusal {
+    /// No ready peer: 503, nothing to wait for.
+    NoReadyPeer(ErrorResponse),
+    /// Every candidate at its limit, or (waiting allowed) a new session that
+    /// fits no engine's KV: 429, or a wait in the admission queue.
+    Full(ErrorResponse),
+}
+
+/// Places a request of `tokens` context tokens and reserves its slot. With
+/// `may_wait`, a new session that fits no engine's KV is refused (to wait)
+/// rather than placed anyway.
+pub fn place_with(
     route: &Route,
     pool: &[usize],
     session: Option<&SessionId>,
-) -> Result<Placed, ErrorResponse> {
+    tokens: u64,
+    may_wait: bool,
+) -> Result<Placed, Refusal> {
     let now = now_ms();
     let cands = candidates(route, pool, now);
     if cands.is_empty() {
-        return Err(ErrorResponse::no_ready_peer(route.name()));
+        return Err(Refusal::NoReadyPeer(ErrorResponse::no_ready_peer(
+            route.name(),
+        )));
     }
     let loads = peer_loads(route, &rule_view(route, pool, &cands, now), now);
-    let placed = apply_mode(route, &loads, session, now).and_then(|placement| {
+    let incoming = Incoming { tokens, may_wait };
+    let placement = match apply_mode(route, &loads, session, incoming, now) {
+        Admission::NoKvRoom => return Err(Refusal::Full(concurrency_limit(route, &cands))),
+        Admission::NoReadyPeer => None,
+        Admission::Placed(placement) => Some(placement),
+    };
+    let placed = placement.and_then(|placement| {
         let (i, p) = route.peer_by_id(placement.peer)?;
         p.state
             .try_acquire(p.config.max_concurrency)
@@ -65,7 +87,7 @@ pub fn place(
     if let Some(placed) = placed {
         return Ok(placed);
     }
-    overflow(route, &cands).ok_or_else(|| concurrency_limit(route, &cands))
+    overflow(route, &cands).ok_or_else(|| Refusal::Full(concurrency_limit(route, &cands)))
 }
 
 /// The placed peer is at its limit: this one request goes to the
@@ -108,13 +130,15 @@ fn concurrency_limit(route: &Route, cands: &[usize]) -> ErrorResponse {
     .retry_after(1)
 }
 
-/// The route's placement mode over live loads; None only if no peer is ready.
+/// The route's placement mode over live loads.
 fn apply_mode(
     route: &Route,
     loads: &[PeerLoad],
     session: Option<&SessionId>,
+    incoming: Incoming,
     now: u64,
-) -> Option<Placement> {
+) -> Admission {
+    let placed = |p: Option<Placement>| p.map_or(Admission::NoReadyPeer, Admission::Placed);
     let plain = |peer, kind| Placement {
         peer,
         kind,
@@ -127,13 +151,21 @@ fn apply_mode(
                 .runtime
                 .round_robin
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let next = ready.get(turn % ready.len().max(1))?;
-            Some(plain(next.id, PlacementKind::RoundRobin))
+            placed(
+                ready
+                    .get(turn % ready.len().max(1))
+                    .map(|next| plain(next.id, PlacementKind::RoundRobin)),
+            )
         }
-        (Mode::LeastConn, _) | (_, None) => placement::least_conn(loads, next_random())
-            .map(|id| plain(id, PlacementKind::LeastConn)),
-        (Mode::Hash, Some(sid)) => placement::hash_place(sid.hash, loads, next_random()),
-        (Mode::LoadAware, Some(sid)) => route.runtime.sessions.place(sid.hash, loads, now),
+        (Mode::LeastConn, _) | (_, None) => placed(
+            placement::least_conn(loads, next_random())
+                .map(|id| plain(id, PlacementKind::LeastConn)),
+        ),
+        (Mode::Hash, Some(sid)) => placed(placement::hash_place(sid.hash, loads, next_random())),
+        (Mode::LoadAware, Some(sid)) => route
+            .runtime
+            .sessions
+            .place_session(sid.hash, incoming, loads, now),
     }
 }
 

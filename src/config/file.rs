@@ -40,6 +40,7 @@ pub(super) struct RouteFile {
     pub postprocess: Option<String>,
     pub include_usage: Option<Flag>,
     pub forward_client_key: Option<Flag>,
+    pub queue_timeout: Option<Dur>,
     pub engine_api_key_file: Option<PathBuf>,
 }
 
@@ -52,6 +53,7 @@ pub(super) struct PeerFile {
     pub priority: Option<i32>,
     pub max_concurrency: Option<i64>,
     pub probe_path: Option<String>,
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

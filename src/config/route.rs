@@ -58,6 +58,10 @@ pub struct PeerConfig {
     pub priority: i32,
     pub max_concurrency: u32,
     pub probe_path: Option<String>,
+    /// The engine's KV capacity in tokens, for KV-aware admission; when
+    /// unset, read from the engine's metrics (`vllm:cache_config_info`,
+    /// `sglang:max_total_num_tokens`) where it reports it.
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 impl PeerConfig {
@@ -140,6 +144,10 @@ pub struct RouteConfig {
     /// default: a key the gateway checks is the client's credential for the
     /// gateway, not for the engines behind it.
     pub forward_client_key: bool,
+    /// How long a request that no peer can take (every slot busy, or a new
+    /// session that fits no engine's KV) waits for room before its 429.
+    /// Zero answers at once.
+    pub queue_timeout: Duration,
     /// A file whose first line is the key the engines expect; sent as
     /// `Authorization: Bearer <key>` in place of the client's.
     pub engine_api_key_file: Option<PathBuf>,
@@ -226,6 +234,7 @@ impl RouteConfig {
             postprocess,
             include_usage: flag(file.include_usage, false),
             forward_client_key: flag(file.forward_client_key, false),
+            queue_timeout: file.queue_timeout.map_or(Duration::ZERO, |d| d.0),
             engine_api_key_file: file.engine_api_key_file,
             warnings,
         })
@@ -310,6 +319,7 @@ fn parse_peers(at: &Locator, raw: Option<Vec<PeerFile>>) -> Result<Vec<PeerConfi
             priority: p.priority.unwrap_or(0),
             max_concurrency,
             probe_path: p.probe_path,
+            kv_capacity_tokens: p.kv_capacity_tokens.filter(|&n| n > 0),
         };
         if let Some(prev) = peers.iter().find(|q| q.name == peer.name) {
             return Err(at.error(

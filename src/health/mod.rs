@@ -64,11 +64,21 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
         let sweeper_route = Arc::clone(route);
         let sweeper_registry = Arc::clone(registry);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(30));
+            // Every second the live counts are recounted (sessions age out
+            // of the live window) and waiters get a look at the room that
+            // frees; every 30 s expired sessions are swept.
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
+            let mut seconds = 0u64;
             while current(&sweeper_registry, &sweeper_route, generation) {
                 tick.tick().await;
-                sweeper_route.runtime.sessions.sweep(now_ms());
+                seconds += 1;
+                let sessions = &sweeper_route.runtime.sessions;
+                if seconds % 30 == 0 {
+                    sessions.sweep(now_ms());
+                }
+                sessions.refresh_live(now_ms());
+                sweeper_route.runtime.queue.room_may_have_freed();
             }
         });
     }
@@ -151,7 +161,11 @@ async fn scrape_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, g
         let timeout = cfg.interval.max(Duration::from_millis(200));
         // A failed scrape leaves the last sample to go stale on its own.
         if let Ok((200, body)) = client::get(addr, &host, &cfg.path, timeout, 4 << 20).await {
-            match prom::parse_engine_load(&String::from_utf8_lossy(&body)) {
+            let text = String::from_utf8_lossy(&body);
+            if let Some(tokens) = prom::parse_kv_capacity(&text) {
+                peer.state.record_kv_capacity(tokens);
+            }
+            match prom::parse_engine_load(&text) {
                 Some(load) => peer.state.record_engine(load, now_ms(), cfg.max_age_ms()),
                 None if !warned => {
                     warned = true;

@@ -58,6 +58,39 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
     })
 }
 
+/// The engine's KV capacity in tokens, where it says: vLLM's
+/// `vllm:cache_config_info{num_gpu_blocks, block_size}` (an info gauge whose
+/// labels carry the numbers) or SGLang's `sglang:max_total_num_tokens`.
+pub fn parse_kv_capacity(text: &str) -> Option<u64> {
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if let Some(rest) = line.strip_prefix("sglang:max_total_num_tokens") {
+            let value = rest.rsplit('}').next().unwrap_or(rest);
+            if let Some(n) = value
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+            {
+                if n.is_finite() && n >= 1.0 {
+                    return Some(n as u64);
+                }
+            }
+        }
+        if let Some(labels) = line.strip_prefix("vllm:cache_config_info{") {
+            let label = |name: &str| -> Option<u64> {
+                let at = labels.find(&format!("{name}=\""))? + name.len() + 2;
+                let end = labels[at..].find('"')? + at;
+                labels[at..end].parse().ok()
+            };
+            if let (Some(blocks), Some(size)) = (label("num_gpu_blocks"), label("block_size")) {
+                if blocks > 0 && size > 0 {
+                    return Some(blocks.saturating_mul(size));
+                }
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +123,20 @@ vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:other 9\n";
         assert_eq!(l.waiting, 3);
         assert!(parse_engine_load("process_cpu_seconds_total 3\n").is_none());
         assert!(parse_engine_load("vllm:num_requests_waiting NaN\n").is_none());
+    }
+
+    #[test]
+    fn reads_kv_capacity_from_vllm_and_sglang() {
+        let vllm = "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"1000\"} 1.0\n";
+        assert_eq!(parse_kv_capacity(vllm), Some(16_000));
+        assert_eq!(
+            parse_kv_capacity("sglang:max_total_num_tokens{m=\"x\"} 123456\n"),
+            Some(123_456)
+        );
+        assert_eq!(parse_kv_capacity("vllm:num_requests_waiting 1\n"), None);
+        assert_eq!(
+            parse_kv_capacity("vllm:cache_config_info{block_size=\"16\"} 1\n"),
+            None
+        );
     }
 }

@@ -106,6 +106,47 @@ pub fn hash_place(sid: u64, peers: &[PeerLoad], rand: u64) -> Option<Placement> 
     })
 }
 
+/// The peer passing `eligible` that holds the least: fewest live bound
+/// context tokens, then sessions, then requests (load as in
+/// [`PeerLoad::load`]). What an engine is holding between turns matters as
+/// much as what is in flight: by requests alone a new session can land on an
+/// engine whose idle sessions already fill its KV.
+pub(super) fn least_bound(
+    sid: u64,
+    peers: &[PeerLoad],
+    eligible: impl Fn(&PeerLoad) -> bool,
+) -> Option<&PeerLoad> {
+    peers.iter().filter(|p| eligible(p)).min_by_key(|p| {
+        (
+            p.bound.tokens,
+            p.bound.sessions,
+            p.load(),
+            Reverse(rendezvous_weight(sid, p.id)),
+        )
+    })
+}
+
+/// Where a session starts (or restarts) cold: the ready peer holding the
+/// least that has KV room and fits `tokens` more; if none fits, `None`
+/// when `may_wait`, else the best ignoring the fit; if every ready peer is
+/// KV-full, the least holding one.
+pub(super) fn best_home(
+    sid: u64,
+    peers: &[PeerLoad],
+    incoming: super::Incoming,
+    admit_permille: u32,
+) -> Option<&PeerLoad> {
+    let fits = |p: &PeerLoad| p.fits(incoming.tokens, admit_permille);
+    if let Some(home) = least_bound(sid, peers, |p| p.ready && !p.kv_full && fits(p)) {
+        return Some(home);
+    }
+    if incoming.may_wait && peers.iter().any(|p| p.ready) {
+        return None;
+    }
+    least_bound(sid, peers, |p| p.ready && !p.kv_full)
+        .or_else(|| least_bound(sid, peers, |p| p.ready))
+}
+
 /// The least-loaded peer passing `eligible` (load as in [`PeerLoad::load`]).
 ///
 /// Ties go to the peer with the highest rendezvous weight for this session:
@@ -121,13 +162,6 @@ pub(super) fn least_loaded(
         .iter()
         .filter(|p| eligible(p))
         .min_by_key(|p| (p.load(), Reverse(rendezvous_weight(sid, p.id))))
-}
-
-/// Least-loaded ready peer with KV room; if every ready peer is KV-full, the
-/// least-loaded ready one. Used wherever a session starts on a cold peer.
-pub(super) fn least_loaded_preferring_kv_room(sid: u64, peers: &[PeerLoad]) -> Option<&PeerLoad> {
-    least_loaded(sid, peers, |p| p.ready && !p.kv_full)
-        .or_else(|| least_loaded(sid, peers, |p| p.ready))
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ mod rules;
 mod table;
 
 pub use load::{hash_place, least_conn, rendezvous};
-pub use table::{SessionTable, TableConfig};
+pub use table::{Admission, Incoming, SessionTable, TableConfig};
 
 /// Stable id of a peer, assigned by the registry per (route, host:port) in order
 /// of first appearance, and kept across reloads.
@@ -65,6 +65,20 @@ pub struct PeerLoad {
     pub engine: Option<EngineLoad>,
     /// Engine metrics fresh and KV usage at or above the route's threshold.
     pub kv_full: bool,
+    /// The sessions bound here that are live (used within the table's live
+    /// window), and their context tokens: what the engine holds between
+    /// turns, when nothing of theirs is in flight.
+    pub bound: Bound,
+    /// The engine's KV capacity in tokens (configured, or read from its
+    /// metrics); `None`: unknown, so KV-aware admission does not apply.
+    pub kv_capacity_tokens: Option<u64>,
+}
+
+/// Live sessions bound to a peer and their context tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Bound {
+    pub sessions: u32,
+    pub tokens: u64,
 }
 
 impl PeerLoad {
@@ -77,7 +91,19 @@ impl PeerLoad {
             max_concurrency,
             engine: None,
             kv_full: false,
+            bound: Bound::default(),
+            kv_capacity_tokens: None,
         }
+    }
+
+    /// Whether a session of `tokens` more fits the engine's KV with the live
+    /// sessions already bound there, at `admit_permille` of its capacity.
+    /// Unknown capacity always fits.
+    pub fn fits(&self, tokens: u64, admit_permille: u32) -> bool {
+        self.kv_capacity_tokens.is_none_or(|cap| {
+            let room = cap.saturating_mul(u64::from(admit_permille)) / 1000;
+            self.bound.tokens.saturating_add(tokens) <= room
+        })
     }
 
     /// Requests this peer carries: `max(in_flight, running + waiting)` with

@@ -4,8 +4,8 @@
 //! Kept apart from the table so that the table owns storage, locking and time,
 //! and these rules can be read (and reasoned about) on one screen.
 
-use super::load::{least_loaded, least_loaded_preferring_kv_room};
-use super::{PeerId, PeerLoad, Reason};
+use super::load::{best_home, least_loaded};
+use super::{Incoming, PeerId, PeerLoad, Reason};
 
 /// The tunables the rules read, copied out of the table config per call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +13,9 @@ pub(super) struct Limits {
     pub spill_margin: u32,
     pub spill_margin_blind: u32,
     pub cooldown_ms: u64,
+    /// Share of a peer's KV capacity (per mille) that live sessions may fill
+    /// before it takes no new session.
+    pub kv_admit_permille: u32,
 }
 
 /// What the table remembers about a live session.
@@ -27,6 +30,8 @@ pub(super) struct Remembered {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Verdict {
     NoReadyPeer,
+    /// A new session fits no ready peer's KV: it should wait for room.
+    NoRoom,
     New {
         to: PeerId,
     },
@@ -57,6 +62,7 @@ pub(super) struct HomeState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Why {
     NoReadyPeer,
+    NoKvFit,
     NewSession {
         load: u32,
         kv_room: bool,
@@ -93,9 +99,11 @@ pub(super) fn decide(
     remembered: Option<Remembered>,
     peers: &[PeerLoad],
     limits: Limits,
+    incoming: Incoming,
 ) -> (Verdict, Why) {
+    let admit = limits.kv_admit_permille;
     let Some(remembered) = remembered else {
-        return match least_loaded_preferring_kv_room(sid, peers) {
+        return match best_home(sid, peers, incoming, admit) {
             Some(to) => (
                 Verdict::New { to: to.id },
                 Why::NewSession {
@@ -103,6 +111,7 @@ pub(super) fn decide(
                     kv_room: !to.kv_full,
                 },
             ),
+            None if peers.iter().any(|p| p.ready) => (Verdict::NoRoom, Why::NoKvFit),
             None => (Verdict::NoReadyPeer, Why::NoReadyPeer),
         };
     };
@@ -110,8 +119,13 @@ pub(super) fn decide(
     let from = remembered.peer;
     let Some(home) = peers.iter().find(|p| p.id == from && p.ready) else {
         // The session loses its cache wherever it goes, so it is placed like
-        // a new one; the cooldown only guards against moves for pressure.
-        return match least_loaded_preferring_kv_room(sid, peers) {
+        // a new one (but never left waiting: its turn was already admitted
+        // once); the cooldown only guards against moves for pressure.
+        let no_wait = Incoming {
+            may_wait: false,
+            ..incoming
+        };
+        return match best_home(sid, peers, no_wait, admit) {
             Some(to) => (
                 Verdict::Migrate { from, to: to.id },
                 Why::HomeGone {
@@ -143,7 +157,11 @@ pub(super) fn decide(
     // A move re-prefills the whole conversation; onto a KV-full peer that
     // prefill would also evict someone else's cache and likely queue, so a
     // pressure move only ever goes to a peer with KV room.
-    let Some(target) = least_loaded(sid, peers, |p| p.ready && p.id != from && !p.kv_full) else {
+    // A move also must not overfill the target's KV with this session.
+    let room = |p: &PeerLoad| p.fits(incoming.tokens, admit);
+    let Some(target) = least_loaded(sid, peers, |p| {
+        p.ready && p.id != from && !p.kv_full && room(p)
+    }) else {
         return (stay, Why::NoKvRoomElsewhere { home: home_state });
     };
     let target_load = target.load();
@@ -189,6 +207,9 @@ pub(super) fn decide(
 pub(super) fn explain(verdict: Verdict, why: Why) -> String {
     match (verdict, why) {
         (_, Why::NoReadyPeer) => "no ready peer".to_owned(),
+        (_, Why::NoKvFit) => {
+            "unknown session: no ready peer's KV holds it beside the live sessions bound there: waits for room".to_owned()
+        }
         (Verdict::New { to }, Why::NewSession { load, kv_room }) => {
             let room = if kv_room {
                 "with KV room"

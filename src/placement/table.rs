@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use super::load::rendezvous;
 use super::rules::{self, Limits, Remembered, Verdict};
-use super::{PeerId, PeerLoad, Placement, PlacementKind, Reason};
+use super::{Bound, PeerId, PeerLoad, Placement, PlacementKind, Reason};
 
 /// Enough shards that worker threads (a few dozen at most) rarely meet on one
 /// lock, few enough that a scan's per-shard fixed costs stay negligible.
@@ -66,6 +66,12 @@ pub struct TableConfig {
     /// Without fresh engine metrics: spill when at least this many requests
     /// above it (wider, as in-flight counts alone cannot see a queue).
     pub spill_margin_blind: u32,
+    /// A bound session counts as live on its peer (holding KV there between
+    /// turns) while used within this long.
+    pub live_window_ms: u64,
+    /// A peer takes a new session only while its live sessions' tokens plus
+    /// the newcomer's stay within this share (per mille) of its KV capacity.
+    pub kv_admit_permille: u32,
 }
 
 impl Default for TableConfig {
@@ -76,17 +82,41 @@ impl Default for TableConfig {
             cooldown_ms: 60_000,
             spill_margin: 4,
             spill_margin_blind: 8,
+            live_window_ms: 60_000,
+            kv_admit_permille: 900,
         }
     }
 }
 
-/// One remembered session, 12 bytes.
+/// What the caller knows about the request being placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Incoming {
+    /// Context tokens of this request, as far as the gateway can tell
+    /// before the engine answers (prompt bytes / 4).
+    pub tokens: u64,
+    /// A new session that fits no peer's KV may wait for room (the route has
+    /// an admission queue) instead of being placed anyway.
+    pub may_wait: bool,
+}
+
+/// The outcome of one placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Placed(Placement),
+    NoReadyPeer,
+    /// A new session fits no ready peer's KV; asked with `may_wait` only.
+    NoKvRoom,
+}
+
+/// One remembered session, 16 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Binding {
     peer: PeerId,
     last_seen: u32,
     /// Tick of the last move plus one; 0 when the session never moved.
     moved_at_plus_one: u32,
+    /// The session's context tokens as last seen (its prompt plus the reply).
+    tokens: u32,
 }
 
 impl Binding {
@@ -113,6 +143,7 @@ impl TableConfig {
             spill_margin: self.spill_margin,
             spill_margin_blind: self.spill_margin_blind,
             cooldown_ms: self.cooldown_ms,
+            kv_admit_permille: self.kv_admit_permille,
         }
     }
 }
@@ -131,11 +162,21 @@ pub struct SessionTable {
     per_peer: RwLock<HashMap<PeerId, AtomicUsize>>,
     total: AtomicUsize,
     shard_scans: AtomicU64,
+    /// Live sessions and their tokens per peer: kept up to date on every
+    /// placement, recounted exactly by [`SessionTable::refresh_live`] (which
+    /// also ages out sessions that left the live window).
+    live: RwLock<HashMap<PeerId, LiveCounts>>,
+}
+
+#[derive(Debug, Default)]
+struct LiveCounts {
+    sessions: AtomicU32,
+    tokens: AtomicU64,
 }
 
 /// What `peek` and `place` need from one locked look at the session's shard.
 enum Attempt {
-    Done(Option<Placement>),
+    Done(Admission),
     /// The target had no room and something may have expired: scan, retry.
     SweepAndRetry,
 }
@@ -156,6 +197,7 @@ impl SessionTable {
             per_peer: RwLock::new(HashMap::new()),
             total: AtomicUsize::new(0),
             shard_scans: AtomicU64::new(0),
+            live: RwLock::new(HashMap::new()),
         }
     }
 
@@ -173,32 +215,64 @@ impl SessionTable {
     /// Places one request of session `sid` and records the outcome. `None`
     /// iff no peer is ready.
     pub fn place(&self, sid: u64, peers: &[PeerLoad], now_ms: u64) -> Option<Placement> {
+        match self.place_session(sid, Incoming::default(), peers, now_ms) {
+            Admission::Placed(placement) => Some(placement),
+            Admission::NoReadyPeer | Admission::NoKvRoom => None,
+        }
+    }
+
+    /// [`place`](Self::place) for a request of known size, which a new
+    /// session may have to wait with (`incoming.may_wait`) when it fits no
+    /// peer's KV.
+    pub fn place_session(
+        &self,
+        sid: u64,
+        incoming: Incoming,
+        peers: &[PeerLoad],
+        now_ms: u64,
+    ) -> Admission {
         let now = self.tick(now_ms);
         // One retry is enough: the scan resets every bound it visits, so a
         // second attempt would find nothing more to expire.
         for may_sweep in [true, false] {
-            match self.try_place(sid, peers, now, may_sweep) {
-                Attempt::Done(placement) => return placement,
+            match self.try_place(sid, incoming, peers, now, may_sweep) {
+                Attempt::Done(admission) => return admission,
                 Attempt::SweepAndRetry => {
                     self.sweep_ticks(now);
                 }
             }
         }
-        table_full(sid, peers)
+        table_full(sid, peers).map_or(Admission::NoReadyPeer, Admission::Placed)
     }
 
-    fn try_place(&self, sid: u64, peers: &[PeerLoad], now: u32, may_sweep: bool) -> Attempt {
+    fn try_place(
+        &self,
+        sid: u64,
+        incoming: Incoming,
+        peers: &[PeerLoad],
+        now: u32,
+        may_sweep: bool,
+    ) -> Attempt {
         let shard = self.shard(sid);
         let mut map = shard.map.lock();
         let remembered = self.live_binding(&mut map, sid, now);
+        let known = map.get(&sid).copied();
+        let was_live = known.is_some_and(|b| self.is_live(b.last_seen, now));
+        let tokens = known.map_or(incoming.tokens, |b| u64::from(b.tokens));
         let config = self.config.load();
-        let (verdict, _) = rules::decide(sid, remembered, peers, config.limits());
+        let sized = Incoming { tokens, ..incoming };
+        let (verdict, _) = rules::decide(sid, remembered, peers, config.limits(), sized);
         let cap = config.max_sessions_per_peer;
-        let placed = |peer, kind, reason| Attempt::Done(Some(Placement { peer, kind, reason }));
+        let placed =
+            |peer, kind, reason| Attempt::Done(Admission::Placed(Placement { peer, kind, reason }));
         match verdict {
-            Verdict::NoReadyPeer => Attempt::Done(None),
+            Verdict::NoReadyPeer => Attempt::Done(Admission::NoReadyPeer),
+            Verdict::NoRoom => Attempt::Done(Admission::NoKvRoom),
             Verdict::Stay { on } => {
                 touch(&mut map, sid, now);
+                if !was_live {
+                    self.live_add(on, 1, tokens as i64);
+                }
                 placed(on, PlacementKind::Sticky, None)
             }
             Verdict::New { to } => {
@@ -207,7 +281,9 @@ impl SessionTable {
                         peer: to,
                         last_seen: now,
                         moved_at_plus_one: 0,
+                        tokens: saturate_u32(tokens),
                     };
+                    self.live_add(to, 1, tokens as i64);
                     map.insert(sid, binding);
                     self.total.fetch_add(1, Relaxed);
                     if now < shard.oldest_bound.load(Relaxed) {
@@ -218,21 +294,26 @@ impl SessionTable {
                 if may_sweep && self.may_hold_expired(now) {
                     return Attempt::SweepAndRetry;
                 }
-                Attempt::Done(table_full(sid, peers))
+                Attempt::Done(full(sid, peers))
             }
             Verdict::Spill { from, to, reason } => {
                 // Moving keeps the table's size; it must not break the other
                 // peer's cap though, and staying is still a valid answer.
                 if self.reserve(to, cap) {
                     self.rebind(&mut map, sid, from, to, now);
+                    self.live_move(from, to, was_live, tokens);
                     return placed(to, PlacementKind::Spill, Some(reason));
                 }
                 touch(&mut map, sid, now);
+                if !was_live {
+                    self.live_add(from, 1, tokens as i64);
+                }
                 placed(from, PlacementKind::Sticky, None)
             }
             Verdict::Migrate { from, to } => {
                 if self.reserve(to, cap) {
                     self.rebind(&mut map, sid, from, to, now);
+                    self.live_move(from, to, was_live, tokens);
                     return placed(to, PlacementKind::Migrated, Some(Reason::NotReady));
                 }
                 if may_sweep && self.may_hold_expired(now) {
@@ -243,10 +324,109 @@ impl SessionTable {
                 if map.remove(&sid).is_some() {
                     self.total.fetch_sub(1, Relaxed);
                     self.release(from, 1);
+                    if was_live {
+                        self.live_add(from, -1, -(tokens as i64));
+                    }
                 }
-                Attempt::Done(table_full(sid, peers))
+                Attempt::Done(full(sid, peers))
             }
         }
+    }
+
+    /// The session's context after a turn (its prompt plus the reply, from
+    /// the engine's usage): what it holds on its peer until the next turn.
+    pub fn record_tokens(&self, sid: u64, tokens: u64, now_ms: u64) {
+        let now = self.tick(now_ms);
+        let mut map = self.shard(sid).map.lock();
+        let Some(binding) = map.get_mut(&sid) else {
+            return;
+        };
+        let was_live = self.is_live(binding.last_seen, now);
+        let old = i64::from(binding.tokens);
+        binding.tokens = saturate_u32(tokens);
+        binding.last_seen = binding.last_seen.max(now);
+        let (peer, new) = (binding.peer, i64::from(binding.tokens));
+        drop(map);
+        if was_live {
+            self.live_add(peer, 0, new - old);
+        } else {
+            self.live_add(peer, 1, new);
+        }
+    }
+
+    /// Recounts the live sessions and tokens of every peer exactly, so that
+    /// sessions that left the live window stop counting. O(n), one shard
+    /// lock at a time; the route's sweeper calls it every second.
+    pub fn refresh_live(&self, now_ms: u64) {
+        let now = self.tick(now_ms);
+        let mut counts: HashMap<PeerId, (u32, u64)> = HashMap::new();
+        for shard in self.shards.iter() {
+            let map = shard.map.lock();
+            for binding in map.values().filter(|b| self.is_live(b.last_seen, now)) {
+                let entry = counts.entry(binding.peer).or_default();
+                entry.0 += 1;
+                entry.1 += u64::from(binding.tokens);
+            }
+        }
+        let mut live = self.live.write();
+        for (peer, c) in live.iter() {
+            let (sessions, tokens) = counts.remove(peer).unwrap_or_default();
+            c.sessions.store(sessions, Relaxed);
+            c.tokens.store(tokens, Relaxed);
+        }
+        for (peer, (sessions, tokens)) in counts {
+            live.insert(
+                peer,
+                LiveCounts {
+                    sessions: AtomicU32::new(sessions),
+                    tokens: AtomicU64::new(tokens),
+                },
+            );
+        }
+    }
+
+    /// Live sessions and their tokens, per peer the table has seen.
+    pub fn live_per_peer(&self) -> Vec<(PeerId, Bound)> {
+        let live = self.live.read();
+        let mut out: Vec<(PeerId, Bound)> = live
+            .iter()
+            .map(|(peer, c)| {
+                let bound = Bound {
+                    sessions: c.sessions.load(Relaxed),
+                    tokens: c.tokens.load(Relaxed),
+                };
+                (*peer, bound)
+            })
+            .collect();
+        out.sort_unstable_by_key(|(peer, _)| *peer);
+        out
+    }
+
+    fn is_live(&self, last_seen: u32, now: u32) -> bool {
+        let window = self.config.load().live_window_ms;
+        u64::from(now.saturating_sub(last_seen)) * TICK_MS < window
+    }
+
+    fn live_add(&self, peer: PeerId, sessions: i32, tokens: i64) {
+        let apply = |c: &LiveCounts| {
+            let _ = c.sessions.fetch_update(Relaxed, Relaxed, |n| {
+                Some(n.saturating_add_signed(sessions))
+            });
+            let _ = c
+                .tokens
+                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_add_signed(tokens)));
+        };
+        if let Some(c) = self.live.read().get(&peer) {
+            return apply(c);
+        }
+        apply(self.live.write().entry(peer).or_default());
+    }
+
+    fn live_move(&self, from: PeerId, to: PeerId, was_live: bool, tokens: u64) {
+        if was_live {
+            self.live_add(from, -1, -(tokens as i64));
+        }
+        self.live_add(to, 1, tokens as i64);
     }
 
     /// The verdict `place` would make now, and why, changing nothing. When
@@ -254,15 +434,19 @@ impl SessionTable {
     /// expiry scan if one could free room; the explanation says so.
     pub fn peek(&self, sid: u64, peers: &[PeerLoad], now_ms: u64) -> Option<(Placement, String)> {
         let now = self.tick(now_ms);
-        let remembered = {
+        let binding = {
             let map = self.shard(sid).map.lock();
             map.get(&sid)
                 .copied()
                 .filter(|binding| !self.expired(binding.last_seen, now))
-                .map(|binding| self.remembered(binding, now))
+        };
+        let remembered = binding.map(|b| self.remembered(b, now));
+        let incoming = Incoming {
+            tokens: binding.map_or(0, |b| u64::from(b.tokens)),
+            may_wait: false,
         };
         let config = self.config.load();
-        let (verdict, why) = rules::decide(sid, remembered, peers, config.limits());
+        let (verdict, why) = rules::decide(sid, remembered, peers, config.limits(), incoming);
         let mut explanation = rules::explain(verdict, why);
         let cap = config.max_sessions_per_peer;
         let placement = |peer, kind, reason| Placement { peer, kind, reason };
@@ -276,7 +460,7 @@ impl SessionTable {
             table_full(sid, peers)
         };
         let result = match verdict {
-            Verdict::NoReadyPeer => None,
+            Verdict::NoReadyPeer | Verdict::NoRoom => None,
             Verdict::Stay { on } => Some(placement(on, PlacementKind::Sticky, None)),
             Verdict::New { to } if self.has_room(to, cap) => {
                 Some(placement(to, PlacementKind::New, None))
@@ -298,6 +482,15 @@ impl SessionTable {
             }
         };
         result.map(|placement| (placement, explanation))
+    }
+
+    /// Whether `sid` is bound to a peer (and not expired): its next turn is
+    /// a warm one.
+    pub fn is_bound(&self, sid: u64, now_ms: u64) -> bool {
+        let now = self.tick(now_ms);
+        let map = self.shard(sid).map.lock();
+        map.get(&sid)
+            .is_some_and(|binding| !self.expired(binding.last_seen, now))
     }
 
     /// Removes every expired session and returns how many. Shards whose bound
@@ -534,6 +727,14 @@ fn count_for(counts: &mut Vec<(PeerId, usize)>, peer: PeerId) {
     }
 }
 
+fn saturate_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn full(sid: u64, peers: &[PeerLoad]) -> Admission {
+    table_full(sid, peers).map_or(Admission::NoReadyPeer, Admission::Placed)
+}
+
 /// The rendezvous home, unremembered: the placement for a session the table
 /// has no room for. Hashing keeps a repeated id on one peer even so.
 fn table_full(sid: u64, peers: &[PeerLoad]) -> Option<Placement> {
@@ -547,7 +748,7 @@ fn table_full(sid: u64, peers: &[PeerLoad]) -> Option<Placement> {
 const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<SessionTable>();
-    assert!(std::mem::size_of::<Binding>() == 12);
+    assert!(std::mem::size_of::<Binding>() == 16);
     assert!(SHARD_COUNT.is_power_of_two());
 };
 

@@ -562,3 +562,201 @@ fn labels() {
         assert_eq!(reason.as_str(), label);
     }
 }
+
+// ---- what is bound: session- and token-weighted placement, KV admission
+
+fn holding(peer: PeerLoad, sessions: u32, tokens: u64) -> PeerLoad {
+    PeerLoad {
+        bound: Bound { sessions, tokens },
+        ..peer
+    }
+}
+
+fn with_capacity(peer: PeerLoad, tokens: u64) -> PeerLoad {
+    PeerLoad {
+        kv_capacity_tokens: Some(tokens),
+        ..peer
+    }
+}
+
+fn incoming(tokens: u64, may_wait: bool) -> Incoming {
+    Incoming { tokens, may_wait }
+}
+
+#[test]
+fn a_new_session_avoids_the_engine_holding_more_even_when_in_flight_favours_it() {
+    let t = table();
+    // Peer 1 is idle in flight but holds live sessions between their turns;
+    // peer 2 has a request in flight and holds nothing.
+    let peers = [holding(blind(1, 0), 6, 180_000), holding(blind(2, 1), 0, 0)];
+    assert_eq!(
+        t.place_session(10, incoming(1_000, false), &peers, T0),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::New,
+            reason: None
+        })
+    );
+    // More sessions of the same total weighs too.
+    let peers = [
+        holding(blind(1, 0), 8, 50_000),
+        holding(blind(2, 0), 4, 50_000),
+    ];
+    assert_eq!(t.place(11, &peers, T0), at(2, PlacementKind::New, None));
+    // Control: with equal bindings, in-flight decides.
+    let peers = [
+        holding(blind(1, 0), 5, 100_000),
+        holding(blind(2, 1), 5, 100_000),
+    ];
+    assert_eq!(t.place(12, &peers, T0), at(1, PlacementKind::New, None));
+    let peers = [
+        holding(blind(1, 3), 5, 100_000),
+        holding(blind(2, 1), 5, 100_000),
+    ];
+    assert_eq!(t.place(13, &peers, T0), at(2, PlacementKind::New, None));
+}
+
+#[test]
+fn an_engine_whose_working_set_would_pass_its_kv_gets_no_new_session_while_another_has_room() {
+    let t = table();
+    // 90% of 100k is the admission line: 85k + 8k passes it, 40k + 8k does not.
+    let full = with_capacity(holding(blind(1, 0), 3, 85_000), 100_000);
+    let roomy = with_capacity(holding(blind(2, 5), 9, 40_000), 100_000);
+    assert_eq!(
+        t.place_session(20, incoming(8_000, false), &[full, roomy], T0),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::New,
+            reason: None
+        })
+    );
+    // Control: with room for the newcomer it is the better home again.
+    let fits = with_capacity(holding(blind(1, 0), 3, 60_000), 100_000);
+    let busier = with_capacity(holding(blind(2, 5), 9, 70_000), 100_000);
+    assert_eq!(
+        t.place_session(21, incoming(8_000, false), &[fits, busier], T0),
+        Admission::Placed(Placement {
+            peer: 1,
+            kind: PlacementKind::New,
+            reason: None
+        })
+    );
+}
+
+#[test]
+fn a_new_session_that_fits_nowhere_waits_when_it_may_and_is_placed_when_it_may_not() {
+    let t = table();
+    let peers = [
+        with_capacity(holding(blind(1, 0), 4, 95_000), 100_000),
+        with_capacity(holding(blind(2, 0), 4, 92_000), 100_000),
+    ];
+    assert_eq!(
+        t.place_session(30, incoming(5_000, true), &peers, T0),
+        Admission::NoKvRoom
+    );
+    assert!(t.is_empty(), "a waiting session is not bound");
+    // Control: without a queue it goes to the engine holding the least.
+    assert_eq!(
+        t.place_session(30, incoming(5_000, false), &peers, T0),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::New,
+            reason: None
+        })
+    );
+    // Unknown capacity always fits.
+    let unknown = [holding(blind(1, 0), 40, 9_000_000)];
+    assert!(matches!(
+        t.place_session(31, incoming(5_000, true), &unknown, T0),
+        Admission::Placed(_)
+    ));
+}
+
+#[test]
+fn a_known_session_is_never_left_waiting_for_kv_room() {
+    let t = table();
+    bind(&t, 40, 1, &[1, 2], T0);
+    let full = [
+        with_capacity(holding(not_ready(blind(1, 0)), 4, 99_000), 100_000),
+        with_capacity(holding(blind(2, 0), 4, 99_000), 100_000),
+    ];
+    assert_eq!(
+        t.place_session(40, incoming(5_000, true), &full, T0 + SECOND)
+            .clone(),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::Migrated,
+            reason: Some(Reason::NotReady)
+        })
+    );
+}
+
+#[test]
+fn live_sessions_and_tokens_follow_placements_turns_and_the_live_window() {
+    let t = SessionTable::new(TableConfig {
+        live_window_ms: 10 * SECOND,
+        ..TableConfig::default()
+    });
+    let peers = [blind(1, 0), blind(2, 0)];
+    let Admission::Placed(first) = t.place_session(50, incoming(1_000, false), &peers, T0) else {
+        panic!("placed")
+    };
+    let live = |t: &SessionTable| t.live_per_peer();
+    assert_eq!(
+        live(&t),
+        vec![(
+            first.peer,
+            Bound {
+                sessions: 1,
+                tokens: 1_000
+            }
+        )]
+    );
+    // The engine's usage after the turn replaces the estimate.
+    t.record_tokens(50, 3_500, T0 + SECOND);
+    assert_eq!(
+        live(&t),
+        vec![(
+            first.peer,
+            Bound {
+                sessions: 1,
+                tokens: 3_500
+            }
+        )]
+    );
+    // Still live within the window, not after it.
+    t.refresh_live(T0 + 10 * SECOND);
+    assert_eq!(live(&t)[0].1.sessions, 1);
+    t.refresh_live(T0 + 12 * SECOND);
+    assert_eq!(live(&t), vec![(first.peer, Bound::default())]);
+    // Its next turn makes it live again, with what it held.
+    assert_eq!(t.place(50, &peers, T0 + 13 * SECOND), sticky(first.peer));
+    assert_eq!(
+        live(&t),
+        vec![(
+            first.peer,
+            Bound {
+                sessions: 1,
+                tokens: 3_500
+            }
+        )]
+    );
+    // A move carries its weight to the new peer.
+    let down = [not_ready(blind(first.peer, 0)), blind(3 - first.peer, 0)];
+    assert_eq!(
+        t.place(50, &down, T0 + 14 * SECOND).map(|p| p.kind),
+        Some(PlacementKind::Migrated)
+    );
+    let moved = live(&t);
+    assert!(moved.contains(&(first.peer, Bound::default())), "{moved:?}");
+    assert!(
+        moved.contains(&(
+            3 - first.peer,
+            Bound {
+                sessions: 1,
+                tokens: 3_500
+            }
+        )),
+        "{moved:?}"
+    );
+}

@@ -43,6 +43,8 @@ pub struct Admitted {
     pub session: Option<SessionId>,
     /// What placement decided (X-Routed-Mode).
     pub placement: Option<Placement>,
+    /// How long the request waited in the admission queue, if it did.
+    pub queued: Option<std::time::Duration>,
     /// The gateway added `stream_options.include_usage`: the usage frame is
     /// for the gateway, not the client.
     pub usage_injected: bool,

@@ -56,16 +56,38 @@ impl Gateway {
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
         guards::rules::check(&route, &ctx.request)?;
         guards::usage::apply(&mut ctx.request);
-        self.place(&route, ctx)?;
+        self.place(session, &route, ctx).await?;
         let body_pending = ctx.request.body_read && !ctx.request.body.is_empty();
         request::forward(session, &rest, body_pending).await
     }
 
-    /// Model pool and placement: the peer and its reserved slot.
-    fn place(&self, route: &crate::registry::Route, ctx: &mut RequestCtx) -> Result<(), Local> {
+    /// Model pool and placement: the peer and its reserved slot, after a
+    /// wait in the route's admission queue if it has one and no peer has room.
+    async fn place(
+        &self,
+        session: &mut Session,
+        route: &crate::registry::Route,
+        ctx: &mut RequestCtx,
+    ) -> Result<(), Local> {
         let req = &mut ctx.request;
         req.pool = crate::balance::model_pool(route, req.model.as_deref())?;
-        let placed = crate::balance::place(route, &req.pool, req.session.as_ref())?;
+        let tokens = request::body::estimated_tokens(&req.body);
+        let waiting = crate::balance::place_or_wait(route, &req.pool, req.session.as_ref(), tokens);
+        let outcome = tokio::select! {
+            outcome = waiting => outcome,
+            // A client that hangs up while queued leaves the queue at once.
+            _ = request::client_gone(session) => return Err(Local::ClientGone),
+        };
+        let (placed, waited) = match outcome {
+            Ok(admitted) => (admitted.placed, admitted.waited),
+            Err(refused) => {
+                req.queued = refused.waited;
+                record_queue_wait(route, refused.waited);
+                return Err(refused.error.into());
+            }
+        };
+        req.queued = waited;
+        record_queue_wait(route, waited);
         metrics()
             .placements
             .with_label_values(&[
@@ -79,6 +101,15 @@ impl Gateway {
         ctx.upstream.peer = Some(placed.peer);
         ctx.upstream.slot = Some(placed.slot);
         Ok(())
+    }
+}
+
+fn record_queue_wait(route: &crate::registry::Route, waited: Option<std::time::Duration>) {
+    if let Some(waited) = waited {
+        metrics()
+            .queue_wait
+            .with_label_values(&[route.name()])
+            .observe(waited.as_secs_f64());
     }
 }
 

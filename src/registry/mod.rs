@@ -14,11 +14,13 @@
 
 mod keys;
 mod peer;
+mod room;
 mod route;
 mod toggles;
 
 pub use keys::KeyState;
 pub use peer::{EngineSample, InFlightGuard, PeerState};
+pub use room::{QueuePlace, RoomSignal};
 pub use route::{Route, RoutePeer, RouteRuntime};
 pub use toggles::{Toggle, Toggles};
 

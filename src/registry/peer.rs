@@ -3,6 +3,7 @@
 //! engine metrics. Written by the request path (slots, passive bans) and by
 //! the health tasks (bans, engine samples); read by `balance`.
 
+use super::room::RoomSignal;
 use crate::placement::{EngineLoad, PeerId};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -38,10 +39,20 @@ pub struct PeerState {
     /// Set by a failing probe or a live connect failure, cleared by a passing probe.
     failing: AtomicBool,
     engine: Mutex<Option<EngineSample>>,
+    /// KV capacity in tokens the engine last reported (0: never). Static for
+    /// an engine's life, so it stays valid after its load sample goes stale.
+    kv_capacity_tokens: AtomicU64,
+    /// The route's queue signal, told whenever a slot here is released.
+    room: Arc<RoomSignal>,
 }
 
 impl PeerState {
+    #[cfg(test)]
     pub(super) fn new(id: PeerId, address: String) -> Self {
+        Self::in_route(id, address, Arc::default())
+    }
+
+    pub(super) fn in_route(id: PeerId, address: String, room: Arc<RoomSignal>) -> Self {
         PeerState {
             id,
             address,
@@ -50,6 +61,8 @@ impl PeerState {
             banned_until_ms: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             engine: Mutex::new(None),
+            kv_capacity_tokens: AtomicU64::new(0),
+            room,
         }
     }
 
@@ -109,6 +122,14 @@ impl PeerState {
             .saturating_sub(sample.completed_at_read)
     }
 
+    pub fn record_kv_capacity(&self, tokens: u64) {
+        self.kv_capacity_tokens.store(tokens, Ordering::Relaxed);
+    }
+
+    pub fn kv_capacity_tokens(&self) -> Option<u64> {
+        Some(self.kv_capacity_tokens.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
     pub fn engine_sample(&self) -> Option<EngineSample> {
         *self.engine.lock()
     }
@@ -145,6 +166,7 @@ impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.peer.completed.fetch_add(1, Ordering::AcqRel);
+        self.peer.room.room_may_have_freed();
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::keys::KeyState;
 use super::peer::PeerState;
+use super::room::RoomSignal;
 use super::toggles::Toggles;
 use super::Registry;
 use crate::config::{PeerConfig, RouteConfig};
@@ -29,6 +30,8 @@ pub struct RouteRuntime {
     peers: Mutex<HashMap<String, Arc<PeerState>>>,
     next_peer_id: AtomicU32,
     pub sessions: SessionTable,
+    /// Wakes the route's admission queue when room may have freed.
+    pub queue: Arc<RoomSignal>,
     /// Bumped on every reload that changes this route; background tasks of an
     /// older generation stop by themselves.
     pub generation: AtomicUsize,
@@ -47,6 +50,7 @@ impl RouteRuntime {
             peers: Mutex::new(HashMap::new()),
             next_peer_id: AtomicU32::new(0),
             sessions: SessionTable::new(table_config(config)),
+            queue: Arc::default(),
             generation: AtomicUsize::new(0),
             round_robin: AtomicUsize::new(0),
             toggles: Toggles::default(),
@@ -62,7 +66,11 @@ impl RouteRuntime {
             return Arc::clone(p);
         }
         let id = self.next_peer_id.fetch_add(1, Ordering::Relaxed);
-        let p = Arc::new(PeerState::new(id, address.to_string()));
+        let p = Arc::new(PeerState::in_route(
+            id,
+            address.to_string(),
+            Arc::clone(&self.queue),
+        ));
         peers.insert(address.to_string(), Arc::clone(&p));
         p
     }

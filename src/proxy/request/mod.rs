@@ -16,6 +16,20 @@ use std::sync::Arc;
 pub enum Local {
     Error(ErrorResponse),
     Json(u16, serde_json::Value),
+    /// The client went away while the request waited: nothing to answer.
+    ClientGone,
+}
+
+/// Resolves when the client closes its connection (or sends bytes it
+/// should not, before an answer): a request waiting for a peer must not
+/// keep its place for a client that is gone.
+pub async fn client_gone(session: &mut Session) {
+    match session.as_downstream_mut().read_body_or_idle(true).await {
+        Err(_) => {}
+        // Only a body still being read answers Ok; it is read whole
+        // before placement, so wait on rather than return.
+        Ok(_) => std::future::pending::<()>().await,
+    }
 }
 
 impl From<ErrorResponse> for Local {

@@ -52,6 +52,9 @@ pub fn insert_routed(resp: &mut ResponseHeader, ctx: &RequestCtx, origin: Origin
         resp.insert_header("x-routed-session", sid.hex())?;
         resp.insert_header("x-routed-source", sid.source.as_str().to_string())?;
     }
+    if let Some(waited) = ctx.request.queued {
+        resp.insert_header("x-routed-queued-ms", waited.as_millis().to_string())?;
+    }
     let placement = ctx.request.placement.filter(|_| origin == Origin::Upstream);
     let Some(placement) = placement else {
         return resp.insert_header("x-routed-mode", "local");

@@ -13,6 +13,10 @@ use pingora::{Error, Result};
 /// Answers `local` instead of proxying.
 pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) {
     let (status, body, retry_after) = match local {
+        Local::ClientGone => {
+            session.set_keepalive(None);
+            return;
+        }
         Local::Error(e) => (e.status, e.body(), e.retry_after),
         Local::Json(status, value) => {
             let mut bytes = serde_json::to_vec(&value).unwrap_or_default();

@@ -2,6 +2,7 @@
 //! which Pingora calls on every path (local answer, connect failure, upstream
 //! death, client gone).
 
+use crate::clock::now_ms;
 use crate::metrics::metrics;
 use crate::proxy::ctx::RequestCtx;
 use pingora::proxy::Session;
@@ -25,6 +26,14 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
         return;
     };
     if let Some(u) = pipeline.usage() {
+        if let (Some(sid), Some(route)) = (&ctx.request.session, &ctx.route) {
+            // What the session now holds on its engine until its next turn.
+            let context = u.prompt_tokens.saturating_add(u.completion_tokens);
+            route
+                .runtime
+                .sessions
+                .record_tokens(sid.hash, context, now_ms());
+        }
         let labels = [route, peer];
         m.prompt_tokens
             .with_label_values(&labels)

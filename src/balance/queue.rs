@@ -1,0 +1,106 @@
+//! The admission queue: a request that no peer can take now (every slot of
+//! the pool busy, or a new session that fits no engine's KV) waits for room
+//! up to the route's `queue_timeout` instead of being refused at once. A 429
+//! loses an agent's whole session (and its cache); a short wait loses
+//! nothing. Warm turns (sessions already bound to an engine) go before new
+//! sessions. Waiters wake whenever a slot is released, a session leaves its
+//! engine's live window, or the process starts draining.
+
+use super::{place_with, Placed, Refusal};
+use crate::lifecycle;
+use crate::registry::Route;
+use crate::session::SessionId;
+use std::time::{Duration, Instant};
+
+/// A placed request and how long it waited for room.
+pub struct Admitted {
+    pub placed: Placed,
+    pub waited: Option<Duration>,
+}
+
+/// A refusal, and how long the request waited before it.
+pub struct Refused {
+    pub error: crate::errors::ErrorResponse,
+    pub waited: Option<Duration>,
+}
+
+/// Places the request, waiting for room when the route has a queue. The
+/// future may be dropped at any point (the client went away): its place in
+/// the queue goes with it.
+pub async fn place_or_wait(
+    route: &Route,
+    pool: &[usize],
+    session: Option<&SessionId>,
+    tokens: u64,
+) -> Result<Admitted, Refused> {
+    let timeout = route.config.queue_timeout;
+    let may_wait = !timeout.is_zero();
+    match place_with(route, pool, session, tokens, may_wait) {
+        Ok(placed) => {
+            return Ok(Admitted {
+                placed,
+                waited: None,
+            })
+        }
+        Err(Refusal::NoReadyPeer(error)) | Err(Refusal::Full(error)) if !may_wait => {
+            return Err(Refused {
+                error,
+                waited: None,
+            })
+        }
+        Err(Refusal::NoReadyPeer(error)) => {
+            // Nothing to wait for: no peer is up.
+            return Err(Refused {
+                error,
+                waited: None,
+            });
+        }
+        Err(Refusal::Full(_)) => {}
+    }
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let signal = &route.runtime.queue;
+    let now = crate::clock::now_ms();
+    let warm = session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
+    let _place = signal.enter(warm);
+    loop {
+        let notified = signal.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let (warm_waiting, _) = signal.waiting();
+        // A new session lets waiting warm turns go first.
+        if warm || warm_waiting == 0 {
+            match place_with(route, pool, session, tokens, true) {
+                Ok(placed) => {
+                    return Ok(Admitted {
+                        placed,
+                        waited: Some(started.elapsed()),
+                    })
+                }
+                Err(Refusal::NoReadyPeer(error)) => {
+                    return Err(Refused {
+                        error,
+                        waited: Some(started.elapsed()),
+                    })
+                }
+                Err(Refusal::Full(_)) => {}
+            }
+        }
+        if lifecycle::is_draining() {
+            break;
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    // Out of time (or draining): what it would have had without a queue. A
+    // new session that only lacked KV room is placed anyway if a slot is free.
+    let waited = Some(started.elapsed());
+    match place_with(route, pool, session, tokens, false) {
+        Ok(placed) => Ok(Admitted { placed, waited }),
+        Err(Refusal::NoReadyPeer(error)) | Err(Refusal::Full(error)) => {
+            Err(Refused { error, waited })
+        }
+    }
+}
