@@ -35,6 +35,10 @@ pub async fn place_or_wait(
 ) -> Result<Admitted, Refused> {
     let timeout = route.config.queue_timeout;
     let may_wait = !timeout.is_zero();
+    // Decided before the first try: a try that finds no free slot may
+    // already have bound a new session to its engine.
+    let now = crate::clock::now_ms();
+    let warm = session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
     match place_with(route, pool, session, tokens, may_wait) {
         Ok(placed) => {
             return Ok(Admitted {
@@ -60,8 +64,6 @@ pub async fn place_or_wait(
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let signal = &route.runtime.queue;
-    let now = crate::clock::now_ms();
-    let warm = session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
     let _place = signal.enter(warm);
     loop {
         let notified = signal.notify().notified();

@@ -74,7 +74,7 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
                 tick.tick().await;
                 seconds += 1;
                 let sessions = &sweeper_route.runtime.sessions;
-                if seconds % 30 == 0 {
+                if seconds.is_multiple_of(30) {
                     sessions.sweep(now_ms());
                 }
                 sessions.refresh_live(now_ms());
