@@ -3,18 +3,13 @@
 //! they are fresh, with the engine's queue corrected for what finished since
 //! the scrape.
 
-use crate::placement::{Bound, EngineLoad, PeerLoad};
+use crate::placement::{EngineLoad, PeerLoad};
 use crate::registry::Route;
 
 /// The load view placement works on, for the peers of `route` at `indices`.
 pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad> {
     let engine_cfg = route.config.engine_metrics.as_ref();
-    let live = route.runtime.sessions.live_per_peer();
-    let bound_of = |id| {
-        live.iter()
-            .find(|(peer, _)| *peer == id)
-            .map_or(Bound::default(), |(_, b)| *b)
-    };
+    let bound_of = |id| route.runtime.sessions.live_of(id);
     indices
         .iter()
         .filter_map(|&i| route.peers.get(i))

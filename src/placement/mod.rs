@@ -96,13 +96,17 @@ impl PeerLoad {
         }
     }
 
-    /// Whether a session of `tokens` more fits the engine's KV with the live
-    /// sessions already bound there, at `admit_permille` of its capacity.
-    /// Unknown capacity always fits.
+    /// Whether a session of `tokens` more fits the engine's KV with what it
+    /// holds already, at `admit_permille` of its capacity. What it holds is
+    /// the larger of the live sessions bound here by this gateway and what
+    /// the engine reports in use (which also sees other gateways' traffic,
+    /// but not idle cached prefixes). Unknown capacity always fits.
     pub fn fits(&self, tokens: u64, admit_permille: u32) -> bool {
         self.kv_capacity_tokens.is_none_or(|cap| {
+            let reported = self.engine.map_or(0.0, |e| e.kv_usage.clamp(0.0, 1.0));
+            let held = self.bound.tokens.max((reported * cap as f64) as u64);
             let room = cap.saturating_mul(u64::from(admit_permille)) / 1000;
-            self.bound.tokens.saturating_add(tokens) <= room
+            held.saturating_add(tokens) <= room
         })
     }
 

@@ -385,6 +385,17 @@ impl SessionTable {
         }
     }
 
+    /// Live sessions bound to `peer` and their tokens.
+    pub fn live_of(&self, peer: PeerId) -> Bound {
+        self.live
+            .read()
+            .get(&peer)
+            .map_or(Bound::default(), |c| Bound {
+                sessions: c.sessions.load(Relaxed),
+                tokens: c.tokens.load(Relaxed),
+            })
+    }
+
     /// Live sessions and their tokens, per peer the table has seen.
     pub fn live_per_peer(&self) -> Vec<(PeerId, Bound)> {
         let live = self.live.read();

@@ -760,3 +760,37 @@ fn live_sessions_and_tokens_follow_placements_turns_and_the_live_window() {
         "{moved:?}"
     );
 }
+
+#[test]
+fn kv_in_use_that_the_engine_reports_counts_against_admission_too() {
+    let t = table();
+    // Nothing bound through this gateway, but the engine says 95% is in use
+    // (another gateway's traffic): no room for a new session there.
+    let busy_elsewhere = with_capacity(fresh(1, 0, 0), 100_000);
+    let busy_elsewhere = PeerLoad {
+        engine: busy_elsewhere.engine.map(|e| EngineLoad {
+            kv_usage: 0.95,
+            ..e
+        }),
+        ..busy_elsewhere
+    };
+    let roomy = with_capacity(holding(fresh(2, 3, 0), 2, 20_000), 100_000);
+    assert_eq!(
+        t.place_session(60, incoming(5_000, false), &[busy_elsewhere, roomy], T0),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::New,
+            reason: None
+        })
+    );
+    // Control: at half use it has room and, holding nothing, is the better home.
+    let half = with_capacity(fresh(1, 0, 0), 100_000);
+    assert_eq!(
+        t.place_session(61, incoming(5_000, false), &[half, roomy], T0),
+        Admission::Placed(Placement {
+            peer: 1,
+            kind: PlacementKind::New,
+            reason: None
+        })
+    );
+}
