@@ -71,6 +71,7 @@ pub(super) struct BalancingFile {
 pub(super) struct SessionAffinityFile {
     pub headers: Option<Vec<String>>,
     pub idle_timeout: Option<Dur>,
+    pub live_window: Option<Dur>,
 }
 
 #[derive(Debug, Default, Deserialize)]

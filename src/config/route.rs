@@ -77,6 +77,8 @@ pub struct Balancing {
     /// Route-specific session headers, tried before the built-in ones.
     pub session_headers: Vec<http::HeaderName>,
     pub idle_timeout: Duration,
+    /// A session used within this long counts as holding KV on its engine.
+    pub live_window: Duration,
     pub cross_tier_fallback: bool,
 }
 
@@ -155,6 +157,7 @@ pub struct RouteConfig {
     pub warnings: Vec<String>,
 }
 
+pub const DEFAULT_LIVE_WINDOW: Duration = Duration::from_secs(60);
 pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
@@ -433,11 +436,19 @@ fn parse_balancing(
             "balancing.session_affinity.idle_timeout must be between 1m and 24h".into(),
         ));
     }
+    let live_window = affinity.live_window.map_or(DEFAULT_LIVE_WINDOW, |d| d.0);
+    if live_window < Duration::from_secs(1) || live_window > idle_timeout {
+        return Err(at.at_key(
+            "live_window",
+            "balancing.session_affinity.live_window must be between 1s and idle_timeout".into(),
+        ));
+    }
 
     Ok(Balancing {
         mode,
         session_headers,
         idle_timeout,
+        live_window,
         cross_tier_fallback: flag(bal.cross_tier_fallback, false),
     })
 }

@@ -206,3 +206,22 @@ fn client_idle_timeout_defaults_to_60s_and_needs_whole_seconds() {
         assert_eq!(e.line, Some(1), "{bad}: {e}");
     }
 }
+
+#[test]
+fn live_window_defaults_to_a_minute_and_stays_within_the_idle_timeout() {
+    let r = route(MINIMAL).unwrap();
+    assert_eq!(r.balancing.live_window, Duration::from_secs(60));
+    let with = |w: &str| {
+        route(&format!(
+            "{MINIMAL}balancing:\n  session_affinity:\n    idle_timeout: 10m\n    live_window: {w}\n"
+        ))
+    };
+    assert_eq!(
+        with("5m").unwrap().balancing.live_window,
+        Duration::from_secs(300)
+    );
+    for bad in ["11m", "500ms"] {
+        let e = with(bad).unwrap_err();
+        assert!(e.message.contains("live_window"), "{bad}: {e}");
+    }
+}

@@ -105,6 +105,7 @@ pub(super) fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
 pub(super) fn table_config(config: &RouteConfig) -> TableConfig {
     TableConfig {
         idle_timeout_ms: config.balancing.idle_timeout.as_millis() as u64,
+        live_window_ms: config.balancing.live_window.as_millis() as u64,
         ..TableConfig::default()
     }
 }
