@@ -23,6 +23,7 @@ pub mod health;
 pub mod lifecycle;
 pub mod metrics;
 pub mod placement;
+pub mod protect;
 pub mod proxy;
 pub mod registry;
 pub mod reject;
