@@ -1,5 +1,9 @@
-//! The protection layer's pure cores (issue 9): the adaptive concurrency
-//! step. Clock-injected and free of I/O, like `placement`; the proxy wires
-//! them in through `proxy/guards` and `balance`.
+//! The protection layer's pure cores (issue 9): measurement windows and
+//! EWMAs (`window`), the adaptive-concurrency step (`aimd`), and session
+//! turn priority (`prio`). Clock-injected and free of I/O, like
+//! `placement`; the proxy wires them in through `proxy/guards` (the load
+//! gates) and `balance` (the adaptive limit).
 
 pub mod aimd;
+pub mod prio;
+pub mod window;

@@ -1,0 +1,193 @@
+//! Session turn priority (the seed's "Session turn priority"): a client
+//! gateway marks each request with `x-phanrouter-session: {"session_id",
+//! "turn"}`; under load, early turns (whose loss costs little cache) are
+//! refused before warm ones. Pure: header parsing, the bucket table, and
+//! each bucket's concurrency ceiling.
+
+use serde::Deserialize;
+
+/// The header a client gateway sets.
+pub const HEADER: &str = "x-phanrouter-session";
+/// Turns accepted in the header: 1 to 10^9.
+pub const MAX_TURN: u64 = 1_000_000_000;
+pub const MAX_SESSION_ID_CHARS: usize = 256;
+
+/// One bucket of the table: turns from `min_turn` up to the next bucket's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bucket {
+    pub min_turn: u64,
+    /// Share of the concurrency limit this bucket may fill.
+    pub share: f64,
+    /// Soft TTFT zone: this bucket is refused once the EWMA passes
+    /// `threshold × tol` (the hard trip is `threshold × severe`).
+    pub tol: f64,
+}
+
+/// What the header said, or why it could not be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    Known(u64),
+    /// Missing, malformed, turn out of range, blank or over-long id: treated
+    /// as fully warm (top bucket) but counted apart (`bnohdr`).
+    Unusable,
+}
+
+#[derive(Deserialize)]
+struct HeaderValue<'a> {
+    #[serde(borrow)]
+    session_id: std::borrow::Cow<'a, str>,
+    turn: serde_json::Number,
+}
+
+/// Reads the header's value; never fails, an unusable value is `Unusable`.
+pub fn parse_header(value: Option<&[u8]>) -> Turn {
+    let Some(value) = value else {
+        return Turn::Unusable;
+    };
+    let Ok(parsed) = serde_json::from_slice::<HeaderValue>(value) else {
+        return Turn::Unusable;
+    };
+    let id = parsed.session_id.trim();
+    if id.is_empty() || parsed.session_id.chars().count() > MAX_SESSION_ID_CHARS {
+        return Turn::Unusable;
+    }
+    match parsed.turn.as_u64() {
+        Some(turn) if (1..=MAX_TURN).contains(&turn) => Turn::Known(turn),
+        _ => Turn::Unusable,
+    }
+}
+
+/// The default table: buckets 1 / 2–3 / 4–7 / … doubling up to `full_turn`,
+/// shares rising evenly from `r_new` to 1.0, tolerances from 1.0 (the
+/// first turn is refused at the threshold) to `severe` (the warmest only
+/// at the hard trip).
+pub fn default_table(r_new: f64, full_turn: u64, severe: f64) -> Vec<Bucket> {
+    let mut starts = vec![1u64];
+    while let Some(&last) = starts.last() {
+        let next = last * 2;
+        if next > full_turn.max(2) {
+            break;
+        }
+        starts.push(next);
+    }
+    let n = starts.len();
+    starts
+        .into_iter()
+        .enumerate()
+        .map(|(i, min_turn)| {
+            let f = if n > 1 {
+                i as f64 / (n - 1) as f64
+            } else {
+                1.0
+            };
+            Bucket {
+                min_turn,
+                share: r_new + (1.0 - r_new) * f,
+                tol: 1.0 + (severe - 1.0) * f,
+            }
+        })
+        .collect()
+}
+
+/// A table written in a route file must start at turn 1 and ascend.
+pub fn validate_table(table: &[Bucket]) -> Result<(), String> {
+    match table.first() {
+        None => return Err("session_prio_table is empty".into()),
+        Some(b) if b.min_turn != 1 => return Err("the first min_turn must be 1".into()),
+        _ => {}
+    }
+    if table.windows(2).any(|w| w[1].min_turn <= w[0].min_turn) {
+        return Err("min_turn must be strictly ascending".into());
+    }
+    if table
+        .iter()
+        .any(|b| !(b.share > 0.0 && b.share <= 1.0) || b.tol < 1.0)
+    {
+        return Err("each share must be in (0, 1] and each tol at least 1".into());
+    }
+    Ok(())
+}
+
+/// Index of the bucket for `turn`; an unusable header gets the top bucket.
+pub fn bucket_of(table: &[Bucket], turn: Turn) -> usize {
+    match turn {
+        Turn::Unusable => table.len().saturating_sub(1),
+        Turn::Known(t) => table.partition_point(|b| b.min_turn <= t).saturating_sub(1),
+    }
+}
+
+/// The bucket's concurrency ceiling: `ceil(limit × factor × share)`.
+pub fn ceiling(limit: f64, factor: f64, share: f64) -> u64 {
+    // Shares built by arithmetic (0.85 + 0.15 × 1.0) land a hair off; a
+    // ceiling must not tip over to the next integer for it.
+    (limit * factor * share - 1e-9).ceil().max(0.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_seeds_ceiling_table() {
+        let table = default_table(0.85, 32, 1.5);
+        assert_eq!(
+            table.iter().map(|b| b.min_turn).collect::<Vec<_>>(),
+            vec![1, 2, 4, 8, 16, 32]
+        );
+        let ceilings = |limit: f64| -> Vec<u64> {
+            table.iter().map(|b| ceiling(limit, 1.0, b.share)).collect()
+        };
+        assert_eq!(ceilings(6.0), vec![6, 6, 6, 6, 6, 6]);
+        assert_eq!(ceilings(7.0), vec![6, 7, 7, 7, 7, 7]);
+        assert_eq!(ceilings(10.0), vec![9, 9, 10, 10, 10, 10]);
+        assert_eq!(ceilings(20.0), vec![17, 18, 19, 19, 20, 20]);
+    }
+
+    #[test]
+    fn turns_map_to_buckets_and_bad_headers_to_the_top_one() {
+        let table = default_table(0.85, 32, 1.5);
+        let b = |turn| bucket_of(&table, turn);
+        assert_eq!(b(Turn::Known(1)), 0);
+        assert_eq!((b(Turn::Known(2)), b(Turn::Known(3))), (1, 1));
+        assert_eq!((b(Turn::Known(4)), b(Turn::Known(7))), (2, 2));
+        assert_eq!(b(Turn::Known(31)), 4);
+        assert_eq!(b(Turn::Known(32)), 5);
+        assert_eq!(b(Turn::Known(MAX_TURN)), 5);
+        assert_eq!(b(Turn::Unusable), 5);
+    }
+
+    #[test]
+    fn the_header_is_validated() {
+        let p = |s: &str| parse_header(Some(s.as_bytes()));
+        assert_eq!(p(r#"{"session_id":"s","turn":3}"#), Turn::Known(3));
+        assert_eq!(parse_header(None), Turn::Unusable);
+        for bad in [
+            "not json",
+            r#"{"session_id":"s"}"#,
+            r#"{"session_id":"s","turn":0}"#,
+            r#"{"session_id":"s","turn":1000000001}"#,
+            r#"{"session_id":"s","turn":2.5}"#,
+            r#"{"session_id":"s","turn":"3"}"#,
+            r#"{"session_id":"  ","turn":3}"#,
+        ] {
+            assert_eq!(p(bad), Turn::Unusable, "{bad}");
+        }
+        let long = format!(r#"{{"session_id":"{}","turn":3}}"#, "x".repeat(257));
+        assert_eq!(p(&long), Turn::Unusable);
+        let ok = format!(r#"{{"session_id":"{}","turn":3}}"#, "x".repeat(256));
+        assert_eq!(p(&ok), Turn::Known(3));
+    }
+
+    #[test]
+    fn a_written_table_starts_at_one_and_ascends() {
+        let b = |min_turn| Bucket {
+            min_turn,
+            share: 0.9,
+            tol: 1.1,
+        };
+        assert!(validate_table(&[b(1), b(4)]).is_ok());
+        assert!(validate_table(&[b(2), b(4)]).is_err());
+        assert!(validate_table(&[b(1), b(1)]).is_err());
+        assert!(validate_table(&[]).is_err());
+    }
+}
