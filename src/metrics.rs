@@ -27,6 +27,8 @@ pub struct Metrics {
     pub completion_tokens: IntCounterVec,
     pub ttft: HistogramVec,
     pub queue_wait: HistogramVec,
+    pub ttft_by_pool: HistogramVec,
+    pub decode_rate: HistogramVec,
     pub api_keys_configured: IntGauge,
     pub auth: IntCounterVec,
     pub rejections: IntCounterVec,
@@ -61,6 +63,13 @@ fn histogram(
         .register(Box::new(h.clone()))
         .expect("metric registered once");
     h
+}
+
+/// The seed's buckets plus its overflow bucket (twice the last bound).
+fn with_overflow(bounds: &[f64]) -> Vec<f64> {
+    let mut out = bounds.to_vec();
+    out.extend(bounds.last().map(|b| b * 2.0));
+    out
 }
 
 impl Metrics {
@@ -152,6 +161,23 @@ impl Metrics {
                 "Time a request waited in its route's admission queue (placed or refused after it)",
                 &["route"],
                 vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0],
+            ),
+            ttft_by_pool: histogram(
+                &registry,
+                "llm_gateway_ttft_seconds",
+                "Time from sending a request upstream to its first content frame (2xx streams)",
+                &["route", "pool", "peer"],
+                with_overflow(crate::protect::window::TTFT_MS_BUCKETS)
+                    .into_iter()
+                    .map(|ms| ms / 1000.0)
+                    .collect(),
+            ),
+            decode_rate: histogram(
+                &registry,
+                "llm_gateway_decode_tokens_per_second",
+                "Completion tokens per second from first to last content frame (2xx streams, 16+ tokens, 0.5 s+ of decode)",
+                &["route", "pool", "peer"],
+                with_overflow(crate::protect::window::TPS_BUCKETS),
             ),
             auth: counter(
                 &registry,

@@ -17,6 +17,8 @@ pub const ENDPOINTS: &[&str] = &[
     "/_route_debug?sid=…",
     "/_sessions",
     "/_reject_rules_status",
+    "/_ttft_status",
+    "/_tps_status",
     "POST /_reject_rules_toggle?on=0|1|reset=1",
     "POST /_include_usage_toggle?on=0|1|reset=1",
     "POST /_postprocess_toggle?on=0|1|reset=1",
@@ -98,6 +100,7 @@ pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Opti
         "/_active_conns" => Some(active_conns(route)),
         "/_sessions" => Some(sessions(route)),
         "/_route_debug" => Some(route_debug(route, query.unwrap_or(""))),
+        "/_ttft_status" | "/_tps_status" => Some(measurement_status(route)),
         _ => None,
     }
 }
@@ -151,6 +154,43 @@ fn route_state(route: &Route) -> Value {
             "live_tokens": loads[i].bound.tokens,
             "kv_capacity_tokens": loads[i].kv_capacity_tokens,
         })).collect::<Vec<_>>(),
+    })
+}
+
+/// The TTFT and decode-rate EWMAs per pool and peer, with the histograms
+/// of their samples (both endpoints show the same measurement).
+fn measurement_status(route: &Route) -> Value {
+    let cfg = crate::protect::meter::MeterConfig::default();
+    let now = now_ms();
+    let meter = &route.runtime.meter;
+    let series: Vec<Value> = meter
+        .snapshot(cfg.ttl_ms, now)
+        .into_iter()
+        .map(|st| {
+            let (r, ttft, tps) = (st.reading, st.ttft_histogram, st.tps_histogram);
+            let (kind, name) = match st.scope {
+                crate::protect::meter::Scope::Pool(p) => ("pool", p),
+                crate::protect::meter::Scope::Peer(p) => ("peer", p),
+            };
+            json!({
+                "scope": kind, "name": name,
+                "ttft_ewma_ms": r.ttft_ms, "tps_ewma": r.tps,
+                "ttft_window_samples": r.ttft_pending, "tps_window_samples": r.tps_pending,
+                "ttft_histogram_ms": ttft.iter().map(|(le, n)| json!({"le": le, "count": n})).collect::<Vec<_>>(),
+                "tps_histogram": tps.iter().map(|(le, n)| json!({"le": le, "count": n})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "route": route.config.name,
+        "window_ms": {"ttft": cfg.ttft_window_ms, "tps": cfg.tps_window_ms},
+        "metrics": {"ttft": "p80", "tps": "p20"},
+        "alpha": cfg.alpha,
+        "ttl_ms": cfg.ttl_ms,
+        "tps_min_tokens": cfg.tps_min_tokens,
+        "tps_min_decode_ms": cfg.tps_min_decode_ms,
+        "nousage": meter.nousage(),
+        "series": series,
     })
 }
 

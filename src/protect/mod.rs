@@ -5,5 +5,6 @@
 //! gates) and `balance` (the adaptive limit).
 
 pub mod aimd;
+pub mod meter;
 pub mod prio;
 pub mod window;

@@ -66,6 +66,8 @@ pub struct Attempt {
     pub body_sent: bool,
     /// Why the last attempt failed, for the log line of the final 502.
     pub last_error: Option<String>,
+    /// When the current attempt's request head went upstream (TTFT starts).
+    pub sent_at: Option<std::time::Instant>,
 }
 
 /// Written by the response hooks.

@@ -32,6 +32,8 @@ pub struct RouteRuntime {
     pub sessions: SessionTable,
     /// Wakes the route's admission queue when room may have freed.
     pub queue: Arc<RoomSignal>,
+    /// TTFT and decode-rate measurement per pool and peer.
+    pub meter: crate::protect::meter::Meter,
     /// Bumped on every reload that changes this route; background tasks of an
     /// older generation stop by themselves.
     pub generation: AtomicUsize,
@@ -51,6 +53,7 @@ impl RouteRuntime {
             next_peer_id: AtomicU32::new(0),
             sessions: SessionTable::new(table_config(config)),
             queue: Arc::default(),
+            meter: Default::default(),
             generation: AtomicUsize::new(0),
             round_robin: AtomicUsize::new(0),
             toggles: Toggles::default(),

@@ -40,6 +40,7 @@ pub struct ResponsePipeline {
     passthrough: bool,
     stats: StreamStats,
     first_content_at: Option<Instant>,
+    last_content_at: Option<Instant>,
     handler: Option<Handler>,
     drop_usage_frame: bool,
 }
@@ -86,6 +87,7 @@ impl ResponsePipeline {
             passthrough: false,
             stats: StreamStats::default(),
             first_content_at: None,
+            last_content_at: None,
             handler,
             drop_usage_frame: drop_usage_frame && kind == BodyKind::Sse,
         }
@@ -120,12 +122,13 @@ impl ResponsePipeline {
     fn push_sse(&mut self, chunk: Bytes, end_of_stream: bool) -> Option<Bytes> {
         let rewrites = self.rewrites();
         let (handler, drop_usage) = (self.handler, self.drop_usage_frame);
-        let (stats, first) = (&mut self.stats, &mut self.first_content_at);
+        let stats = &mut self.stats;
+        let times = (&mut self.first_content_at, &mut self.last_content_at);
         let mut out = Vec::new();
         self.splitter.push(&chunk, |event| {
             let data = event_data(event);
             if let Some(d) = data.as_deref() {
-                observe(d, stats, first);
+                observe(d, stats, times.0, times.1);
             }
             if rewrites {
                 transform_event(handler, drop_usage, event, data.as_deref(), &mut out);
@@ -198,13 +201,34 @@ impl ResponsePipeline {
     pub fn first_content_at(&self) -> Option<Instant> {
         self.first_content_at
     }
+
+    /// When the last content frame arrived (SSE only).
+    pub fn last_content_at(&self) -> Option<Instant> {
+        self.last_content_at
+    }
+
+    /// SSE events that carried generated output.
+    pub fn content_events(&self) -> u64 {
+        self.stats.content_events
+    }
+
+    pub fn is_stream(&self) -> bool {
+        self.kind == BodyKind::Sse
+    }
 }
 
-fn observe(data: &[u8], stats: &mut StreamStats, first: &mut Option<Instant>) {
+fn observe(
+    data: &[u8],
+    stats: &mut StreamStats,
+    first: &mut Option<Instant>,
+    last: &mut Option<Instant>,
+) {
     let before = stats.content_events;
     observe_event(data, stats);
-    if first.is_none() && stats.content_events > before {
-        *first = Some(Instant::now());
+    if stats.content_events > before {
+        let now = Instant::now();
+        first.get_or_insert(now);
+        *last = Some(now);
     }
 }
 

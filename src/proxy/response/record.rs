@@ -4,7 +4,10 @@
 
 use crate::clock::now_ms;
 use crate::metrics::metrics;
+use crate::protect::meter::{MeterConfig, StreamTiming};
 use crate::proxy::ctx::RequestCtx;
+use crate::registry::Route;
+use crate::stream::ResponsePipeline;
 use pingora::proxy::Session;
 
 pub fn record(session: &Session, ctx: &RequestCtx) {
@@ -50,6 +53,56 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
             .with_label_values(&[route])
             .observe(first.saturating_duration_since(ctx.started).as_secs_f64());
     }
+    measure_stream(ctx, pipeline, code);
+}
+
+/// A 2xx stream's TTFT (request sent upstream → first content frame) and
+/// decode rate feed the route's meter and the per-pool histograms. Errors
+/// and non-stream answers are no samples: they say nothing about how fast
+/// the engine starts and streams.
+fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
+    let (Some(route), Some(sent)) = (&ctx.route, ctx.upstream.sent_at) else {
+        return;
+    };
+    if !(200..300).contains(&code) || !pipeline.is_stream() {
+        return;
+    }
+    let Some(first) = pipeline.first_content_at() else {
+        return;
+    };
+    let timing = StreamTiming {
+        ttft: Some(first.saturating_duration_since(sent)),
+        decode: pipeline
+            .last_content_at()
+            .map(|last| last.saturating_duration_since(first)),
+        completion_tokens: pipeline.usage().map(|u| u.completion_tokens),
+        content_frames: pipeline.content_events(),
+    };
+    let pool = pool_label(route, ctx);
+    let peer = ctx.peer_name();
+    let cfg = MeterConfig::default();
+    let tps = route
+        .runtime
+        .meter
+        .record(&cfg, pool, peer, &timing, now_ms());
+    let m = metrics();
+    let labels = [route.name(), pool, peer];
+    if let Some(ttft) = timing.ttft {
+        m.ttft_by_pool
+            .with_label_values(&labels)
+            .observe(ttft.as_secs_f64());
+    }
+    if let Some(tps) = tps {
+        m.decode_rate.with_label_values(&labels).observe(tps);
+    }
+}
+
+/// The model pool a request was placed in, `"_"` for a route without pools.
+pub fn pool_label<'a>(route: &Route, ctx: &'a RequestCtx) -> &'a str {
+    if route.config.peers_by_model.is_empty() {
+        return "_";
+    }
+    ctx.request.model.as_deref().unwrap_or("_")
 }
 
 /// Status codes as label values without a per-request allocation.

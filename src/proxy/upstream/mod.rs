@@ -83,7 +83,8 @@ pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error>
 /// The head the engine receives: its own Host, the engine's credential
 /// rather than the client's, and the real Content-Length of the pre-read
 /// body (the replayed request carries a placeholder).
-pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &RequestCtx) -> Result<()> {
+pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &mut RequestCtx) -> Result<()> {
+    ctx.upstream.sent_at = Some(std::time::Instant::now());
     if let Some((route, p)) = ctx.peer() {
         upstream.insert_header("host", format!("{}:{}", p.config.host, p.config.port))?;
         if !route.config.forward_client_key {
