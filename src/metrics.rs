@@ -28,6 +28,7 @@ pub struct Metrics {
     pub ttft: HistogramVec,
     pub queue_wait: HistogramVec,
     pub ttft_by_pool: HistogramVec,
+    pub load_rejections: IntCounterVec,
     pub decode_rate: HistogramVec,
     pub api_keys_configured: IntGauge,
     pub auth: IntCounterVec,
@@ -178,6 +179,12 @@ impl Metrics {
                 "Completion tokens per second from first to last content frame (2xx streams, 16+ tokens, 0.5 s+ of decode)",
                 &["route", "pool", "peer"],
                 with_overflow(crate::protect::window::TPS_BUCKETS),
+            ),
+            load_rejections: counter(
+                &registry,
+                "llm_gateway_load_rejections_total",
+                "Requests refused by a load gate (ttft, tps)",
+                &["route", "gate"],
             ),
             auth: counter(
                 &registry,

@@ -81,3 +81,92 @@ fn streams_feed_ttft_and_decode_rate_and_nothing_else_does() {
     );
     assert_eq!(status["nousage"], 0);
 }
+
+/// A prompt the engine has never seen, so nothing of it is cached.
+fn fresh_prompt(n: usize) -> serde_json::Value {
+    json!({"model": "sim-model", "stream": true,
+           "stream_options": {"include_usage": true},
+           "messages": [{"role": "user", "content": format!("{n} {}", "unseen words ".repeat(60))}]})
+}
+
+#[test]
+fn a_pool_over_its_ttft_limit_lets_five_probes_through_and_refuses_the_rest() {
+    // 1 ms of prefill per token: a ~200-token prompt starts in ~200 ms.
+    let cluster = spawn_engines(
+        1,
+        0,
+        EngineConfig {
+            prefill_us_per_token: 1_000,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("engine");
+    // The window outlasts the three warm-up streams, so none of them is a probe.
+    let gates = "ttft_limit_ms: 50\nttft_window: 4s\nprobes: 5\nprobe_window: 60s\n";
+    let gw = Gateway::start(&[
+        ("chat", route_yaml(&ports(&cluster), gates)),
+        (
+            "calm",
+            route_yaml(
+                &ports(&cluster),
+                "ttft_limit_ms: 1000000\nttft_window: 300ms\n",
+            ),
+        ),
+    ]);
+    let send = |route: &str, n: usize| {
+        http::post_json(
+            gw.addr,
+            &format!("/{route}/v1/chat/completions"),
+            &[],
+            &fresh_prompt(n),
+        )
+    };
+    for n in 0..3 {
+        assert_eq!(send("chat", n).status(), 200);
+        assert_eq!(send("calm", 100 + n).status(), 200);
+    }
+    wait_for("the TTFT EWMA to appear", DEADLINE, || {
+        let s = http::get(gw.addr, "/chat/_ttft_status").json();
+        s["series"]
+            .as_array()?
+            .iter()
+            .any(|x| x["scope"] == "pool" && x["ttft_ewma_ms"].is_number())
+            .then_some(())
+    });
+    let mut passed = 0;
+    let mut refused = Vec::new();
+    for n in 0..12 {
+        let r = send("chat", 1_000 + n);
+        match r.status() {
+            200 => passed += 1,
+            429 => refused.push(r),
+            other => panic!("unexpected {other}: {}", r.text()),
+        }
+    }
+    assert_eq!((passed, refused.len()), (5, 7));
+    let body = refused[0].json();
+    assert_eq!(body["error"]["type"], "ttft_limit");
+    assert_eq!(body["error"]["metric"], "p80");
+    assert_eq!(body["error"]["limit"], 50.0);
+    assert!(
+        body["error"]["ewma"].as_f64().is_some_and(|v| v >= 50.0),
+        "{body}"
+    );
+    assert_eq!(refused[0].header("retry-after"), Some("1"));
+    assert_eq!(
+        gw.metric("llm_gateway_load_rejections_total", &["gate=\"ttft\""]),
+        7.0
+    );
+    // Control: a route whose limit is far above the same TTFT lets all through.
+    wait_for("the calm route's EWMA", DEADLINE, || {
+        let s = http::get(gw.addr, "/calm/_ttft_status").json();
+        s["series"]
+            .as_array()?
+            .iter()
+            .any(|x| x["scope"] == "pool" && x["ttft_ewma_ms"].is_number())
+            .then_some(())
+    });
+    for n in 0..12 {
+        assert_eq!(send("calm", 2_000 + n).status(), 200);
+    }
+}

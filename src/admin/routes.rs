@@ -160,7 +160,8 @@ fn route_state(route: &Route) -> Value {
 /// The TTFT and decode-rate EWMAs per pool and peer, with the histograms
 /// of their samples (both endpoints show the same measurement).
 fn measurement_status(route: &Route) -> Value {
-    let cfg = crate::protect::meter::MeterConfig::default();
+    let protection = &route.config.protection;
+    let cfg = protection.meter;
     let now = now_ms();
     let meter = &route.runtime.meter;
     let series: Vec<Value> = meter
@@ -190,6 +191,11 @@ fn measurement_status(route: &Route) -> Value {
         "tps_min_tokens": cfg.tps_min_tokens,
         "tps_min_decode_ms": cfg.tps_min_decode_ms,
         "nousage": meter.nousage(),
+        "ttft_limit_ms": protection.ttft_limit_ms,
+        "ttft_limit_by_model": protection.ttft_limit_by_model.iter().map(|(m, l)| json!({"model": m, "limit_ms": l})).collect::<Vec<_>>(),
+        "tps_limit_tps": protection.tps_limit_tps,
+        "probes": protection.probes,
+        "probe_window_ms": protection.probe_window.as_millis() as u64,
         "series": series,
     })
 }

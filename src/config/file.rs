@@ -41,6 +41,17 @@ pub(super) struct RouteFile {
     pub include_usage: Option<Flag>,
     pub forward_client_key: Option<Flag>,
     pub queue_timeout: Option<Dur>,
+    pub ttft_window: Option<Dur>,
+    pub tps_window: Option<Dur>,
+    pub ttft_limit_ms: Option<f64>,
+    pub ttft_limit_by_model: Option<BTreeMap<String, f64>>,
+    pub tps_limit_tps: Option<f64>,
+    pub ewma_alpha: Option<f64>,
+    pub ewma_ttl: Option<Dur>,
+    pub tps_min_tokens: Option<u64>,
+    pub tps_min_decode_s: Option<f64>,
+    pub probes: Option<u32>,
+    pub probe_window: Option<Dur>,
     pub engine_api_key_file: Option<PathBuf>,
 }
 

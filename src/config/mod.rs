@@ -16,7 +16,7 @@ pub use gateway::{
 };
 pub use route::{
     route_name_of, valid_route_name, Balancing, EngineMetricsConfig, HealthConfig, Mode,
-    PeerConfig, RouteConfig, Timeouts, MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
+    PeerConfig, Protection, RouteConfig, Timeouts, MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
 };
 
 use std::fmt;

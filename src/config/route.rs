@@ -8,6 +8,7 @@ use super::file::{
 use super::gateway::GatewayConfig;
 use super::units::Flag;
 use super::{find_key_line, peer_item_line, ConfigError};
+use crate::protect::meter::MeterConfig;
 use crate::reject::RuleSet;
 use crate::stream::postprocess::Handler;
 use std::collections::BTreeMap;
@@ -150,6 +151,8 @@ pub struct RouteConfig {
     /// session that fits no engine's KV) waits for room before its 429.
     /// Zero answers at once.
     pub queue_timeout: Duration,
+    /// TTFT and decode-rate measurement and the gates on them.
+    pub protection: Protection,
     /// A file whose first line is the key the engines expect; sent as
     /// `Authorization: Bearer <key>` in place of the client's.
     pub engine_api_key_file: Option<PathBuf>,
@@ -207,6 +210,7 @@ impl RouteConfig {
         let file: RouteFile =
             serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, e))?;
         let mut warnings = Vec::new();
+        let protection = parse_protection(&at, &file)?;
         let peers = parse_peers(&at, file.peers)?;
         let peers_by_model = parse_model_pools(&at, &peers, file.peers_by_model)?;
         let balancing = parse_balancing(&at, file.balancing.unwrap_or_default(), &mut warnings)?;
@@ -238,10 +242,75 @@ impl RouteConfig {
             include_usage: flag(file.include_usage, false),
             forward_client_key: flag(file.forward_client_key, false),
             queue_timeout: file.queue_timeout.map_or(Duration::ZERO, |d| d.0),
+            protection,
             engine_api_key_file: file.engine_api_key_file,
             warnings,
         })
     }
+}
+
+/// The load gates of a route (issue 9): what is measured, and the limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Protection {
+    pub meter: MeterConfig,
+    /// TTFT EWMA (ms) at which new requests are refused; per model below.
+    pub ttft_limit_ms: f64,
+    pub ttft_limit_by_model: Vec<(String, f64)>,
+    /// Decode-rate floor (tok/s); `None`: no decode-rate gate.
+    pub tps_limit_tps: Option<f64>,
+    /// Requests per `probe_window` that pass a tripped gate.
+    pub probes: u32,
+    pub probe_window: Duration,
+}
+
+impl Protection {
+    pub fn ttft_limit_for(&self, model: Option<&str>) -> f64 {
+        model
+            .and_then(|m| self.ttft_limit_by_model.iter().find(|(name, _)| name == m))
+            .map_or(self.ttft_limit_ms, |(_, limit)| *limit)
+    }
+}
+
+fn parse_protection(at: &Locator, file: &RouteFile) -> Result<Protection, ConfigError> {
+    let d = MeterConfig::default();
+    let ms =
+        |v: Option<super::units::Dur>, default: u64| v.map_or(default, |d| d.0.as_millis() as u64);
+    let positive = |key: &str, v: Option<f64>| -> Result<Option<f64>, ConfigError> {
+        match v {
+            Some(x) if !(x.is_finite() && x > 0.0) => {
+                Err(at.at_key(key, format!("{key} must be a positive number")))
+            }
+            other => Ok(other),
+        }
+    };
+    let alpha = file.ewma_alpha.unwrap_or(d.alpha);
+    if !alpha.is_finite() {
+        return Err(at.at_key("ewma_alpha", "ewma_alpha must be a number".into()));
+    }
+    let meter = MeterConfig {
+        ttft_window_ms: ms(file.ttft_window, d.ttft_window_ms).max(1),
+        tps_window_ms: ms(file.tps_window, d.tps_window_ms).max(1),
+        // Clamped as the seed does rather than refused: 1.5 means "all in".
+        alpha: alpha.clamp(0.0, 1.0),
+        ttl_ms: ms(file.ewma_ttl, d.ttl_ms).max(1),
+        tps_min_tokens: file.tps_min_tokens.unwrap_or(d.tps_min_tokens),
+        tps_min_decode_ms: positive("tps_min_decode_s", file.tps_min_decode_s)?
+            .map_or(d.tps_min_decode_ms, |s| (s * 1000.0) as u64),
+        ..d
+    };
+    let mut by_model = Vec::new();
+    for (model, limit) in file.ttft_limit_by_model.clone().unwrap_or_default() {
+        let limit = positive("ttft_limit_by_model", Some(limit))?.unwrap_or(limit);
+        by_model.push((model, limit));
+    }
+    Ok(Protection {
+        meter,
+        ttft_limit_ms: positive("ttft_limit_ms", file.ttft_limit_ms)?.unwrap_or(30_000.0),
+        ttft_limit_by_model: by_model,
+        tps_limit_tps: positive("tps_limit_tps", file.tps_limit_tps)?,
+        probes: file.probes.unwrap_or(5),
+        probe_window: file.probe_window.map_or(Duration::from_secs(10), |d| d.0),
+    })
 }
 
 fn flag(value: Option<Flag>, default: bool) -> bool {

@@ -3,6 +3,7 @@
 //! into an EWMA (see `window`) plus the window's histogram. Written at the
 //! end of each 2xx stream; read by the gates and the status endpoints.
 
+use super::gate::ProbeBudget;
 use super::window::{Buckets, Fold, Windowed, TPS_BUCKETS, TTFT_MS_BUCKETS};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -122,6 +123,8 @@ pub struct SeriesStatus {
 pub struct Meter {
     series: Mutex<HashMap<Scope, Series>>,
     nousage: AtomicU64,
+    /// Probe budgets of the tripped gates, per pool and gate.
+    probes: Mutex<HashMap<(String, &'static str), std::sync::Arc<ProbeBudget>>>,
 }
 
 impl Meter {
@@ -196,6 +199,12 @@ impl Meter {
             .collect();
         out.sort_by(|a, b| a.scope.cmp(&b.scope));
         out
+    }
+
+    /// The probe budget of `gate` (`ttft`, `tps`) for `pool`.
+    pub fn probe_budget(&self, pool: &str, gate: &'static str) -> std::sync::Arc<ProbeBudget> {
+        let mut probes = self.probes.lock();
+        std::sync::Arc::clone(probes.entry((pool.to_string(), gate)).or_default())
     }
 
     /// Streams that ended without a usage frame (their decode rate came

@@ -5,6 +5,7 @@
 //! gates) and `balance` (the adaptive limit).
 
 pub mod aimd;
+pub mod gate;
 pub mod meter;
 pub mod prio;
 pub mod window;

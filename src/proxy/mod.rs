@@ -71,6 +71,13 @@ impl Gateway {
     ) -> Result<(), Local> {
         let req = &mut ctx.request;
         req.pool = crate::balance::model_pool(route, req.model.as_deref())?;
+        if req.json_object {
+            let pool = response::record::pool_label(route, ctx);
+            let now = crate::clock::now_ms();
+            let healthy = crate::balance::candidates(route, &ctx.request.pool, now).len();
+            guards::load::check(route, pool, ctx.request.model.as_deref(), healthy)?;
+        }
+        let req = &mut ctx.request;
         let tokens = request::body::estimated_tokens(&req.body);
         let waiting = crate::balance::place_or_wait(route, &req.pool, req.session.as_ref(), tokens);
         let outcome = tokio::select! {

@@ -7,6 +7,7 @@
 //! from `Gateway::admit` between the content guards and placement.
 
 pub mod auth;
+pub mod load;
 pub mod rules;
 pub mod usage;
 

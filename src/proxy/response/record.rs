@@ -4,7 +4,7 @@
 
 use crate::clock::now_ms;
 use crate::metrics::metrics;
-use crate::protect::meter::{MeterConfig, StreamTiming};
+use crate::protect::meter::StreamTiming;
 use crate::proxy::ctx::RequestCtx;
 use crate::registry::Route;
 use crate::stream::ResponsePipeline;
@@ -80,11 +80,11 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
     };
     let pool = pool_label(route, ctx);
     let peer = ctx.peer_name();
-    let cfg = MeterConfig::default();
+    let cfg = &route.config.protection.meter;
     let tps = route
         .runtime
         .meter
-        .record(&cfg, pool, peer, &timing, now_ms());
+        .record(cfg, pool, peer, &timing, now_ms());
     let m = metrics();
     let labels = [route.name(), pool, peer];
     if let Some(ttft) = timing.ttft {

@@ -1,0 +1,62 @@
+//! The load gates' decisions, pure: whether a measured EWMA trips its
+//! limit, and the probe budget that lets a few requests through a tripped
+//! gate each window so the EWMA can see the engine recover (a gate that
+//! refused everything would never measure again and never reopen).
+
+use parking_lot::Mutex;
+
+/// The TTFT gate trips when the EWMA (ms) reaches the limit.
+pub fn ttft_tripped(ewma_ms: Option<f64>, limit_ms: f64) -> bool {
+    ewma_ms.is_some_and(|v| v >= limit_ms)
+}
+
+/// The decode-rate gate trips when the EWMA (tok/s) falls to the floor.
+pub fn tps_tripped(ewma: Option<f64>, floor: f64) -> bool {
+    ewma.is_some_and(|v| v <= floor)
+}
+
+/// Up to `probes` requests per `window_ms` pass a tripped gate.
+#[derive(Debug, Default)]
+pub struct ProbeBudget {
+    /// (start of the current window, probes used in it); no window before
+    /// the first probe.
+    state: Mutex<Option<(u64, u32)>>,
+}
+
+impl ProbeBudget {
+    /// Takes a probe slot if the current window has one left.
+    pub fn take(&self, now_ms: u64, window_ms: u64, probes: u32) -> bool {
+        let mut state = self.state.lock();
+        let (start, used) = match *state {
+            Some((start, used)) if now_ms.saturating_sub(start) < window_ms.max(1) => (start, used),
+            _ => (now_ms, 0),
+        };
+        let granted = used < probes;
+        *state = Some((start, used + u32::from(granted)));
+        granted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_trip_at_the_threshold_and_not_without_a_value() {
+        assert!(ttft_tripped(Some(30_000.0), 30_000.0));
+        assert!(!ttft_tripped(Some(29_999.0), 30_000.0));
+        assert!(!ttft_tripped(None, 0.0), "no EWMA: fail-open");
+        assert!(tps_tripped(Some(10.0), 10.0));
+        assert!(!tps_tripped(Some(10.1), 10.0));
+        assert!(!tps_tripped(None, 1e9));
+    }
+
+    #[test]
+    fn five_probes_per_window_then_the_next_window_gives_five_more() {
+        let b = ProbeBudget::default();
+        let passed = (0..12).filter(|i| b.take(1_000 + i, 10_000, 5)).count();
+        assert_eq!(passed, 5);
+        assert!(!b.take(10_999, 10_000, 5));
+        assert!(b.take(11_000, 10_000, 5), "a new window");
+    }
+}
