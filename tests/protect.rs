@@ -170,3 +170,88 @@ fn a_pool_over_its_ttft_limit_lets_five_probes_through_and_refuses_the_rest() {
         assert_eq!(send("calm", 2_000 + n).status(), 200);
     }
 }
+
+fn hold_slot(gw: &Gateway, gate: &str) -> common::http::Conn {
+    use common::http::{Conn, Upload};
+    let mut conn = Conn::open(gw.addr);
+    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 4,
+                      "messages": [{"role": "user", "content": "hold"}]});
+    conn.send(
+        "POST",
+        CHAT,
+        &[("content-type", "application/json"), ("x-sim-gate", gate)],
+        body.to_string().as_bytes(),
+        Upload::Length,
+    );
+    assert_eq!(conn.read_head().status, 200);
+    conn.read_chunk().expect("first frame").expect("data");
+    conn
+}
+
+fn toggle(gw: &Gateway, query: &str) -> u16 {
+    let mut conn = common::http::Conn::open(gw.addr);
+    conn.request(
+        "POST",
+        &format!("/chat/_rate_limit_toggle?{query}"),
+        &[],
+        b"",
+    )
+    .status()
+}
+
+fn rate_limit(gw: &Gateway) -> serde_json::Value {
+    http::get(gw.addr, "/chat/_rate_limit_status").json()["rate_limit"].clone()
+}
+
+#[test]
+fn the_rate_limit_switch_lets_load_429s_through_counts_them_and_layers_runtime_over_route_over_gateway(
+) {
+    let cluster = engines(1);
+    let one_slot = format!(
+        "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}, max_concurrency: 1}}\n",
+        cluster.engines[0].port()
+    );
+    let gw = Gateway::start_with(
+        &[("chat", one_slot.clone())],
+        GatewayOptions {
+            extra_config: "load_rate_limit: false\n".into(),
+            ..Default::default()
+        },
+    );
+    let _held = hold_slot(&gw, "rl");
+    let second = || http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false));
+
+    // The gateway-wide default is off: the request goes past the limit.
+    assert_eq!(rate_limit(&gw)["source"], "gateway");
+    assert_eq!(second().status(), 200);
+    assert_eq!(rate_limit(&gw)["trips_while_off"]["concurrency"], 1);
+
+    // The runtime toggle beats it: on limits again (control).
+    assert_eq!(toggle(&gw, "on=1"), 200);
+    assert_eq!(rate_limit(&gw)["source"], "runtime");
+    let refused = second();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.json()["error"]["type"], "concurrency_limit");
+    let status = http::get(gw.addr, "/chat/_429_status").json();
+    assert_eq!(status["by_reason"]["concurrency"], 1, "{status}");
+    assert_eq!(status["total"], 1);
+
+    // It survives a reload; a route option sits between the two.
+    gw.write_route("chat", &format!("{one_slot}load_rate_limit: true\n"));
+    gw.reload();
+    assert_eq!(rate_limit(&gw)["source"], "runtime");
+    assert_eq!(toggle(&gw, "on=0"), 200);
+    assert_eq!(second().status(), 200, "runtime off beats the route's on");
+    assert_eq!(toggle(&gw, "reset=1"), 200);
+    assert_eq!(rate_limit(&gw)["source"], "route");
+    assert_eq!(second().status(), 429);
+
+    // Trips while off never reach the real counters; reset=1 zeroes them.
+    let status = http::get(gw.addr, "/chat/_429_status").json();
+    assert_eq!(status["by_reason"]["concurrency"], 2, "{status}");
+    assert_eq!(status["rate_limit"]["trips_while_off"]["concurrency"], 2);
+    let _ = http::get(gw.addr, "/chat/_429_status?reset=1");
+    let status = http::get(gw.addr, "/chat/_429_status").json();
+    assert_eq!(status["total"], 0, "{status}");
+    cluster.engines[0].open_gate("rl");
+}

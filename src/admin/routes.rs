@@ -6,7 +6,7 @@
 use crate::balance;
 use crate::clock::now_ms;
 use crate::errors::ErrorResponse;
-use crate::registry::{Registry, Route, Toggle};
+use crate::registry::{Registry, Route, Toggle, TOGGLE_NAMES};
 use crate::session::extract_session;
 use serde_json::{json, Value};
 
@@ -19,9 +19,12 @@ pub const ENDPOINTS: &[&str] = &[
     "/_reject_rules_status",
     "/_ttft_status",
     "/_tps_status",
+    "/_429_status[?all=1][&reset=1]",
+    "/_rate_limit_status",
     "POST /_reject_rules_toggle?on=0|1|reset=1",
     "POST /_include_usage_toggle?on=0|1|reset=1",
     "POST /_postprocess_toggle?on=0|1|reset=1",
+    "POST /_ttft_toggle, /_ttft_429_toggle, /_tps_toggle, /_tps_429_toggle, /_rate_limit_toggle ?on=0|1|reset=1",
 ];
 
 /// `/_<name>_toggle` → the toggle's name.
@@ -31,7 +34,7 @@ pub fn toggle_name(path: &str) -> Option<&str> {
         .next()?
         .strip_prefix("/_")?
         .strip_suffix("_toggle")?;
-    matches!(name, "reject_rules" | "include_usage" | "postprocess").then_some(name)
+    TOGGLE_NAMES.contains(&name).then_some(name)
 }
 
 /// Applies `?on=0|1` or `?reset=1` to the named toggle and reports the result.
@@ -75,7 +78,73 @@ fn toggles_json(route: &Route) -> Value {
         "reject_rules": toggle_json(&t.reject_rules, c.reject_rules_enabled),
         "include_usage": toggle_json(&t.include_usage, c.include_usage),
         "postprocess": postprocess,
+        "ttft": toggle_json(&t.ttft, true),
+        "ttft_429": toggle_json(&t.ttft_429, true),
+        "tps": toggle_json(&t.tps, true),
+        "tps_429": toggle_json(&t.tps_429, true),
     })
+}
+
+fn gate_counts_json(counts: &crate::protect::gate::GateCounts) -> Value {
+    let mut by = serde_json::Map::new();
+    for gate in crate::protect::gate::Gate::ALL {
+        by.insert(gate.as_str().into(), json!(counts.get(gate)));
+    }
+    Value::Object(by)
+}
+
+fn rate_limit_json(route: &Route, registry: &Registry) -> Value {
+    let gateway = registry.gateway().load_rate_limit;
+    let (on, source) = route.rate_limit(gateway);
+    let (runtime, _) = route.runtime.toggles.rate_limit.effective(false);
+    let runtime_set = route.runtime.toggles.rate_limit.effective(false).1 == "runtime";
+    json!({
+        "on": on,
+        "source": source,
+        "layers": {
+            "runtime": runtime_set.then_some(runtime),
+            "route": route.config.protection.load_rate_limit,
+            "gateway": gateway,
+        },
+        "trips_while_off": gate_counts_json(&route.runtime.trips_while_off),
+    })
+}
+
+/// `/_429_status`: this route's 429s by gate, or with `all=1` every
+/// route's; `reset=1` (loopback only, checked by the caller) zeroes them.
+fn status_429(route: &Route, registry: &Registry, query: &str) -> Value {
+    let param = |key: &str| query.split('&').any(|kv| kv == format!("{key}=1"));
+    let snapshot = registry.snapshot();
+    let routes: Vec<&std::sync::Arc<Route>> = if param("all") {
+        let mut all: Vec<_> = snapshot.values().collect();
+        all.sort_by(|a, b| a.name().cmp(b.name()));
+        all
+    } else {
+        snapshot.get(route.name()).into_iter().collect()
+    };
+    let mut by_reason = serde_json::Map::new();
+    for gate in crate::protect::gate::Gate::ALL {
+        let n: u64 = routes.iter().map(|r| r.runtime.refusals.get(gate)).sum();
+        by_reason.insert(gate.as_str().into(), json!(n));
+    }
+    let out = json!({
+        "scope": if param("all") { "all" } else { route.name() },
+        "total": routes.iter().map(|r| r.runtime.refusals.total()).sum::<u64>(),
+        "by_reason": by_reason,
+        "by_route": routes.iter().map(|r| json!({
+            "route": r.name(),
+            "total": r.runtime.refusals.total(),
+            "by_reason": gate_counts_json(&r.runtime.refusals),
+        })).collect::<Vec<_>>(),
+        "rate_limit": rate_limit_json(route, registry),
+    });
+    if param("reset") {
+        for r in &routes {
+            r.runtime.refusals.reset();
+            r.runtime.trips_while_off.reset();
+        }
+    }
+    out
 }
 
 fn reject_rules_status(route: &Route) -> Value {
@@ -101,6 +170,11 @@ pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Opti
         "/_sessions" => Some(sessions(route)),
         "/_route_debug" => Some(route_debug(route, query.unwrap_or(""))),
         "/_ttft_status" | "/_tps_status" => Some(measurement_status(route)),
+        "/_429_status" => Some(status_429(route, registry, query.unwrap_or(""))),
+        "/_rate_limit_status" => Some(json!({
+            "route": route.config.name,
+            "rate_limit": rate_limit_json(route, registry),
+        })),
         _ => None,
     }
 }

@@ -52,13 +52,16 @@ pub enum Refusal {
 
 /// Places a request of `tokens` context tokens and reserves its slot. With
 /// `may_wait`, a new session that fits no engine's KV is refused (to wait)
-/// rather than placed anyway.
+/// rather than placed anyway. With `limits_on` false (the rate-limit switch
+/// is off) a request that finds every slot taken goes to the least-loaded
+/// candidate past its limit, and the trip is counted.
 pub fn place_with(
     route: &Route,
     pool: &[usize],
     session: Option<&SessionId>,
     tokens: u64,
     may_wait: bool,
+    limits_on: bool,
 ) -> Result<Placed, Refusal> {
     let now = now_ms();
     let cands = candidates(route, pool, now);
@@ -87,17 +90,33 @@ pub fn place_with(
     if let Some(placed) = placed {
         return Ok(placed);
     }
-    overflow(route, &cands).ok_or_else(|| Refusal::Full(concurrency_limit(route, &cands)))
+    if let Some(placed) = overflow(route, &cands, |p| p.config.max_concurrency) {
+        return Ok(placed);
+    }
+    if !limits_on {
+        route
+            .runtime
+            .trips_while_off
+            .add(crate::protect::gate::Gate::Concurrency);
+        if let Some(placed) = overflow(route, &cands, |_| u32::MAX) {
+            return Ok(placed);
+        }
+    }
+    Err(Refusal::Full(concurrency_limit(route, &cands)))
 }
 
 /// The placed peer is at its limit: this one request goes to the
 /// least-loaded candidate with room, the session's binding stays.
-fn overflow(route: &Route, cands: &[usize]) -> Option<Placed> {
+fn overflow(
+    route: &Route,
+    cands: &[usize],
+    limit: impl Fn(&crate::registry::RoutePeer) -> u32,
+) -> Option<Placed> {
     let mut by_load = cands.to_vec();
     by_load.sort_by(|&a, &b| load_ratio(route, a).total_cmp(&load_ratio(route, b)));
     by_load.into_iter().find_map(|i| {
         let p = &route.peers[i];
-        let slot = p.state.try_acquire(p.config.max_concurrency)?;
+        let slot = p.state.try_acquire(limit(p))?;
         Some(Placed {
             peer: i,
             slot,

@@ -21,6 +21,7 @@ pub(super) struct GatewayFile {
     pub max_body_size: Option<Size>,
     pub postprocess_default: Option<String>,
     pub client_idle_timeout: Option<Dur>,
+    pub load_rate_limit: Option<Flag>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,6 +53,7 @@ pub(super) struct RouteFile {
     pub tps_min_decode_s: Option<f64>,
     pub probes: Option<u32>,
     pub probe_window: Option<Dur>,
+    pub load_rate_limit: Option<Flag>,
     pub engine_api_key_file: Option<PathBuf>,
 }
 

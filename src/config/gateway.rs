@@ -27,6 +27,8 @@ pub struct GatewayConfig {
     /// How long a client's keep-alive connection may sit idle between
     /// requests before the gateway closes it (whole seconds, at least 1).
     pub client_idle_timeout: Duration,
+    /// The gateway-wide default of the load-based 429s' master switch.
+    pub load_rate_limit: bool,
 }
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -114,6 +116,7 @@ impl GatewayConfig {
             ));
         }
         Ok(GatewayConfig {
+            load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
             postprocess_default,
             listen,

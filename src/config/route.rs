@@ -258,6 +258,9 @@ pub struct Protection {
     pub ttft_limit_by_model: Vec<(String, f64)>,
     /// Decode-rate floor (tok/s); `None`: no decode-rate gate.
     pub tps_limit_tps: Option<f64>,
+    /// The route's layer of the load-based 429s' master switch (`None`:
+    /// the gateway's).
+    pub load_rate_limit: Option<bool>,
     /// Requests per `probe_window` that pass a tripped gate.
     pub probes: u32,
     pub probe_window: Duration,
@@ -308,6 +311,7 @@ fn parse_protection(at: &Locator, file: &RouteFile) -> Result<Protection, Config
         ttft_limit_ms: positive("ttft_limit_ms", file.ttft_limit_ms)?.unwrap_or(30_000.0),
         ttft_limit_by_model: by_model,
         tps_limit_tps: positive("tps_limit_tps", file.tps_limit_tps)?,
+        load_rate_limit: file.load_rate_limit.map(|f| f.0),
         probes: file.probes.unwrap_or(5),
         probe_window: file.probe_window.map_or(Duration::from_secs(10), |d| d.0),
     })

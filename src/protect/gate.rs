@@ -37,6 +37,53 @@ impl ProbeBudget {
     }
 }
 
+/// Why a load-based (or content) 429 happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    Concurrency,
+    Ttft,
+    Tps,
+    Rule,
+}
+
+impl Gate {
+    pub const ALL: [Gate; 4] = [Gate::Concurrency, Gate::Ttft, Gate::Tps, Gate::Rule];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gate::Concurrency => "concurrency",
+            Gate::Ttft => "ttft",
+            Gate::Tps => "tps",
+            Gate::Rule => "rule",
+        }
+    }
+}
+
+/// Counts per gate: real refusals, or the trips a switched-off gate let
+/// through.
+#[derive(Debug, Default)]
+pub struct GateCounts([std::sync::atomic::AtomicU64; 4]);
+
+impl GateCounts {
+    pub fn add(&self, gate: Gate) {
+        self.0[gate as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn get(&self, gate: Gate) -> u64 {
+        self.0[gate as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn total(&self) -> u64 {
+        Gate::ALL.iter().map(|&g| self.get(g)).sum()
+    }
+
+    pub fn reset(&self) {
+        for c in &self.0 {
+            c.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,11 +75,25 @@ impl Gateway {
             let pool = response::record::pool_label(route, ctx);
             let now = crate::clock::now_ms();
             let healthy = crate::balance::candidates(route, &ctx.request.pool, now).len();
-            guards::load::check(route, pool, ctx.request.model.as_deref(), healthy)?;
+            let gateway_default = self.registry.gateway().load_rate_limit;
+            guards::load::check(
+                route,
+                pool,
+                ctx.request.model.as_deref(),
+                healthy,
+                gateway_default,
+            )?;
         }
         let req = &mut ctx.request;
         let tokens = request::body::estimated_tokens(&req.body);
-        let waiting = crate::balance::place_or_wait(route, &req.pool, req.session.as_ref(), tokens);
+        let limits_on = route.rate_limit(self.registry.gateway().load_rate_limit).0;
+        let waiting = crate::balance::place_or_wait(
+            route,
+            &req.pool,
+            req.session.as_ref(),
+            tokens,
+            limits_on,
+        );
         let outcome = tokio::select! {
             outcome = waiting => outcome,
             // A client that hangs up while queued leaves the queue at once.

@@ -22,7 +22,7 @@ pub use keys::KeyState;
 pub use peer::{EngineSample, InFlightGuard, PeerState};
 pub use room::{QueuePlace, RoomSignal};
 pub use route::{Route, RoutePeer, RouteRuntime};
-pub use toggles::{Toggle, Toggles};
+pub use toggles::{Toggle, Toggles, TOGGLE_NAMES};
 
 use crate::auth::KeyFileStatus;
 use crate::config::{ConfigError, GatewayConfig, PeerConfig, RouteConfig};

@@ -34,6 +34,9 @@ pub struct RouteRuntime {
     pub queue: Arc<RoomSignal>,
     /// TTFT and decode-rate measurement per pool and peer.
     pub meter: crate::protect::meter::Meter,
+    /// 429s by gate, and the trips the rate-limit switch let through.
+    pub refusals: crate::protect::gate::GateCounts,
+    pub trips_while_off: crate::protect::gate::GateCounts,
     /// Bumped on every reload that changes this route; background tasks of an
     /// older generation stop by themselves.
     pub generation: AtomicUsize,
@@ -54,6 +57,8 @@ impl RouteRuntime {
             sessions: SessionTable::new(table_config(config)),
             queue: Arc::default(),
             meter: Default::default(),
+            refusals: Default::default(),
+            trips_while_off: Default::default(),
             generation: AtomicUsize::new(0),
             round_robin: AtomicUsize::new(0),
             toggles: Toggles::default(),
@@ -133,6 +138,30 @@ impl Route {
         match self.runtime.keys.load_full() {
             Some(own) if self.config.api_keys_file.is_some() => own,
             _ => registry.shared_keys(),
+        }
+    }
+
+    /// The load-based 429s' master switch in force, and which layer set it:
+    /// the runtime toggle, the route option, or the gateway's default.
+    pub fn rate_limit(&self, gateway_default: bool) -> (bool, &'static str) {
+        match self.runtime.toggles.rate_limit.effective(false) {
+            (on, "runtime") => (on, "runtime"),
+            _ => match self.config.protection.load_rate_limit {
+                Some(on) => (on, "route"),
+                None => (gateway_default, "gateway"),
+            },
+        }
+    }
+
+    /// Counts a gate's trip: a real 429 when the switch is on (true), or a
+    /// trip let through when it is off (false).
+    pub fn trip(&self, gate: crate::protect::gate::Gate, gateway_default: bool) -> bool {
+        if self.rate_limit(gateway_default).0 {
+            self.runtime.refusals.add(gate);
+            true
+        } else {
+            self.runtime.trips_while_off.add(gate);
+            false
         }
     }
 

@@ -40,7 +40,26 @@ pub struct Toggles {
     pub reject_rules: Toggle,
     pub include_usage: Toggle,
     pub postprocess: Toggle,
+    /// TTFT measurement and its gate / the gate alone (measure, never shed).
+    pub ttft: Toggle,
+    pub ttft_429: Toggle,
+    pub tps: Toggle,
+    pub tps_429: Toggle,
+    /// The master switch over every load-based 429.
+    pub rate_limit: Toggle,
 }
+
+/// Every toggle's name, as `/<route>/_<name>_toggle` spells it.
+pub const TOGGLE_NAMES: [&str; 8] = [
+    "reject_rules",
+    "include_usage",
+    "postprocess",
+    "ttft",
+    "ttft_429",
+    "tps",
+    "tps_429",
+    "rate_limit",
+];
 
 impl Toggles {
     pub fn by_name(&self, name: &str) -> Option<&Toggle> {
@@ -48,6 +67,11 @@ impl Toggles {
             "reject_rules" => Some(&self.reject_rules),
             "include_usage" => Some(&self.include_usage),
             "postprocess" => Some(&self.postprocess),
+            "ttft" => Some(&self.ttft),
+            "ttft_429" => Some(&self.ttft_429),
+            "tps" => Some(&self.tps),
+            "tps_429" => Some(&self.tps_429),
+            "rate_limit" => Some(&self.rate_limit),
             _ => None,
         }
     }

@@ -7,29 +7,37 @@
 use crate::clock::now_ms;
 use crate::errors::ErrorResponse;
 use crate::metrics::metrics;
-use crate::protect::gate::{tps_tripped, ttft_tripped};
+use crate::protect::gate::{tps_tripped, ttft_tripped, Gate};
 use crate::protect::meter::Scope;
 use crate::registry::Route;
 
+///
+/// `/_ttft_toggle` (`/_tps_toggle`) off takes a gate out; `/_ttft_429_toggle`
+/// off keeps it measuring but never shedding; the rate-limit switch off lets
+/// a trip through and counts it.
 pub fn check(
     route: &Route,
     pool: &str,
     model: Option<&str>,
     healthy: usize,
+    gateway_rate_limit: bool,
 ) -> Result<(), ErrorResponse> {
     let p = &route.config.protection;
+    let t = &route.runtime.toggles;
     let now = now_ms();
     let reading = route
         .runtime
         .meter
         .reading(&Scope::Pool(pool.to_string()), p.meter.ttl_ms, now);
     let ttft_limit = p.ttft_limit_for(model);
-    let tripped = if ttft_tripped(reading.ttft_ms, ttft_limit) {
-        Some(("ttft", "ttft_limit", reading.ttft_ms, ttft_limit, "p80"))
+    let ttft_on = t.ttft.is_on(true) && t.ttft_429.is_on(true);
+    let tps_on = t.tps.is_on(true) && t.tps_429.is_on(true);
+    let tripped = if ttft_on && ttft_tripped(reading.ttft_ms, ttft_limit) {
+        Some((Gate::Ttft, "ttft_limit", reading.ttft_ms, ttft_limit, "p80"))
     } else {
         match p.tps_limit_tps {
-            Some(floor) if tps_tripped(reading.tps, floor) => {
-                Some(("tps", "tps_limit", reading.tps, floor, "p20"))
+            Some(floor) if tps_on && tps_tripped(reading.tps, floor) => {
+                Some((Gate::Tps, "tps_limit", reading.tps, floor, "p20"))
             }
             _ => None,
         }
@@ -37,10 +45,14 @@ pub fn check(
     let Some((gate, error_type, ewma, limit, metric)) = tripped else {
         return Ok(());
     };
-    let budget = route.runtime.meter.probe_budget(pool, gate);
+    let budget = route.runtime.meter.probe_budget(pool, gate.as_str());
     if budget.take(now, p.probe_window.as_millis() as u64, p.probes) {
         return Ok(());
     }
+    if !route.trip(gate, gateway_rate_limit) {
+        return Ok(());
+    }
+    let gate = gate.as_str();
     metrics()
         .load_rejections
         .with_label_values(&[route.name(), gate])

@@ -33,6 +33,7 @@ pub fn check(route: &Route, req: &Admitted) -> Result<(), ErrorResponse> {
     }) else {
         return Ok(());
     };
+    route.runtime.refusals.add(crate::protect::gate::Gate::Rule);
     metrics()
         .rejections
         .with_label_values(&[route.name(), &rule.name])

@@ -43,6 +43,14 @@ pub fn answer(
     if !rest.starts_with("/_") {
         return Ok(());
     }
+    if rest.contains("reset=1") && !is_loopback_peer(session) {
+        return Err(ErrorResponse::new(
+            403,
+            "forbidden",
+            "resetting counters answers only 127.0.0.1 and ::1",
+        )
+        .into());
+    }
     Err(match endpoints::respond(route, registry, rest) {
         Some(value) => Local::Json(200, value),
         None => ErrorResponse::not_found(format!(
