@@ -255,3 +255,57 @@ fn the_rate_limit_switch_lets_load_429s_through_counts_them_and_layers_runtime_o
     assert_eq!(status["total"], 0, "{status}");
     cluster.engines[0].open_gate("rl");
 }
+
+fn adaptive_pool(gw: &Gateway) -> serde_json::Value {
+    let s = http::get(gw.addr, "/chat/_tps_status").json();
+    s["adaptive_cc"]["pools"][0].clone()
+}
+
+#[test]
+fn a_slow_decode_shrinks_the_adaptive_limit_to_its_floor_and_the_floor_refuses() {
+    let cluster = engines(1);
+    // Decode at ~25 tok/s against a floor of 1000: overloaded on every tick.
+    let route = format!(
+        "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}, max_concurrency: 10}}\n\
+         tps_limit_tps: 1000\ntps_window: 100ms\nadaptive_cc_init_frac: 1.0\n",
+        cluster.engines[0].port()
+    );
+    let gw = Gateway::start(&[("chat", route)]);
+    let start = adaptive_pool(&gw);
+    assert_eq!(
+        (start["min"].as_f64(), start["init"].as_f64()),
+        (Some(4.0), Some(10.0))
+    );
+    assert_eq!(start["limit"], 10.0);
+    // Slow streams keep the decode-rate EWMA low.
+    let stream = || {
+        http::post_json(
+            gw.addr,
+            CHAT,
+            &[("x-sim-max-tokens", "20"), ("x-sim-frame-delay-ms", "40")],
+            &json!({"model": "sim-model", "stream": true, "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": "slow"}]}),
+        )
+    };
+    wait_for(
+        "the limit to reach its floor",
+        std::time::Duration::from_secs(60),
+        || {
+            assert_eq!(stream().status(), 200);
+            (adaptive_pool(&gw)["limit"] == 4.0).then_some(())
+        },
+    );
+    assert_eq!(adaptive_pool(&gw)["last_step"], "overload");
+    // At the floor, four held streams fill the pool and a fifth is refused.
+    let held: Vec<_> = (0..4).map(|_| hold_slot(&gw, "floor")).collect();
+    let refused = http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false));
+    assert_eq!(refused.status(), 429, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["adaptive_cc"], 4.0);
+    // Control: the decode rate never caused a TPS 429 on this adaptive route.
+    assert_eq!(
+        gw.metric("llm_gateway_load_rejections_total", &["gate=\"tps\""]),
+        0.0
+    );
+    cluster.engines[0].open_gate("floor");
+    drop(held);
+}

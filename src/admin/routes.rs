@@ -268,10 +268,39 @@ fn measurement_status(route: &Route) -> Value {
         "ttft_limit_ms": protection.ttft_limit_ms,
         "ttft_limit_by_model": protection.ttft_limit_by_model.iter().map(|(m, l)| json!({"model": m, "limit_ms": l})).collect::<Vec<_>>(),
         "tps_limit_tps": protection.tps_limit_tps,
+        "adaptive_cc": adaptive_json(route),
         "probes": protection.probes,
         "probe_window_ms": protection.probe_window.as_millis() as u64,
         "series": series,
     })
+}
+
+/// Each pool's adaptive limit with its bounds, `null` when the route has
+/// none.
+fn adaptive_json(route: &Route) -> Value {
+    let Some(cfg) = route.config.protection.adaptive else {
+        return Value::Null;
+    };
+    let state = route.runtime.adaptive.lock().clone();
+    let pools: Vec<Value> = route
+        .pools()
+        .into_iter()
+        .map(|(label, pool)| {
+            let (max, in_flight) = route.pool_load(&pool);
+            let p = cfg.params(max);
+            let s = state.get(label).copied().unwrap_or_default();
+            json!({
+                "pool": label,
+                "limit": s.current.unwrap_or(p.init),
+                "min": p.min, "init": p.init, "max": p.max,
+                "in_flight": in_flight,
+                "last_step": s.last_step.map(|st| format!("{st:?}").to_lowercase()),
+                "hold_when_idle": p.hold_when_idle,
+                "use_ttft": p.use_ttft,
+            })
+        })
+        .collect();
+    json!({"pools": pools})
 }
 
 fn queue_json(route: &Route) -> Value {

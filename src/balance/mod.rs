@@ -58,6 +58,7 @@ pub enum Refusal {
 pub fn place_with(
     route: &Route,
     pool: &[usize],
+    label: &str,
     session: Option<&SessionId>,
     tokens: u64,
     may_wait: bool,
@@ -69,6 +70,19 @@ pub fn place_with(
         return Err(Refusal::NoReadyPeer(ErrorResponse::no_ready_peer(
             route.name(),
         )));
+    }
+    if let Some(limit) = route.adaptive_limit(label, pool) {
+        let (_, in_flight) = route.pool_load(pool);
+        if in_flight >= limit.floor() {
+            if limits_on {
+                let err = concurrency_limit(route, &cands).with("adaptive_cc", limit.floor());
+                return Err(Refusal::Full(err));
+            }
+            route
+                .runtime
+                .trips_while_off
+                .add(crate::protect::gate::Gate::Concurrency);
+        }
     }
     let loads = peer_loads(route, &rule_view(route, pool, &cands, now), now);
     let incoming = Incoming { tokens, may_wait };

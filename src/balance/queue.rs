@@ -30,6 +30,7 @@ pub struct Refused {
 pub async fn place_or_wait(
     route: &Route,
     pool: &[usize],
+    label: &str,
     session: Option<&SessionId>,
     tokens: u64,
     limits_on: bool,
@@ -40,14 +41,16 @@ pub async fn place_or_wait(
     // already have bound a new session to its engine.
     let now = crate::clock::now_ms();
     let warm = session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
-    match place_with(route, pool, session, tokens, may_wait, limits_on) {
+    match place_with(route, pool, label, session, tokens, may_wait, limits_on) {
         Ok(placed) => {
             return Ok(Admitted {
                 placed,
                 waited: None,
             })
         }
-        Err(Refusal::Full(error)) if !may_wait => return Err(refused_full(route, error, None)),
+        Err(Refusal::Full(error)) if !may_wait => {
+            return Err(refused_full(route, label, error, None))
+        }
         Err(Refusal::NoReadyPeer(error)) => {
             // Nothing to wait for: no peer is up.
             return Err(Refused {
@@ -68,7 +71,7 @@ pub async fn place_or_wait(
         let (warm_waiting, _) = signal.waiting();
         // A new session lets waiting warm turns go first.
         if warm || warm_waiting == 0 {
-            match place_with(route, pool, session, tokens, true, limits_on) {
+            match place_with(route, pool, label, session, tokens, true, limits_on) {
                 Ok(placed) => {
                     return Ok(Admitted {
                         placed,
@@ -95,19 +98,21 @@ pub async fn place_or_wait(
     // Out of time (or draining): what it would have had without a queue. A
     // new session that only lacked KV room is placed anyway if a slot is free.
     let waited = Some(started.elapsed());
-    match place_with(route, pool, session, tokens, false, limits_on) {
+    match place_with(route, pool, label, session, tokens, false, limits_on) {
         Ok(placed) => Ok(Admitted { placed, waited }),
         Err(Refusal::NoReadyPeer(error)) => Err(Refused { error, waited }),
-        Err(Refusal::Full(error)) => Err(refused_full(route, error, waited)),
+        Err(Refusal::Full(error)) => Err(refused_full(route, label, error, waited)),
     }
 }
 
 /// A concurrency 429: counted as the route's real refusal.
 fn refused_full(
     route: &Route,
+    label: &str,
     error: crate::errors::ErrorResponse,
     waited: Option<Duration>,
 ) -> Refused {
+    route.adaptive_rejected(label);
     route
         .runtime
         .refusals

@@ -54,6 +54,12 @@ pub(super) struct RouteFile {
     pub probes: Option<u32>,
     pub probe_window: Option<Dur>,
     pub load_rate_limit: Option<Flag>,
+    pub adaptive_cc: Option<Flag>,
+    pub adaptive_cc_min: Option<f64>,
+    pub adaptive_cc_init: Option<f64>,
+    pub adaptive_cc_init_frac: Option<f64>,
+    pub adaptive_cc_hold_when_idle: Option<Flag>,
+    pub adaptive_cc_use_ttft: Option<Flag>,
     pub engine_api_key_file: Option<PathBuf>,
 }
 

@@ -15,8 +15,8 @@ pub use gateway::{
     DEFAULT_GRACE_PERIOD, DEFAULT_MAX_BODY_SIZE,
 };
 pub use route::{
-    route_name_of, valid_route_name, Balancing, EngineMetricsConfig, HealthConfig, Mode,
-    PeerConfig, Protection, RouteConfig, Timeouts, MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
+    route_name_of, valid_route_name, AdaptiveConfig, Balancing, EngineMetricsConfig, HealthConfig,
+    Mode, PeerConfig, Protection, RouteConfig, Timeouts, MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
 };
 
 use std::fmt;

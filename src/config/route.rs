@@ -261,9 +261,41 @@ pub struct Protection {
     /// The route's layer of the load-based 429s' master switch (`None`:
     /// the gateway's).
     pub load_rate_limit: Option<bool>,
+    /// Adaptive concurrency: the pool's limit moves by AIMD between its
+    /// bounds (on by default when a decode-rate floor is set).
+    pub adaptive: Option<AdaptiveConfig>,
     /// Requests per `probe_window` that pass a tripped gate.
     pub probes: u32,
     pub probe_window: Duration,
+}
+
+/// The adaptive limit's settings that a route may set; the rest of the
+/// AIMD parameters keep the seed's values (`protect::aimd::AimdParams`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveConfig {
+    /// Floor in slots; default `max(1, floor(0.4 × static max))` per pool.
+    pub min: Option<f64>,
+    /// Start point in slots, or as a fraction of the static max.
+    pub init: Option<f64>,
+    pub init_frac: Option<f64>,
+    pub hold_when_idle: bool,
+    pub use_ttft: bool,
+}
+
+impl AdaptiveConfig {
+    /// The AIMD parameters for a pool whose static limit is `max`. An init
+    /// outside `[min, max]` falls back to `min`.
+    pub fn params(&self, max: f64) -> crate::protect::aimd::AimdParams {
+        let mut p = crate::protect::aimd::AimdParams::for_max(max);
+        if let Some(min) = self.min {
+            p.min = min.clamp(1.0, max.max(1.0));
+        }
+        let init = self.init.or(self.init_frac.map(|f| (f * max).floor()));
+        p.init = init.filter(|i| (p.min..=max).contains(i)).unwrap_or(p.min);
+        p.hold_when_idle = self.hold_when_idle;
+        p.use_ttft = self.use_ttft;
+        p
+    }
 }
 
 impl Protection {
@@ -312,9 +344,30 @@ fn parse_protection(at: &Locator, file: &RouteFile) -> Result<Protection, Config
         ttft_limit_by_model: by_model,
         tps_limit_tps: positive("tps_limit_tps", file.tps_limit_tps)?,
         load_rate_limit: file.load_rate_limit.map(|f| f.0),
+        adaptive: adaptive_config(at, file)?,
         probes: file.probes.unwrap_or(5),
         probe_window: file.probe_window.map_or(Duration::from_secs(10), |d| d.0),
     })
+}
+
+fn adaptive_config(at: &Locator, file: &RouteFile) -> Result<Option<AdaptiveConfig>, ConfigError> {
+    let on = flag(file.adaptive_cc, file.tps_limit_tps.is_some());
+    if !on {
+        return Ok(None);
+    }
+    if file.adaptive_cc_min.is_some_and(|m| m.is_nan() || m < 1.0) {
+        return Err(at.at_key(
+            "adaptive_cc_min",
+            "adaptive_cc_min must be at least 1".into(),
+        ));
+    }
+    Ok(Some(AdaptiveConfig {
+        min: file.adaptive_cc_min,
+        init: file.adaptive_cc_init,
+        init_frac: file.adaptive_cc_init_frac,
+        hold_when_idle: flag(file.adaptive_cc_hold_when_idle, true),
+        use_ttft: flag(file.adaptive_cc_use_ttft, true),
+    }))
 }
 
 fn flag(value: Option<Flag>, default: bool) -> bool {

@@ -61,6 +61,20 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
                 ));
             }
         }
+        if let Some(_adaptive) = route.config.protection.adaptive {
+            let (route, registry) = (Arc::clone(route), Arc::clone(registry));
+            let every = Duration::from_millis(route.config.protection.meter.tps_window_ms.max(50));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                while current(&registry, &route, generation) {
+                    tick.tick().await;
+                    route.adaptive_tick(now_ms());
+                    // A raised limit is room for whoever waits.
+                    route.runtime.queue.room_may_have_freed();
+                }
+            });
+        }
         let sweeper_route = Arc::clone(route);
         let sweeper_registry = Arc::clone(registry);
         tokio::spawn(async move {

@@ -61,8 +61,9 @@ impl Gateway {
         request::forward(session, &rest, body_pending).await
     }
 
-    /// Model pool and placement: the peer and its reserved slot, after a
-    /// wait in the route's admission queue if it has one and no peer has room.
+    /// Model pool, load gates, placement: the peer and its reserved slot,
+    /// after a wait in the route's admission queue if it has one and no
+    /// peer has room.
     async fn place(
         &self,
         session: &mut Session,
@@ -71,25 +72,19 @@ impl Gateway {
     ) -> Result<(), Local> {
         let req = &mut ctx.request;
         req.pool = crate::balance::model_pool(route, req.model.as_deref())?;
+        let label = response::record::pool_label(route, req.model.as_deref());
+        let gateway_rate_limit = self.registry.gateway().load_rate_limit;
         if req.json_object {
-            let pool = response::record::pool_label(route, ctx);
-            let now = crate::clock::now_ms();
-            let healthy = crate::balance::candidates(route, &ctx.request.pool, now).len();
-            let gateway_default = self.registry.gateway().load_rate_limit;
-            guards::load::check(
-                route,
-                pool,
-                ctx.request.model.as_deref(),
-                healthy,
-                gateway_default,
-            )?;
+            let healthy = crate::balance::candidates(route, &req.pool, crate::clock::now_ms());
+            let model = req.model.as_deref();
+            guards::load::check(route, label, model, healthy.len(), gateway_rate_limit)?;
         }
-        let req = &mut ctx.request;
+        let limits_on = route.rate_limit(gateway_rate_limit).0;
         let tokens = request::body::estimated_tokens(&req.body);
-        let limits_on = route.rate_limit(self.registry.gateway().load_rate_limit).0;
         let waiting = crate::balance::place_or_wait(
             route,
             &req.pool,
+            label,
             req.session.as_ref(),
             tokens,
             limits_on,
@@ -102,12 +97,12 @@ impl Gateway {
         let (placed, waited) = match outcome {
             Ok(admitted) => (admitted.placed, admitted.waited),
             Err(refused) => {
-                req.queued = refused.waited;
+                ctx.request.queued = refused.waited;
                 record_queue_wait(route, refused.waited);
                 return Err(refused.error.into());
             }
         };
-        req.queued = waited;
+        ctx.request.queued = waited;
         record_queue_wait(route, waited);
         metrics()
             .placements
@@ -118,7 +113,7 @@ impl Gateway {
                 placed.placement.reason.map_or("none", |r| r.as_str()),
             ])
             .inc();
-        req.placement = Some(placed.placement);
+        ctx.request.placement = Some(placed.placement);
         ctx.upstream.peer = Some(placed.peer);
         ctx.upstream.slot = Some(placed.slot);
         Ok(())

@@ -25,6 +25,21 @@ pub struct RoutePeer {
     pub addr: Option<SocketAddr>,
 }
 
+/// One pool's adaptive concurrency limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AdaptivePool {
+    /// `None`: fresh or expired (the next tick starts at init).
+    pub current: Option<f64>,
+    pub updated_ms: u64,
+    /// Concurrency refusals since the last tick.
+    pub rejected: u64,
+    pub last_step: Option<crate::protect::aimd::Step>,
+}
+
+/// An adaptive limit not moved for this long starts again at init, unless
+/// the route holds it when idle.
+const ADAPTIVE_TTL_MS: u64 = 300_000;
+
 /// Per-route state that survives reloads.
 pub struct RouteRuntime {
     peers: Mutex<HashMap<String, Arc<PeerState>>>,
@@ -36,6 +51,8 @@ pub struct RouteRuntime {
     pub meter: crate::protect::meter::Meter,
     /// 429s by gate, and the trips the rate-limit switch let through.
     pub refusals: crate::protect::gate::GateCounts,
+    /// The adaptive limit of each pool (`"_"` without pools).
+    pub adaptive: Mutex<HashMap<String, AdaptivePool>>,
     pub trips_while_off: crate::protect::gate::GateCounts,
     /// Bumped on every reload that changes this route; background tasks of an
     /// older generation stop by themselves.
@@ -58,6 +75,7 @@ impl RouteRuntime {
             queue: Arc::default(),
             meter: Default::default(),
             refusals: Default::default(),
+            adaptive: Mutex::new(HashMap::new()),
             trips_while_off: Default::default(),
             generation: AtomicUsize::new(0),
             round_robin: AtomicUsize::new(0),
@@ -162,6 +180,83 @@ impl Route {
         } else {
             self.runtime.trips_while_off.add(gate);
             false
+        }
+    }
+
+    /// The pools of this route by label, with their peers.
+    pub fn pools(&self) -> Vec<(&str, Vec<usize>)> {
+        if self.config.peers_by_model.is_empty() {
+            return vec![("_", (0..self.peers.len()).collect())];
+        }
+        self.config
+            .peers_by_model
+            .iter()
+            .map(|(m, idx)| (m.as_str(), idx.clone()))
+            .collect()
+    }
+
+    /// The pool's summed `max_concurrency` and requests in flight.
+    pub fn pool_load(&self, pool: &[usize]) -> (f64, f64) {
+        let peers = pool.iter().filter_map(|&i| self.peers.get(i));
+        peers.fold((0.0, 0.0), |(max, inf), p| {
+            (
+                max + f64::from(p.config.max_concurrency),
+                inf + f64::from(p.state.in_flight()),
+            )
+        })
+    }
+
+    /// The adaptive limit in force for `label`, when the route has one.
+    pub fn adaptive_limit(&self, label: &str, pool: &[usize]) -> Option<f64> {
+        let cfg = self.config.protection.adaptive?;
+        let (max, _) = self.pool_load(pool);
+        let params = cfg.params(max);
+        let state = self.runtime.adaptive.lock().get(label).copied();
+        Some(state.and_then(|s| s.current).unwrap_or(params.init))
+    }
+
+    /// Notes a concurrency refusal for the pool's next tick.
+    pub fn adaptive_rejected(&self, label: &str) {
+        if self.config.protection.adaptive.is_some() {
+            let mut pools = self.runtime.adaptive.lock();
+            pools.entry(label.to_string()).or_default().rejected += 1;
+        }
+    }
+
+    /// One AIMD step for every pool (the route's sweeper calls it every
+    /// `tps_window`).
+    pub fn adaptive_tick(&self, now_ms: u64) {
+        let Some(cfg) = self.config.protection.adaptive else {
+            return;
+        };
+        let p = &self.config.protection;
+        for (label, pool) in self.pools() {
+            let (max, in_flight) = self.pool_load(&pool);
+            let params = cfg.params(max);
+            let reading = self.runtime.meter.reading(
+                &crate::protect::meter::Scope::Pool(label.to_string()),
+                p.meter.ttl_ms,
+                now_ms,
+            );
+            let mut pools = self.runtime.adaptive.lock();
+            let state = pools.entry(label.to_string()).or_default();
+            let expired = !params.hold_when_idle
+                && now_ms.saturating_sub(state.updated_ms) >= ADAPTIVE_TTL_MS;
+            let input = crate::protect::aimd::TickInput {
+                current: state.current.filter(|_| !expired),
+                in_flight,
+                rejected: std::mem::take(&mut state.rejected),
+                tps: reading.tps,
+                tps_floor: p.tps_limit_tps,
+                ttft: reading.ttft_ms,
+                ttft_limit: Some(p.ttft_limit_for((label != "_").then_some(label))),
+            };
+            let (next, step) = crate::protect::aimd::step(&params, &input);
+            if step != crate::protect::aimd::Step::NoSignal {
+                state.updated_ms = now_ms;
+            }
+            state.current = next;
+            state.last_step = Some(step);
         }
     }
 

@@ -31,7 +31,9 @@ pub fn check(
         .reading(&Scope::Pool(pool.to_string()), p.meter.ttl_ms, now);
     let ttft_limit = p.ttft_limit_for(model);
     let ttft_on = t.ttft.is_on(true) && t.ttft_429.is_on(true);
-    let tps_on = t.tps.is_on(true) && t.tps_429.is_on(true);
+    // An adaptive route answers a slow decode rate with a lower limit, not
+    // with decode-rate 429s.
+    let tps_on = t.tps.is_on(true) && t.tps_429.is_on(true) && p.adaptive.is_none();
     let tripped = if ttft_on && ttft_tripped(reading.ttft_ms, ttft_limit) {
         Some((Gate::Ttft, "ttft_limit", reading.ttft_ms, ttft_limit, "p80"))
     } else {

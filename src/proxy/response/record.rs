@@ -78,7 +78,7 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
         completion_tokens: pipeline.usage().map(|u| u.completion_tokens),
         content_frames: pipeline.content_events(),
     };
-    let pool = pool_label(route, ctx);
+    let pool = pool_label(route, ctx.request.model.as_deref());
     let peer = ctx.peer_name();
     let cfg = &route.config.protection.meter;
     let tps = route
@@ -98,11 +98,11 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
 }
 
 /// The model pool a request was placed in, `"_"` for a route without pools.
-pub fn pool_label<'a>(route: &Route, ctx: &'a RequestCtx) -> &'a str {
+pub fn pool_label<'a>(route: &Route, model: Option<&'a str>) -> &'a str {
     if route.config.peers_by_model.is_empty() {
         return "_";
     }
-    ctx.request.model.as_deref().unwrap_or("_")
+    model.unwrap_or("_")
 }
 
 /// Status codes as label values without a per-request allocation.
