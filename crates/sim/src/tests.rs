@@ -470,6 +470,38 @@ async fn lru_evicts_least_recently_used_prefix() {
     assert_eq!(metric(&h, "vllm:kv_cache_usage_perc").await, 0.0);
 }
 
+#[tokio::test]
+async fn metrics_export_cache_config_info_like_vllm() {
+    // 1000 tokens in 16-token blocks: 62 whole blocks, the rest unreported.
+    let h = engine(EngineConfig {
+        kv_capacity_tokens: 1_000,
+        block_tokens: 16,
+        ..EngineConfig::default()
+    })
+    .await;
+    let resp = Client::connect(&h).await.request(&get("/metrics")).await;
+    assert_eq!(resp.status, 200);
+    let text = String::from_utf8(resp.body).expect("UTF-8 metrics");
+    assert!(
+        text.contains("# TYPE vllm:cache_config_info gauge\n"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l == "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"62\"} 1"),
+        "{text}"
+    );
+    // The default config: 200k tokens, 16-token blocks.
+    let d = engine(EngineConfig::default()).await;
+    let text = Client::connect(&d)
+        .await
+        .request(&get("/metrics"))
+        .await
+        .body;
+    assert!(String::from_utf8_lossy(&text)
+        .contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"12500\"} 1"));
+}
+
 fn stream_body(max_tokens: u64) -> String {
     chat(
         user("stream me"),
