@@ -974,6 +974,56 @@ fn spawn_engines_serves_sync_callers_until_dropped() {
 }
 
 #[tokio::test]
+async fn cluster_engines_take_their_own_configs_and_restart_cold_on_the_same_port() {
+    let slow = EngineConfig {
+        kv_capacity_tokens: 3_200,
+        ..EngineConfig::default()
+    };
+    let mut cluster = spawn_engines_with(vec![EngineConfig::default(), slow], 0).expect("spawn");
+    let text = Client::connect(&cluster.engines[1])
+        .await
+        .request(&get("/metrics"))
+        .await
+        .body;
+    // 3200 tokens in 16-token blocks.
+    assert!(String::from_utf8_lossy(&text).contains("num_gpu_blocks=\"200\""));
+
+    let (turn1, _) = conversation();
+    let send = |h: EngineHandle, body: String| async move {
+        let mut c = Client::connect(&h).await;
+        let v = c
+            .request(&post("/v1/chat/completions", &body, &[]))
+            .await
+            .json();
+        cached_tokens(&v["usage"])
+    };
+    let old = cluster.engines[0].clone();
+    assert_eq!(send(old.clone(), turn1.clone()).await, 0);
+    assert_eq!(send(old.clone(), turn1.clone()).await, 96, "warm");
+    old.shutdown();
+    assert!(
+        TcpStream::connect(old.addr).await.is_err(),
+        "refused while down"
+    );
+
+    let new = cluster.restart(0).await.expect("restart");
+    assert_eq!(new.addr, old.addr);
+    assert_eq!(cluster.engines[0].addr, old.addr);
+    assert_eq!(
+        send(new.clone(), turn1.clone()).await,
+        0,
+        "the cache starts empty"
+    );
+    assert_eq!(new.stats.requests.load(Ordering::SeqCst), 1);
+    assert!(cluster.restart(5).await.is_err());
+    drop(cluster);
+    assert!(
+        TcpStream::connect(new.addr).await.is_err(),
+        "the new engine stops too"
+    );
+}
+
+#[tokio::test]
 async fn timings_follow_config_and_headers() {
     // Only lower bounds: a loaded machine can make things slower, never faster.
     let h = engine(EngineConfig {
