@@ -59,6 +59,17 @@ pub fn route_yaml(spec: &RouteSpec) -> String {
     out
 }
 
+/// Appends `extra` (`--route-extra`) verbatim, on lines of its own.
+pub fn append_extra(route: &mut String, extra: &str) {
+    if !route.ends_with('\n') {
+        route.push('\n');
+    }
+    route.push_str(extra);
+    if !extra.ends_with('\n') {
+        route.push('\n');
+    }
+}
+
 pub fn gateway_yaml(
     listen: SocketAddr,
     admin: SocketAddr,
@@ -219,5 +230,15 @@ mod tests {
         assert!(y.contains("{name: e1, host: 127.0.0.1, port: 4002, max_concurrency: 256}"));
         assert!(y.contains("mode: load_aware"));
         assert!(y.contains("engine_metrics: {interval: 200ms}"));
+    }
+
+    #[test]
+    fn route_extra_is_appended_verbatim_on_its_own_lines() {
+        let mut y = "a: 1\n".to_string();
+        append_extra(&mut y, "queue_timeout: 30s");
+        assert_eq!(y, "a: 1\nqueue_timeout: 30s\n");
+        let mut y = "a: 1".to_string();
+        append_extra(&mut y, "b:\n  c: 2\n");
+        assert_eq!(y, "a: 1\nb:\n  c: 2\n");
     }
 }
