@@ -13,7 +13,8 @@
 //! prompt cache hit rate, prefill against a perfect cache and how sessions
 //! were bound to engines (`analysis.rs`), errors, the gateway's placement
 //! counters (spills, migrations) over the measured window, and how the
-//! engines' load was spread. Progress goes to stderr every few seconds.
+//! engines' load was spread. Progress goes to stderr every few seconds;
+//! `--plot` draws the results (`plot.rs`).
 //!
 //! Everything listens on 127.0.0.1; the gateway process is killed on every
 //! way out (see `gateway.rs`), Ctrl-C and SIGTERM included.
@@ -22,6 +23,7 @@ mod analysis;
 mod client;
 mod gateway;
 mod options;
+mod plot;
 mod progress;
 mod reference;
 mod report;
@@ -191,6 +193,15 @@ async fn run_plan(opts: Options) -> i32 {
         println!("{}", report::markdown(&results, elapsed));
     }
     let mut code = 0;
+    if let Some(path) = &opts.plot {
+        match plot::draw(path, &results) {
+            Ok(()) => eprintln!("llm-gateway bench: wrote {}", path.display()),
+            Err(e) => {
+                eprintln!("llm-gateway bench: cannot draw {}: {e}", path.display());
+                code = 1;
+            }
+        }
+    }
     let failed: Vec<String> = results
         .iter()
         .filter(|s| !s.plan.scenario.errors_expected())

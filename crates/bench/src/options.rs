@@ -14,7 +14,7 @@ caches), a gateway in that mode over them, and the scenario's seeded workload. T
 cell runs no gateway: the client sends a session's first turn to the engine with the fewest of \
 its requests in flight (ties: fewest sessions) and later turns to the same engine, what an ideal \
 sticky router would do, to compare every mode against. Progress goes to stderr every 5 s; a \
-markdown table per scenario (or JSON with --json) to stdout.
+markdown table per scenario (or JSON with --json) to stdout; --plot writes one SVG.
 
 Exits 1 if a cell of uniform, skewed or slow-engine had more than 1% errors (in failover and \
 overload errors are a result), 2 on bad arguments.";
@@ -74,6 +74,11 @@ pub struct BenchArgs {
     /// Also write every request (JSON lines) to FILE
     #[arg(long, value_name = "FILE", help_heading = "Run shape")]
     pub records: Option<PathBuf>,
+    /// Draw the results into one SVG file: per scenario a row with the TTFT
+    /// distribution (CDF, one line per cell) and, per cell, the requests in
+    /// each engine over the measured window
+    #[arg(long, value_name = "FILE.svg", help_heading = "Run shape")]
+    pub plot: Option<PathBuf>,
 
     /// Shared system prompt [default: 2000]
     #[arg(long, value_name = "N", value_parser = positive::<usize>, help_heading = "Workload (per session)")]
@@ -160,6 +165,7 @@ pub struct Options {
     pub threads: usize,
     pub gateway: Option<PathBuf>,
     pub records: Option<PathBuf>,
+    pub plot: Option<PathBuf>,
     pub route_extra: Option<String>,
 }
 
@@ -188,6 +194,7 @@ impl Default for Options {
             threads: 2,
             gateway: None,
             records: None,
+            plot: None,
             route_extra: None,
         }
     }
@@ -261,6 +268,7 @@ impl BenchArgs {
             threads: self.threads.unwrap_or(d.threads),
             gateway: self.gateway,
             records: self.records,
+            plot: self.plot,
             route_extra: self.route_extra,
         };
         if self.realistic_scale && o.time_scale == 1.0 {
@@ -690,7 +698,7 @@ mod tests {
         );
         let o = parse(
             "--scenario uniform,failover --scenario skewed --scenario=failover \
-             --scenario slow-engine,overload --route-extra queue_timeout:30s",
+             --scenario slow-engine,overload --route-extra queue_timeout:30s --plot /tmp/x.svg",
         )
         .unwrap();
         use Scenario::*;
@@ -699,6 +707,7 @@ mod tests {
             vec![Uniform, Failover, Skewed, SlowEngine, Overload]
         );
         assert_eq!(o.route_extra.as_deref(), Some("queue_timeout:30s"));
+        assert_eq!(o.plot, Some(PathBuf::from("/tmp/x.svg")));
         // The reference cell needs no gateway binary.
         assert!(parse("--gateway /nonexistent/gw --modes reference").is_ok());
     }

@@ -31,6 +31,8 @@ pub struct ModeResult {
     pub error_kinds: BTreeMap<String, usize>,
     pub cut: u64,
     pub first_error: Option<String>,
+    /// TTFT of every measured successful request, seconds (for the plot).
+    pub ttft_samples: Vec<f64>,
     pub ttft_p50: Option<f64>,
     pub ttft_p95: Option<f64>,
     pub ttft_p99: Option<f64>,
@@ -65,6 +67,9 @@ pub struct ModeResult {
     pub engine_queue: Vec<f64>,
     /// Mean share of each engine's KV committed to running sequences.
     pub kv_committed: Vec<Option<f64>>,
+    /// Requests in each engine every 100 ms: (seconds since the cell's
+    /// start, per engine).
+    pub load_series: Vec<(f64, Vec<u32>)>,
     /// Gateway CPU over the window, in cores.
     pub gateway_cpu: Option<f64>,
     /// This process (client and engines) over the window, in cores.
@@ -221,6 +226,7 @@ pub fn summarize(
         error_kinds,
         cut,
         first_error: done.iter().find_map(|r| r.error.clone()),
+        ttft_samples: ttft.clone(),
         ttft_p50: percentile(&ttft, 50.0),
         ttft_p95: percentile(&ttft, 95.0),
         ttft_p99: percentile(&ttft, 99.0),
@@ -246,6 +252,7 @@ pub fn summarize(
         new_sessions_per_peer,
         engine_load: per_engine(&load.in_engine),
         engine_queue: per_engine(&load.queued),
+        load_series: load.series.clone(),
         kv_committed: observed.kv_committed.clone(),
         gateway_cpu: cpu(after.gateway_cpu, before.gateway_cpu),
         bench_cpu: cpu(after.bench_cpu, before.bench_cpu),
