@@ -59,6 +59,22 @@ pub fn route_yaml(spec: &RouteSpec) -> String {
     out
 }
 
+/// Whether the admin `/_routes` answer lists `route`: a route file the
+/// gateway rejects (a typo in `--route-extra`, an option an older build
+/// does not know) leaves the gateway up and every request a 404.
+pub fn routes_list(body: &[u8], route: &str) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    v.get("routes")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|routes| {
+            routes
+                .iter()
+                .any(|r| r.get("name").and_then(serde_json::Value::as_str) == Some(route))
+        })
+}
+
 /// Appends `extra` (`--route-extra`) verbatim, on lines of its own.
 pub fn append_extra(route: &mut String, extra: &str) {
     if !route.ends_with('\n') {
@@ -230,6 +246,15 @@ mod tests {
         assert!(y.contains("{name: e1, host: 127.0.0.1, port: 4002, max_concurrency: 256}"));
         assert!(y.contains("mode: load_aware"));
         assert!(y.contains("engine_metrics: {interval: 200ms}"));
+    }
+
+    #[test]
+    fn loaded_routes_are_read_from_the_admin_listing() {
+        let body = br#"{"routes":[{"name":"other"},{"name":"bench","mode":"hash"}]}"#;
+        assert!(routes_list(body, "bench"));
+        assert!(!routes_list(br#"{"routes":[{"name":"other"}]}"#, "bench"));
+        assert!(!routes_list(br#"{"routes":[]}"#, "bench"));
+        assert!(!routes_list(b"not json", "bench"));
     }
 
     #[test]

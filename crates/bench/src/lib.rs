@@ -521,6 +521,7 @@ async fn run_mode(
                 gateway::append_extra(&mut route, extra);
             }
             let g = GatewayProcess::start(exe, &dir.0, ROUTE, &route, plan.opts.threads).await?;
+            wait_for_route(&g).await?;
             // Let the first engine-metrics scrape land so load_aware starts
             // with fresh engine numbers, as it would in steady state.
             sleep(Duration::from_millis(500)).await;
@@ -634,6 +635,27 @@ async fn run_mode(
         lag,
     };
     Ok(report::summarize(mode, plan, &records, cut, &window))
+}
+
+/// Waits until the gateway lists the bench route (it loads route files
+/// next to serving `/healthz`); a gateway without the admin listing (an
+/// older build) is taken at its word.
+async fn wait_for_route(g: &GatewayProcess) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match client::get(g.admin, "/_routes", Duration::from_secs(3)).await {
+            Ok((200, body)) if gateway::routes_list(&body, ROUTE) => return Ok(()),
+            Ok((200, _)) if Instant::now() < deadline => {}
+            Ok((200, _)) => {
+                return Err(format!(
+                    "the gateway did not load route {ROUTE:?} (check --route-extra); log:\n{}",
+                    g.log_tail()
+                ))
+            }
+            _ => return Ok(()),
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A session slot's way to the engines: its keep-alive connection (to the
