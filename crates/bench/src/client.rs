@@ -298,6 +298,18 @@ impl Conn {
         })
     }
 
+    /// Whether the peer has closed this idle connection (or sent bytes
+    /// nobody asked for): a keep-alive pool checks before reusing one, so a
+    /// connection an engine dropped while the session was thinking costs a
+    /// reconnect, not a failed request.
+    pub fn is_closed(&self) -> bool {
+        let mut probe = [0u8; 1];
+        match self.stream.try_read(&mut probe) {
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            Ok(_) => true,
+        }
+    }
+
     async fn fill(&mut self) -> Result<usize, String> {
         self.buf.reserve(16 * 1024);
         self.stream
@@ -593,6 +605,21 @@ mod tests {
         assert!(d
             .decode(&mut BytesMut::from(&b"2\r\nabc\r\n"[..]), &mut out)
             .is_err());
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_peer_closed_is_noticed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conn = Conn::connect(addr).await.unwrap();
+        let (server_side, _) = listener.accept().await.unwrap();
+        assert!(!conn.is_closed());
+        drop(server_side);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !conn.is_closed() {
+            assert!(Instant::now() < deadline, "close not seen");
+            tokio::time::sleep(ms(10)).await;
+        }
     }
 
     #[test]

@@ -59,6 +59,33 @@ pub fn route_yaml(spec: &RouteSpec) -> String {
     out
 }
 
+/// Whether the admin `/_routes` answer lists `route`: a route file the
+/// gateway rejects (a typo in `--route-extra`, an option an older build
+/// does not know) leaves the gateway up and every request a 404.
+pub fn routes_list(body: &[u8], route: &str) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    v.get("routes")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|routes| {
+            routes
+                .iter()
+                .any(|r| r.get("name").and_then(serde_json::Value::as_str) == Some(route))
+        })
+}
+
+/// Appends `extra` (`--route-extra`) verbatim, on lines of its own.
+pub fn append_extra(route: &mut String, extra: &str) {
+    if !route.ends_with('\n') {
+        route.push('\n');
+    }
+    route.push_str(extra);
+    if !extra.ends_with('\n') {
+        route.push('\n');
+    }
+}
+
 pub fn gateway_yaml(
     listen: SocketAddr,
     admin: SocketAddr,
@@ -219,5 +246,24 @@ mod tests {
         assert!(y.contains("{name: e1, host: 127.0.0.1, port: 4002, max_concurrency: 256}"));
         assert!(y.contains("mode: load_aware"));
         assert!(y.contains("engine_metrics: {interval: 200ms}"));
+    }
+
+    #[test]
+    fn loaded_routes_are_read_from_the_admin_listing() {
+        let body = br#"{"routes":[{"name":"other"},{"name":"bench","mode":"hash"}]}"#;
+        assert!(routes_list(body, "bench"));
+        assert!(!routes_list(br#"{"routes":[{"name":"other"}]}"#, "bench"));
+        assert!(!routes_list(br#"{"routes":[]}"#, "bench"));
+        assert!(!routes_list(b"not json", "bench"));
+    }
+
+    #[test]
+    fn route_extra_is_appended_verbatim_on_its_own_lines() {
+        let mut y = "a: 1\n".to_string();
+        append_extra(&mut y, "queue_timeout: 30s");
+        assert_eq!(y, "a: 1\nqueue_timeout: 30s\n");
+        let mut y = "a: 1".to_string();
+        append_extra(&mut y, "b:\n  c: 2\n");
+        assert_eq!(y, "a: 1\nb:\n  c: 2\n");
     }
 }

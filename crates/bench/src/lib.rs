@@ -1,29 +1,39 @@
 //! `llm-gateway bench`: replay of coding-agent sessions through the gateway.
 //!
-//! For each placement mode, in one run: fresh simulated engines (cold
-//! caches), a gateway child process with one route over them in that mode,
-//! and the same seeded workload (`workload.rs`) replayed by one task per
-//! session slot over a keep-alive connection (`client.rs`). Each mode runs
-//! for `--duration`; requests started in the first `--warmup` are not
-//! measured (the run opens with every slot's first, pre-aged session arriving
-//! cold everywhere). Measured per mode: TTFT, per-request decode speed,
-//! output tokens/s, prompt cache hit rate, errors, the gateway's placement
+//! A run is scenarios (`scenario.rs`: presets over the workload and the
+//! engines) times modes; each (scenario, mode) pair is a cell. Per cell:
+//! fresh simulated engines (cold caches), a gateway child process with one
+//! route over them in that mode (none for the `reference` cell, where the
+//! client places sessions itself, `reference.rs`), and the scenario's seeded
+//! workload (`workload.rs`) replayed by one task per session slot over a
+//! keep-alive connection (`client.rs`). Each cell runs for `--duration`;
+//! requests started in the first `--warmup` are not measured (the run opens
+//! with every slot's first, pre-aged session arriving cold everywhere).
+//! Measured per cell: TTFT, per-request decode speed, output tokens/s,
+//! prompt cache hit rate, prefill against a perfect cache and how sessions
+//! were bound to engines (`analysis.rs`), errors, the gateway's placement
 //! counters (spills, migrations) over the measured window, and how the
-//! engines' load was spread.
+//! engines' load was spread. Progress goes to stderr every few seconds;
+//! `--plot` draws the results (`plot.rs`).
 //!
 //! Everything listens on 127.0.0.1; the gateway process is killed on every
 //! way out (see `gateway.rs`), Ctrl-C and SIGTERM included.
 
+mod analysis;
 mod client;
 mod gateway;
 mod options;
+mod plot;
+mod progress;
+mod reference;
 mod report;
+mod scenario;
 mod stats;
 mod workload;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,24 +42,34 @@ use parking_lot::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
-use client::{Conn, Usage};
+use client::{Conn, Exchange, Usage};
 use gateway::{GatewayProcess, RouteSpec, TempDir};
-use llm_gateway_sim::{spawn_engines, EngineHandle};
+use llm_gateway_sim::{spawn_engines_with, EngineStats};
 pub use options::BenchArgs;
-use options::{Options, Plan};
-use report::ModeResult;
+use options::{fmt_secs, Options, Plan, REFERENCE};
+use progress::Progress;
+use reference::Placer;
+use report::{ModeResult, ScenarioResult};
 use stats::Sample;
 use workload::Workload;
 
 const ROUTE: &str = "bench";
 const MODEL: &str = "sim-model";
+/// Where the reference cell sends requests: the engines' own API.
+const DIRECT_PATH: &str = "/v1/chat/completions";
 /// A request taking longer than this is an error, whatever the mode.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
-/// After a mode's duration, in-flight requests get this long to finish
+/// After a cell's duration, in-flight requests get this long to finish
 /// before they are cut (cut requests are reported, not counted as errors).
 const DRAIN: Duration = Duration::from_secs(30);
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
-/// Error share above which the run exits non-zero.
+/// How often the sessions bound to each engine are counted from the records.
+const BINDINGS_EVERY: Duration = Duration::from_millis(500);
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// How often each engine's KV gauge is scraped over the window.
+const KV_EVERY: Duration = Duration::from_secs(1);
+/// Error share above which the run exits non-zero (in scenarios where
+/// errors are not the point, see `Scenario::errors_expected`).
 const MAX_ERROR_RATE: f64 = 0.01;
 
 /// Entry point of `llm-gateway bench`; returns the process exit code
@@ -109,59 +129,108 @@ async fn interrupted() -> &'static str {
 }
 
 async fn run_plan(opts: Options) -> i32 {
-    let exe = match opts.gateway.clone().map_or_else(std::env::current_exe, Ok) {
-        Ok(exe) => exe,
-        Err(e) => {
-            eprintln!("llm-gateway bench: cannot find the gateway binary: {e}");
-            return 1;
-        }
-    };
-    let plan = Plan::new(opts);
-    let started = std::time::Instant::now();
-    eprintln!("llm-gateway bench\n{}\n", plan.describe());
-    let workload = Arc::new(Workload::new(plan.workload.clone()));
-    let mut results = Vec::new();
-    for mode in &plan.opts.modes {
-        eprintln!("== {mode}: starting engines and gateway");
-        match run_mode(&plan, &workload, mode, &exe).await {
-            Ok(r) => {
-                eprintln!("{}", report::progress_line(&r));
-                results.push(r);
-            }
+    let needs_gateway = opts.modes.iter().any(|m| m != REFERENCE);
+    let exe = if needs_gateway {
+        match opts.gateway.clone().map_or_else(std::env::current_exe, Ok) {
+            Ok(exe) => exe,
             Err(e) => {
-                eprintln!("llm-gateway bench: mode {mode} failed: {e}");
+                eprintln!("llm-gateway bench: cannot find the gateway binary: {e}");
                 return 1;
             }
         }
+    } else {
+        PathBuf::new()
+    };
+    let plans = match opts
+        .scenarios
+        .iter()
+        .map(|&s| Plan::for_scenario(opts.clone(), s).map_err(|e| format!("scenario {s}: {e}")))
+        .collect::<Result<Vec<Plan>, String>>()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("llm-gateway bench: {e}");
+            return 2;
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut progress = Progress::new(plans.len() * opts.modes.len(), opts.duration);
+    eprintln!(
+        "llm-gateway bench: {} scenario(s) x {} mode(s) = {} cells, ~{} in all",
+        plans.len(),
+        opts.modes.len(),
+        progress.total(),
+        fmt_secs(Duration::from_secs(progress.remaining_s(0.0).round() as u64)),
+    );
+    let mut results = Vec::new();
+    for plan in plans {
+        eprintln!("\n== scenario {}\n{}\n", plan.scenario, plan.describe());
+        let workload = Arc::new(Workload::new(plan.workload.clone()));
+        let mut cells = Vec::new();
+        for mode in &plan.opts.modes {
+            let cell_started = std::time::Instant::now();
+            match run_mode(&plan, &workload, mode, &exe, &progress).await {
+                Ok(r) => {
+                    eprintln!("{}", report::progress_line(plan.scenario.name(), &r));
+                    cells.push(r);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "llm-gateway bench: cell {}/{mode} failed: {e}",
+                        plan.scenario
+                    );
+                    return 1;
+                }
+            }
+            progress.cell_done(cell_started.elapsed());
+        }
+        results.push(ScenarioResult { plan, cells });
     }
     let elapsed = started.elapsed();
-    if plan.opts.json {
-        println!("{}", report::json(&plan, &results, elapsed));
+    if opts.json {
+        println!("{}", report::json(&results, elapsed));
     } else {
-        println!("{}", report::markdown(&plan, &results, elapsed));
+        println!("{}", report::markdown(&results, elapsed));
     }
-    let failed: Vec<&str> = results
+    let mut code = 0;
+    if let Some(path) = &opts.plot {
+        match plot::draw(path, &results) {
+            Ok(()) => eprintln!("llm-gateway bench: wrote {}", path.display()),
+            Err(e) => {
+                eprintln!("llm-gateway bench: cannot draw {}: {e}", path.display());
+                code = 1;
+            }
+        }
+    }
+    let failed: Vec<String> = results
         .iter()
-        .filter(|r| r.error_rate() > MAX_ERROR_RATE)
-        .map(|r| r.mode.as_str())
+        .filter(|s| !s.plan.scenario.errors_expected())
+        .flat_map(|s| {
+            s.cells
+                .iter()
+                .filter(|r| r.error_rate() > MAX_ERROR_RATE)
+                .map(move |r| format!("{}/{}", s.plan.scenario, r.mode))
+        })
         .collect();
-    if failed.is_empty() {
-        0
-    } else {
+    if !failed.is_empty() {
         eprintln!(
             "llm-gateway bench: more than {:.0}% errors in: {}",
             MAX_ERROR_RATE * 100.0,
             failed.join(", ")
         );
-        1
+        code = 1;
     }
+    code
 }
 
 /// One finished (or failed, or cut) request.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Record {
     pub slot: u32,
-    /// Offsets from the start of the mode.
+    /// The slot's session: (slot, generation) names it.
+    pub generation: u32,
+    pub turn: u32,
+    /// Offsets from the start of the cell.
     pub start: Duration,
     pub end: Duration,
     pub ok: bool,
@@ -172,6 +241,9 @@ pub struct Record {
     pub decode_tok_per_s: Option<f64>,
     pub usage: Option<Usage>,
     pub peer: Option<String>,
+    /// The engine that served it: from `x-routed-peer` through the gateway,
+    /// the client's own choice in the reference cell.
+    pub engine: Option<usize>,
     pub routed_mode: Option<String>,
     /// The first request of its session: a new-session placement.
     pub first_of_session: bool,
@@ -180,12 +252,24 @@ pub struct Record {
     pub switched_peer: Option<bool>,
 }
 
+/// Where a cell's requests go.
+enum Target {
+    Gateway {
+        addr: SocketAddr,
+        host: String,
+        path: String,
+    },
+    /// The reference cell: straight to the engines, placed by the client.
+    Direct {
+        engines: Vec<SocketAddr>,
+        placer: Placer,
+    },
+}
+
 /// What the session tasks share.
 struct Ctx {
     workload: Arc<Workload>,
-    gateway: SocketAddr,
-    host: String,
-    path: String,
+    target: Target,
     start: Instant,
     end: Instant,
     hard_end: Instant,
@@ -202,17 +286,22 @@ pub(crate) struct Snapshot {
     pub bench_cpu: Option<f64>,
 }
 
-async fn snapshot(gw: SocketAddr, gw_pid: u32, engines: &[SocketAddr]) -> Snapshot {
+async fn scrape(addr: SocketAddr) -> Vec<Sample> {
+    match client::get(addr, "/metrics", Duration::from_secs(3)).await {
+        Ok((200, body)) => stats::parse_prometheus(&String::from_utf8_lossy(&body)),
+        _ => Vec::new(),
+    }
+}
+
+/// `gateway`: its admin address and pid, for a gateway cell.
+async fn snapshot(gateway: Option<(SocketAddr, u32)>, engines: &[SocketAddr]) -> Snapshot {
     let at = Instant::now();
-    let gateway_cpu = stats::cpu_seconds(gw_pid);
+    let gateway_cpu = gateway.and_then(|(_, pid)| stats::cpu_seconds(pid));
     let bench_cpu = stats::cpu_seconds(std::process::id());
-    let scrape = |addr: SocketAddr| async move {
-        match client::get(addr, "/metrics", Duration::from_secs(3)).await {
-            Ok((200, body)) => stats::parse_prometheus(&String::from_utf8_lossy(&body)),
-            _ => Vec::new(),
-        }
+    let placements = match gateway {
+        Some((admin, _)) => scrape(admin).await,
+        None => Vec::new(),
     };
-    let placements = scrape(gw).await;
     let mut per_engine = Vec::with_capacity(engines.len());
     for &e in engines {
         per_engine.push(scrape(e).await);
@@ -230,8 +319,37 @@ async fn snapshot(gw: SocketAddr, gw_pid: u32, engines: &[SocketAddr]) -> Snapsh
 pub(crate) struct Window {
     pub before: Snapshot,
     pub after: Snapshot,
+    /// Engines replaced during the window (failover), with their counters
+    /// scraped just before they went down: the replacement counts from zero.
+    pub retired: Vec<(usize, Vec<Sample>)>,
     pub load: LoadSamples,
+    /// Per engine: mean share of KV committed to running sequences
+    /// (`vllm:kv_cache_usage_perc`), None if never scraped.
+    pub kv_committed: Vec<Option<f64>>,
     pub lag: Lag,
+}
+
+async fn sample_kv(engines: Vec<SocketAddr>, from: Instant, until: Instant) -> Vec<Option<f64>> {
+    let mut sums = vec![(0.0, 0u32); engines.len()];
+    sleep_until(from).await;
+    let mut tick = tokio::time::interval(KV_EVERY);
+    while Instant::now() < until {
+        tick.tick().await;
+        for (i, &addr) in engines.iter().enumerate() {
+            // An engine that is down (failover) has no sample.
+            let samples = scrape(addr).await;
+            if let Some(s) = samples
+                .iter()
+                .find(|s| s.name == "vllm:kv_cache_usage_perc")
+            {
+                sums[i].0 += s.value;
+                sums[i].1 += 1;
+            }
+        }
+    }
+    sums.into_iter()
+        .map(|(sum, n)| (n > 0).then(|| sum / f64::from(n)))
+        .collect()
 }
 
 /// Engine load sampled from the simulator's own counters.
@@ -242,17 +360,25 @@ pub struct LoadSamples {
     pub in_engine: Vec<u64>,
     /// Per engine: Σ requests queued beyond max_running.
     pub queued: Vec<u64>,
+    /// Per sample: seconds since the cell's start, and the requests in each
+    /// engine (for the plot).
+    pub series: Vec<(f64, Vec<u32>)>,
 }
 
+/// The engines' stats, swapped when an engine is restarted.
+type LiveStats = Arc<Mutex<Vec<Arc<EngineStats>>>>;
+
 async fn sample_load(
-    engines: Vec<EngineHandle>,
+    engines: LiveStats,
     max_running: i64,
+    start: Instant,
     from: Instant,
     until: Instant,
 ) -> LoadSamples {
+    let n = engines.lock().len();
     let mut s = LoadSamples {
-        in_engine: vec![0; engines.len()],
-        queued: vec![0; engines.len()],
+        in_engine: vec![0; n],
+        queued: vec![0; n],
         ..LoadSamples::default()
     };
     sleep_until(from).await;
@@ -260,11 +386,20 @@ async fn sample_load(
     while Instant::now() < until {
         tick.tick().await;
         s.samples += 1;
-        for (i, e) in engines.iter().enumerate() {
-            let n = e.stats.in_flight.load(Ordering::Relaxed).max(0);
+        let now: Vec<i64> = engines
+            .lock()
+            .iter()
+            .map(|e| e.in_flight.load(Ordering::Relaxed).max(0))
+            .collect();
+        for (i, &n) in now.iter().enumerate() {
             s.in_engine[i] += n as u64;
             s.queued[i] += (n - max_running).max(0) as u64;
         }
+        let at = start.elapsed().as_secs_f64();
+        s.series.push((
+            at,
+            now.iter().map(|&n| n.min(u32::MAX as i64) as u32).collect(),
+        ));
     }
     s
 }
@@ -295,63 +430,175 @@ async fn probe_lag(from: Instant, until: Instant) -> Lag {
     lag
 }
 
+/// Aborts a background task when the cell ends, whichever way it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Prints where the run is every `PROGRESS_EVERY` until aborted.
+async fn report_progress(
+    ctx: Arc<Ctx>,
+    label: String,
+    progress: progress::View,
+    cell_started: std::time::Instant,
+) {
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let (requests, errors) = {
+            let r = ctx.records.lock();
+            (r.len(), r.iter().filter(|r| !r.ok && !r.cut).count())
+        };
+        let phase = if Instant::now() < ctx.end {
+            format!(
+                "{} of {}",
+                fmt_secs(Duration::from_secs(ctx.start.elapsed().as_secs())),
+                fmt_secs(ctx.end - ctx.start)
+            )
+        } else {
+            "draining".to_string()
+        };
+        eprintln!(
+            "   [{}] {label}: {phase}, {requests} requests ({errors} errors), {} in flight; \
+             run {} elapsed, ~{} left",
+            progress.position(),
+            ctx.in_flight.load(Ordering::Relaxed),
+            fmt_secs(Duration::from_secs(progress.run_elapsed().as_secs())),
+            fmt_secs(Duration::from_secs(
+                progress
+                    .remaining_s(cell_started.elapsed().as_secs_f64())
+                    .round() as u64
+            )),
+        );
+    }
+}
+
 async fn run_mode(
     plan: &Plan,
     workload: &Arc<Workload>,
     mode: &str,
     exe: &Path,
+    progress: &Progress,
 ) -> Result<ModeResult, String> {
-    let n = plan.opts.engines;
-    let cfg = plan.engine.clone();
-    let cluster = tokio::task::spawn_blocking(move || spawn_engines(n, 0, cfg))
+    let cell_started = std::time::Instant::now();
+    let label = format!("{}/{mode}", plan.scenario);
+    let reference = mode == REFERENCE;
+    eprintln!(
+        "== {label}: starting engines{}",
+        if reference { "" } else { " and gateway" }
+    );
+    let configs = plan.engines.clone();
+    let mut cluster = tokio::task::spawn_blocking(move || spawn_engines_with(configs, 0))
         .await
         .map_err(|e| format!("engine start-up panicked: {e}"))?
         .map_err(|e| format!("cannot start simulated engines: {e}"))?;
     let engine_addrs = cluster.addrs();
-    let dir = TempDir::new(mode).map_err(|e| format!("cannot create a temp dir: {e}"))?;
-    let route = gateway::route_yaml(&RouteSpec {
-        mode,
-        engines: &engine_addrs,
-        max_concurrency: 256,
-    });
-    let mut gw = GatewayProcess::start(exe, &dir.0, ROUTE, &route, plan.opts.threads).await?;
-    // Let the first engine-metrics scrape land so load_aware starts with
-    // fresh engine numbers, as it would in steady state.
-    sleep(Duration::from_millis(500)).await;
+    let live: LiveStats = Arc::new(Mutex::new(
+        cluster.engines.iter().map(|e| e.stats.clone()).collect(),
+    ));
+    // Declared before the gateway so that it is removed after the gateway
+    // stopped (locals drop in reverse order).
+    let dir = if reference {
+        None
+    } else {
+        let tag = format!("{}-{mode}", plan.scenario);
+        Some(TempDir::new(&tag).map_err(|e| format!("cannot create a temp dir: {e}"))?)
+    };
+    let mut gw = match &dir {
+        None => None,
+        Some(dir) => {
+            let mut route = gateway::route_yaml(&RouteSpec {
+                mode,
+                engines: &engine_addrs,
+                max_concurrency: 256,
+            });
+            if let Some(extra) = &plan.opts.route_extra {
+                gateway::append_extra(&mut route, extra);
+            }
+            let g = GatewayProcess::start(exe, &dir.0, ROUTE, &route, plan.opts.threads).await?;
+            wait_for_route(&g).await?;
+            // Let the first engine-metrics scrape land so load_aware starts
+            // with fresh engine numbers, as it would in steady state.
+            sleep(Duration::from_millis(500)).await;
+            Some(g)
+        }
+    };
+    let target = match &gw {
+        Some(g) => Target::Gateway {
+            addr: g.listen,
+            host: g.listen.to_string(),
+            path: format!("/{ROUTE}/v1/chat/completions"),
+        },
+        None => Target::Direct {
+            engines: engine_addrs.clone(),
+            placer: Placer::new(engine_addrs.len()),
+        },
+    };
+    let gw_probe = gw.as_ref().map(|g| (g.admin, g.pid));
 
     let start = Instant::now();
     let warm = start + plan.warmup;
     let end = start + plan.opts.duration;
     let ctx = Arc::new(Ctx {
         workload: Arc::clone(workload),
-        gateway: gw.listen,
-        host: gw.listen.to_string(),
-        path: format!("/{ROUTE}/v1/chat/completions"),
+        target,
         start,
         end,
         hard_end: end + DRAIN,
         records: Mutex::new(Vec::new()),
         in_flight: AtomicU64::new(0),
     });
+    let _ticker = AbortOnDrop(tokio::spawn(report_progress(
+        Arc::clone(&ctx),
+        label.clone(),
+        progress.view(),
+        cell_started,
+    )));
     let mut tasks = JoinSet::new();
     for slot in 0..plan.slots() as u32 {
         tasks.spawn(slot_task(Arc::clone(&ctx), slot));
     }
     let sampler = tokio::spawn(sample_load(
-        cluster.engines.clone(),
+        Arc::clone(&live),
         plan.engine.max_running as i64,
+        start,
         warm,
         end,
     ));
     let lag_probe = tokio::spawn(probe_lag(warm, end));
+    let kv_sampler = tokio::spawn(sample_kv(engine_addrs.clone(), warm, end));
     sleep_until(warm).await;
-    let before = snapshot(gw.admin, gw.pid, &engine_addrs).await;
+    let before = snapshot(gw_probe, &engine_addrs).await;
+    let mut retired = Vec::new();
+    if let Some(f) = plan.failover {
+        let i = f.engine;
+        sleep_until(start + f.at).await;
+        retired.push((i, scrape(engine_addrs[i]).await));
+        cluster.engines[i].shutdown();
+        eprintln!(
+            "   {label}: e{i} shut down (connections refused) for {}",
+            fmt_secs(f.outage)
+        );
+        sleep_until(start + f.back()).await;
+        let fresh = cluster
+            .restart(i)
+            .await
+            .map_err(|e| format!("cannot restart e{i} on {}: {e}", engine_addrs[i]))?;
+        live.lock()[i] = fresh.stats.clone();
+        eprintln!("   {label}: e{i} back, with an empty cache");
+    }
     sleep_until(end).await;
-    let after = snapshot(gw.admin, gw.pid, &engine_addrs).await;
+    let after = snapshot(gw_probe, &engine_addrs).await;
     let load = sampler.await.unwrap_or_default();
     let lag = lag_probe.await.unwrap_or_default();
+    let kv_committed = kv_sampler.await.unwrap_or_default();
     eprintln!(
-        "   {mode}: window over, draining {} in-flight request(s)",
+        "   {label}: window over, draining {} in-flight request(s)",
         ctx.in_flight.load(Ordering::Relaxed)
     );
     let drained = timeout_at(ctx.hard_end + Duration::from_secs(1), async {
@@ -365,34 +612,152 @@ async fn run_mode(
     } else {
         0
     };
-    let gateway_alive = gw.alive();
-    let log_tail = gw.log_tail();
-    gw.stop();
-    drop(cluster);
-    if !gateway_alive {
-        return Err(format!("the gateway died during the run; log:\n{log_tail}"));
+    if let Some(g) = gw.as_mut() {
+        let alive = g.alive();
+        let log_tail = g.log_tail();
+        g.stop();
+        if !alive {
+            return Err(format!("the gateway died during the run; log:\n{log_tail}"));
+        }
     }
+    drop(cluster);
     let records = std::mem::take(&mut *ctx.records.lock());
     if let Some(path) = &plan.opts.records {
-        write_records(path, mode, &records)
+        write_records(path, plan.scenario.name(), mode, &records)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     let window = Window {
         before,
         after,
+        retired,
         load,
+        kv_committed,
         lag,
     };
     Ok(report::summarize(mode, plan, &records, cut, &window))
 }
 
+/// Waits until the gateway lists the bench route (it loads route files
+/// next to serving `/healthz`); a gateway without the admin listing (an
+/// older build) is taken at its word.
+async fn wait_for_route(g: &GatewayProcess) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match client::get(g.admin, "/_routes", Duration::from_secs(3)).await {
+            Ok((200, body)) if gateway::routes_list(&body, ROUTE) => return Ok(()),
+            Ok((200, _)) if Instant::now() < deadline => {}
+            Ok((200, _)) => {
+                return Err(format!(
+                    "the gateway did not load route {ROUTE:?} (check --route-extra); log:\n{}",
+                    g.log_tail()
+                ))
+            }
+            _ => return Ok(()),
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A session slot's way to the engines: its keep-alive connection (to the
+/// gateway, or to the engine its session is bound to) and, in the reference
+/// cell, that binding.
+#[derive(Default)]
+struct Route {
+    conn: Option<(SocketAddr, Conn)>,
+    engine: Option<usize>,
+}
+
+impl Route {
+    /// The open connection to `addr`, or a new one.
+    async fn connection(&mut self, addr: SocketAddr) -> std::io::Result<&mut Conn> {
+        let conn = match self.conn.take() {
+            Some((a, c)) if a == addr && !c.is_closed() => c,
+            _ => Conn::connect(addr).await?,
+        };
+        Ok(&mut self.conn.insert((addr, conn)).1)
+    }
+}
+
+impl Ctx {
+    /// The slot's session ended (or the slot stopped): unbind it.
+    fn end_session(&self, route: &mut Route) {
+        if let (Target::Direct { placer, .. }, Some(e)) = (&self.target, route.engine.take()) {
+            placer.unbind(e);
+        }
+    }
+
+    /// One attempt at a turn: the exchange, whether its connection can be
+    /// reused, and the engine that served it.
+    async fn send(
+        &self,
+        route: &mut Route,
+        session: &str,
+        body: &[u8],
+        started: Instant,
+    ) -> Result<(Exchange, bool, Option<usize>), String> {
+        match &self.target {
+            Target::Gateway { addr, host, path } => {
+                let c = route
+                    .connection(*addr)
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
+                let (ex, reusable) = c
+                    .post_stream(host, path, &[("x-session-id", session)], body, started)
+                    .await;
+                let engine = ex
+                    .head
+                    .as_ref()
+                    .and_then(|h| h.header("x-routed-peer"))
+                    .and_then(analysis::engine_index);
+                Ok((ex, reusable, engine))
+            }
+            Target::Direct { engines, placer } => {
+                // A refused connection re-places the session; each attempt
+                // marks an engine down, so this tries every engine at most
+                // about once.
+                for _ in 0..engines.len() {
+                    let e = match route.engine {
+                        Some(e) => e,
+                        None => {
+                            let e = placer.place(Instant::now()).ok_or("no engines")?;
+                            route.engine = Some(e);
+                            e
+                        }
+                    };
+                    let addr = *engines.get(e).ok_or("bound to an unknown engine")?;
+                    let _in_flight = placer.start(e);
+                    match route.connection(addr).await {
+                        Ok(c) => {
+                            let host = addr.to_string();
+                            let (ex, reusable) =
+                                c.post_stream(&host, DIRECT_PATH, &[], body, started).await;
+                            return Ok((ex, reusable, Some(e)));
+                        }
+                        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
+                            placer.refused(e, Instant::now());
+                            self.end_session(route);
+                        }
+                        Err(err) => return Err(format!("connect e{e}: {err}")),
+                    }
+                }
+                Err("connect: every engine refused the connection".into())
+            }
+        }
+    }
+}
+
 /// One session slot: sessions one after another, each turn after the
-/// previous reply and a think pause, until the mode's end.
+/// previous reply and a think pause, until the cell's end.
 async fn slot_task(ctx: Arc<Ctx>, slot: u32) {
+    let mut route = Route::default();
+    run_slot(&ctx, slot, &mut route).await;
+    ctx.end_session(&mut route);
+}
+
+async fn run_slot(ctx: &Ctx, slot: u32, route: &mut Route) {
     let w = Arc::clone(&ctx.workload);
     sleep_until(ctx.start + w.start_offset(slot)).await;
     let mut conv = w.initial_conversation(slot);
-    let mut conn: Option<Conn> = None;
     let mut last_peer: Option<String> = None;
     let mut first = true;
     loop {
@@ -400,7 +765,8 @@ async fn slot_task(ctx: Arc<Ctx>, slot: u32) {
             return;
         }
         let plan = w.turn(slot, conv.generation, conv.next_turn);
-        if !w.fits(&conv, &plan) {
+        if !w.fits(slot, &conv, &plan) {
+            ctx.end_session(route);
             conv = w.conversation(slot, conv.generation + 1);
             last_peer = None;
             first = true;
@@ -411,42 +777,15 @@ async fn slot_task(ctx: Arc<Ctx>, slot: u32) {
         let started = Instant::now();
         let mut record = Record {
             slot,
+            generation: conv.generation,
+            turn: conv.next_turn,
             start: started - ctx.start,
-            end: Duration::ZERO,
-            ok: false,
-            cut: false,
-            error: None,
-            ttft: None,
-            decode_tok_per_s: None,
-            usage: None,
-            peer: None,
-            routed_mode: None,
             first_of_session: first,
-            switched_peer: None,
+            ..Record::default()
         };
         ctx.in_flight.fetch_add(1, Ordering::Relaxed);
         let deadline = (started + REQUEST_TIMEOUT).min(ctx.hard_end);
-        let outcome = timeout_at(deadline, async {
-            if conn.is_none() {
-                conn = Some(
-                    Conn::connect(ctx.gateway)
-                        .await
-                        .map_err(|e| format!("connect: {e}"))?,
-                );
-            }
-            let c = conn.as_mut().ok_or("no connection")?;
-            Ok::<_, String>(
-                c.post_stream(
-                    &ctx.host,
-                    &ctx.path,
-                    &[("x-session-id", conv.id.as_str())],
-                    &body,
-                    started,
-                )
-                .await,
-            )
-        })
-        .await;
+        let outcome = timeout_at(deadline, ctx.send(route, &conv.id, &body, started)).await;
         ctx.in_flight.fetch_sub(1, Ordering::Relaxed);
         record.end = started.elapsed() + record.start;
         match outcome {
@@ -456,20 +795,24 @@ async fn slot_task(ctx: Arc<Ctx>, slot: u32) {
                 return;
             }
             Err(_) => {
-                conn = None;
+                route.conn = None;
                 record.error = Some(format!("no complete response in {REQUEST_TIMEOUT:?}"));
             }
             Ok(Err(e)) => {
-                conn = None;
+                route.conn = None;
                 record.error = Some(e);
             }
-            Ok(Ok((ex, reusable))) => {
+            Ok(Ok((ex, reusable, engine))) => {
                 if !reusable {
-                    conn = None;
+                    route.conn = None;
                 }
+                record.engine = engine;
                 if let Some(head) = &ex.head {
                     record.peer = head.header("x-routed-peer").map(str::to_string);
                     record.routed_mode = head.header("x-routed-mode").map(str::to_string);
+                }
+                if matches!(ctx.target, Target::Direct { .. }) {
+                    record.peer = engine.map(|e| format!("e{e}"));
                 }
                 record.ttft = ex.timer.first_content;
                 record.decode_tok_per_s = ex.timer.decode_tok_per_s();
@@ -506,8 +849,13 @@ async fn slot_task(ctx: Arc<Ctx>, slot: u32) {
     }
 }
 
-/// Appends the mode's requests to `path`, one JSON object per line.
-fn write_records(path: &std::path::Path, mode: &str, records: &[Record]) -> std::io::Result<()> {
+/// Appends the cell's requests to `path`, one JSON object per line.
+fn write_records(
+    path: &Path,
+    scenario: &str,
+    mode: &str,
+    records: &[Record],
+) -> std::io::Result<()> {
     use std::io::Write;
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -516,8 +864,11 @@ fn write_records(path: &std::path::Path, mode: &str, records: &[Record]) -> std:
     let mut out = std::io::BufWriter::new(file);
     for r in records {
         let line = serde_json::json!({
+            "scenario": scenario,
             "mode": mode,
             "slot": r.slot,
+            "generation": r.generation,
+            "turn": r.turn,
             "start_s": r.start.as_secs_f64(),
             "end_s": r.end.as_secs_f64(),
             "ok": r.ok,
@@ -529,6 +880,7 @@ fn write_records(path: &std::path::Path, mode: &str, records: &[Record]) -> std:
             "cached_tokens": r.usage.map(|u| u.cached_tokens),
             "completion_tokens": r.usage.map(|u| u.completion_tokens),
             "peer": r.peer,
+            "engine": r.engine,
             "routed_mode": r.routed_mode,
             "first_of_session": r.first_of_session,
             "switched_peer": r.switched_peer,

@@ -1,14 +1,21 @@
-//! Per-mode results: computed from the request records and the window
-//! snapshots, printed as a markdown table or JSON.
+//! Per-cell results: computed from the request records and the window
+//! snapshots, printed as a markdown table per scenario or JSON.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::analysis::{self, PrefillBound, Spread};
 use super::options::{fmt_secs, Plan};
 use super::stats::{percentile, sum};
-use super::{placements_by_reason, Record, Window};
+use super::{placements_by_reason, Record, Window, BINDINGS_EVERY};
+
+/// One scenario's plan and its cells, in the order they ran.
+pub struct ScenarioResult {
+    pub plan: Plan,
+    pub cells: Vec<ModeResult>,
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct ModeResult {
@@ -20,8 +27,12 @@ pub struct ModeResult {
     /// Every request of the mode, warm-up included (cut ones excluded).
     pub requests_total: usize,
     pub errors_total: usize,
+    /// Measured errors by kind (`status 429`, `connect`, `cut`, ...).
+    pub error_kinds: BTreeMap<String, usize>,
     pub cut: u64,
     pub first_error: Option<String>,
+    /// TTFT of every measured successful request, seconds (for the plot).
+    pub ttft_samples: Vec<f64>,
     pub ttft_p50: Option<f64>,
     pub ttft_p95: Option<f64>,
     pub ttft_p99: Option<f64>,
@@ -35,6 +46,12 @@ pub struct ModeResult {
     pub cache_hit_engine: Option<f64>,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
+    /// Prefill of the measured requests against a perfect prefix cache.
+    pub prefill: PrefillBound,
+    /// Live sessions bound to each engine, and their context tokens, over
+    /// the window (client-side, from the engine of each session's last turn).
+    pub sessions_spread: Option<Spread>,
+    pub tokens_spread: Option<Spread>,
     pub spills: BTreeMap<String, f64>,
     pub migrations: BTreeMap<String, f64>,
     /// Every placement kind the gateway counted over the window.
@@ -48,6 +65,11 @@ pub struct ModeResult {
     pub engine_load: Vec<f64>,
     /// Mean requests queued beyond max_running in each engine.
     pub engine_queue: Vec<f64>,
+    /// Mean share of each engine's KV committed to running sequences.
+    pub kv_committed: Vec<Option<f64>>,
+    /// Requests in each engine every 100 ms: (seconds since the cell's
+    /// start, per engine).
+    pub load_series: Vec<(f64, Vec<u32>)>,
     /// Gateway CPU over the window, in cores.
     pub gateway_cpu: Option<f64>,
     /// This process (client and engines) over the window, in cores.
@@ -98,6 +120,7 @@ pub fn summarize(
 ) -> ModeResult {
     let (before, after) = (&observed.before, &observed.after);
     let (load, lag) = (&observed.load, &observed.lag);
+    let is_measured = |r: &Record| !r.cut && r.start >= plan.warmup && r.start < plan.opts.duration;
     let warm = plan.warmup;
     let end = plan.opts.duration;
     let done: Vec<&Record> = records.iter().filter(|r| !r.cut).collect();
@@ -121,18 +144,31 @@ pub fn summarize(
         .map(|u| u.cached_tokens)
         .sum();
     let switches: Vec<bool> = ok.iter().filter_map(|r| r.switched_peer).collect();
-    let mut new_sessions_per_peer = BTreeMap::new();
+    // Every engine, so an engine that got no new session shows as 0.
+    let mut new_sessions_per_peer: BTreeMap<String, usize> = (0..plan.opts.engines)
+        .map(|i| (format!("e{i}"), 0))
+        .collect();
     for r in done.iter().filter(|r| r.ok && r.first_of_session) {
         let peer = r.peer.clone().unwrap_or_else(|| "?".into());
         *new_sessions_per_peer.entry(peer).or_insert(0) += 1;
     }
     let window = after.at.saturating_duration_since(before.at).as_secs_f64();
+    // An engine replaced in the window counted up to its shutdown, and its
+    // replacement from zero.
     let engine_delta = |name: &str| -> f64 {
         after
             .engines
             .iter()
             .zip(&before.engines)
-            .map(|(a, b)| sum(a, name, &[]) - sum(b, name, &[]))
+            .enumerate()
+            .map(|(i, (a, b))| {
+                let b = sum(b, name, &[]);
+                let a = sum(a, name, &[]);
+                match observed.retired.iter().find(|(j, _)| *j == i) {
+                    Some((_, r)) => sum(r, name, &[]) - b + a,
+                    None => a - b,
+                }
+            })
             .sum()
     };
     let generated = engine_delta("vllm:generation_tokens_total");
@@ -161,6 +197,25 @@ pub fn summarize(
             .map(|&x| x as f64 / load.samples.max(1) as f64)
             .collect()
     };
+    let mut error_kinds = BTreeMap::new();
+    for r in measured.iter().filter(|r| !r.ok) {
+        *error_kinds
+            .entry(error_kind(r.error.as_deref().unwrap_or("")))
+            .or_insert(0) += 1;
+    }
+    let prefill = analysis::prefill_bound(records, plan.workload.system_tokens as u64, is_measured);
+    let times: Vec<Duration> = std::iter::successors(Some(warm), |t| Some(*t + BINDINGS_EVERY))
+        .take_while(|t| *t < end)
+        .collect();
+    let bound = analysis::bindings(records, plan.opts.engines, &times);
+    let sessions: Vec<Vec<f64>> = bound
+        .iter()
+        .map(|s| s.iter().map(|b| f64::from(b.sessions)).collect())
+        .collect();
+    let tokens: Vec<Vec<f64>> = bound
+        .iter()
+        .map(|s| s.iter().map(|b| b.tokens as f64).collect())
+        .collect();
     ModeResult {
         mode: mode.to_string(),
         window_s: window,
@@ -168,8 +223,10 @@ pub fn summarize(
         errors: measured.iter().filter(|r| !r.ok).count(),
         requests_total: done.len(),
         errors_total: done.iter().filter(|r| !r.ok).count(),
+        error_kinds,
         cut,
         first_error: done.iter().find_map(|r| r.error.clone()),
+        ttft_samples: ttft.clone(),
         ttft_p50: percentile(&ttft, 50.0),
         ttft_p95: percentile(&ttft, 95.0),
         ttft_p99: percentile(&ttft, 99.0),
@@ -184,6 +241,9 @@ pub fn summarize(
         cache_hit_engine: (queried > 0.0).then(|| hits / queried),
         prompt_tokens,
         cached_tokens,
+        prefill,
+        sessions_spread: analysis::spread(&sessions),
+        tokens_spread: analysis::spread(&tokens),
         spills: placements_by_reason(&before.placements, &after.placements, "spill"),
         migrations: placements_by_reason(&before.placements, &after.placements, "migrated"),
         placements,
@@ -192,6 +252,8 @@ pub fn summarize(
         new_sessions_per_peer,
         engine_load: per_engine(&load.in_engine),
         engine_queue: per_engine(&load.queued),
+        load_series: load.series.clone(),
+        kv_committed: observed.kv_committed.clone(),
         gateway_cpu: cpu(after.gateway_cpu, before.gateway_cpu),
         bench_cpu: cpu(after.bench_cpu, before.bench_cpu),
         lag_p99: percentile(&lag.samples, 99.0),
@@ -225,14 +287,16 @@ fn reasons(m: &BTreeMap<String, f64>) -> String {
         .join(", ")
 }
 
-pub fn progress_line(r: &ModeResult) -> String {
+pub fn progress_line(scenario: &str, r: &ModeResult) -> String {
     format!(
-        "   {}: {} requests ({} errors), TTFT p95 {}, cache hit {}, moves {:.0}{}",
+        "   {scenario}/{}: {} requests ({} errors), TTFT p95 {}, cache hit {}, prefilled {} the \
+         perfect-cache bound, moves {:.0}{}",
         r.mode,
         r.requests,
         r.errors,
         opt(r.ttft_p95, |v| format!("{v:.3} s")),
         pct(r.cache_hit),
+        opt(r.prefill.ratio(), |v| format!("{v:.2}x")),
         r.moves(),
         if r.stalled() {
             format!(" (WARNING: bench process stalled {:.1} s)", r.stalled_s)
@@ -242,33 +306,135 @@ pub fn progress_line(r: &ModeResult) -> String {
     )
 }
 
-pub fn markdown(plan: &Plan, results: &[ModeResult], elapsed: Duration) -> String {
+/// What kind of error a client saw, from the record's message.
+pub fn error_kind(error: &str) -> String {
+    if let Some(rest) = error.strip_prefix("status ") {
+        let code: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        return format!("status {code}");
+    }
+    // "connect: ..." through the gateway, "connect e1: ..." to an engine.
+    if error.starts_with("connect:") || error.starts_with("connect e") {
+        return "connect".into();
+    }
+    if error.starts_with("no complete response") {
+        return "timeout".into();
+    }
+    if error.contains("closed") || error.contains("cut") || error.starts_with("read:") {
+        return "cut".into();
+    }
+    "other".into()
+}
+
+/// 1234567 as "1.23M", 45678 as "45.7k".
+fn tokens(n: f64) -> String {
+    if n >= 1e6 {
+        format!("{:.2}M", n / 1e6)
+    } else if n >= 1e3 {
+        format!("{:.1}k", n / 1e3)
+    } else {
+        format!("{n:.0}")
+    }
+}
+
+/// "min-max (extremes)" of a spread, each value through `f`.
+fn spread(s: Option<Spread>, f: impl Fn(f64) -> String) -> String {
+    match s {
+        Some(s) => format!(
+            "{}-{} ({}-{})",
+            f(s.min_mean),
+            f(s.max_mean),
+            f(s.min),
+            f(s.max)
+        ),
+        None => "-".into(),
+    }
+}
+
+fn prefill(p: &PrefillBound) -> String {
+    match p.ratio() {
+        Some(r) => format!(
+            "{} / {} = {r:.2}x",
+            tokens(p.prefilled as f64),
+            tokens(p.bound as f64)
+        ),
+        None => "-".into(),
+    }
+}
+
+pub fn markdown(scenarios: &[ScenarioResult], elapsed: Duration) -> String {
     let mut out = String::new();
     out.push_str("## llm-gateway bench\n\n");
+    let cells: usize = scenarios.iter().map(|s| s.cells.len()).sum();
+    out.push_str(&format!(
+        "Total run time {} for {} scenario(s), {} cell(s).\n",
+        fmt_secs(Duration::from_secs(elapsed.as_secs())),
+        scenarios.len(),
+        cells
+    ));
+    for s in scenarios {
+        out.push_str(&format!("\n### Scenario {}\n\n", s.plan.scenario));
+        out.push_str(&scenario_markdown(&s.plan, &s.cells));
+    }
+    out.push_str(
+        "\nColumns: requests started in the measured window (after warm-up); errors = every \
+         response the client saw fail (any non-2xx status, 429 included, a transport error, a \
+         broken stream or a timeout); TTFT from request start to the first content frame; \
+         decode = completion tokens after the first over the time from first to last frame, per \
+         request (p5 = slowest 5%); output tok/s and the engine-side cache hit from the engines' \
+         counters over the window; cache hit = Σ cached / Σ prompt tokens of the requests' \
+         usage frames; prefilled / bound = Σ (prompt - cached) of the measured requests against \
+         what a perfect prefix cache shared by all engines would have prefilled (each turn's \
+         prompt minus its session's previous prompt + completion; a session's first turn minus \
+         the system prompt), so 1.00x is ideal and the simulated engine, which caches prompts \
+         only and in whole blocks, leaves even a perfectly sticky cell slightly above it; live \
+         sessions and bound tokens per engine = sessions whose last turn went to each engine, \
+         and their last prompt + completion, counted by the client every 0.5 s: mean of the \
+         least and most loaded engine, extremes in brackets; moves = the gateway's spill + \
+         migrated placements over the window; peer switches = later turns that landed on \
+         another engine than the session's previous turn; new sessions per peer = engine of \
+         each session's first request (e0/e1/...), whole cell; engine load and queue = requests \
+         in each engine and queued beyond max_running, sampled every 100 ms; gateway CPU from \
+         /proc/<pid>/stat over the window. The reference cell runs no gateway: the client sends \
+         a session's first turn to the engine with the fewest of its requests in flight (ties: \
+         fewest sessions) and later turns to the same engine, re-placing a session whose engine \
+         refuses connections.\n",
+    );
+    out.push_str(
+        "\nThe simulated engine prefills each sequence in its own slot; while any sequence \
+         prefills, every sequence decoding on that engine slows by the prefill interference \
+         factor per prefill in progress (chunked prefill shares the GPU step). Cold prefills of \
+         sessions that lost their cache therefore show up in the decode p5 column; batch size \
+         itself does not slow decoding.\n",
+    );
+    out
+}
+
+fn scenario_markdown(plan: &Plan, results: &[ModeResult]) -> String {
+    let mut out = String::new();
     for line in plan.describe().lines() {
         out.push_str(&format!("- {line}\n"));
     }
-    out.push_str(&format!(
-        "- total run time {} for {} mode(s)\n\n",
-        fmt_secs(Duration::from_secs(elapsed.as_secs())),
-        results.len()
-    ));
+    out.push('\n');
     out.push_str(
-        "| mode | requests | errors | TTFT p50 | TTFT p95 | TTFT p99 | decode p50 / p5 (tok/s) \
-         | output tok/s | cache hit | moves | spills by reason | peer switches \
+        "| cell | requests | errors | TTFT p50 | TTFT p95 | TTFT p99 | decode p50 / p5 (tok/s) \
+         | output tok/s | cache hit | prefilled / bound | live sessions per engine \
+         | bound tokens per engine | moves | spills by reason | peer switches \
          | new sessions per peer | engine load (mean) | queued (mean) | gateway CPU |\n",
     );
-    out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|---|---|---|--:|\n");
+    out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|--:|---|--:|---|---|---|--:|\n");
     for r in results {
         let secs = |v: Option<f64>| opt(v, |v| format!("{v:.3} s"));
-        let new_sessions = r
-            .new_sessions_per_peer
-            .values()
-            .map(|n| n.to_string())
+        // In engine order (e2 before e10), other peer names after.
+        let mut peers: Vec<(&String, &usize)> = r.new_sessions_per_peer.iter().collect();
+        peers.sort_by_key(|(p, _)| (analysis::engine_index(p).unwrap_or(usize::MAX), *p));
+        let new_sessions = peers
+            .iter()
+            .map(|(_, n)| n.to_string())
             .collect::<Vec<_>>()
             .join("/");
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {:.0} | {} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} / {} | {:.0} | {} | {} | {} | {} | {:.0} | {} | {} \
+             | {} | {} | {} | {} |\n",
             r.mode,
             r.requests,
             if r.errors_total > r.errors {
@@ -283,34 +449,22 @@ pub fn markdown(plan: &Plan, results: &[ModeResult], elapsed: Duration) -> Strin
             opt(r.decode_p5, |v| format!("{v:.1}")),
             r.output_tok_s,
             pct(r.cache_hit),
+            prefill(&r.prefill),
+            spread(r.sessions_spread, |v| format!("{v:.1}")),
+            spread(r.tokens_spread, tokens),
             r.moves(),
             reasons(&r.spills),
             pct(r.switch_rate),
-            if new_sessions.is_empty() { "-".into() } else { new_sessions },
+            if new_sessions.is_empty() {
+                "-".into()
+            } else {
+                new_sessions
+            },
             list(&r.engine_load),
             list(&r.engine_queue),
             opt(r.gateway_cpu, |v| format!("{v:.2} cores")),
         ));
     }
-    out.push_str(
-        "\nColumns: requests started in the measured window (after warm-up); TTFT from request \
-         start to the first content frame; decode = completion tokens after the first over the \
-         time from first to last frame, per request (p5 = slowest 5%); output tok/s and the \
-         engine-side cache hit from the engines' counters over the window; cache hit = Σ cached \
-         / Σ prompt tokens of the requests' usage frames; moves = the gateway's spill + migrated \
-         placements over the window; peer switches = later turns that landed on another engine \
-         than the session's previous turn; new sessions per peer = engine of each session's \
-         first request (e0/e1/...), whole run; engine load and queue = requests in each engine \
-         and queued beyond max_running, sampled every 100 ms; gateway CPU from \
-         /proc/<pid>/stat over the window.\n",
-    );
-    out.push_str(
-        "\nThe simulated engine prefills each sequence in its own slot; while any sequence \
-         prefills, every sequence decoding on that engine slows by the prefill interference \
-         factor per prefill in progress (chunked prefill shares the GPU step). Cold prefills of \
-         sessions that lost their cache therefore show up in the decode p5 column; batch size \
-         itself does not slow decoding.\n",
-    );
     for r in results.iter().filter(|r| r.stalled()) {
         out.push_str(&format!(
             "\n**Warning: {}: this process was starved of CPU (timer lag max {:.0} ms, {:.1} s \
@@ -323,8 +477,27 @@ pub fn markdown(plan: &Plan, results: &[ModeResult], elapsed: Duration) -> Strin
     let mut notes = Vec::new();
     for r in results {
         let mut extra = vec![format!("engine-side cache hit {}", pct(r.cache_hit_engine))];
+        if !r.error_kinds.is_empty() {
+            let kinds: Vec<String> = r
+                .error_kinds
+                .iter()
+                .map(|(k, n)| format!("{k} x{n}"))
+                .collect();
+            extra.push(format!("errors by kind: {}", kinds.join(", ")));
+        }
         if let Some(i) = r.load_imbalance() {
             extra.push(format!("load imbalance (max/mean) {i:.2}"));
+        }
+        if r.kv_committed.iter().any(Option::is_some) {
+            let kv: Vec<String> = r
+                .kv_committed
+                .iter()
+                .map(|v| opt(*v, |v| format!("{:.0}%", v * 100.0)))
+                .collect();
+            extra.push(format!(
+                "KV committed to running sequences (mean) {}",
+                kv.join("/")
+            ));
         }
         if !r.placements.is_empty() {
             extra.push(format!("placements {}", reasons(&r.placements)));
@@ -353,72 +526,164 @@ pub fn markdown(plan: &Plan, results: &[ModeResult], elapsed: Duration) -> Strin
     }
     out.push('\n');
     out.push_str(&notes.join("\n"));
+    out.push('\n');
     out
 }
 
-pub fn json(plan: &Plan, results: &[ModeResult], elapsed: Duration) -> Value {
-    let e = &plan.engine;
+fn spread_json(s: Option<Spread>) -> Value {
+    match s {
+        Some(s) => {
+            json!({"min_mean": s.min_mean, "max_mean": s.max_mean, "min": s.min, "max": s.max})
+        }
+        None => Value::Null,
+    }
+}
+
+fn cell_json(r: &ModeResult) -> Value {
+    json!({
+        "mode": r.mode,
+        "window_s": r.window_s,
+        "requests": r.requests,
+        "errors": r.errors,
+        "errors_by_kind": r.error_kinds,
+        "requests_total": r.requests_total,
+        "errors_total": r.errors_total,
+        "error_rate": r.error_rate(),
+        "cut": r.cut,
+        "first_error": r.first_error,
+        "ttft_s": {"p50": r.ttft_p50, "p95": r.ttft_p95, "p99": r.ttft_p99},
+        "decode_tok_s": {"p50": r.decode_p50, "p5": r.decode_p5},
+        "output_tok_s": r.output_tok_s,
+        "cache_hit": r.cache_hit,
+        "cache_hit_engine": r.cache_hit_engine,
+        "prompt_tokens": r.prompt_tokens,
+        "cached_tokens": r.cached_tokens,
+        "prefilled_tokens": r.prefill.prefilled,
+        "perfect_cache_bound_tokens": r.prefill.bound,
+        "prefilled_over_bound": r.prefill.ratio(),
+        "live_sessions_per_engine": spread_json(r.sessions_spread),
+        "bound_tokens_per_engine": spread_json(r.tokens_spread),
+        "moves": r.moves(),
+        "spills": r.spills,
+        "migrations": r.migrations,
+        "placements": r.placements,
+        "peer_switch_rate": r.switch_rate,
+        "new_sessions_per_peer": r.new_sessions_per_peer,
+        "engine_load_mean": r.engine_load,
+        "engine_queue_mean": r.engine_queue,
+        "kv_committed_mean": r.kv_committed,
+        "load_imbalance": r.load_imbalance(),
+        "gateway_cpu_cores": r.gateway_cpu,
+        "bench_cpu_cores": r.bench_cpu,
+        "timer_lag_s": {"p99": r.lag_p99, "max": r.lag_max, "stalled": r.stalled_s},
+        "unreliable_stall": r.stalled(),
+    })
+}
+
+fn parameters_json(plan: &Plan) -> Value {
     let w = &plan.workload;
-    let modes: Vec<Value> = results
+    let engine = |e: &llm_gateway_sim::EngineConfig| {
+        json!({
+            "max_running": e.max_running,
+            "kv_capacity_tokens": e.kv_capacity_tokens,
+            "prefill_us_per_token": e.prefill_us_per_token,
+            "decode_ms_per_token": e.decode_ms_per_token,
+            "block_tokens": e.block_tokens,
+        })
+    };
+    json!({
+        "scenario": plan.scenario.name(),
+        "engines": plan.opts.engines,
+        "sessions_per_engine": plan.sessions_per_engine,
+        "duration_s": plan.opts.duration.as_secs_f64(),
+        "warmup_s": plan.warmup.as_secs_f64(),
+        "seed": plan.opts.seed,
+        "gateway_threads": plan.opts.threads,
+        "route_extra": plan.opts.route_extra,
+        "workload": {
+            "system_tokens": w.system_tokens,
+            "user_tokens": [w.user_tokens.0, w.user_tokens.1],
+            "max_tokens": [w.max_tokens.0, w.max_tokens.1],
+            "think_ms": [w.think_ms.0, w.think_ms.1],
+            "max_context": w.max_context,
+            "long_sessions": w.long.map(|l| json!({
+                "slots": w.long_slots(),
+                "user_tokens": [l.user_tokens.0, l.user_tokens.1],
+                "max_context": l.max_context,
+            })),
+        },
+        "engine": engine(&plan.engine),
+        "per_engine": plan.engines.iter().map(engine).collect::<Vec<_>>(),
+        "failover": plan.failover.map(|f| json!({
+            "engine": f.engine,
+            "at_s": f.at.as_secs_f64(),
+            "outage_s": f.outage.as_secs_f64(),
+        })),
+        "overload": plan.overload.map(|t| json!({
+            "turn_busy_s": t.busy_s,
+            "in_engine_share": t.in_engine,
+            "sequences_per_engine": t.sequences,
+            "committed_kv_tokens": t.committed_tokens,
+        })),
+    })
+}
+
+pub fn json(scenarios: &[ScenarioResult], elapsed: Duration) -> Value {
+    let scenarios: Vec<Value> = scenarios
         .iter()
-        .map(|r| {
+        .map(|s| {
             json!({
-                "mode": r.mode,
-                "window_s": r.window_s,
-                "requests": r.requests,
-                "errors": r.errors,
-                "requests_total": r.requests_total,
-                "errors_total": r.errors_total,
-                "error_rate": r.error_rate(),
-                "cut": r.cut,
-                "first_error": r.first_error,
-                "ttft_s": {"p50": r.ttft_p50, "p95": r.ttft_p95, "p99": r.ttft_p99},
-                "decode_tok_s": {"p50": r.decode_p50, "p5": r.decode_p5},
-                "output_tok_s": r.output_tok_s,
-                "cache_hit": r.cache_hit,
-                "cache_hit_engine": r.cache_hit_engine,
-                "prompt_tokens": r.prompt_tokens,
-                "cached_tokens": r.cached_tokens,
-                "moves": r.moves(),
-                "spills": r.spills,
-                "migrations": r.migrations,
-                "placements": r.placements,
-                "peer_switch_rate": r.switch_rate,
-                "new_sessions_per_peer": r.new_sessions_per_peer,
-                "engine_load_mean": r.engine_load,
-                "engine_queue_mean": r.engine_queue,
-                "load_imbalance": r.load_imbalance(),
-                "gateway_cpu_cores": r.gateway_cpu,
-                "bench_cpu_cores": r.bench_cpu,
-                "timer_lag_s": {"p99": r.lag_p99, "max": r.lag_max, "stalled": r.stalled_s},
-                "unreliable_stall": r.stalled(),
+                "scenario": s.plan.scenario.name(),
+                "parameters": parameters_json(&s.plan),
+                "modes": s.cells.iter().map(cell_json).collect::<Vec<_>>(),
             })
         })
         .collect();
     json!({
-        "parameters": {
-            "engines": plan.opts.engines,
-            "sessions_per_engine": plan.opts.sessions_per_engine,
-            "duration_s": plan.opts.duration.as_secs_f64(),
-            "warmup_s": plan.warmup.as_secs_f64(),
-            "seed": plan.opts.seed,
-            "gateway_threads": plan.opts.threads,
-            "workload": {
-                "system_tokens": w.system_tokens,
-                "user_tokens": [w.user_tokens.0, w.user_tokens.1],
-                "max_tokens": [w.max_tokens.0, w.max_tokens.1],
-                "think_ms": [w.think_ms.0, w.think_ms.1],
-                "max_context": w.max_context,
-            },
-            "engine": {
-                "max_running": e.max_running,
-                "kv_capacity_tokens": e.kv_capacity_tokens,
-                "prefill_us_per_token": e.prefill_us_per_token,
-                "decode_ms_per_token": e.decode_ms_per_token,
-                "block_tokens": e.block_tokens,
-            },
-        },
         "elapsed_s": elapsed.as_secs_f64(),
-        "modes": modes,
+        "scenarios": scenarios,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_kinds_group_what_the_client_saw() {
+        assert_eq!(error_kind("status 429: {\"error\":1}"), "status 429");
+        assert_eq!(error_kind("status 502: bad gateway"), "status 502");
+        assert_eq!(error_kind("connect: Connection refused"), "connect");
+        assert_eq!(error_kind("connect e0: reset"), "connect");
+        assert_eq!(error_kind("no complete response in 120s"), "timeout");
+        assert_eq!(error_kind("stream cut: connection closed mid-body"), "cut");
+        assert_eq!(
+            error_kind("connection closed before the response head"),
+            "cut"
+        );
+        assert_eq!(error_kind("stream had no usage frame"), "other");
+    }
+
+    #[test]
+    fn token_counts_and_spreads_read_at_a_glance() {
+        assert_eq!(tokens(950.0), "950");
+        assert_eq!(tokens(45_678.0), "45.7k");
+        assert_eq!(tokens(1_234_567.0), "1.23M");
+        let s = Spread {
+            min_mean: 6.04,
+            max_mean: 9.96,
+            min: 4.0,
+            max: 12.0,
+        };
+        assert_eq!(
+            spread(Some(s), |v| format!("{v:.1}")),
+            "6.0-10.0 (4.0-12.0)"
+        );
+        assert_eq!(spread(None, tokens), "-");
+        let p = PrefillBound {
+            prefilled: 1_500_000,
+            bound: 1_000_000,
+        };
+        assert_eq!(prefill(&p), "1.50M / 1.00M = 1.50x");
+    }
 }

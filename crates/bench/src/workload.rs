@@ -76,24 +76,84 @@ pub struct WorkloadParams {
     pub think_ms: (u64, u64),
     /// A session ends before its prompt would exceed this many tokens.
     pub max_context: usize,
+    /// Slots whose sessions have another shape (the `skewed` scenario);
+    /// None: every slot has the shape above.
+    pub long: Option<LongSessions>,
+}
+
+/// The first `slots` slots run long agent sessions: bigger user turns and a
+/// larger context before the session ends. `max_tokens` and think times are
+/// those of every slot.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LongSessions {
+    pub slots: u32,
+    pub user_tokens: (usize, usize),
+    pub max_context: usize,
+}
+
+/// What differs between session slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub user_tokens: (usize, usize),
+    pub max_context: usize,
 }
 
 impl WorkloadParams {
-    /// Tokens a completed turn adds to the context, on average.
-    pub fn mean_turn_tokens(&self) -> usize {
-        (self.user_tokens.0 + self.user_tokens.1) / 2 + (self.max_tokens.0 + self.max_tokens.1) / 2
+    /// The shape of the sessions of `slot`.
+    pub fn shape(&self, slot: u32) -> Shape {
+        match self.long {
+            Some(l) if slot < l.slots => Shape {
+                user_tokens: l.user_tokens,
+                max_context: l.max_context,
+            },
+            _ => self.common(),
+        }
     }
 
-    /// Turns of a session from empty to `max_context`, on average.
-    pub fn expected_turns(&self) -> usize {
-        (self.max_context.saturating_sub(self.system_tokens) / self.mean_turn_tokens().max(1))
+    /// The shape of every slot that is not long.
+    pub fn common(&self) -> Shape {
+        Shape {
+            user_tokens: self.user_tokens,
+            max_context: self.max_context,
+        }
+    }
+
+    /// Slots with the long shape.
+    pub fn long_slots(&self) -> u32 {
+        self.long.map_or(0, |l| l.slots.min(self.slots))
+    }
+
+    /// Tokens a completed turn adds to the context, on average.
+    pub fn mean_turn_tokens(&self, shape: Shape) -> usize {
+        let u = shape.user_tokens;
+        (u.0 + u.1) / 2 + (self.max_tokens.0 + self.max_tokens.1) / 2
+    }
+
+    /// Turns of a session from empty to its max context, on average.
+    pub fn expected_turns(&self, shape: Shape) -> usize {
+        (shape.max_context.saturating_sub(self.system_tokens) / self.mean_turn_tokens(shape).max(1))
             .max(1)
     }
 
     /// The average prompt of a live session: sessions are spread evenly over
     /// their lifetimes, so contexts are spread over system..max_context.
+    pub fn mean_context_of(&self, shape: Shape) -> usize {
+        (self.system_tokens + shape.max_context) / 2
+    }
+
+    /// The average prompt of a live session over all slots.
     pub fn mean_context(&self) -> usize {
-        (self.system_tokens + self.max_context) / 2
+        let long = self.long_slots() as usize;
+        let Some(l) = self.long.filter(|_| long > 0) else {
+            return self.mean_context_of(self.common());
+        };
+        let long_shape = Shape {
+            user_tokens: l.user_tokens,
+            max_context: l.max_context,
+        };
+        let short = self.slots as usize - long;
+        (long * self.mean_context_of(long_shape) + short * self.mean_context_of(self.common()))
+            / self.slots as usize
     }
 }
 
@@ -268,7 +328,8 @@ impl Workload {
             p.seed,
             &[1, u64::from(slot), u64::from(generation), u64::from(turn)],
         );
-        let tokens = rng.range(p.user_tokens.0 as u64, p.user_tokens.1 as u64) as usize;
+        let user_tokens = p.shape(slot).user_tokens;
+        let tokens = rng.range(user_tokens.0 as u64, user_tokens.1 as u64) as usize;
         let max_tokens = rng.range(p.max_tokens.0 as u64, p.max_tokens.1 as u64) as u32;
         let think = Duration::from_millis(rng.range(p.think_ms.0, p.think_ms.1));
         // The header makes every session's first user message, and so every
@@ -297,7 +358,10 @@ impl Workload {
     /// Completed turns in the slot's first session before the run starts.
     pub fn initial_age(&self, slot: u32) -> u32 {
         let mut rng = Rng::derive(self.params.seed, &[3, u64::from(slot)]);
-        rng.range(0, self.params.expected_turns() as u64 - 1) as u32
+        rng.range(
+            0,
+            self.params.expected_turns(self.params.shape(slot)) as u64 - 1,
+        ) as u32
     }
 
     /// A new session in `slot`: the system prompt only.
@@ -321,7 +385,8 @@ impl Workload {
             let plan = self.turn(slot, 0, k);
             c.push("user", plan.user);
             c.push("assistant", SIM_TOKEN.repeat(plan.max_tokens as usize));
-            if c.tokens() + self.params.user_tokens.1 > self.params.max_context {
+            let shape = self.params.shape(slot);
+            if c.tokens() + shape.user_tokens.1 > shape.max_context {
                 c.pop();
                 c.pop();
                 break;
@@ -333,8 +398,8 @@ impl Workload {
 
     /// Whether `c` has room for `plan`'s user message within `max_context`
     /// (a session always gets its first turn).
-    pub fn fits(&self, c: &Conversation, plan: &TurnPlan) -> bool {
-        c.next_turn == 0 || c.tokens_with(&plan.user) <= self.params.max_context
+    pub fn fits(&self, slot: u32, c: &Conversation, plan: &TurnPlan) -> bool {
+        c.next_turn == 0 || c.tokens_with(&plan.user) <= self.params.shape(slot).max_context
     }
 }
 
@@ -429,6 +494,7 @@ mod tests {
             max_tokens: (100, 300),
             think_ms: (500, 3_000),
             max_context: 60_000,
+            long: None,
         }
     }
 
@@ -502,6 +568,45 @@ mod tests {
             ages.push(c.next_turn);
         }
         assert!(ages.iter().any(|&a| a < 8) && ages.iter().any(|&a| a > 16));
+    }
+
+    #[test]
+    fn long_slots_have_their_own_shape() {
+        let w = Workload::new(WorkloadParams {
+            slots: 8,
+            user_tokens: (100, 1_000),
+            max_context: 8_000,
+            long: Some(LongSessions {
+                slots: 2,
+                user_tokens: (4_000, 12_000),
+                max_context: 120_000,
+            }),
+            ..params()
+        });
+        let p = &w.params;
+        assert_eq!(p.long_slots(), 2);
+        assert_eq!(p.expected_turns(p.shape(0)), 14);
+        assert_eq!(p.expected_turns(p.shape(2)), 8);
+        // (2 x 61k + 6 x 5k) / 8.
+        assert_eq!(p.mean_context(), 19_000);
+        for k in 0..50 {
+            let tokens = |slot| (w.turn(slot, 0, k).user.len() + 4).div_ceil(BYTES_PER_TOKEN);
+            assert!((4_000..=12_000).contains(&tokens(1)), "{}", tokens(1));
+            assert!((100..=1_000).contains(&tokens(2)), "{}", tokens(2));
+        }
+        for slot in 0..8 {
+            let c = w.initial_conversation(slot);
+            let shape = p.shape(slot);
+            assert!(c.tokens() + shape.user_tokens.1 <= shape.max_context);
+        }
+        // More long slots than slots: all of them are long.
+        let all_long = WorkloadParams {
+            slots: 1,
+            long: p.long,
+            ..params()
+        };
+        assert_eq!(all_long.long_slots(), 1);
+        assert_eq!(all_long.mean_context(), 61_000);
     }
 
     #[test]

@@ -575,6 +575,19 @@ impl Shared {
         for (name, kind, help, value) in series {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{model_name=\"{model}\"}} {value}");
         }
+        // vLLM's info gauge for its cache config: the value is always 1 and
+        // the numbers are labels, from which a gateway derives KV capacity in
+        // tokens (block_size x num_gpu_blocks). Like vLLM's it has no
+        // model_name label. vLLM allocates whole blocks, so a capacity that
+        // is not a multiple of the block size is reported rounded down.
+        let block = self.cfg.block_tokens;
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"{block}\",num_gpu_blocks=\"{}\"}} 1",
+            self.cfg.kv_capacity_tokens / block
+        );
         out
     }
 

@@ -218,6 +218,8 @@ pub async fn start_engine(
 /// and stops the runtime.
 pub struct SimCluster {
     pub engines: Vec<EngineHandle>,
+    /// The engines' runtime, for engines started later ([`SimCluster::restart`]).
+    runtime: tokio::runtime::Handle,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -233,6 +235,34 @@ impl std::fmt::Debug for SimCluster {
 impl SimCluster {
     pub fn addrs(&self) -> Vec<SocketAddr> {
         self.engines.iter().map(|e| e.addr).collect()
+    }
+
+    /// Replaces engine `i` with a new one on the same address and with the
+    /// same config, but nothing else: an empty cache, zeroed counters and
+    /// fault switches, as after a process restart. Shuts the old engine down
+    /// first if it still runs. Returns the new engine's handle, which is
+    /// also `self.engines[i]` from then on. Callable from any runtime.
+    pub async fn restart(&mut self, i: usize) -> std::io::Result<EngineHandle> {
+        let old = self.engines.get(i).cloned().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("no engine {i} in a cluster of {}", self.engines.len()),
+            )
+        })?;
+        old.shutdown();
+        let cfg = old.shared.cfg.clone();
+        // tokio binds with SO_REUSEADDR, so the old engine's connections in
+        // TIME_WAIT do not hold the port.
+        let started = self
+            .runtime
+            .spawn(async move {
+                let listener = tokio::net::TcpListener::bind(old.addr).await?;
+                start_engine(listener, cfg).await
+            })
+            .await
+            .map_err(|e| std::io::Error::other(format!("engine start-up failed: {e}")))??;
+        self.engines[i] = started.clone();
+        Ok(started)
     }
 }
 
@@ -255,6 +285,16 @@ impl Drop for SimCluster {
 /// runtime in its own OS thread, so that synchronous code and other runtimes
 /// (Pingora's) can use them. Returns once all of them are listening.
 pub fn spawn_engines(n: usize, base_port: u16, cfg: EngineConfig) -> std::io::Result<SimCluster> {
+    spawn_engines_with(vec![cfg; n], base_port)
+}
+
+/// [`spawn_engines`] with one config per engine, in order: a fleet whose
+/// engines differ (one slower than the rest, say).
+pub fn spawn_engines_with(
+    configs: Vec<EngineConfig>,
+    base_port: u16,
+) -> std::io::Result<SimCluster> {
+    let n = configs.len();
     let ports = (0..n)
         .map(|i| {
             if base_port == 0 {
@@ -276,6 +316,7 @@ pub fn spawn_engines(n: usize, base_port: u16, cfg: EngineConfig) -> std::io::Re
         .thread_name("sim-engine")
         .enable_all()
         .build()?;
+    let runtime = rt.handle().clone();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
@@ -283,9 +324,9 @@ pub fn spawn_engines(n: usize, base_port: u16, cfg: EngineConfig) -> std::io::Re
         .spawn(move || {
             rt.block_on(async move {
                 let mut engines = Vec::with_capacity(ports.len());
-                for port in ports {
+                for (port, cfg) in ports.into_iter().zip(configs) {
                     let started = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
-                        Ok(listener) => start_engine(listener, cfg.clone()).await,
+                        Ok(listener) => start_engine(listener, cfg).await,
                         Err(e) => Err(e),
                     };
                     match started {
@@ -314,6 +355,7 @@ pub fn spawn_engines(n: usize, base_port: u16, cfg: EngineConfig) -> std::io::Re
     };
     Ok(SimCluster {
         engines,
+        runtime,
         stop: Some(stop_tx),
         thread: Some(thread),
     })

@@ -470,6 +470,38 @@ async fn lru_evicts_least_recently_used_prefix() {
     assert_eq!(metric(&h, "vllm:kv_cache_usage_perc").await, 0.0);
 }
 
+#[tokio::test]
+async fn metrics_export_cache_config_info_like_vllm() {
+    // 1000 tokens in 16-token blocks: 62 whole blocks, the rest unreported.
+    let h = engine(EngineConfig {
+        kv_capacity_tokens: 1_000,
+        block_tokens: 16,
+        ..EngineConfig::default()
+    })
+    .await;
+    let resp = Client::connect(&h).await.request(&get("/metrics")).await;
+    assert_eq!(resp.status, 200);
+    let text = String::from_utf8(resp.body).expect("UTF-8 metrics");
+    assert!(
+        text.contains("# TYPE vllm:cache_config_info gauge\n"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l == "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"62\"} 1"),
+        "{text}"
+    );
+    // The default config: 200k tokens, 16-token blocks.
+    let d = engine(EngineConfig::default()).await;
+    let text = Client::connect(&d)
+        .await
+        .request(&get("/metrics"))
+        .await
+        .body;
+    assert!(String::from_utf8_lossy(&text)
+        .contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"12500\"} 1"));
+}
+
 fn stream_body(max_tokens: u64) -> String {
     chat(
         user("stream me"),
@@ -939,6 +971,56 @@ fn spawn_engines_serves_sync_callers_until_dropped() {
 
     let err = spawn_engines(3, 65534, EngineConfig::default()).expect_err("port overflow");
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+}
+
+#[tokio::test]
+async fn cluster_engines_take_their_own_configs_and_restart_cold_on_the_same_port() {
+    let slow = EngineConfig {
+        kv_capacity_tokens: 3_200,
+        ..EngineConfig::default()
+    };
+    let mut cluster = spawn_engines_with(vec![EngineConfig::default(), slow], 0).expect("spawn");
+    let text = Client::connect(&cluster.engines[1])
+        .await
+        .request(&get("/metrics"))
+        .await
+        .body;
+    // 3200 tokens in 16-token blocks.
+    assert!(String::from_utf8_lossy(&text).contains("num_gpu_blocks=\"200\""));
+
+    let (turn1, _) = conversation();
+    let send = |h: EngineHandle, body: String| async move {
+        let mut c = Client::connect(&h).await;
+        let v = c
+            .request(&post("/v1/chat/completions", &body, &[]))
+            .await
+            .json();
+        cached_tokens(&v["usage"])
+    };
+    let old = cluster.engines[0].clone();
+    assert_eq!(send(old.clone(), turn1.clone()).await, 0);
+    assert_eq!(send(old.clone(), turn1.clone()).await, 96, "warm");
+    old.shutdown();
+    assert!(
+        TcpStream::connect(old.addr).await.is_err(),
+        "refused while down"
+    );
+
+    let new = cluster.restart(0).await.expect("restart");
+    assert_eq!(new.addr, old.addr);
+    assert_eq!(cluster.engines[0].addr, old.addr);
+    assert_eq!(
+        send(new.clone(), turn1.clone()).await,
+        0,
+        "the cache starts empty"
+    );
+    assert_eq!(new.stats.requests.load(Ordering::SeqCst), 1);
+    assert!(cluster.restart(5).await.is_err());
+    drop(cluster);
+    assert!(
+        TcpStream::connect(new.addr).await.is_err(),
+        "the new engine stops too"
+    );
 }
 
 #[tokio::test]
