@@ -309,3 +309,74 @@ fn a_slow_decode_shrinks_the_adaptive_limit_to_its_floor_and_the_floor_refuses()
     cluster.engines[0].open_gate("floor");
     drop(held);
 }
+
+fn turn_header(turn: u64) -> String {
+    format!(r#"{{"session_id":"agent-1","turn":{turn}}}"#)
+}
+
+fn hold_on(gw: &Gateway, route: &str, gate: &str, turn: u64) -> common::http::Conn {
+    use common::http::{Conn, Upload};
+    let mut conn = Conn::open(gw.addr);
+    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 4,
+                      "messages": [{"role": "user", "content": "hold"}]});
+    let header = turn_header(turn);
+    conn.send(
+        "POST",
+        &format!("/{route}/v1/chat/completions"),
+        &[
+            ("content-type", "application/json"),
+            ("x-sim-gate", gate),
+            ("x-phanrouter-session", &header),
+        ],
+        body.to_string().as_bytes(),
+        Upload::Length,
+    );
+    assert_eq!(conn.read_head().status, 200);
+    conn.read_chunk().expect("first frame").expect("data");
+    conn
+}
+
+#[test]
+fn under_load_turn_one_is_refused_first_while_a_warm_turn_is_admitted() {
+    // Room to run every held stream at once.
+    let cluster = spawn_engines(
+        1,
+        0,
+        EngineConfig {
+            max_running: 32,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("engine");
+    let route = |extra: &str| {
+        format!(
+            "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}, max_concurrency: 7}}\n{extra}",
+            cluster.engines[0].port()
+        )
+    };
+    let gw = Gateway::start(&[
+        ("prio", route("session_prio: true\n")),
+        ("plain", route("")),
+    ]);
+    let ask = |name: &str, turn: u64| {
+        http::post_json(
+            gw.addr,
+            &format!("/{name}/v1/chat/completions"),
+            &[("x-phanrouter-session", &turn_header(turn))],
+            &chat_body("s", "x", false),
+        )
+    };
+    // Six of seven slots busy: at limit 7 turn 1's ceiling is ceil(7 × 0.85) = 6.
+    let _prio_held: Vec<_> = (0..6).map(|_| hold_on(&gw, "prio", "busy", 3)).collect();
+    let first = ask("prio", 1);
+    assert_eq!(first.status(), 429, "{}", first.text());
+    assert_eq!(first.json()["error"]["session_prio_ceiling"], 6.0);
+    assert_eq!(ask("prio", 3).status(), 200, "a warm turn still fits");
+    let status = http::get(gw.addr, "/prio/_session_status").json();
+    assert_eq!(status["buckets"][0]["rejections"], 1, "{status}");
+    assert_eq!(status["buckets"][1]["admits"], 7, "{status}");
+    // Control: the same load on a route without the feature admits turn 1.
+    let _plain_held: Vec<_> = (0..6).map(|_| hold_on(&gw, "plain", "busy", 3)).collect();
+    assert_eq!(ask("plain", 1).status(), 200);
+    cluster.engines[0].open_gate("busy");
+}

@@ -21,6 +21,7 @@ pub const ENDPOINTS: &[&str] = &[
     "/_tps_status",
     "/_429_status[?all=1][&reset=1]",
     "/_rate_limit_status",
+    "/_session_status",
     "POST /_reject_rules_toggle?on=0|1|reset=1",
     "POST /_include_usage_toggle?on=0|1|reset=1",
     "POST /_postprocess_toggle?on=0|1|reset=1",
@@ -171,6 +172,7 @@ pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Opti
         "/_route_debug" => Some(route_debug(route, query.unwrap_or(""))),
         "/_ttft_status" | "/_tps_status" => Some(measurement_status(route)),
         "/_429_status" => Some(status_429(route, registry, query.unwrap_or(""))),
+        "/_session_status" => Some(session_status(route)),
         "/_rate_limit_status" => Some(json!({
             "route": route.config.name,
             "rate_limit": rate_limit_json(route, registry),
@@ -301,6 +303,35 @@ fn adaptive_json(route: &Route) -> Value {
         })
         .collect();
     json!({"pools": pools})
+}
+
+/// Session turn priority: the table in force, admits and refusals per
+/// bucket, requests without a usable header, and the route's cache hit rate.
+fn session_status(route: &Route) -> Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let prio = &route.config.protection.session_prio;
+    let state = &route.runtime.prio;
+    let (on, source) = route.runtime.toggles.session_prio.effective(prio.enabled);
+    let (prompt, cached) = route.runtime.prompt_tokens();
+    json!({
+        "route": route.config.name,
+        "enabled": {"on": on, "source": source},
+        "rt_limit_factor": prio.rt_limit_factor,
+        "severe": prio.severe,
+        "release": prio.release,
+        "t1_probes": prio.t1_probes,
+        "hold_turn1": state.hold_turn1.load(Relaxed),
+        "buckets": prio.table.iter().enumerate().map(|(i, b)| {
+            let (admits, rejections) = state.counts(i);
+            json!({"min_turn": b.min_turn, "share": b.share, "tol": b.tol,
+                   "admits": admits, "rejections": rejections})
+        }).collect::<Vec<_>>(),
+        "bnohdr": {
+            "admits": state.bnohdr_admits.load(Relaxed),
+            "rejections": state.bnohdr_rejections.load(Relaxed),
+        },
+        "cache_hit_rate": (prompt > 0).then(|| cached as f64 / prompt as f64),
+    })
 }
 
 fn queue_json(route: &Route) -> Value {

@@ -41,6 +41,22 @@ pub struct Placed {
     pub placement: Placement,
 }
 
+/// What a request asks of the pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Demand<'a> {
+    /// Indices into `route.peers` (the model's pool) and the pool's label.
+    pub pool: &'a [usize],
+    pub label: &'a str,
+    pub session: Option<&'a SessionId>,
+    /// Context tokens, as estimated before the engine counts them.
+    pub tokens: u64,
+    /// The rate-limit switch: with it off, no limit refuses.
+    pub limits_on: bool,
+    /// The session-priority share of the limit this request may fill (1.0
+    /// without session priority).
+    pub share: f64,
+}
+
 /// Why a request could not be placed now.
 pub enum Refusal {
     /// No ready peer: 503, nothing to wait for.
@@ -55,15 +71,15 @@ pub enum Refusal {
 /// rather than placed anyway. With `limits_on` false (the rate-limit switch
 /// is off) a request that finds every slot taken goes to the least-loaded
 /// candidate past its limit, and the trip is counted.
-pub fn place_with(
-    route: &Route,
-    pool: &[usize],
-    label: &str,
-    session: Option<&SessionId>,
-    tokens: u64,
-    may_wait: bool,
-    limits_on: bool,
-) -> Result<Placed, Refusal> {
+pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Refusal> {
+    let Demand {
+        pool,
+        label,
+        session,
+        tokens,
+        limits_on,
+        share,
+    } = *demand;
     let now = now_ms();
     let cands = candidates(route, pool, now);
     if cands.is_empty() {
@@ -71,11 +87,21 @@ pub fn place_with(
             route.name(),
         )));
     }
-    if let Some(limit) = route.adaptive_limit(label, pool) {
-        let (_, in_flight) = route.pool_load(pool);
-        if in_flight >= limit.floor() {
+    let adaptive = route.adaptive_limit(label, pool);
+    if adaptive.is_some() || share < 1.0 {
+        let (max, in_flight) = route.pool_load(pool);
+        let limit = adaptive.unwrap_or(max);
+        let factor = route.config.protection.session_prio.rt_limit_factor;
+        let ceiling = crate::protect::prio::ceiling(limit, factor, share) as f64;
+        if in_flight >= ceiling.min(limit.floor()) {
             if limits_on {
-                let err = concurrency_limit(route, &cands).with("adaptive_cc", limit.floor());
+                let mut err = concurrency_limit(route, &cands);
+                if let Some(a) = adaptive {
+                    err = err.with("adaptive_cc", a.floor());
+                }
+                if share < 1.0 {
+                    err = err.with("session_prio_ceiling", ceiling);
+                }
                 return Err(Refusal::Full(err));
             }
             route

@@ -6,10 +6,9 @@
 //! sessions. Waiters wake whenever a slot is released, a session leaves its
 //! engine's live window, or the process starts draining.
 
-use super::{place_with, Placed, Refusal};
+use super::{place_with, Demand, Placed, Refusal};
 use crate::lifecycle;
 use crate::registry::Route;
-use crate::session::SessionId;
 use std::time::{Duration, Instant};
 
 /// A placed request and how long it waited for room.
@@ -27,21 +26,15 @@ pub struct Refused {
 /// Places the request, waiting for room when the route has a queue. The
 /// future may be dropped at any point (the client went away): its place in
 /// the queue goes with it.
-pub async fn place_or_wait(
-    route: &Route,
-    pool: &[usize],
-    label: &str,
-    session: Option<&SessionId>,
-    tokens: u64,
-    limits_on: bool,
-) -> Result<Admitted, Refused> {
+pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Admitted, Refused> {
+    let (label, session) = (demand.label, demand.session);
     let timeout = route.config.queue_timeout;
     let may_wait = !timeout.is_zero();
     // Decided before the first try: a try that finds no free slot may
     // already have bound a new session to its engine.
     let now = crate::clock::now_ms();
     let warm = session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
-    match place_with(route, pool, label, session, tokens, may_wait, limits_on) {
+    match place_with(route, demand, may_wait) {
         Ok(placed) => {
             return Ok(Admitted {
                 placed,
@@ -71,7 +64,7 @@ pub async fn place_or_wait(
         let (warm_waiting, _) = signal.waiting();
         // A new session lets waiting warm turns go first.
         if warm || warm_waiting == 0 {
-            match place_with(route, pool, label, session, tokens, true, limits_on) {
+            match place_with(route, demand, true) {
                 Ok(placed) => {
                     return Ok(Admitted {
                         placed,
@@ -98,7 +91,7 @@ pub async fn place_or_wait(
     // Out of time (or draining): what it would have had without a queue. A
     // new session that only lacked KV room is placed anyway if a slot is free.
     let waited = Some(started.elapsed());
-    match place_with(route, pool, label, session, tokens, false, limits_on) {
+    match place_with(route, demand, false) {
         Ok(placed) => Ok(Admitted { placed, waited }),
         Err(Refusal::NoReadyPeer(error)) => Err(Refused { error, waited }),
         Err(Refusal::Full(error)) => Err(refused_full(route, label, error, waited)),

@@ -60,6 +60,15 @@ pub(super) struct RouteFile {
     pub adaptive_cc_init_frac: Option<f64>,
     pub adaptive_cc_hold_when_idle: Option<Flag>,
     pub adaptive_cc_use_ttft: Option<Flag>,
+    pub session_prio: Option<Flag>,
+    pub session_prio_r_new: Option<f64>,
+    pub session_prio_full_turn: Option<u64>,
+    pub session_prio_severe: Option<f64>,
+    pub session_prio_release: Option<f64>,
+    pub session_prio_t1_probes: Option<u32>,
+    pub session_prio_warn_frac: Option<f64>,
+    pub session_prio_table: Option<Vec<PrioBucketFile>>,
+    pub rt_limit_factor: Option<f64>,
     pub engine_api_key_file: Option<PathBuf>,
 }
 
@@ -124,4 +133,12 @@ pub(super) struct TimeoutsFile {
     pub connect: Option<Dur>,
     pub read: Option<Dur>,
     pub idle: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PrioBucketFile {
+    pub min_turn: u64,
+    pub share: f64,
+    pub tol: Option<f64>,
 }

@@ -16,7 +16,8 @@ pub use gateway::{
 };
 pub use route::{
     route_name_of, valid_route_name, AdaptiveConfig, Balancing, EngineMetricsConfig, HealthConfig,
-    Mode, PeerConfig, Protection, RouteConfig, Timeouts, MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
+    Mode, PeerConfig, Protection, RouteConfig, SessionPrio, Timeouts, MAX_IDLE_TIMEOUT,
+    MIN_IDLE_TIMEOUT,
 };
 
 use std::fmt;

@@ -264,6 +264,8 @@ pub struct Protection {
     /// Adaptive concurrency: the pool's limit moves by AIMD between its
     /// bounds (on by default when a decode-rate floor is set).
     pub adaptive: Option<AdaptiveConfig>,
+    /// Session turn priority: the gates grade by turn bucket.
+    pub session_prio: SessionPrio,
     /// Requests per `probe_window` that pass a tripped gate.
     pub probes: u32,
     pub probe_window: Duration,
@@ -296,6 +298,19 @@ impl AdaptiveConfig {
         p.use_ttft = self.use_ttft;
         p
     }
+}
+
+/// Session turn priority settings (the seed's `session_prio_*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionPrio {
+    /// As configured; the runtime toggle may override.
+    pub enabled: bool,
+    pub table: Vec<crate::protect::prio::Bucket>,
+    pub rt_limit_factor: f64,
+    pub severe: f64,
+    pub release: f64,
+    pub t1_probes: u32,
+    pub warn_frac: f64,
 }
 
 impl Protection {
@@ -345,8 +360,58 @@ fn parse_protection(at: &Locator, file: &RouteFile) -> Result<Protection, Config
         tps_limit_tps: positive("tps_limit_tps", file.tps_limit_tps)?,
         load_rate_limit: file.load_rate_limit.map(|f| f.0),
         adaptive: adaptive_config(at, file)?,
+        session_prio: session_prio(at, file)?,
         probes: file.probes.unwrap_or(5),
         probe_window: file.probe_window.map_or(Duration::from_secs(10), |d| d.0),
+    })
+}
+
+fn session_prio(at: &Locator, file: &RouteFile) -> Result<SessionPrio, ConfigError> {
+    use crate::protect::prio::{default_table, validate_table, Bucket};
+    let severe = file.session_prio_severe.unwrap_or(1.5);
+    if severe.is_nan() || severe < 1.0 {
+        return Err(at.at_key(
+            "session_prio_severe",
+            "session_prio_severe must be at least 1".into(),
+        ));
+    }
+    let r_new = file.session_prio_r_new.unwrap_or(0.85);
+    if r_new.is_nan() || r_new <= 0.0 || r_new > 1.0 {
+        return Err(at.at_key(
+            "session_prio_r_new",
+            "session_prio_r_new must be in (0, 1]".into(),
+        ));
+    }
+    let table = match &file.session_prio_table {
+        None => default_table(r_new, file.session_prio_full_turn.unwrap_or(32), severe),
+        Some(rows) => {
+            let n = rows.len();
+            let table: Vec<Bucket> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Bucket {
+                    min_turn: r.min_turn,
+                    share: r.share,
+                    tol: r.tol.unwrap_or(if n > 1 {
+                        1.0 + (severe - 1.0) * i as f64 / (n - 1) as f64
+                    } else {
+                        severe
+                    }),
+                })
+                .collect();
+            validate_table(&table)
+                .map_err(|e| at.at_key("session_prio_table", format!("session_prio_table: {e}")))?;
+            table
+        }
+    };
+    Ok(SessionPrio {
+        enabled: flag(file.session_prio, false),
+        table,
+        rt_limit_factor: file.rt_limit_factor.unwrap_or(1.0),
+        severe,
+        release: file.session_prio_release.unwrap_or(0.9),
+        t1_probes: file.session_prio_t1_probes.unwrap_or(1),
+        warn_frac: file.session_prio_warn_frac.unwrap_or(0.2),
     })
 }
 

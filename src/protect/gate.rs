@@ -24,6 +24,14 @@ pub struct ProbeBudget {
 }
 
 impl ProbeBudget {
+    /// Probes taken in the current window (0 once it has passed).
+    pub fn used(&self, now_ms: u64, window_ms: u64) -> u32 {
+        match *self.state.lock() {
+            Some((start, used)) if now_ms.saturating_sub(start) < window_ms.max(1) => used,
+            _ => 0,
+        }
+    }
+
     /// Takes a probe slot if the current window has one left.
     pub fn take(&self, now_ms: u64, window_ms: u64, probes: u32) -> bool {
         let mut state = self.state.lock();

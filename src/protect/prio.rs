@@ -123,6 +123,89 @@ pub fn ceiling(limit: f64, factor: f64, share: f64) -> u64 {
     (limit * factor * share - 1e-9).ceil().max(0.0) as u64
 }
 
+/// Per-route counters and the turn-1 hold, for `/_session_status`.
+#[derive(Debug, Default)]
+pub struct PrioState {
+    /// Admitted and refused requests per bucket (index), and those of
+    /// requests whose header was unusable (`bnohdr`).
+    admits: parking_lot::Mutex<Vec<u64>>,
+    rejections: parking_lot::Mutex<Vec<u64>>,
+    pub bnohdr_admits: std::sync::atomic::AtomicU64,
+    pub bnohdr_rejections: std::sync::atomic::AtomicU64,
+    /// Turn 1 is held out until the TTFT EWMA falls below the release line.
+    pub hold_turn1: std::sync::atomic::AtomicBool,
+    /// Turn 1's own probe budget.
+    pub t1_probes: super::gate::ProbeBudget,
+}
+
+impl PrioState {
+    pub fn count(&self, bucket: usize, turn: Turn, admitted: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (per_bucket, nohdr) = if admitted {
+            (&self.admits, &self.bnohdr_admits)
+        } else {
+            (&self.rejections, &self.bnohdr_rejections)
+        };
+        if turn == Turn::Unusable {
+            nohdr.fetch_add(1, Relaxed);
+        }
+        let mut v = per_bucket.lock();
+        if v.len() <= bucket {
+            v.resize(bucket + 1, 0);
+        }
+        v[bucket] += 1;
+    }
+
+    /// (admits, rejections) of `bucket`.
+    pub fn counts(&self, bucket: usize) -> (u64, u64) {
+        let get = |m: &parking_lot::Mutex<Vec<u64>>| m.lock().get(bucket).copied().unwrap_or(0);
+        (get(&self.admits), get(&self.rejections))
+    }
+}
+
+/// How hard the TTFT gate bites for one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grade {
+    /// Under the bucket's soft line: admitted.
+    Open,
+    /// Between `threshold × tol(bucket)` and the hard trip: refused unless
+    /// it gets a probe slot.
+    Soft,
+    /// At or over `threshold × severe`: every bucket is refused but probes.
+    Hard,
+}
+
+/// The TTFT grade of `bucket` (its index in `table`) at `ewma_ms`. Turn 1
+/// (`bucket == 0`) also stays out while `hold_turn1` is set, even under its
+/// soft line: the hysteresis that keeps new sessions away until the EWMA
+/// has fallen well below the threshold.
+pub fn ttft_grade(
+    ewma_ms: Option<f64>,
+    threshold_ms: f64,
+    table: &[Bucket],
+    bucket: usize,
+    severe: f64,
+    hold_turn1: bool,
+) -> Grade {
+    let Some(v) = ewma_ms else {
+        return Grade::Open;
+    };
+    if v >= threshold_ms * severe {
+        return Grade::Hard;
+    }
+    let tol = table.get(bucket).map_or(1.0, |b| b.tol);
+    if v >= threshold_ms * tol || (bucket == 0 && hold_turn1) {
+        return Grade::Soft;
+    }
+    Grade::Open
+}
+
+/// The turn-1 hold is released once the EWMA falls below
+/// `threshold × release` or expires.
+pub fn releases_turn1_hold(ewma_ms: Option<f64>, threshold_ms: f64, release: f64) -> bool {
+    ewma_ms.is_none_or(|v| v < threshold_ms * release)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +272,27 @@ mod tests {
         assert!(validate_table(&[b(2), b(4)]).is_err());
         assert!(validate_table(&[b(1), b(1)]).is_err());
         assert!(validate_table(&[]).is_err());
+    }
+
+    #[test]
+    fn the_ttft_gate_grades_by_bucket_and_holds_turn_one() {
+        let table = default_table(0.85, 32, 1.5);
+        let g = |ewma: f64, bucket: usize, hold: bool| {
+            ttft_grade(Some(ewma), 1_000.0, &table, bucket, 1.5, hold)
+        };
+        // At the threshold only turn 1 is in its soft zone.
+        assert_eq!(g(1_000.0, 0, false), Grade::Soft);
+        assert_eq!(g(1_000.0, 1, false), Grade::Open);
+        // Higher, warmer buckets follow; the warmest only at the hard trip.
+        assert_eq!(g(1_300.0, 2, false), Grade::Soft);
+        assert_eq!(g(1_499.0, 5, false), Grade::Open);
+        assert_eq!(g(1_500.0, 5, false), Grade::Hard);
+        // The hold keeps turn 1 out below its line, and only turn 1.
+        assert_eq!(g(500.0, 0, true), Grade::Soft);
+        assert_eq!(g(500.0, 1, true), Grade::Open);
+        assert_eq!(ttft_grade(None, 1_000.0, &table, 0, 1.5, true), Grade::Open);
+        assert!(!releases_turn1_hold(Some(950.0), 1_000.0, 0.9));
+        assert!(releases_turn1_hold(Some(899.0), 1_000.0, 0.9));
+        assert!(releases_turn1_hold(None, 1_000.0, 0.9));
     }
 }

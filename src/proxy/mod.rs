@@ -74,26 +74,34 @@ impl Gateway {
         req.pool = crate::balance::model_pool(route, req.model.as_deref())?;
         let label = response::record::pool_label(route, req.model.as_deref());
         let gateway_rate_limit = self.registry.gateway().load_rate_limit;
+        let turn = guards::prio::turn_of(route, session, req.json_object);
         if req.json_object {
             let healthy = crate::balance::candidates(route, &req.pool, crate::clock::now_ms());
             let model = req.model.as_deref();
-            guards::load::check(route, label, model, healthy.len(), gateway_rate_limit)?;
+            let gates =
+                guards::load::check(route, label, model, healthy.len(), gateway_rate_limit, turn);
+            if let (Err(_), Some(t)) = (&gates, turn) {
+                route.runtime.prio.count(t.bucket, t.turn, false);
+            }
+            gates?;
         }
-        let limits_on = route.rate_limit(gateway_rate_limit).0;
-        let tokens = request::body::estimated_tokens(&req.body);
-        let waiting = crate::balance::place_or_wait(
-            route,
-            &req.pool,
+        let demand = crate::balance::Demand {
+            pool: &req.pool,
             label,
-            req.session.as_ref(),
-            tokens,
-            limits_on,
-        );
+            session: req.session.as_ref(),
+            tokens: request::body::estimated_tokens(&req.body),
+            limits_on: route.rate_limit(gateway_rate_limit).0,
+            share: turn.map_or(1.0, |t| t.share),
+        };
+        let waiting = crate::balance::place_or_wait(route, &demand);
         let outcome = tokio::select! {
             outcome = waiting => outcome,
             // A client that hangs up while queued leaves the queue at once.
             _ = request::client_gone(session) => return Err(Local::ClientGone),
         };
+        if let Some(t) = turn {
+            route.runtime.prio.count(t.bucket, t.turn, outcome.is_ok());
+        }
         let (placed, waited) = match outcome {
             Ok(admitted) => (admitted.placed, admitted.waited),
             Err(refused) => {

@@ -51,6 +51,12 @@ pub struct RouteRuntime {
     pub meter: crate::protect::meter::Meter,
     /// 429s by gate, and the trips the rate-limit switch let through.
     pub refusals: crate::protect::gate::GateCounts,
+    /// Session turn priority's counters and hold.
+    pub prio: crate::protect::prio::PrioState,
+    /// Prompt and cached prompt tokens the engines reported, for the cache
+    /// hit rate in `/_session_status`.
+    pub prompt_tokens: std::sync::atomic::AtomicU64,
+    pub cached_tokens: std::sync::atomic::AtomicU64,
     /// The adaptive limit of each pool (`"_"` without pools).
     pub adaptive: Mutex<HashMap<String, AdaptivePool>>,
     pub trips_while_off: crate::protect::gate::GateCounts,
@@ -67,6 +73,15 @@ pub struct RouteRuntime {
 }
 
 impl RouteRuntime {
+    /// (prompt, cached) tokens reported so far.
+    pub fn prompt_tokens(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.prompt_tokens.load(Relaxed),
+            self.cached_tokens.load(Relaxed),
+        )
+    }
+
     pub(super) fn new(config: &RouteConfig) -> Self {
         RouteRuntime {
             peers: Mutex::new(HashMap::new()),
@@ -76,6 +91,9 @@ impl RouteRuntime {
             meter: Default::default(),
             refusals: Default::default(),
             adaptive: Mutex::new(HashMap::new()),
+            prio: Default::default(),
+            prompt_tokens: Default::default(),
+            cached_tokens: Default::default(),
             trips_while_off: Default::default(),
             generation: AtomicUsize::new(0),
             round_robin: AtomicUsize::new(0),

@@ -47,10 +47,11 @@ pub struct Toggles {
     pub tps_429: Toggle,
     /// The master switch over every load-based 429.
     pub rate_limit: Toggle,
+    pub session_prio: Toggle,
 }
 
 /// Every toggle's name, as `/<route>/_<name>_toggle` spells it.
-pub const TOGGLE_NAMES: [&str; 8] = [
+pub const TOGGLE_NAMES: [&str; 9] = [
     "reject_rules",
     "include_usage",
     "postprocess",
@@ -59,6 +60,7 @@ pub const TOGGLE_NAMES: [&str; 8] = [
     "tps",
     "tps_429",
     "rate_limit",
+    "session_prio",
 ];
 
 impl Toggles {
@@ -72,6 +74,7 @@ impl Toggles {
             "tps" => Some(&self.tps),
             "tps_429" => Some(&self.tps_429),
             "rate_limit" => Some(&self.rate_limit),
+            "session_prio" => Some(&self.session_prio),
             _ => None,
         }
     }

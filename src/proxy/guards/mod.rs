@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod load;
+pub mod prio;
 pub mod rules;
 pub mod usage;
 

@@ -32,6 +32,15 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
         if let (Some(sid), Some(route)) = (&ctx.request.session, &ctx.route) {
             // What the session now holds on its engine until its next turn.
             let context = u.prompt_tokens.saturating_add(u.completion_tokens);
+            use std::sync::atomic::Ordering::Relaxed;
+            route
+                .runtime
+                .prompt_tokens
+                .fetch_add(u.prompt_tokens, Relaxed);
+            route
+                .runtime
+                .cached_tokens
+                .fetch_add(u.cached_tokens, Relaxed);
             route
                 .runtime
                 .sessions

@@ -1,0 +1,38 @@
+//! Session turn priority as the proxy applies it: which bucket a request's
+//! turn falls in (from `x-phanrouter-session`), when the route has the
+//! feature on. With it off nothing is read and every path is unchanged.
+
+use crate::protect::prio::{bucket_of, parse_header, Turn, HEADER};
+use crate::registry::Route;
+use pingora::proxy::Session;
+
+/// A request's place in the turn table.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TurnBucket {
+    pub turn: Turn,
+    pub bucket: usize,
+    /// The bucket's share of the concurrency limit.
+    pub share: f64,
+}
+
+/// The request's bucket, or `None` when session priority is off for the
+/// route (or the request is no LLM request).
+pub fn turn_of(route: &Route, session: &Session, llm: bool) -> Option<TurnBucket> {
+    let prio = &route.config.protection.session_prio;
+    if !llm || !route.runtime.toggles.session_prio.is_on(prio.enabled) {
+        return None;
+    }
+    let header = session
+        .req_header()
+        .headers
+        .get(HEADER)
+        .map(|v| v.as_bytes());
+    let turn = parse_header(header);
+    let bucket = bucket_of(&prio.table, turn);
+    let share = prio.table.get(bucket).map_or(1.0, |b| b.share);
+    Some(TurnBucket {
+        turn,
+        bucket,
+        share,
+    })
+}
