@@ -160,7 +160,7 @@ pub struct RouteConfig {
     pub warnings: Vec<String>,
 }
 
-pub const DEFAULT_LIVE_WINDOW: Duration = Duration::from_secs(60);
+pub const DEFAULT_LIVE_WINDOW: Duration = Duration::from_secs(10);
 pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 

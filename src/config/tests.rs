@@ -208,9 +208,9 @@ fn client_idle_timeout_defaults_to_60s_and_needs_whole_seconds() {
 }
 
 #[test]
-fn live_window_defaults_to_a_minute_and_stays_within_the_idle_timeout() {
+fn live_window_defaults_to_ten_seconds_and_stays_within_the_idle_timeout() {
     let r = route(MINIMAL).unwrap();
-    assert_eq!(r.balancing.live_window, Duration::from_secs(60));
+    assert_eq!(r.balancing.live_window, Duration::from_secs(10));
     let with = |w: &str| {
         route(&format!(
             "{MINIMAL}balancing:\n  session_affinity:\n    idle_timeout: 10m\n    live_window: {w}\n"

@@ -107,10 +107,12 @@ pub fn hash_place(sid: u64, peers: &[PeerLoad], rand: u64) -> Option<Placement> 
 }
 
 /// The peer passing `eligible` that holds the least: fewest live bound
-/// context tokens, then sessions, then requests (load as in
+/// sessions, then their context tokens, then requests (load as in
 /// [`PeerLoad::load`]). What an engine is holding between turns matters as
 /// much as what is in flight: by requests alone a new session can land on an
-/// engine whose idle sessions already fill its KV.
+/// engine whose idle sessions will all be back in a second. Sessions come
+/// first because each brings about the same request rate (what queues
+/// build from); tokens, which fill the KV, are what admission checks.
 pub(super) fn least_bound(
     sid: u64,
     peers: &[PeerLoad],
@@ -118,8 +120,8 @@ pub(super) fn least_bound(
 ) -> Option<&PeerLoad> {
     peers.iter().filter(|p| eligible(p)).min_by_key(|p| {
         (
-            p.bound.tokens,
             p.bound.sessions,
+            p.bound.tokens,
             p.load(),
             Reverse(rendezvous_weight(sid, p.id)),
         )

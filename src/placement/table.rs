@@ -82,7 +82,7 @@ impl Default for TableConfig {
             cooldown_ms: 60_000,
             spill_margin: 4,
             spill_margin_blind: 8,
-            live_window_ms: 60_000,
+            live_window_ms: 10_000,
             kv_admit_permille: 900,
         }
     }
