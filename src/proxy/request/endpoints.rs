@@ -43,7 +43,10 @@ pub fn answer(
     if !rest.starts_with("/_") {
         return Ok(());
     }
-    if rest.contains("reset=1") && !is_loopback_peer(session) {
+    let resets = rest
+        .split_once('?')
+        .is_some_and(|(_, query)| query.split('&').any(|kv| kv == "reset=1"));
+    if resets && !is_loopback_peer(session) {
         return Err(ErrorResponse::new(
             403,
             "forbidden",
