@@ -195,8 +195,8 @@ fn check(dir: &std::path::Path) -> (bool, String) {
     (out.status.success(), text)
 }
 
-#[test]
-fn check_reports_file_line_and_reason() {
+/// A config directory for `check`: gateway.yaml pointing at an empty routes/.
+fn check_dir() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let routes = dir.path().join("routes");
     std::fs::create_dir_all(&routes).unwrap();
@@ -205,6 +205,12 @@ fn check_reports_file_line_and_reason() {
         format!("routes_dir: {}\n", routes.display()),
     )
     .unwrap();
+    (dir, routes)
+}
+
+#[test]
+fn check_reports_file_line_and_reason() {
+    let (dir, routes) = check_dir();
     let good = "peers:\n  - {name: a, host: 127.0.0.1, port: 8000}\n";
     std::fs::write(routes.join("good.yaml"), good).unwrap();
     let (ok, text) = check(dir.path());
@@ -232,14 +238,7 @@ fn check_reports_file_line_and_reason() {
 
 #[test]
 fn check_refuses_a_reject_rule_that_a_load_would_drop() {
-    let dir = tempfile::tempdir().unwrap();
-    let routes = dir.path().join("routes");
-    std::fs::create_dir_all(&routes).unwrap();
-    std::fs::write(
-        dir.path().join("gateway.yaml"),
-        format!("routes_dir: {}\n", routes.display()),
-    )
-    .unwrap();
+    let (dir, routes) = check_dir();
     let route = |pattern: &str| {
         format!(
             "peers:\n  - {{name: a, host: 127.0.0.1, port: 8000}}\nreject_rules:\n  - name: no-foo\n    when: {{field: model, op: match, value: \"{pattern}\"}}\n"

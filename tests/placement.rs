@@ -579,6 +579,16 @@ fn wait_ready(gw: &Gateway, route: &str, peer: &str, ready: bool) {
     );
 }
 
+/// Fails the probes of peer `eN` and waits until the route has banned it.
+fn take_down(gw: &Gateway, cluster: &SimCluster, route: &str, peer: &str) {
+    let index: usize = peer[1..].parse().expect("peers are named eN");
+    cluster.engines[index]
+        .faults
+        .health_down
+        .store(true, Ordering::Relaxed);
+    wait_ready(gw, route, peer, false);
+}
+
 #[test]
 fn hash_mode_labels_a_session_whose_home_is_down_hash_fallback() {
     let cluster = engines(3);
@@ -596,12 +606,7 @@ fn hash_mode_labels_a_session_whose_home_is_down_hash_fallback() {
     let first = send();
     assert_eq!(first.header("x-routed-mode"), Some("hash"));
     let home = peer_of(&first);
-    let home_idx: usize = home[1..].parse().unwrap();
-    cluster.engines[home_idx]
-        .faults
-        .health_down
-        .store(true, Ordering::Relaxed);
-    wait_ready(&gw, "h", &home, false);
+    take_down(&gw, &cluster, "h", &home);
 
     let moved = send();
     assert_ne!(peer_of(&moved), home);
@@ -630,12 +635,7 @@ fn route_debug_calls_a_banned_peer_not_ready() {
         &chat_body("dbg", "x", false),
     );
     let home = peer_of(&first);
-    let home_idx: usize = home[1..].parse().unwrap();
-    cluster.engines[home_idx]
-        .faults
-        .health_down
-        .store(true, Ordering::Relaxed);
-    wait_ready(&gw, "chat", &home, false);
+    take_down(&gw, &cluster, "chat", &home);
     let debug = http::get(gw.addr, "/chat/_route_debug?sid=dbg").json();
     let why = debug["why"].as_str().unwrap_or_default();
     assert!(why.contains("is not ready"), "{debug}");

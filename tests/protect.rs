@@ -172,20 +172,7 @@ fn a_pool_over_its_ttft_limit_lets_five_probes_through_and_refuses_the_rest() {
 }
 
 fn hold_slot(gw: &Gateway, gate: &str) -> common::http::Conn {
-    use common::http::{Conn, Upload};
-    let mut conn = Conn::open(gw.addr);
-    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 4,
-                      "messages": [{"role": "user", "content": "hold"}]});
-    conn.send(
-        "POST",
-        CHAT,
-        &[("content-type", "application/json"), ("x-sim-gate", gate)],
-        body.to_string().as_bytes(),
-        Upload::Length,
-    );
-    assert_eq!(conn.read_head().status, 200);
-    conn.read_chunk().expect("first frame").expect("data");
-    conn
+    hold_stream(gw, CHAT, gate, &[])
 }
 
 fn toggle(gw: &Gateway, query: &str) -> u16 {
@@ -315,25 +302,9 @@ fn turn_header(turn: u64) -> String {
 }
 
 fn hold_on(gw: &Gateway, route: &str, gate: &str, turn: u64) -> common::http::Conn {
-    use common::http::{Conn, Upload};
-    let mut conn = Conn::open(gw.addr);
-    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 4,
-                      "messages": [{"role": "user", "content": "hold"}]});
     let header = turn_header(turn);
-    conn.send(
-        "POST",
-        &format!("/{route}/v1/chat/completions"),
-        &[
-            ("content-type", "application/json"),
-            ("x-sim-gate", gate),
-            ("x-phanrouter-session", &header),
-        ],
-        body.to_string().as_bytes(),
-        Upload::Length,
-    );
-    assert_eq!(conn.read_head().status, 200);
-    conn.read_chunk().expect("first frame").expect("data");
-    conn
+    let path = format!("/{route}/v1/chat/completions");
+    hold_stream(gw, &path, gate, &[("x-phanrouter-session", &header)])
 }
 
 #[test]

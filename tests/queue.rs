@@ -21,23 +21,7 @@ fn one_slot_route(cluster: &SimCluster, extra: &str) -> String {
 
 /// A stream that holds the route's only slot until `gate` opens.
 fn hold_slot(gw: &Gateway, session: &str, gate: &str) -> Conn {
-    let mut conn = Conn::open(gw.addr);
-    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 4,
-                      "messages": [{"role": "user", "content": "hold"}]});
-    conn.send(
-        "POST",
-        CHAT,
-        &[
-            ("content-type", "application/json"),
-            ("x-sim-gate", gate),
-            ("x-session-id", session),
-        ],
-        body.to_string().as_bytes(),
-        Upload::Length,
-    );
-    assert_eq!(conn.read_head().status, 200);
-    conn.read_chunk().expect("first frame").expect("data");
-    conn
+    hold_stream(gw, CHAT, gate, &[("x-session-id", session)])
 }
 
 /// Sends a request without waiting for its answer.

@@ -22,7 +22,7 @@ mod queue;
 pub use explain::explain;
 pub use load::{discount_completed, peer_loads};
 pub use pools::{candidates, model_pool, rule_view};
-pub use queue::{place_or_wait, Admitted, Refused};
+pub use queue::{place_or_wait, Granted, Refused};
 
 use crate::clock::now_ms;
 use crate::config::Mode;

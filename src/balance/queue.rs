@@ -12,7 +12,7 @@ use crate::registry::Route;
 use std::time::{Duration, Instant};
 
 /// A placed request and how long it waited for room.
-pub struct Admitted {
+pub struct Granted {
     pub placed: Placed,
     pub waited: Option<Duration>,
 }
@@ -26,7 +26,7 @@ pub struct Refused {
 /// Places the request, waiting for room when the route has a queue. The
 /// future may be dropped at any point (the client went away): its place in
 /// the queue goes with it.
-pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Admitted, Refused> {
+pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted, Refused> {
     let (label, session) = (demand.label, demand.session);
     let timeout = route.config.queue_timeout;
     let may_wait = !timeout.is_zero();
@@ -36,7 +36,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Admitte
     let warm = session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
     match place_with(route, demand, may_wait) {
         Ok(placed) => {
-            return Ok(Admitted {
+            return Ok(Granted {
                 placed,
                 waited: None,
             })
@@ -66,7 +66,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Admitte
         if warm || warm_waiting == 0 {
             match place_with(route, demand, true) {
                 Ok(placed) => {
-                    return Ok(Admitted {
+                    return Ok(Granted {
                         placed,
                         waited: Some(started.elapsed()),
                     })
@@ -92,7 +92,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Admitte
     // new session that only lacked KV room is placed anyway if a slot is free.
     let waited = Some(started.elapsed());
     match place_with(route, demand, false) {
-        Ok(placed) => Ok(Admitted { placed, waited }),
+        Ok(placed) => Ok(Granted { placed, waited }),
         Err(Refusal::NoReadyPeer(error)) => Err(Refused { error, waited }),
         Err(Refusal::Full(error)) => Err(refused_full(route, label, error, waited)),
     }

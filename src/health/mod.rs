@@ -61,7 +61,7 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
                 ));
             }
         }
-        if let Some(_adaptive) = route.config.protection.adaptive {
+        if route.config.protection.adaptive.is_some() {
             let (route, registry) = (Arc::clone(route), Arc::clone(registry));
             let every = Duration::from_millis(route.config.protection.meter.tps_window_ms.max(50));
             tokio::spawn(async move {

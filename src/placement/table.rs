@@ -396,7 +396,9 @@ impl SessionTable {
             })
     }
 
-    /// Live sessions and their tokens, per peer the table has seen.
+    /// Live sessions and their tokens, per peer the table has seen (the
+    /// request path reads one peer at a time with [`live_of`](Self::live_of)).
+    #[cfg(test)]
     pub fn live_per_peer(&self) -> Vec<(PeerId, Bound)> {
         let live = self.live.read();
         let mut out: Vec<(PeerId, Bound)> = live

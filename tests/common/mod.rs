@@ -256,3 +256,24 @@ pub fn chat_body(session: &str, content: &str, stream: bool) -> serde_json::Valu
         "metadata": {"session_id": session},
     })
 }
+
+/// Opens a stream on `path` that the simulated engine holds after its first
+/// frame until `gate` opens (`EngineHandle::open_gate`): a request that keeps
+/// its slot for as long as a test needs. Extra headers are sent as given.
+pub fn hold_stream(gw: &Gateway, path: &str, gate: &str, headers: &[(&str, &str)]) -> http::Conn {
+    let mut conn = http::Conn::open(gw.addr);
+    let body = serde_json::json!({"model": "sim-model", "stream": true, "max_tokens": 4,
+                                  "messages": [{"role": "user", "content": "hold"}]});
+    let mut all = vec![("content-type", "application/json"), ("x-sim-gate", gate)];
+    all.extend_from_slice(headers);
+    conn.send(
+        "POST",
+        path,
+        &all,
+        body.to_string().as_bytes(),
+        http::Upload::Length,
+    );
+    assert_eq!(conn.read_head().status, 200, "the held stream starts");
+    conn.read_chunk().expect("first frame").expect("data");
+    conn
+}
