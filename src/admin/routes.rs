@@ -25,8 +25,110 @@ pub const ENDPOINTS: &[&str] = &[
     "POST /_reject_rules_toggle?on=0|1|reset=1",
     "POST /_include_usage_toggle?on=0|1|reset=1",
     "POST /_postprocess_toggle?on=0|1|reset=1",
-    "POST /_ttft_toggle, /_ttft_429_toggle, /_tps_toggle, /_tps_429_toggle, /_rate_limit_toggle ?on=0|1|reset=1",
+    "POST /_ttft_toggle, /_ttft_429_toggle, /_tps_toggle, /_tps_429_toggle, /_rate_limit_toggle, /_session_prio_toggle ?on=0|1|reset=1",
+    "POST /_ttft_limit?ms=N[&ttl=S]|reset=1, /_tps_limit?tps=N[&ttl=S]|reset=1",
 ];
+
+/// `/_ttft_limit`, `/_tps_limit` → which limit a runtime override sets.
+pub fn limit_override_name(path: &str) -> Option<&'static str> {
+    match path.split('?').next()? {
+        "/_ttft_limit" => Some("ttft"),
+        "/_tps_limit" => Some("tps"),
+        _ => None,
+    }
+}
+
+/// Sets (`?ms=` / `?tps=`, with `&ttl=` in seconds or as a duration,
+/// default two hours) or clears (`?reset=1`) a runtime limit override.
+/// The caller has already checked that the request came from loopback.
+pub fn apply_limit_override(route: &Route, path_and_query: &str) -> Result<Value, ErrorResponse> {
+    let name = limit_override_name(path_and_query)
+        .ok_or_else(|| ErrorResponse::not_found("unknown limit"))?;
+    let (o, key) = match name {
+        "ttft" => (&route.runtime.limit_overrides.ttft_ms, "ms"),
+        _ => (&route.runtime.limit_overrides.tps, "tps"),
+    };
+    let query = path_and_query.split_once('?').map(|(_, q)| q).unwrap_or("");
+    let param = |k: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+    };
+    let now = now_ms();
+    match (param(key), param("reset")) {
+        (_, Some("1")) => o.clear(),
+        (Some(v), _) => {
+            let value = v
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| {
+                    ErrorResponse::bad_request(format!("{key} must be a positive number"))
+                })?;
+            let ttl = match param("ttl") {
+                None => {
+                    std::time::Duration::from_secs(crate::protect::limits::DEFAULT_OVERRIDE_TTL_S)
+                }
+                Some(t) => crate::config::units::parse_duration(t)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| {
+                        ErrorResponse::bad_request("ttl must be seconds or a duration (90s, 2h)")
+                    })?,
+            };
+            o.set(value, now.saturating_add(ttl.as_millis() as u64));
+        }
+        _ => {
+            return Err(ErrorResponse::bad_request(format!(
+                "use ?{key}=N[&ttl=S] or ?reset=1"
+            )))
+        }
+    }
+    Ok(
+        json!({"route": route.config.name, "limit": name, "state": limits_json(route)[name].clone()}),
+    )
+}
+
+/// The limits in force for the route's default model, where each comes
+/// from, and the runtime overrides with their expiry.
+fn limits_json(route: &Route) -> Value {
+    let p = &route.config.protection;
+    let now = now_ms();
+    let o = &route.runtime.limit_overrides;
+    let reading = crate::protect::meter::Reading::default();
+    let override_json = |ov: &crate::protect::limits::Override| match ov.get(now) {
+        Some(v) => {
+            json!({"value": v, "expires_in_s": ov.expires_ms(now).map(|e| e.saturating_sub(now) / 1000)})
+        }
+        None => Value::Null,
+    };
+    let table_json = |t: &Option<Vec<crate::protect::limits::MetricLimit>>| match t {
+        Some(t) => json!(t
+            .iter()
+            .map(|m| json!({"metric": m.fold.name(), "threshold": m.threshold}))
+            .collect::<Vec<_>>()),
+        None => Value::Null,
+    };
+    let ttft = p.judge_ttft(&reading, None, o.ttft_ms.get(now));
+    let tps = p.judge_tps(&reading, o.tps.get(now));
+    json!({
+        "ttft": {
+            "limit_ms": (p.ttft_metrics.is_none()).then_some(ttft.limit),
+            "source": ttft.source.as_str(),
+            "metric_table": table_json(&p.ttft_metrics),
+            "override": override_json(&o.ttft_ms),
+            "static_ms": p.ttft_limit_ms,
+            "by_model": p.ttft_limit_by_model.iter().map(|(m, l)| json!({"model": m, "limit_ms": l})).collect::<Vec<_>>(),
+        },
+        "tps": {
+            "floor": tps.filter(|_| p.tps_metrics.is_none()).map(|j| j.limit),
+            "source": tps.map(|j| j.source.as_str()),
+            "metric_table": table_json(&p.tps_metrics),
+            "override": override_json(&o.tps),
+            "static": p.tps_limit_tps,
+        },
+    })
+}
 
 /// `/_<name>_toggle` → the toggle's name.
 pub fn toggle_name(path: &str) -> Option<&str> {
@@ -170,7 +272,7 @@ pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Opti
         "/_active_conns" => Some(active_conns(route)),
         "/_sessions" => Some(sessions(route)),
         "/_route_debug" => Some(route_debug(route, query.unwrap_or(""))),
-        "/_ttft_status" | "/_tps_status" => Some(measurement_status(route)),
+        "/_ttft_status" | "/_tps_status" => Some(measurement_status(route, registry)),
         "/_429_status" => Some(status_429(route, registry, query.unwrap_or(""))),
         "/_session_status" => Some(session_status(route)),
         "/_rate_limit_status" => Some(json!({
@@ -235,7 +337,7 @@ fn route_state(route: &Route) -> Value {
 
 /// The TTFT and decode-rate EWMAs per pool and peer, with the histograms
 /// of their samples (both endpoints show the same measurement).
-fn measurement_status(route: &Route) -> Value {
+fn measurement_status(route: &Route, registry: &Registry) -> Value {
     let protection = &route.config.protection;
     let cfg = protection.meter;
     let now = now_ms();
@@ -252,6 +354,8 @@ fn measurement_status(route: &Route) -> Value {
             json!({
                 "scope": kind, "name": name,
                 "ttft_ewma_ms": r.ttft_ms, "tps_ewma": r.tps,
+                "ttft_ewmas_ms": folds_json(&cfg.ttft_folds, &r.ttft_all),
+                "tps_ewmas": folds_json(&cfg.tps_folds, &r.tps_all),
                 "ttft_window_samples": r.ttft_pending, "tps_window_samples": r.tps_pending,
                 "ttft_histogram_ms": ttft.iter().map(|(le, n)| json!({"le": le, "count": n})).collect::<Vec<_>>(),
                 "tps_histogram": tps.iter().map(|(le, n)| json!({"le": le, "count": n})).collect::<Vec<_>>(),
@@ -261,20 +365,40 @@ fn measurement_status(route: &Route) -> Value {
     json!({
         "route": route.config.name,
         "window_ms": {"ttft": cfg.ttft_window_ms, "tps": cfg.tps_window_ms},
-        "metrics": {"ttft": "p80", "tps": "p20"},
+        "metrics": {
+            "ttft": cfg.ttft_folds.as_slice().iter().map(|f| f.name()).collect::<Vec<_>>(),
+            "tps": cfg.tps_folds.as_slice().iter().map(|f| f.name()).collect::<Vec<_>>(),
+        },
         "alpha": cfg.alpha,
         "ttl_ms": cfg.ttl_ms,
         "tps_min_tokens": cfg.tps_min_tokens,
         "tps_min_decode_ms": cfg.tps_min_decode_ms,
         "nousage": meter.nousage(),
-        "ttft_limit_ms": protection.ttft_limit_ms,
-        "ttft_limit_by_model": protection.ttft_limit_by_model.iter().map(|(m, l)| json!({"model": m, "limit_ms": l})).collect::<Vec<_>>(),
-        "tps_limit_tps": protection.tps_limit_tps,
+        "limits": limits_json(route),
+        "switches": {
+            "ttft": toggle_json(&route.runtime.toggles.ttft, true),
+            "ttft_429": toggle_json(&route.runtime.toggles.ttft_429, true),
+            "tps": toggle_json(&route.runtime.toggles.tps, true),
+            "tps_429": toggle_json(&route.runtime.toggles.tps_429, true),
+            "rate_limit": rate_limit_json(route, registry),
+        },
         "adaptive_cc": adaptive_json(route),
         "probes": protection.probes,
         "probe_window_ms": protection.probe_window.as_millis() as u64,
         "series": series,
     })
+}
+
+/// Every fold's EWMA by its name (one entry unless a metric table names more).
+fn folds_json(
+    folds: &crate::protect::window::Folds,
+    values: &crate::protect::window::Values,
+) -> Value {
+    let mut out = serde_json::Map::new();
+    for (fold, v) in folds.as_slice().iter().zip(values) {
+        out.insert(fold.name(), json!(v));
+    }
+    Value::Object(out)
 }
 
 /// Each pool's adaptive limit with its bounds, `null` when the route has

@@ -28,6 +28,7 @@ use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::errors::ErrorResponse;
 use crate::placement::{self, Admission, Incoming, PeerLoad, Placement, PlacementKind, Reason};
+use crate::protect::gate::Gate;
 use crate::registry::{InFlightGuard, Route};
 use crate::session::SessionId;
 use pools::{load_ratio, usable};
@@ -62,8 +63,9 @@ pub enum Refusal {
     /// No ready peer: 503, nothing to wait for.
     NoReadyPeer(ErrorResponse),
     /// Every candidate at its limit, or (waiting allowed) a new session that
-    /// fits no engine's KV: 429, or a wait in the admission queue.
-    Full(ErrorResponse),
+    /// fits no engine's KV: 429, or a wait in the admission queue. The gate
+    /// is what `/_429_status` counts it as.
+    Full(ErrorResponse, Gate),
 }
 
 /// Places a request of `tokens` context tokens and reserves its slot. With
@@ -94,6 +96,12 @@ pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Plac
         let factor = route.config.protection.session_prio.rt_limit_factor;
         let ceiling = crate::protect::prio::ceiling(limit, factor, share) as f64;
         if in_flight >= ceiling.min(limit.floor()) {
+            // The plain limit had room: only the bucket's share refused.
+            let gate = if in_flight < limit.floor() {
+                Gate::SessionPrio
+            } else {
+                Gate::Concurrency
+            };
             if limits_on {
                 let mut err = concurrency_limit(route, &cands);
                 if let Some(a) = adaptive {
@@ -102,18 +110,20 @@ pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Plac
                 if share < 1.0 {
                     err = err.with("session_prio_ceiling", ceiling);
                 }
-                return Err(Refusal::Full(err));
+                return Err(Refusal::Full(err, gate));
             }
-            route
-                .runtime
-                .trips_while_off
-                .add(crate::protect::gate::Gate::Concurrency);
+            route.runtime.trips_while_off.add(gate);
         }
     }
     let loads = peer_loads(route, &rule_view(route, pool, &cands, now), now);
     let incoming = Incoming { tokens, may_wait };
     let placement = match apply_mode(route, &loads, session, incoming, now) {
-        Admission::NoKvRoom => return Err(Refusal::Full(concurrency_limit(route, &cands))),
+        Admission::NoKvRoom => {
+            return Err(Refusal::Full(
+                concurrency_limit(route, &cands),
+                Gate::Concurrency,
+            ))
+        }
         Admission::NoReadyPeer => None,
         Admission::Placed(placement) => Some(placement),
     };
@@ -134,15 +144,15 @@ pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Plac
         return Ok(placed);
     }
     if !limits_on {
-        route
-            .runtime
-            .trips_while_off
-            .add(crate::protect::gate::Gate::Concurrency);
+        route.runtime.trips_while_off.add(Gate::Concurrency);
         if let Some(placed) = overflow(route, &cands, |_| u32::MAX) {
             return Ok(placed);
         }
     }
-    Err(Refusal::Full(concurrency_limit(route, &cands)))
+    Err(Refusal::Full(
+        concurrency_limit(route, &cands),
+        Gate::Concurrency,
+    ))
 }
 
 /// The placed peer is at its limit: this one request goes to the

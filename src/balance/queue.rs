@@ -41,8 +41,8 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
                 waited: None,
             })
         }
-        Err(Refusal::Full(error)) if !may_wait => {
-            return Err(refused_full(route, label, error, None))
+        Err(Refusal::Full(error, gate)) if !may_wait => {
+            return Err(refused_full(route, label, error, gate, None))
         }
         Err(Refusal::NoReadyPeer(error)) => {
             // Nothing to wait for: no peer is up.
@@ -51,7 +51,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
                 waited: None,
             });
         }
-        Err(Refusal::Full(_)) => {}
+        Err(Refusal::Full(..)) => {}
     }
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
@@ -77,7 +77,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
                         waited: Some(started.elapsed()),
                     })
                 }
-                Err(Refusal::Full(_)) => {}
+                Err(Refusal::Full(..)) => {}
             }
         }
         if lifecycle::is_draining() {
@@ -94,21 +94,20 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     match place_with(route, demand, false) {
         Ok(placed) => Ok(Granted { placed, waited }),
         Err(Refusal::NoReadyPeer(error)) => Err(Refused { error, waited }),
-        Err(Refusal::Full(error)) => Err(refused_full(route, label, error, waited)),
+        Err(Refusal::Full(error, gate)) => Err(refused_full(route, label, error, gate, waited)),
     }
 }
 
-/// A concurrency 429: counted as the route's real refusal.
+/// A concurrency (or session-priority share) 429: counted as the route's
+/// real refusal.
 fn refused_full(
     route: &Route,
     label: &str,
     error: crate::errors::ErrorResponse,
+    gate: crate::protect::gate::Gate,
     waited: Option<Duration>,
 ) -> Refused {
     route.adaptive_rejected(label);
-    route
-        .runtime
-        .refusals
-        .add(crate::protect::gate::Gate::Concurrency);
+    route.runtime.refusals.add(gate);
     Refused { error, waited }
 }

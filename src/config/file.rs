@@ -47,6 +47,10 @@ pub(super) struct RouteFile {
     pub ttft_limit_ms: Option<f64>,
     pub ttft_limit_by_model: Option<BTreeMap<String, f64>>,
     pub tps_limit_tps: Option<f64>,
+    /// Read as plain YAML: one bad entry drops the table (with a warning)
+    /// instead of refusing the whole route file, as the seed does.
+    pub ttft_metrics: Option<serde_yaml::Value>,
+    pub tps_metrics: Option<serde_yaml::Value>,
     pub ewma_alpha: Option<f64>,
     pub ewma_ttl: Option<Dur>,
     pub tps_min_tokens: Option<u64>,

@@ -8,7 +8,11 @@ use super::file::{
 use super::gateway::GatewayConfig;
 use super::units::Flag;
 use super::{find_key_line, peer_item_line, ConfigError};
-use crate::protect::meter::MeterConfig;
+use crate::protect::limits::{
+    judge_table, metric_limit, Direction, Judged, LimitSource, MetricLimit,
+};
+use crate::protect::meter::{MeterConfig, Reading};
+use crate::protect::window::{Folds, MAX_FOLDS};
 use crate::reject::RuleSet;
 use crate::stream::postprocess::Handler;
 use std::collections::BTreeMap;
@@ -210,7 +214,7 @@ impl RouteConfig {
         let file: RouteFile =
             serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, e))?;
         let mut warnings = Vec::new();
-        let protection = parse_protection(&at, &file)?;
+        let protection = parse_protection(&at, &file, &mut warnings)?;
         let peers = parse_peers(&at, file.peers)?;
         let peers_by_model = parse_model_pools(&at, &peers, file.peers_by_model)?;
         let balancing = parse_balancing(&at, file.balancing.unwrap_or_default(), &mut warnings)?;
@@ -258,6 +262,10 @@ pub struct Protection {
     pub ttft_limit_by_model: Vec<(String, f64)>,
     /// Decode-rate floor (tok/s); `None`: no decode-rate gate.
     pub tps_limit_tps: Option<f64>,
+    /// Declared metric tables: each entry a fold of the window with its own
+    /// threshold; they replace the static limits and the runtime overrides.
+    pub ttft_metrics: Option<Vec<MetricLimit>>,
+    pub tps_metrics: Option<Vec<MetricLimit>>,
     /// The route's layer of the load-based 429s' master switch (`None`:
     /// the gateway's).
     pub load_rate_limit: Option<bool>,
@@ -314,14 +322,125 @@ pub struct SessionPrio {
 }
 
 impl Protection {
-    pub fn ttft_limit_for(&self, model: Option<&str>) -> f64 {
+    /// The static TTFT limit for `model`: its own, else the route's.
+    pub fn ttft_limit_for(&self, model: Option<&str>) -> (f64, LimitSource) {
         model
             .and_then(|m| self.ttft_limit_by_model.iter().find(|(name, _)| name == m))
-            .map_or(self.ttft_limit_ms, |(_, limit)| *limit)
+            .map_or((self.ttft_limit_ms, LimitSource::Route), |(_, limit)| {
+                (*limit, LimitSource::Model)
+            })
+    }
+
+    /// What the TTFT gate holds against its limit: the metric table's worst
+    /// entry, else the P80 against the runtime override, the model's or the
+    /// route's limit.
+    pub fn judge_ttft(
+        &self,
+        reading: &Reading,
+        model: Option<&str>,
+        runtime: Option<f64>,
+    ) -> Judged {
+        if let Some(j) = self
+            .ttft_metrics
+            .as_deref()
+            .and_then(|t| judge_table(&reading.ttft_all, t, Direction::Above))
+        {
+            return j;
+        }
+        let (limit, source) = match runtime {
+            Some(v) => (v, LimitSource::Runtime),
+            None => self.ttft_limit_for(model),
+        };
+        Judged {
+            ewma: reading.ttft_ms,
+            limit,
+            fold: self.meter.ttft_folds.as_slice()[0],
+            source,
+        }
+    }
+
+    /// The decode-rate gate's view; `None` without any floor.
+    pub fn judge_tps(&self, reading: &Reading, runtime: Option<f64>) -> Option<Judged> {
+        if let Some(j) = self
+            .tps_metrics
+            .as_deref()
+            .and_then(|t| judge_table(&reading.tps_all, t, Direction::Below))
+        {
+            return Some(j);
+        }
+        let (limit, source) = match (runtime, self.tps_limit_tps) {
+            (Some(v), _) => (v, LimitSource::Runtime),
+            (None, Some(v)) => (v, LimitSource::Route),
+            (None, None) => return None,
+        };
+        Some(Judged {
+            ewma: reading.tps,
+            limit,
+            fold: self.meter.tps_folds.as_slice()[0],
+            source,
+        })
     }
 }
 
-fn parse_protection(at: &Locator, file: &RouteFile) -> Result<Protection, ConfigError> {
+/// A `ttft_metrics` / `tps_metrics` table, or `None` (with a warning) when
+/// any entry is bad: the route then falls back to its static limit.
+fn metric_table(
+    key: &str,
+    raw: Option<&serde_yaml::Value>,
+    warnings: &mut Vec<String>,
+) -> Option<Vec<MetricLimit>> {
+    let raw = raw?;
+    let entry = |v: &serde_yaml::Value| -> Result<MetricLimit, String> {
+        let map = v.as_mapping().ok_or("an entry must be a mapping")?;
+        for k in map.keys() {
+            if !matches!(k.as_str(), Some("metric" | "q" | "threshold")) {
+                return Err(format!("unknown key {k:?}"));
+            }
+        }
+        let metric = v
+            .get("metric")
+            .and_then(serde_yaml::Value::as_str)
+            .ok_or("metric must be pNN or avg")?;
+        let number = |name: &str| -> Result<Option<f64>, String> {
+            match v.get(name) {
+                None => Ok(None),
+                Some(x) => x
+                    .as_f64()
+                    .map(Some)
+                    .ok_or(format!("{name} must be a number")),
+            }
+        };
+        metric_limit(metric, number("q")?, number("threshold")?)
+    };
+    let parsed: Result<Vec<MetricLimit>, String> = match raw.as_sequence() {
+        Some(rows) if rows.is_empty() => Err("the table is empty".into()),
+        Some(rows) if rows.len() > MAX_FOLDS => Err(format!(
+            "at most {MAX_FOLDS} entries ({} given)",
+            rows.len()
+        )),
+        Some(rows) => rows
+            .iter()
+            .enumerate()
+            .map(|(i, row)| entry(row).map_err(|e| format!("entry {}: {e}", i + 1)))
+            .collect(),
+        None => Err("must be a list of {metric, q, threshold}".into()),
+    };
+    match parsed {
+        Ok(table) => Some(table),
+        Err(e) => {
+            warnings.push(format!(
+                "{key} dropped ({e}); the route's static limit applies"
+            ));
+            None
+        }
+    }
+}
+
+fn parse_protection(
+    at: &Locator,
+    file: &RouteFile,
+    warnings: &mut Vec<String>,
+) -> Result<Protection, ConfigError> {
     let d = MeterConfig::default();
     let ms =
         |v: Option<super::units::Dur>, default: u64| v.map_or(default, |d| d.0.as_millis() as u64);
@@ -337,7 +456,17 @@ fn parse_protection(at: &Locator, file: &RouteFile) -> Result<Protection, Config
     if !alpha.is_finite() {
         return Err(at.at_key("ewma_alpha", "ewma_alpha must be a number".into()));
     }
+    let ttft_metrics = metric_table("ttft_metrics", file.ttft_metrics.as_ref(), warnings);
+    let tps_metrics = metric_table("tps_metrics", file.tps_metrics.as_ref(), warnings);
+    let folds = |table: &Option<Vec<MetricLimit>>, default: Folds| {
+        table
+            .as_deref()
+            .and_then(|t| Folds::of(&t.iter().map(|m| m.fold).collect::<Vec<_>>()))
+            .unwrap_or(default)
+    };
     let meter = MeterConfig {
+        ttft_folds: folds(&ttft_metrics, d.ttft_folds),
+        tps_folds: folds(&tps_metrics, d.tps_folds),
         ttft_window_ms: ms(file.ttft_window, d.ttft_window_ms).max(1),
         tps_window_ms: ms(file.tps_window, d.tps_window_ms).max(1),
         // Clamped as the seed does rather than refused: 1.5 means "all in".
@@ -346,7 +475,6 @@ fn parse_protection(at: &Locator, file: &RouteFile) -> Result<Protection, Config
         tps_min_tokens: file.tps_min_tokens.unwrap_or(d.tps_min_tokens),
         tps_min_decode_ms: positive("tps_min_decode_s", file.tps_min_decode_s)?
             .map_or(d.tps_min_decode_ms, |s| (s * 1000.0) as u64),
-        ..d
     };
     let mut by_model = Vec::new();
     for (model, limit) in file.ttft_limit_by_model.clone().unwrap_or_default() {
@@ -358,6 +486,8 @@ fn parse_protection(at: &Locator, file: &RouteFile) -> Result<Protection, Config
         ttft_limit_ms: positive("ttft_limit_ms", file.ttft_limit_ms)?.unwrap_or(30_000.0),
         ttft_limit_by_model: by_model,
         tps_limit_tps: positive("tps_limit_tps", file.tps_limit_tps)?,
+        ttft_metrics,
+        tps_metrics,
         load_rate_limit: file.load_rate_limit.map(|f| f.0),
         adaptive: adaptive_config(at, file)?,
         session_prio: session_prio(at, file)?,
@@ -416,7 +546,8 @@ fn session_prio(at: &Locator, file: &RouteFile) -> Result<SessionPrio, ConfigErr
 }
 
 fn adaptive_config(at: &Locator, file: &RouteFile) -> Result<Option<AdaptiveConfig>, ConfigError> {
-    let on = flag(file.adaptive_cc, file.tps_limit_tps.is_some());
+    let floor_set = file.tps_limit_tps.is_some() || file.tps_metrics.is_some();
+    let on = flag(file.adaptive_cc, floor_set);
     if !on {
         return Ok(None);
     }

@@ -225,3 +225,51 @@ fn live_window_defaults_to_ten_seconds_and_stays_within_the_idle_timeout() {
         assert!(e.message.contains("live_window"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn a_metric_table_replaces_the_default_fold_and_one_bad_entry_drops_it() {
+    use crate::protect::window::Fold;
+    let r = route(&format!(
+        "{MINIMAL}ttft_metrics:\n  - {{metric: p95, threshold: 8000}}\n  - {{metric: avg, threshold: 3000}}\n"
+    ))
+    .unwrap();
+    let table = r.protection.ttft_metrics.expect("the table");
+    assert_eq!(table.len(), 2);
+    assert_eq!(
+        r.protection.meter.ttft_folds.as_slice(),
+        &[Fold::Percentile(95.0), Fold::Avg]
+    );
+    assert!(r.warnings.is_empty());
+    // TPS keeps its default while TTFT has a table.
+    assert_eq!(
+        r.protection.meter.tps_folds.as_slice(),
+        &[Fold::Percentile(20.0)]
+    );
+
+    for bad in [
+        "  - {metric: p95, threshold: 8000}\n  - {metric: p95}\n",
+        "  - {metric: p95, threshold: 8000}\n  - {metric: median, threshold: 1}\n",
+        "  - {metric: p95, threshold: 8000, extra: 1}\n",
+        "  - 3\n",
+    ] {
+        let r = route(&format!("{MINIMAL}ttft_metrics:\n{bad}")).unwrap();
+        assert!(r.protection.ttft_metrics.is_none(), "{bad}");
+        assert_eq!(
+            r.protection.meter.ttft_folds.as_slice(),
+            &[Fold::Percentile(80.0)],
+            "back to the static limit's P80: {bad}"
+        );
+        assert_eq!(r.warnings.len(), 1, "{bad}");
+        assert!(r.warnings[0].contains("ttft_metrics dropped"), "{:?}", r.warnings);
+    }
+}
+
+#[test]
+fn a_decode_rate_table_turns_adaptive_concurrency_on_as_a_floor_does() {
+    let with_table = route(&format!(
+        "{MINIMAL}tps_metrics:\n  - {{metric: p, q: 10, threshold: 20}}\n"
+    ))
+    .unwrap();
+    assert!(with_table.protection.adaptive.is_some());
+    assert!(route(MINIMAL).unwrap().protection.adaptive.is_none());
+}

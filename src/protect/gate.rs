@@ -1,19 +1,9 @@
-//! The load gates' decisions, pure: whether a measured EWMA trips its
-//! limit, and the probe budget that lets a few requests through a tripped
+//! The load gates' bookkeeping, pure: which gate refused (`Gate`), the
+//! counts per gate, and the probe budget that lets a few requests through a tripped
 //! gate each window so the EWMA can see the engine recover (a gate that
 //! refused everything would never measure again and never reopen).
 
 use parking_lot::Mutex;
-
-/// The TTFT gate trips when the EWMA (ms) reaches the limit.
-pub fn ttft_tripped(ewma_ms: Option<f64>, limit_ms: f64) -> bool {
-    ewma_ms.is_some_and(|v| v >= limit_ms)
-}
-
-/// The decode-rate gate trips when the EWMA (tok/s) falls to the floor.
-pub fn tps_tripped(ewma: Option<f64>, floor: f64) -> bool {
-    ewma.is_some_and(|v| v <= floor)
-}
 
 /// Up to `probes` requests per `window_ms` pass a tripped gate.
 #[derive(Debug, Default)]
@@ -52,10 +42,19 @@ pub enum Gate {
     Ttft,
     Tps,
     Rule,
+    /// A concurrency refusal that only session priority's share caused: the
+    /// plain limit had room, the bucket's ceiling had none.
+    SessionPrio,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 4] = [Gate::Concurrency, Gate::Ttft, Gate::Tps, Gate::Rule];
+    pub const ALL: [Gate; 5] = [
+        Gate::Concurrency,
+        Gate::Ttft,
+        Gate::Tps,
+        Gate::Rule,
+        Gate::SessionPrio,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -63,6 +62,7 @@ impl Gate {
             Gate::Ttft => "ttft",
             Gate::Tps => "tps",
             Gate::Rule => "rule",
+            Gate::SessionPrio => "session_prio",
         }
     }
 }
@@ -70,7 +70,7 @@ impl Gate {
 /// Counts per gate: real refusals, or the trips a switched-off gate let
 /// through.
 #[derive(Debug, Default)]
-pub struct GateCounts([std::sync::atomic::AtomicU64; 4]);
+pub struct GateCounts([std::sync::atomic::AtomicU64; 5]);
 
 impl GateCounts {
     pub fn add(&self, gate: Gate) {
@@ -95,16 +95,6 @@ impl GateCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn limits_trip_at_the_threshold_and_not_without_a_value() {
-        assert!(ttft_tripped(Some(30_000.0), 30_000.0));
-        assert!(!ttft_tripped(Some(29_999.0), 30_000.0));
-        assert!(!ttft_tripped(None, 0.0), "no EWMA: fail-open");
-        assert!(tps_tripped(Some(10.0), 10.0));
-        assert!(!tps_tripped(Some(10.1), 10.0));
-        assert!(!tps_tripped(None, 1e9));
-    }
 
     #[test]
     fn five_probes_per_window_then_the_next_window_gives_five_more() {

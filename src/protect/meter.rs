@@ -4,7 +4,7 @@
 //! end of each 2xx stream; read by the gates and the status endpoints.
 
 use super::gate::ProbeBudget;
-use super::window::{Buckets, Fold, Windowed, TPS_BUCKETS, TTFT_MS_BUCKETS};
+use super::window::{Buckets, Fold, Folds, Values, Windowed, TPS_BUCKETS, TTFT_MS_BUCKETS};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,8 +15,9 @@ use std::time::Duration;
 pub struct MeterConfig {
     pub ttft_window_ms: u64,
     pub tps_window_ms: u64,
-    pub ttft_fold: Fold,
-    pub tps_fold: Fold,
+    /// The default percentile, or the folds of the route's metric table.
+    pub ttft_folds: Folds,
+    pub tps_folds: Folds,
     pub alpha: f64,
     pub ttl_ms: u64,
     pub tps_min_tokens: u64,
@@ -28,8 +29,8 @@ impl Default for MeterConfig {
         MeterConfig {
             ttft_window_ms: 20_000,
             tps_window_ms: 20_000,
-            ttft_fold: Fold::Percentile(80.0),
-            tps_fold: Fold::Percentile(20.0),
+            ttft_folds: Folds::one(Fold::Percentile(80.0)),
+            tps_folds: Folds::one(Fold::Percentile(20.0)),
             alpha: 0.3,
             ttl_ms: 60_000,
             tps_min_tokens: 16,
@@ -84,8 +85,8 @@ struct Series {
 impl Series {
     fn new(cfg: &MeterConfig) -> Self {
         Series {
-            ttft: Windowed::new(cfg.ttft_window_ms, cfg.ttft_fold, cfg.alpha),
-            tps: Windowed::new(cfg.tps_window_ms, cfg.tps_fold, cfg.alpha),
+            ttft: Windowed::new(cfg.ttft_window_ms, cfg.ttft_folds, cfg.alpha),
+            tps: Windowed::new(cfg.tps_window_ms, cfg.tps_folds, cfg.alpha),
             ttft_hist: Buckets::new(TTFT_MS_BUCKETS),
             tps_hist: Buckets::new(TPS_BUCKETS),
         }
@@ -102,8 +103,13 @@ pub enum Scope {
 /// The EWMAs of one series now, for gates and status.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Reading {
+    /// The first fold's EWMA (the default percentile, or the metric table's
+    /// first entry).
     pub ttft_ms: Option<f64>,
     pub tps: Option<f64>,
+    /// Every fold's EWMA, in the order of `MeterConfig`'s folds.
+    pub ttft_all: Values,
+    pub tps_all: Values,
     /// Samples in the windows still open.
     pub ttft_pending: usize,
     pub tps_pending: usize,
@@ -168,9 +174,12 @@ impl Meter {
         };
         s.ttft.roll(now_ms);
         s.tps.roll(now_ms);
+        let (ttft_all, tps_all) = (s.ttft.values(now_ms, ttl_ms), s.tps.values(now_ms, ttl_ms));
         Reading {
-            ttft_ms: s.ttft.ewma.get(now_ms, ttl_ms),
-            tps: s.tps.ewma.get(now_ms, ttl_ms),
+            ttft_ms: ttft_all[0],
+            tps: tps_all[0],
+            ttft_all,
+            tps_all,
             ttft_pending: s.ttft.pending().len(),
             tps_pending: s.tps.pending().len(),
         }

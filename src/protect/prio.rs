@@ -136,6 +136,44 @@ pub struct PrioState {
     pub hold_turn1: std::sync::atomic::AtomicBool,
     /// Turn 1's own probe budget.
     pub t1_probes: super::gate::ProbeBudget,
+    /// This minute's share of requests without a usable header.
+    pub no_header: parking_lot::Mutex<NoHeaderShare>,
+}
+
+/// Requests in the current minute, and how many had no usable header: a
+/// client gateway that stopped sending the header silently turns the
+/// feature off, so its share is worth a warning, but at most one a minute.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct NoHeaderShare {
+    minute_start_ms: u64,
+    total: u64,
+    unusable: u64,
+    warned: bool,
+}
+
+/// Below this many requests in a minute a share says too little to warn.
+const WARN_MIN_REQUESTS: u64 = 10;
+
+impl NoHeaderShare {
+    /// Counts one request; `Some((unusable, total))` when this minute's
+    /// share has just passed `warn_frac` (once per minute).
+    pub fn note(&mut self, turn: Turn, now_ms: u64, warn_frac: f64) -> Option<(u64, u64)> {
+        if now_ms.saturating_sub(self.minute_start_ms) >= 60_000 {
+            *self = NoHeaderShare {
+                minute_start_ms: now_ms,
+                ..Default::default()
+            };
+        }
+        self.total += 1;
+        self.unusable += u64::from(turn == Turn::Unusable);
+        let over =
+            self.total >= WARN_MIN_REQUESTS && self.unusable as f64 > warn_frac * self.total as f64;
+        if over && !self.warned {
+            self.warned = true;
+            return Some((self.unusable, self.total));
+        }
+        None
+    }
 }
 
 impl PrioState {
@@ -175,26 +213,26 @@ pub enum Grade {
     Hard,
 }
 
-/// The TTFT grade of `bucket` (its index in `table`) at `ewma_ms`. Turn 1
-/// (`bucket == 0`) also stays out while `hold_turn1` is set, even under its
-/// soft line: the hysteresis that keeps new sessions away until the EWMA
-/// has fallen well below the threshold.
-pub fn ttft_grade(
-    ewma_ms: Option<f64>,
-    threshold_ms: f64,
+/// The grade of `bucket` (its index in `table`) at `pressure`, the EWMA
+/// as a multiple of its limit (TTFT: ewma / threshold; decode rate, graded
+/// inverted: floor / ewma). Turn 1 (`bucket == 0`) also stays out while
+/// `hold_turn1` is set, even under its soft line: the hysteresis that keeps
+/// new sessions away until the TTFT has fallen well below the threshold.
+pub fn grade(
+    pressure: Option<f64>,
     table: &[Bucket],
     bucket: usize,
     severe: f64,
     hold_turn1: bool,
 ) -> Grade {
-    let Some(v) = ewma_ms else {
+    let Some(v) = pressure else {
         return Grade::Open;
     };
-    if v >= threshold_ms * severe {
+    if v >= severe {
         return Grade::Hard;
     }
     let tol = table.get(bucket).map_or(1.0, |b| b.tol);
-    if v >= threshold_ms * tol || (bucket == 0 && hold_turn1) {
+    if v >= tol || (bucket == 0 && hold_turn1) {
         return Grade::Soft;
     }
     Grade::Open
@@ -278,7 +316,7 @@ mod tests {
     fn the_ttft_gate_grades_by_bucket_and_holds_turn_one() {
         let table = default_table(0.85, 32, 1.5);
         let g = |ewma: f64, bucket: usize, hold: bool| {
-            ttft_grade(Some(ewma), 1_000.0, &table, bucket, 1.5, hold)
+            grade(Some(ewma / 1_000.0), &table, bucket, 1.5, hold)
         };
         // At the threshold only turn 1 is in its soft zone.
         assert_eq!(g(1_000.0, 0, false), Grade::Soft);
@@ -290,9 +328,53 @@ mod tests {
         // The hold keeps turn 1 out below its line, and only turn 1.
         assert_eq!(g(500.0, 0, true), Grade::Soft);
         assert_eq!(g(500.0, 1, true), Grade::Open);
-        assert_eq!(ttft_grade(None, 1_000.0, &table, 0, 1.5, true), Grade::Open);
+        assert_eq!(grade(None, &table, 0, 1.5, true), Grade::Open);
         assert!(!releases_turn1_hold(Some(950.0), 1_000.0, 0.9));
         assert!(releases_turn1_hold(Some(899.0), 1_000.0, 0.9));
         assert!(releases_turn1_hold(None, 1_000.0, 0.9));
+    }
+
+    #[test]
+    fn a_minute_with_too_many_unusable_headers_warns_once() {
+        let mut share = NoHeaderShare::default();
+        let good = Turn::Known(2);
+        // 2 of 10 is not over 0.2; the third unusable one is.
+        let mut warned = Vec::new();
+        for (i, turn) in [good; 8]
+            .into_iter()
+            .chain([Turn::Unusable; 2])
+            .chain([Turn::Unusable; 3])
+            .enumerate()
+        {
+            if let Some(w) = share.note(turn, 1_000 + i as u64, 0.2) {
+                warned.push(w);
+            }
+        }
+        assert_eq!(warned, vec![(3, 11)], "once, when the share passed 0.2");
+        // A new minute starts over and may warn again.
+        for i in 0..10 {
+            share.note(Turn::Unusable, 61_000 + i, 0.2);
+        }
+        let mut fresh = NoHeaderShare::default();
+        assert_eq!(
+            (0..9)
+                .filter_map(|i| fresh.note(Turn::Unusable, i, 0.2))
+                .count(),
+            0,
+            "too few requests to tell"
+        );
+        assert!(fresh.note(Turn::Unusable, 9, 0.2).is_some());
+    }
+
+    #[test]
+    fn the_decode_rate_gate_grades_inverted() {
+        let table = default_table(0.85, 32, 1.5);
+        // A floor of 30 tok/s: pressure is floor / ewma.
+        let g = |tps: f64, bucket: usize| grade(Some(30.0 / tps), &table, bucket, 1.5, false);
+        assert_eq!(g(31.0, 0), Grade::Open);
+        assert_eq!(g(30.0, 0), Grade::Soft, "at the floor turn 1 is refused");
+        assert_eq!(g(30.0, 5), Grade::Open, "the warmest bucket is not");
+        assert_eq!(g(20.0, 5), Grade::Hard, "floor / severe is the hard trip");
+        assert_eq!(g(21.0, 5), Grade::Open);
     }
 }

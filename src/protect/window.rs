@@ -25,6 +25,14 @@ impl Fold {
         (q > 0.0 && q <= 100.0).then_some(Fold::Percentile(q))
     }
 
+    /// As route files and 429 bodies spell it: `p80`, `p99.9`, `avg`.
+    pub fn name(self) -> String {
+        match self {
+            Fold::Avg => "avg".into(),
+            Fold::Percentile(q) => format!("p{q}"),
+        }
+    }
+
     /// The folded value of `samples` (reordered in place); `None` if empty.
     pub fn apply(self, samples: &mut [f64]) -> Option<f64> {
         if samples.is_empty() {
@@ -71,15 +79,57 @@ impl Ewma {
     }
 }
 
-/// Samples of the current window and the EWMA the closed ones fed.
+/// A window is folded at most this many ways: the default percentile, or
+/// the entries of a route's metric table (a fixed bound keeps a reading a
+/// plain array, so the gates read it without allocating).
+pub const MAX_FOLDS: usize = 4;
+
+/// The folds of one series, first the one status pages show as "the" EWMA.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Folds {
+    list: [Fold; MAX_FOLDS],
+    len: usize,
+}
+
+impl Folds {
+    pub fn one(fold: Fold) -> Self {
+        Folds {
+            list: [fold; MAX_FOLDS],
+            len: 1,
+        }
+    }
+
+    /// `None` when `folds` is empty or longer than `MAX_FOLDS`.
+    pub fn of(folds: &[Fold]) -> Option<Self> {
+        let first = *folds.first()?;
+        if folds.len() > MAX_FOLDS {
+            return None;
+        }
+        let mut list = [first; MAX_FOLDS];
+        list[..folds.len()].copy_from_slice(folds);
+        Some(Folds {
+            list,
+            len: folds.len(),
+        })
+    }
+
+    pub fn as_slice(&self) -> &[Fold] {
+        &self.list[..self.len]
+    }
+}
+
+/// One EWMA per fold, in the order of the folds.
+pub type Values = [Option<f64>; MAX_FOLDS];
+
+/// Samples of the current window and the EWMAs the closed ones fed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Windowed {
     pub window_ms: u64,
-    pub fold: Fold,
+    pub folds: Folds,
     pub alpha: f64,
     start_ms: Option<u64>,
     samples: Vec<f64>,
-    pub ewma: Ewma,
+    ewmas: [Ewma; MAX_FOLDS],
 }
 
 /// A window keeps at most this many samples (the first ones of a burst);
@@ -87,14 +137,14 @@ pub struct Windowed {
 const MAX_SAMPLES: usize = 8192;
 
 impl Windowed {
-    pub fn new(window_ms: u64, fold: Fold, alpha: f64) -> Self {
+    pub fn new(window_ms: u64, folds: Folds, alpha: f64) -> Self {
         Windowed {
             window_ms: window_ms.max(1),
-            fold,
+            folds,
             alpha,
             start_ms: None,
             samples: Vec::new(),
-            ewma: Ewma::default(),
+            ewmas: [Ewma::default(); MAX_FOLDS],
         }
     }
 
@@ -106,7 +156,7 @@ impl Windowed {
         }
     }
 
-    /// Closes the window if its time is up: its samples feed the EWMA.
+    /// Closes the window if its time is up: its samples feed the EWMAs.
     pub fn roll(&mut self, now_ms: u64) {
         let Some(start) = self.start_ms else {
             return;
@@ -114,11 +164,27 @@ impl Windowed {
         if now_ms.saturating_sub(start) < self.window_ms {
             return;
         }
-        if let Some(v) = self.fold.apply(&mut self.samples) {
-            self.ewma.update(v, self.alpha, now_ms);
+        for (fold, ewma) in self.folds.as_slice().iter().zip(&mut self.ewmas) {
+            if let Some(v) = fold.apply(&mut self.samples) {
+                ewma.update(v, self.alpha, now_ms);
+            }
         }
         self.samples.clear();
         self.start_ms = None;
+    }
+
+    /// The first fold's EWMA.
+    pub fn ewma(&self) -> &Ewma {
+        &self.ewmas[0]
+    }
+
+    /// Every fold's EWMA now (`None` past `ttl_ms` without a window).
+    pub fn values(&self, now_ms: u64, ttl_ms: u64) -> Values {
+        let mut out = [None; MAX_FOLDS];
+        for (v, ewma) in out.iter_mut().zip(&self.ewmas[..self.folds.len]) {
+            *v = ewma.get(now_ms, ttl_ms);
+        }
+        out
     }
 
     /// Samples in the window still open.
@@ -193,19 +259,38 @@ mod tests {
 
     #[test]
     fn the_ewma_appears_when_its_window_closes_and_expires_after_its_ttl() {
-        let mut w = Windowed::new(20_000, Fold::Percentile(80.0), 0.3);
+        let mut w = Windowed::new(20_000, Folds::one(Fold::Percentile(80.0)), 0.3);
         w.add(1_000.0, 0);
         w.add(3_000.0, 5_000);
-        assert_eq!(w.ewma.get(19_999, 60_000), None, "window still open");
+        assert_eq!(w.ewma().get(19_999, 60_000), None, "window still open");
         w.roll(20_000);
-        assert_eq!(w.ewma.get(20_000, 60_000), Some(3_000.0));
+        assert_eq!(w.ewma().get(20_000, 60_000), Some(3_000.0));
         w.add(1_000.0, 21_000);
         w.roll(41_000);
-        let v = w.ewma.get(41_000, 60_000).expect("value");
+        let v = w.ewma().get(41_000, 60_000).expect("value");
         assert!((v - (0.3 * 1_000.0 + 0.7 * 3_000.0)).abs() < 1e-9, "{v}");
         // A gap shorter than the TTL keeps it; a longer one expires it.
-        assert!(w.ewma.get(41_000 + 59_999, 60_000).is_some());
-        assert_eq!(w.ewma.get(41_000 + 60_000, 60_000), None);
+        assert!(w.ewma().get(41_000 + 59_999, 60_000).is_some());
+        assert_eq!(w.ewma().get(41_000 + 60_000, 60_000), None);
+    }
+
+    #[test]
+    fn a_metric_table_folds_one_window_every_way_it_names() {
+        let folds = Folds::of(&[Fold::Percentile(50.0), Fold::Avg, Fold::Percentile(100.0)])
+            .expect("three folds");
+        let mut w = Windowed::new(1_000, folds, 1.0);
+        for v in [100.0, 200.0, 900.0] {
+            w.add(v, 0);
+        }
+        w.roll(1_000);
+        assert_eq!(
+            w.values(1_000, 60_000),
+            [Some(200.0), Some(400.0), Some(900.0), None]
+        );
+        assert!(Folds::of(&[]).is_none());
+        assert!(Folds::of(&[Fold::Avg; MAX_FOLDS + 1]).is_none());
+        assert_eq!(Fold::Percentile(99.5).name(), "p99.5");
+        assert_eq!(Fold::Avg.name(), "avg");
     }
 
     #[test]

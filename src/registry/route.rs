@@ -60,6 +60,8 @@ pub struct RouteRuntime {
     /// The adaptive limit of each pool (`"_"` without pools).
     pub adaptive: Mutex<HashMap<String, AdaptivePool>>,
     pub trips_while_off: crate::protect::gate::GateCounts,
+    /// `/_ttft_limit?ms=` and `/_tps_limit?tps=`, until they expire.
+    pub limit_overrides: LimitOverrides,
     /// Bumped on every reload that changes this route; background tasks of an
     /// older generation stop by themselves.
     pub generation: AtomicUsize,
@@ -70,6 +72,13 @@ pub struct RouteRuntime {
     pub toggles: Toggles,
     /// The route's own key file, re-read on every reload (None: shared keys).
     pub(super) keys: ArcSwapOption<KeyState>,
+}
+
+/// The runtime overrides of a route's TTFT limit and decode-rate floor.
+#[derive(Debug, Default)]
+pub struct LimitOverrides {
+    pub ttft_ms: crate::protect::limits::Override,
+    pub tps: crate::protect::limits::Override,
 }
 
 impl RouteRuntime {
@@ -95,6 +104,7 @@ impl RouteRuntime {
             prompt_tokens: Default::default(),
             cached_tokens: Default::default(),
             trips_while_off: Default::default(),
+            limit_overrides: Default::default(),
             generation: AtomicUsize::new(0),
             round_robin: AtomicUsize::new(0),
             toggles: Toggles::default(),
@@ -260,14 +270,18 @@ impl Route {
             let state = pools.entry(label.to_string()).or_default();
             let expired = !params.hold_when_idle
                 && now_ms.saturating_sub(state.updated_ms) >= ADAPTIVE_TTL_MS;
+            let overrides = &self.runtime.limit_overrides;
+            let model = (label != "_").then_some(label);
+            let ttft = p.judge_ttft(&reading, model, overrides.ttft_ms.get(now_ms));
+            let tps = p.judge_tps(&reading, overrides.tps.get(now_ms));
             let input = crate::protect::aimd::TickInput {
                 current: state.current.filter(|_| !expired),
                 in_flight,
                 rejected: std::mem::take(&mut state.rejected),
-                tps: reading.tps,
-                tps_floor: p.tps_limit_tps,
-                ttft: reading.ttft_ms,
-                ttft_limit: Some(p.ttft_limit_for((label != "_").then_some(label))),
+                tps: tps.map_or(reading.tps, |j| j.ewma),
+                tps_floor: tps.map(|j| j.limit),
+                ttft: ttft.ewma,
+                ttft_limit: Some(ttft.limit),
             };
             let (next, step) = crate::protect::aimd::step(&params, &input);
             if step != crate::protect::aimd::Step::NoSignal {

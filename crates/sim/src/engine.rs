@@ -349,6 +349,11 @@ struct Plan {
     stream: bool,
     include_usage: bool,
     frame_delay: Duration,
+    /// Added to the prefill, so a test sets a stream's TTFT directly.
+    extra_ttft: Duration,
+    /// A usage frame with this `completion_tokens` right after the first
+    /// content frame: the decoy a meter must not take for the final count.
+    decoy_usage: Option<u64>,
     gate: Option<String>,
 }
 
@@ -374,6 +379,17 @@ impl Plan {
             "total_tokens": self.prompt_tokens + self.max_tokens,
             "prompt_tokens_details": {"cached_tokens": cached},
         })
+    }
+
+    fn decoy_usage_frame(&self, completion_tokens: u64) -> Vec<u8> {
+        sse_frame(&json!({
+            "id": self.id,
+            "object": self.chunk_object(),
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens},
+        }))
     }
 
     fn content_frame(&self, index: usize) -> Vec<u8> {
@@ -622,6 +638,8 @@ impl Shared {
             .filter(|g| !g.is_empty());
         let frame_delay =
             header_number(req, "x-sim-frame-delay-ms")?.unwrap_or(self.cfg.decode_ms_per_token);
+        let extra_ttft = header_number(req, "x-sim-ttft-ms")?.unwrap_or(0);
+        let decoy_usage = header_number(req, "x-sim-decoy-usage")?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let prefix = match kind {
             Kind::Chat => "chatcmpl",
@@ -654,6 +672,8 @@ impl Shared {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             frame_delay: Duration::from_millis(frame_delay),
+            extra_ttft: Duration::from_millis(extra_ttft),
+            decoy_usage,
             gate,
         })
     }
@@ -787,7 +807,8 @@ impl Shared {
         self.prefix_cache_hits_total
             .fetch_add(cached_tokens as u64, Ordering::Relaxed);
         let uncached = (plan.prompt_tokens - cached_tokens) as u64;
-        let prefill = Duration::from_micros(uncached.saturating_mul(self.cfg.prefill_us_per_token));
+        let prefill = Duration::from_micros(uncached.saturating_mul(self.cfg.prefill_us_per_token))
+            + plan.extra_ttft;
         if !prefill.is_zero() {
             let _prefilling = Gauge::enter(&self.prefilling);
             sleep(prefill).await;
@@ -814,6 +835,9 @@ impl Shared {
                 http::write_stream_chunk(wr, framing, &plan.content_frame(index)).await?;
                 if index + 1 == die_after {
                     return Ok(Generated::Died);
+                }
+                if let (0, Some(tokens)) = (index, plan.decoy_usage) {
+                    http::write_stream_chunk(wr, framing, &plan.decoy_usage_frame(tokens)).await?;
                 }
             }
             if index == 0 {

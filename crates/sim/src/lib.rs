@@ -15,6 +15,9 @@
 //! Per-request test controls (request headers):
 //! - `x-sim-max-tokens: N`     completion length, overriding the body
 //! - `x-sim-frame-delay-ms: N` time between tokens, overriding the config
+//! - `x-sim-ttft-ms: N`        N ms more before the first token (after prefill)
+//! - `x-sim-decoy-usage: N`    a usage frame claiming N completion tokens right
+//!   after the first content frame (the real one still comes last)
 //! - `x-sim-gate: NAME`        after the first content frame, wait for
 //!   [`EngineHandle::open_gate`]`(NAME)`; gates stay open once opened
 //! - `x-sim-echo: 1`           answer 200 with the request body bytes verbatim

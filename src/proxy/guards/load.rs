@@ -7,15 +7,22 @@
 use crate::clock::now_ms;
 use crate::errors::ErrorResponse;
 use crate::metrics::metrics;
-use crate::protect::gate::ProbeBudget;
-use crate::protect::gate::{tps_tripped, ttft_tripped, Gate};
+use crate::protect::gate::{Gate, ProbeBudget};
+use crate::protect::limits::{Direction, Judged};
 use crate::protect::meter::Scope;
-use crate::protect::prio::{releases_turn1_hold, ttft_grade, Grade};
+use crate::protect::prio::{grade, releases_turn1_hold, Grade};
 use crate::proxy::guards::prio::TurnBucket;
 use crate::registry::Route;
 use std::sync::atomic::Ordering;
 
-///
+/// What the pool's gates see for this request.
+struct View<'a> {
+    route: &'a Route,
+    pool: &'a str,
+    turn: Option<TurnBucket>,
+    now: u64,
+}
+
 /// `/_ttft_toggle` (`/_tps_toggle`) off takes a gate out; `/_ttft_429_toggle`
 /// off keeps it measuring but never shedding; the rate-limit switch off lets
 /// a trip through and counts it.
@@ -27,111 +34,134 @@ pub fn check(
     gateway_rate_limit: bool,
     turn: Option<TurnBucket>,
 ) -> Result<(), ErrorResponse> {
-    let p = &route.config.protection;
-    let t = &route.runtime.toggles;
-    let now = now_ms();
-    let reading = route
-        .runtime
-        .meter
-        .reading(&Scope::Pool(pool.to_string()), p.meter.ttl_ms, now);
-    let ttft_limit = p.ttft_limit_for(model);
-    let ttft_on = t.ttft.is_on(true) && t.ttft_429.is_on(true);
-    // An adaptive route answers a slow decode rate with a lower limit, not
-    // with decode-rate 429s.
-    let tps_on = t.tps.is_on(true) && t.tps_429.is_on(true) && p.adaptive.is_none();
-    // With session priority the TTFT gate is graded per bucket; the warmest
-    // bucket's line is the hard trip, so it trips from the first bucket's.
-    let ttft_line = match turn {
-        Some(_) => ttft_limit * p.session_prio.table.first().map_or(1.0, |b| b.tol),
-        None => ttft_limit,
+    let view = View {
+        route,
+        pool,
+        turn,
+        now: now_ms(),
     };
-    if turn.is_some() && releases_turn1_hold(reading.ttft_ms, ttft_limit, p.session_prio.release) {
-        route
-            .runtime
-            .prio
-            .hold_turn1
-            .store(false, Ordering::Relaxed);
-    }
-    let held = turn.is_some_and(|t| t.bucket == 0)
-        && route.runtime.prio.hold_turn1.load(Ordering::Relaxed);
-    let tripped = if ttft_on && (held || ttft_tripped(reading.ttft_ms, ttft_line)) {
-        Some((Gate::Ttft, "ttft_limit", reading.ttft_ms, ttft_limit, "p80"))
-    } else {
-        match p.tps_limit_tps {
-            Some(floor) if tps_on && tps_tripped(reading.tps, floor) => {
-                Some((Gate::Tps, "tps_limit", reading.tps, floor, "p20"))
-            }
-            _ => None,
-        }
-    };
-    let Some((gate, error_type, ewma, limit, metric)) = tripped else {
+    let Some((gate, judged)) = tripped(&view, model) else {
         return Ok(());
     };
-    let budget = route.runtime.meter.probe_budget(pool, gate.as_str());
-    let window = p.probe_window.as_millis() as u64;
-    let admitted = match (gate, turn) {
-        (Gate::Ttft, Some(t)) => graded_ttft(route, &budget, reading.ttft_ms, ttft_limit, t, now),
-        _ => budget.take(now, window, p.probes),
-    };
-    if admitted {
+    if admitted_past_trip(&view, gate, &judged) || !route.trip(gate, gateway_rate_limit) {
         return Ok(());
     }
-    if !route.trip(gate, gateway_rate_limit) {
-        return Ok(());
-    }
-    let gate = gate.as_str();
     metrics()
         .load_rejections
-        .with_label_values(&[route.name(), gate])
+        .with_label_values(&[route.name(), gate.as_str()])
         .inc();
-    Err(ErrorResponse::new(
-        429,
-        error_type,
-        format!(
-            "route {:?} pool {pool:?} is over its {gate} limit",
-            route.name()
-        ),
-    )
-    .with("ewma", ewma)
-    .with("limit", limit)
-    .with("metric", metric)
-    .with("model", model)
-    .with("healthy_peers", healthy)
-    .with("route", route.name())
-    .retry_after(1))
+    Err(refusal(route, pool, model, healthy, gate, &judged))
 }
 
-/// The TTFT gate with session priority: open under the bucket's soft line;
-/// in the soft zone or past the hard trip a warm turn needs a probe slot,
-/// turn 1 its own (smaller) budget, and only while no warm turn has probed
-/// this window and no hold is set. A refused turn 1 sets the hold.
-fn graded_ttft(
-    route: &Route,
-    budget: &ProbeBudget,
-    ewma_ms: Option<f64>,
-    limit_ms: f64,
-    t: TurnBucket,
-    now: u64,
-) -> bool {
+/// The first gate the pool's EWMAs trip (TTFT before decode rate), with
+/// what it judged. With session priority a gate starts grading at its
+/// first bucket's line, and a held turn 1 counts as a TTFT trip.
+fn tripped(v: &View, model: Option<&str>) -> Option<(Gate, Judged)> {
+    let route = v.route;
     let p = &route.config.protection;
+    let t = &route.runtime.toggles;
+    let reading =
+        route
+            .runtime
+            .meter
+            .reading(&Scope::Pool(v.pool.to_string()), p.meter.ttl_ms, v.now);
+    let overrides = &route.runtime.limit_overrides;
+    let first_tol = match v.turn {
+        Some(_) => p.session_prio.table.first().map_or(1.0, |b| b.tol),
+        None => 1.0,
+    };
+    if t.ttft.is_on(true) && t.ttft_429.is_on(true) {
+        let ttft = p.judge_ttft(&reading, model, overrides.ttft_ms.get(v.now));
+        let prio = &route.runtime.prio;
+        if v.turn.is_some() && releases_turn1_hold(ttft.ewma, ttft.limit, p.session_prio.release) {
+            prio.hold_turn1.store(false, Ordering::Relaxed);
+        }
+        let held = v.turn.is_some_and(|t| t.bucket == 0) && prio.hold_turn1.load(Ordering::Relaxed);
+        if held || ttft.tripped(Direction::Above, first_tol) {
+            return Some((Gate::Ttft, ttft));
+        }
+    }
+    // An adaptive route answers a slow decode rate with a lower limit, not
+    // with decode-rate 429s.
+    if t.tps.is_on(true) && t.tps_429.is_on(true) && p.adaptive.is_none() {
+        let tps = p.judge_tps(&reading, overrides.tps.get(v.now))?;
+        if tps.tripped(Direction::Below, first_tol) {
+            return Some((Gate::Tps, tps));
+        }
+    }
+    None
+}
+
+/// A tripped gate still lets a probe through; with session priority it
+/// grades by bucket instead.
+fn admitted_past_trip(v: &View, gate: Gate, judged: &Judged) -> bool {
+    let p = &v.route.config.protection;
+    let budget = v.route.runtime.meter.probe_budget(v.pool, gate.as_str());
+    match v.turn {
+        Some(t) => graded(v, &budget, gate, judged, t),
+        None => budget.take(v.now, p.probe_window.as_millis() as u64, p.probes),
+    }
+}
+
+/// A gate with session priority: open under the bucket's soft line; in the
+/// soft zone or past the hard trip a warm turn needs a probe slot, turn 1
+/// its own (smaller) budget, and only while the gate is really tripped, no
+/// warm turn has probed this window and no hold is set. A turn 1 the TTFT
+/// gate refuses sets the hold.
+fn graded(v: &View, budget: &ProbeBudget, gate: Gate, judged: &Judged, t: TurnBucket) -> bool {
+    let p = &v.route.config.protection;
     let prio = &p.session_prio;
-    let state = &route.runtime.prio;
-    let held = state.hold_turn1.load(Ordering::Relaxed);
-    let grade = ttft_grade(ewma_ms, limit_ms, &prio.table, t.bucket, prio.severe, held);
-    if grade == Grade::Open {
+    let state = &v.route.runtime.prio;
+    let dir = match gate {
+        Gate::Tps => Direction::Below,
+        _ => Direction::Above,
+    };
+    let held = gate == Gate::Ttft && state.hold_turn1.load(Ordering::Relaxed);
+    let pressure = judged.pressure(dir);
+    if grade(pressure, &prio.table, t.bucket, prio.severe, held) == Grade::Open {
         return true;
     }
     let window = p.probe_window.as_millis() as u64;
     if t.bucket > 0 {
-        return budget.take(now, window, p.probes);
+        return budget.take(v.now, window, p.probes);
     }
-    let tripped = ewma_ms.is_some_and(|v| v >= limit_ms);
     let admitted = !held
-        && tripped
-        && budget.used(now, window) == 0
-        && state.t1_probes.take(now, window, prio.t1_probes);
-    if !admitted {
+        && judged.tripped(dir, 1.0)
+        && budget.used(v.now, window) == 0
+        && state.t1_probes.take(v.now, window, prio.t1_probes);
+    if !admitted && gate == Gate::Ttft {
         state.hold_turn1.store(true, Ordering::Relaxed);
     }
     admitted
+}
+
+fn refusal(
+    route: &Route,
+    pool: &str,
+    model: Option<&str>,
+    healthy: usize,
+    gate: Gate,
+    judged: &Judged,
+) -> ErrorResponse {
+    let error_type = match gate {
+        Gate::Tps => "tps_limit",
+        _ => "ttft_limit",
+    };
+    let name = gate.as_str();
+    ErrorResponse::new(
+        429,
+        error_type,
+        format!(
+            "route {:?} pool {pool:?} is over its {name} limit",
+            route.name()
+        ),
+    )
+    .with("ewma", judged.ewma)
+    .with("limit", judged.limit)
+    .with("metric", judged.fold.name())
+    .with("limit_source", judged.source.as_str())
+    .with("model", model)
+    .with("healthy_peers", healthy)
+    .with("route", route.name())
+    .retry_after(1)
 }

@@ -28,6 +28,21 @@ pub fn turn_of(route: &Route, session: &Session, llm: bool) -> Option<TurnBucket
         .get(HEADER)
         .map(|v| v.as_bytes());
     let turn = parse_header(header);
+    let now = crate::clock::now_ms();
+    if let Some((unusable, total)) =
+        route
+            .runtime
+            .prio
+            .no_header
+            .lock()
+            .note(turn, now, prio.warn_frac)
+    {
+        log::warn!(
+            "route {}: {unusable} of {total} requests this minute had no usable {HEADER} header (session_prio_warn_frac {}); they are treated as fully warm",
+            route.name(),
+            prio.warn_frac
+        );
+    }
     let bucket = bucket_of(&prio.table, turn);
     let share = prio.table.get(bucket).map_or(1.0, |b| b.share);
     Some(TurnBucket {

@@ -10,20 +10,31 @@ use crate::proxy::guards::is_loopback_peer;
 use crate::registry::{Registry, Route};
 use pingora::proxy::Session;
 
-/// `/<route>/_…`: a read-only endpoint (no key), or a toggle (POST from
-/// loopback only).
+/// A runtime control: a toggle, or a limit override.
+type Control = fn(&Route, &str) -> Result<serde_json::Value, ErrorResponse>;
+
+/// `/<route>/_…`: a read-only endpoint (no key), or a toggle or limit
+/// override (POST from loopback only).
 pub fn answer(
     route: &Route,
     registry: &Registry,
     session: &Session,
     rest: &str,
 ) -> Result<(), Local> {
-    if let Some(name) = endpoints::toggle_name(rest) {
+    let control = match (
+        endpoints::toggle_name(rest),
+        endpoints::limit_override_name(rest),
+    ) {
+        (Some(name), _) => Some((name, endpoints::apply_toggle as Control)),
+        (None, Some(name)) => Some((name, endpoints::apply_limit_override as Control)),
+        _ => None,
+    };
+    if let Some((name, apply)) = control {
         if session.req_header().method != http::Method::POST {
             return Err(ErrorResponse::new(
                 405,
                 "method_not_allowed",
-                format!("toggle {name} takes POST"),
+                format!("{name} takes POST"),
             )
             .into());
         }
@@ -31,11 +42,11 @@ pub fn answer(
             return Err(ErrorResponse::new(
                 403,
                 "forbidden",
-                "toggles answer only 127.0.0.1 and ::1",
+                "toggles and overrides answer only 127.0.0.1 and ::1",
             )
             .into());
         }
-        return Err(match endpoints::apply_toggle(route, rest) {
+        return Err(match apply(route, rest) {
             Ok(state) => Local::Json(200, state),
             Err(e) => e.into(),
         });
