@@ -260,7 +260,11 @@ fn a_metric_table_replaces_the_default_fold_and_one_bad_entry_drops_it() {
             "back to the static limit's P80: {bad}"
         );
         assert_eq!(r.warnings.len(), 1, "{bad}");
-        assert!(r.warnings[0].contains("ttft_metrics dropped"), "{:?}", r.warnings);
+        assert!(
+            r.warnings[0].contains("ttft_metrics dropped"),
+            "{:?}",
+            r.warnings
+        );
     }
 }
 
