@@ -534,28 +534,61 @@ fn session_prio(at: &Locator, file: &RouteFile) -> Result<SessionPrio, ConfigErr
             table
         }
     };
+    let in_range = |key: &str, v: Option<f64>, default: f64, ok: fn(f64) -> bool, what: &str| {
+        let v = v.unwrap_or(default);
+        if ok(v) {
+            Ok(v)
+        } else {
+            Err(at.at_key(key, format!("{key} must be {what} (got {v})")))
+        }
+    };
+    if file.session_prio_full_turn == Some(0) {
+        return Err(at.at_key(
+            "session_prio_full_turn",
+            "session_prio_full_turn must be at least 1".into(),
+        ));
+    }
     Ok(SessionPrio {
         enabled: flag(file.session_prio, false),
         table,
-        rt_limit_factor: file.rt_limit_factor.unwrap_or(1.0),
+        rt_limit_factor: in_range(
+            "rt_limit_factor",
+            file.rt_limit_factor,
+            1.0,
+            |v| v.is_finite() && v > 0.0,
+            "a positive number",
+        )?,
         severe,
-        release: file.session_prio_release.unwrap_or(0.9),
+        release: in_range(
+            "session_prio_release",
+            file.session_prio_release,
+            0.9,
+            |v| v > 0.0 && v <= 1.0,
+            "in (0, 1]",
+        )?,
         t1_probes: file.session_prio_t1_probes.unwrap_or(1),
-        warn_frac: file.session_prio_warn_frac.unwrap_or(0.2),
+        warn_frac: in_range(
+            "session_prio_warn_frac",
+            file.session_prio_warn_frac,
+            0.2,
+            |v| (0.0..=1.0).contains(&v),
+            "in [0, 1]",
+        )?,
     })
 }
 
 fn adaptive_config(at: &Locator, file: &RouteFile) -> Result<Option<AdaptiveConfig>, ConfigError> {
     let floor_set = file.tps_limit_tps.is_some() || file.tps_metrics.is_some();
     let on = flag(file.adaptive_cc, floor_set);
-    if !on {
-        return Ok(None);
-    }
+    // Checked even while off, so a bad value is found before it is used.
     if file.adaptive_cc_min.is_some_and(|m| m.is_nan() || m < 1.0) {
         return Err(at.at_key(
             "adaptive_cc_min",
             "adaptive_cc_min must be at least 1".into(),
         ));
+    }
+    if !on {
+        return Ok(None);
     }
     Ok(Some(AdaptiveConfig {
         min: file.adaptive_cc_min,

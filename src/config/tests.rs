@@ -277,3 +277,28 @@ fn a_decode_rate_table_turns_adaptive_concurrency_on_as_a_floor_does() {
     assert!(with_table.protection.adaptive.is_some());
     assert!(route(MINIMAL).unwrap().protection.adaptive.is_none());
 }
+
+#[test]
+fn protection_options_out_of_range_are_errors_with_their_line() {
+    for (option, line) in [
+        ("session_prio_release: 1.5", 4),
+        ("session_prio_warn_frac: -0.1", 4),
+        ("rt_limit_factor: 0", 4),
+        ("session_prio_full_turn: 0", 4),
+        ("session_prio_severe: 0.5", 4),
+        ("session_prio_r_new: 0", 4),
+        ("ttft_limit_ms: -1", 4),
+        ("tps_limit_tps: 0", 4),
+        ("adaptive_cc_min: 0", 4),
+    ] {
+        let e = route(&format!("{MINIMAL}{option}\n")).unwrap_err();
+        assert_eq!(e.line, Some(line), "{option}: {e}");
+        let key = option.split(':').next().unwrap();
+        assert!(e.to_string().contains(key), "{option}: {e}");
+    }
+    // Control: the defaults written out load.
+    let defaults = "session_prio_release: 0.9\nsession_prio_warn_frac: 0.2\nrt_limit_factor: 1\n\
+                    session_prio_full_turn: 32\nsession_prio_severe: 1.5\nsession_prio_r_new: 0.85\n\
+                    ttft_limit_ms: 30000\ntps_limit_tps: 10\nadaptive_cc_min: 1\n";
+    route(&format!("{MINIMAL}{defaults}")).unwrap();
+}
