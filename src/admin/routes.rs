@@ -22,6 +22,9 @@ pub const ENDPOINTS: &[&str] = &[
     "/_429_status[?all=1][&reset=1]",
     "/_rate_limit_status",
     "/_session_status",
+    "/_route_opts",
+    "/_cluster_avg",
+    "POST /_route_inspect (a request body and headers: where it would go and why)",
     "POST /_reject_rules_toggle?on=0|1|reset=1",
     "POST /_include_usage_toggle?on=0|1|reset=1",
     "POST /_postprocess_toggle?on=0|1|reset=1",
@@ -275,6 +278,8 @@ pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Opti
         "/_ttft_status" | "/_tps_status" => Some(measurement_status(route, registry)),
         "/_429_status" => Some(status_429(route, registry, query.unwrap_or(""))),
         "/_session_status" => Some(session_status(route)),
+        "/_route_opts" => Some(route_opts(route)),
+        "/_cluster_avg" => Some(cluster_avg(route)),
         "/_rate_limit_status" => Some(json!({
             "route": route.config.name,
             "rate_limit": rate_limit_json(route, registry),
@@ -386,6 +391,65 @@ fn measurement_status(route: &Route, registry: &Registry) -> Value {
         "probes": protection.probes,
         "probe_window_ms": protection.probe_window.as_millis() as u64,
         "series": series,
+    })
+}
+
+/// Each pool's in-flight averaged over the last 5 minutes (10 × 30 s
+/// buckets), with its limit: reported, not enforced.
+fn cluster_avg(route: &Route) -> Value {
+    let now = now_ms();
+    let mut avgs = route.runtime.cluster_avg.lock();
+    let pools: Vec<Value> = route
+        .pools()
+        .into_iter()
+        .map(|(label, pool)| {
+            let (max, in_flight) = route.pool_load(&pool);
+            let (avg, buckets) = avgs
+                .get_mut(label)
+                .map(|r| r.average(now))
+                .unwrap_or_default();
+            json!({
+                "pool": label,
+                "in_flight": in_flight,
+                "avg_in_flight_5m": avg,
+                "limit": route.adaptive_limit(label, &pool).unwrap_or(max),
+                "buckets": buckets.iter().map(|(start, v)| json!({"start_ms": start, "avg": v})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({"route": route.name(), "window_s": 300, "bucket_s": 30, "pools": pools})
+}
+
+/// The catalog with the values this route runs with: tunables under
+/// `options`, engine internals under `advanced`, and the derived adaptive
+/// bounds per pool.
+fn route_opts(route: &Route) -> Value {
+    use crate::config::catalog::{option_json, ROUTE_OPTIONS};
+    let c = &route.config;
+    let all = |hidden: bool| {
+        ROUTE_OPTIONS
+            .iter()
+            .filter(|o| o.hidden == hidden)
+            .map(|o| option_json(o, c, &c.keys_set))
+            .collect::<Vec<_>>()
+    };
+    let adaptive: Vec<Value> = match c.protection.adaptive {
+        None => Vec::new(),
+        Some(cfg) => route
+            .pools()
+            .into_iter()
+            .map(|(label, pool)| {
+                let (max, _) = route.pool_load(&pool);
+                let p = cfg.params(max);
+                json!({"pool": label, "static_max": max, "floor": p.min, "start": p.init})
+            })
+            .collect(),
+    };
+    json!({
+        "route": c.name,
+        "options": all(false),
+        "advanced": all(true),
+        "derived": {"adaptive_cc": adaptive},
     })
 }
 

@@ -162,6 +162,9 @@ pub struct RouteConfig {
     pub engine_api_key_file: Option<PathBuf>,
     /// Deprecation notices to log at load; the route still serves.
     pub warnings: Vec<String>,
+    /// The option keys the file wrote (`/_route_opts` tells them apart
+    /// from defaults).
+    pub keys_set: Vec<String>,
 }
 
 pub const DEFAULT_LIVE_WINDOW: Duration = Duration::from_secs(10);
@@ -249,6 +252,7 @@ impl RouteConfig {
             protection,
             engine_api_key_file: file.engine_api_key_file,
             warnings,
+            keys_set: super::catalog::keys_set(text),
         })
     }
 }

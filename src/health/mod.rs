@@ -79,7 +79,8 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
         let sweeper_registry = Arc::clone(registry);
         tokio::spawn(async move {
             // Every second the live counts are recounted (sessions age out
-            // of the live window) and waiters get a look at the room that
+            // of the live window), each pool's in-flight is sampled for
+            // `/_cluster_avg`, and waiters get a look at the room that
             // frees; every 30 s expired sessions are swept.
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
@@ -92,6 +93,7 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
                     sessions.sweep(now_ms());
                 }
                 sessions.refresh_live(now_ms());
+                sweeper_route.sample_cluster_avg(now_ms());
                 sweeper_route.runtime.queue.room_may_have_freed();
             }
         });

@@ -10,4 +10,5 @@ pub mod gate;
 pub mod limits;
 pub mod meter;
 pub mod prio;
+pub mod rolling;
 pub mod window;

@@ -49,6 +49,7 @@ impl Gateway {
         session.set_keepalive(Some(self.registry.gateway().client_idle_timeout.as_secs()));
         let (route, rest) = request::resolve_route(&self.registry, session)?;
         ctx.route = Some(Arc::clone(&route));
+        request::endpoints::inspect(&route, session, &rest).await?;
         request::endpoints::answer(&route, &self.registry, session, &rest)?;
         request::require_api_path(&route, &rest)?;
         guards::auth::check(&route, &self.registry, session)?;

@@ -62,6 +62,8 @@ pub struct RouteRuntime {
     pub trips_while_off: crate::protect::gate::GateCounts,
     /// `/_ttft_limit?ms=` and `/_tps_limit?tps=`, until they expire.
     pub limit_overrides: LimitOverrides,
+    /// In-flight per pool sampled every second, for `/_cluster_avg`.
+    pub cluster_avg: Mutex<HashMap<String, ClusterAvg>>,
     /// Bumped on every reload that changes this route; background tasks of an
     /// older generation stop by themselves.
     pub generation: AtomicUsize,
@@ -73,6 +75,10 @@ pub struct RouteRuntime {
     /// The route's own key file, re-read on every reload (None: shared keys).
     pub(super) keys: ArcSwapOption<KeyState>,
 }
+
+/// A pool's in-flight over the last 5 minutes, in 30 s buckets.
+pub type ClusterAvg = crate::protect::rolling::Rolling<10>;
+pub const CLUSTER_AVG_BUCKET_MS: u64 = 30_000;
 
 /// The runtime overrides of a route's TTFT limit and decode-rate floor.
 #[derive(Debug, Default)]
@@ -105,6 +111,7 @@ impl RouteRuntime {
             cached_tokens: Default::default(),
             trips_while_off: Default::default(),
             limit_overrides: Default::default(),
+            cluster_avg: Mutex::new(HashMap::new()),
             generation: AtomicUsize::new(0),
             round_robin: AtomicUsize::new(0),
             toggles: Toggles::default(),
@@ -289,6 +296,17 @@ impl Route {
             }
             state.current = next;
             state.last_step = Some(step);
+        }
+    }
+
+    /// Samples each pool's in-flight into its rolling average.
+    pub fn sample_cluster_avg(&self, now_ms: u64) {
+        let mut avg = self.runtime.cluster_avg.lock();
+        for (label, pool) in self.pools() {
+            let (_, in_flight) = self.pool_load(&pool);
+            avg.entry(label.to_string())
+                .or_insert_with(|| ClusterAvg::new(CLUSTER_AVG_BUCKET_MS))
+                .add(in_flight, now_ms);
         }
     }
 

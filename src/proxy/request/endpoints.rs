@@ -75,6 +75,65 @@ pub fn answer(
     })
 }
 
+/// `POST /<route>/_route_inspect` with a request's body and headers: its
+/// session id (source and hash), model pool, active tier, and where the
+/// route's mode would place it and why, computed by the same rules as a
+/// real request and changing nothing (no binding, no slot, no counter).
+pub async fn inspect(route: &Route, session: &mut Session, rest: &str) -> Result<(), Local> {
+    if rest.split('?').next() != Some("/_route_inspect") {
+        return Ok(());
+    }
+    if session.req_header().method != http::Method::POST {
+        return Err(ErrorResponse::new(
+            405,
+            "method_not_allowed",
+            "_route_inspect takes POST with the request body to inspect",
+        )
+        .into());
+    }
+    let body = super::body::read_body(session, route.config.max_body_size).await?;
+    let view = match body.is_empty() {
+        true => None,
+        false => Some(crate::request_view::RequestView::parse(&body).map_err(|_| {
+            ErrorResponse::bad_request("the body to inspect must be a JSON object")
+        })?),
+    };
+    let headers = &session.req_header().headers;
+    let sid = crate::session::extract_session(
+        headers,
+        &route.config.balancing.session_headers,
+        view.as_ref(),
+    );
+    let model = view.as_ref().and_then(|v| v.model()).map(|m| m.into_owned());
+    let pool = crate::balance::model_pool(route, model.as_deref())?;
+    let now = crate::clock::now_ms();
+    let candidates = crate::balance::candidates(route, &pool, now);
+    if candidates.is_empty() {
+        return Err(ErrorResponse::no_ready_peer(route.name()).into());
+    }
+    let tier = route.peers[candidates[0]].config.priority;
+    let placement = match &sid {
+        Some(sid) => crate::balance::explain(route, &pool, sid),
+        None => serde_json::json!({
+            "mode": route.config.balancing.mode.as_str(),
+            "why": "no session id: the request goes to the least-loaded candidate",
+        }),
+    };
+    Err(Local::Json(
+        200,
+        serde_json::json!({
+            "route": route.name(),
+            "session": sid.as_ref().map(|s| serde_json::json!({"hash": s.hex(), "source": s.source.as_str()})),
+            "model": model,
+            "pool": pool.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
+            "active_tier": tier,
+            "candidates": candidates.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
+            "mode": route.config.balancing.mode.as_str(),
+            "placement": placement,
+        }),
+    ))
+}
+
 /// `GET /v1/models` of a route with model pools, answered from its config
 /// (the engines each know only their own model).
 pub fn answer_models(route: &Route, session: &Session, rest: &str) -> Result<(), Local> {

@@ -1,0 +1,460 @@
+//! The catalog of every route option: key, label, group, kind, default and
+//! description, and the value a loaded route runs with. `/_route_opts`
+//! serves it; the README's option table is generated from it (and a test
+//! fails when either drifts); another test fails when a literal default
+//! here is not what the parser applies. Engine internals (windows, EWMA and
+//! probe allowances, the fine print of session priority) are `hidden`:
+//! still settable, served under `advanced` rather than offered first.
+
+use super::route::RouteConfig;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// What kind of value an option takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Bool,
+    Integer,
+    Number,
+    Duration,
+    Size,
+    Text,
+    Choice(&'static [&'static str]),
+    Map,
+    List,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Bool => "bool",
+            Kind::Integer => "integer",
+            Kind::Number => "number",
+            Kind::Duration => "duration",
+            Kind::Size => "size",
+            Kind::Text => "text",
+            Kind::Choice(_) => "choice",
+            Kind::Map => "map",
+            Kind::List => "list",
+        }
+    }
+}
+
+/// An option's default: a literal as a route file would write it (the
+/// drift test writes exactly this and compares), or a note for one that is
+/// absent or derived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionDefault {
+    Literal(&'static str),
+    Note(&'static str),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct RouteOption {
+    /// As written in the route file; dotted for nested keys, `peers[].x`
+    /// for a field of each peer.
+    pub key: &'static str,
+    pub label: &'static str,
+    pub group: &'static str,
+    pub kind: Kind,
+    pub default: OptionDefault,
+    pub description: &'static str,
+    pub hidden: bool,
+}
+
+const fn opt(
+    key: &'static str,
+    label: &'static str,
+    group: &'static str,
+    kind: Kind,
+    default: OptionDefault,
+    description: &'static str,
+) -> RouteOption {
+    RouteOption {
+        key,
+        label,
+        group,
+        kind,
+        default,
+        description,
+        hidden: false,
+    }
+}
+
+const fn hidden(o: RouteOption) -> RouteOption {
+    RouteOption { hidden: true, ..o }
+}
+
+use OptionDefault::{Literal as L, Note as N};
+
+pub const ROUTE_OPTIONS: &[RouteOption] = &[
+    opt("peers", "Peers", "peers", Kind::List, N("required"), "the engines: {name, host, port}, at least one"),
+    opt("peers[].priority", "Tier", "peers", Kind::Integer, L("0"), "lower is preferred; a higher tier takes traffic only when the lower one is down"),
+    opt("peers[].max_concurrency", "Max concurrency", "peers", Kind::Integer, L("64"), "requests in flight to this peer at most"),
+    hidden(opt("peers[].probe_path", "Probe path", "peers", Kind::Text, N("health.probe_path"), "this peer's own health probe path")),
+    hidden(opt("peers[].kv_capacity_tokens", "KV capacity", "peers", Kind::Integer, N("from the engine's metrics"), "KV capacity in tokens for KV-aware admission")),
+    opt("peers_by_model", "Model pools", "peers", Kind::Map, N("one pool"), "{model: [peer names]}: a pool per model"),
+    opt("max_body_size", "Max body size", "requests", Kind::Size, L("10m"), "larger request bodies get a 413"),
+    opt("balancing.mode", "Balancing mode", "balancing", Kind::Choice(&["load_aware", "hash", "least_conn", "round_robin"]), L("load_aware"), "how a peer is chosen"),
+    opt("balancing.session_affinity.headers", "Session headers", "balancing", Kind::List, N("none"), "extra headers that carry a session id, checked first"),
+    opt("balancing.session_affinity.idle_timeout", "Session idle timeout", "balancing", Kind::Duration, L("30m"), "a session unseen this long is forgotten (1m .. 24h)"),
+    hidden(opt("balancing.session_affinity.live_window", "Live window", "balancing", Kind::Duration, L("10s"), "a session used this recently counts as holding KV on its engine")),
+    opt("balancing.cross_tier_fallback", "Cross-tier fallback", "balancing", Kind::Bool, L("false"), "spill to a higher tier when the primary tier is full, not only when it is down"),
+    opt("health.enabled", "Health checks", "health", Kind::Bool, L("true"), "probe each peer"),
+    opt("health.interval", "Probe interval", "health", Kind::Duration, L("5s"), "time between probes"),
+    opt("health.ban_ttl", "Ban TTL", "health", Kind::Duration, L("30s"), "a failed peer stays banned this long"),
+    opt("health.probe_path", "Probe path", "health", Kind::Text, L("/health"), "path probed on each peer"),
+    hidden(opt("health.timeout", "Probe timeout", "health", Kind::Duration, L("2s"), "a probe slower than this counts as busy, not down")),
+    hidden(opt("engine_metrics.interval", "Engine scrape interval", "engine", Kind::Duration, L("1s"), "how often each engine's /metrics is read (engine_metrics: false turns scraping off)")),
+    hidden(opt("engine_metrics.kv_full_threshold", "KV full threshold", "engine", Kind::Number, L("0.98"), "KV usage at which an engine counts as full")),
+    hidden(opt("engine_metrics.path", "Engine metrics path", "engine", Kind::Text, L("/metrics"), "the engines' Prometheus path")),
+    opt("timeouts.connect", "Connect timeout", "timeouts", Kind::Duration, L("5s"), "connecting to a peer"),
+    opt("timeouts.read", "Read timeout", "timeouts", Kind::Duration, L("600s"), "between bytes from a peer, the response head included"),
+    hidden(opt("timeouts.idle", "Upstream idle timeout", "timeouts", Kind::Duration, L("60s"), "an idle pooled upstream connection is closed after this")),
+    opt("routed_headers", "X-Routed headers", "responses", Kind::Bool, L("true"), "add X-Routed-* to responses"),
+    opt("api_keys_file", "API keys file", "auth", Kind::Text, N("the gateway's"), "this route's own key file"),
+    opt("forward_client_key", "Forward client key", "auth", Kind::Bool, L("false"), "send the client's Authorization / x-api-key on to the engines"),
+    opt("engine_api_key_file", "Engine key file", "auth", Kind::Text, N("none"), "the engines' own key, sent as Bearer"),
+    opt("reject_rules", "Reject rules", "requests", Kind::List, N("none"), "content rules answered with 4xx before any engine is used"),
+    opt("reject_rules_enabled", "Reject rules on", "requests", Kind::Bool, L("true"), "the rules' switch (runtime: /_reject_rules_toggle)"),
+    opt("postprocess", "Post-processing", "responses", Kind::Choice(&["strip_actual_usage", "vllm_format"]), N("gateway.yaml postprocess_default"), "response rewrite handler"),
+    opt("include_usage", "Include usage", "requests", Kind::Bool, L("false"), "ask streams for a usage frame and strip it from the client's copy if the client did not ask"),
+    opt("queue_timeout", "Queue timeout", "protection", Kind::Duration, L("0s"), "wait this long for room instead of an immediate 429"),
+    opt("ttft_limit_ms", "TTFT limit (ms)", "protection", Kind::Number, L("30000"), "TTFT EWMA at which a pool sheds with 429"),
+    opt("ttft_limit_by_model", "TTFT limit per model", "protection", Kind::Map, N("none"), "{model: ms}"),
+    opt("tps_limit_tps", "Decode-rate floor", "protection", Kind::Number, N("none"), "decode-rate EWMA (tok/s) at or under which a pool sheds (not on an adaptive route)"),
+    hidden(opt("ttft_metrics", "TTFT metric table", "protection", Kind::List, N("none"), "[{metric: pNN|avg, q, threshold}], at most 4; replaces the TTFT limits")),
+    hidden(opt("tps_metrics", "Decode-rate metric table", "protection", Kind::List, N("none"), "[{metric: pNN|avg, q, threshold}], at most 4; replaces the floor")),
+    hidden(opt("ttft_window", "TTFT window", "protection", Kind::Duration, L("20s"), "samples folded (P80) into one value per window")),
+    hidden(opt("tps_window", "Decode-rate window", "protection", Kind::Duration, L("20s"), "samples folded (P20) per window; also the adaptive tick")),
+    hidden(opt("ewma_alpha", "EWMA alpha", "protection", Kind::Number, L("0.3"), "weight of the newest window, clamped to [0, 1]")),
+    hidden(opt("ewma_ttl", "EWMA TTL", "protection", Kind::Duration, L("60s"), "an EWMA without samples this long expires (fail-open)")),
+    hidden(opt("tps_min_tokens", "Decode sample min tokens", "protection", Kind::Integer, L("16"), "shorter completions are no decode-rate sample")),
+    hidden(opt("tps_min_decode_s", "Decode sample min time", "protection", Kind::Number, L("0.5"), "shorter decodes (seconds) are no sample")),
+    hidden(opt("probes", "Probes", "protection", Kind::Integer, L("5"), "requests per probe window that pass a tripped gate")),
+    hidden(opt("probe_window", "Probe window", "protection", Kind::Duration, L("10s"), "the probes' window")),
+    opt("load_rate_limit", "Load 429s", "protection", Kind::Bool, N("gateway.yaml load_rate_limit (true)"), "the route layer of the rate-limit master switch"),
+    opt("adaptive_cc", "Adaptive concurrency", "adaptive", Kind::Bool, N("on when a decode-rate floor is set"), "AIMD pool limit"),
+    opt("adaptive_cc_min", "Adaptive floor", "adaptive", Kind::Number, N("max(1, floor(0.4 × pool max))"), "the adaptive limit's floor (>= 1)"),
+    opt("adaptive_cc_init", "Adaptive start (slots)", "adaptive", Kind::Number, N("the floor"), "start point inside [floor, pool max]"),
+    opt("adaptive_cc_init_frac", "Adaptive start (fraction)", "adaptive", Kind::Number, N("the floor"), "start point as a fraction of the pool max"),
+    hidden(opt("adaptive_cc_hold_when_idle", "Hold when idle", "adaptive", Kind::Bool, L("true"), "idle traffic never lowers (or expires) the limit")),
+    hidden(opt("adaptive_cc_use_ttft", "Adaptive uses TTFT", "adaptive", Kind::Bool, L("true"), "TTFT over its limit shrinks the limit too")),
+    opt("session_prio", "Session turn priority", "session_prio", Kind::Bool, L("false"), "under load refuse early turns first (runtime: /_session_prio_toggle)"),
+    opt("session_prio_r_new", "Turn-1 share", "session_prio", Kind::Number, L("0.85"), "turn 1's share of the limit, rising to 1.0"),
+    hidden(opt("session_prio_full_turn", "Full-warmth turn", "session_prio", Kind::Integer, L("32"), "the turn whose bucket has share 1.0")),
+    hidden(opt("session_prio_table", "Bucket table", "session_prio", Kind::List, N("derived"), "[{min_turn, share, tol}], first min_turn 1, ascending")),
+    hidden(opt("session_prio_severe", "Hard trip factor", "session_prio", Kind::Number, L("1.5"), "every bucket is refused at threshold × this (>= 1)")),
+    hidden(opt("session_prio_release", "Turn-1 release", "session_prio", Kind::Number, L("0.9"), "turn 1's hold releases under threshold × this")),
+    hidden(opt("session_prio_t1_probes", "Turn-1 probes", "session_prio", Kind::Integer, L("1"), "turn 1's own probes per window while tripped")),
+    hidden(opt("session_prio_warn_frac", "No-header warn share", "session_prio", Kind::Number, L("0.2"), "WARN when more of a minute's requests had no usable header")),
+    hidden(opt("rt_limit_factor", "Ceiling factor", "session_prio", Kind::Number, L("1.0"), "scales the per-bucket concurrency ceilings")),
+];
+
+fn dur(d: Duration) -> Value {
+    json!(humantime::format_duration(d).to_string())
+}
+
+/// The value `route` runs with for `key` (`null`: unset / none).
+pub fn effective(route: &RouteConfig, key: &str) -> Value {
+    let p = &route.protection;
+    let prio = &p.session_prio;
+    let peers = |f: &dyn Fn(&super::route::PeerConfig) -> Value| {
+        Value::Array(route.peers.iter().map(f).collect())
+    };
+    let em = route.engine_metrics.as_ref();
+    let table = |t: &Option<Vec<crate::protect::limits::MetricLimit>>| {
+        t.as_ref().map_or(Value::Null, |t| {
+            json!(t.iter().map(|m| json!({"metric": m.fold.name(), "threshold": m.threshold})).collect::<Vec<_>>())
+        })
+    };
+    match key {
+        "peers" => json!(route.peers.iter().map(|p| json!({"name": p.name, "host": p.host, "port": p.port})).collect::<Vec<_>>()),
+        "peers[].priority" => peers(&|p| json!(p.priority)),
+        "peers[].max_concurrency" => peers(&|p| json!(p.max_concurrency)),
+        "peers[].probe_path" => peers(&|p| json!(p.probe_path)),
+        "peers[].kv_capacity_tokens" => peers(&|p| json!(p.kv_capacity_tokens)),
+        "peers_by_model" => {
+            let pools: serde_json::Map<String, Value> = route
+                .peers_by_model
+                .iter()
+                .map(|(m, idx)| (m.clone(), json!(idx.iter().map(|&i| route.peers[i].name.clone()).collect::<Vec<_>>())))
+                .collect();
+            (!pools.is_empty()).then_some(Value::Object(pools)).unwrap_or(Value::Null)
+        }
+        "max_body_size" => json!(route.max_body_size),
+        "balancing.mode" => json!(route.balancing.mode.as_str()),
+        "balancing.session_affinity.headers" => {
+            json!(route.balancing.session_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>())
+        }
+        "balancing.session_affinity.idle_timeout" => dur(route.balancing.idle_timeout),
+        "balancing.session_affinity.live_window" => dur(route.balancing.live_window),
+        "balancing.cross_tier_fallback" => json!(route.balancing.cross_tier_fallback),
+        "health.enabled" => json!(route.health.enabled),
+        "health.interval" => dur(route.health.interval),
+        "health.ban_ttl" => dur(route.health.ban_ttl),
+        "health.probe_path" => json!(route.health.probe_path),
+        "health.timeout" => dur(route.health.timeout),
+        "engine_metrics.interval" => em.map_or(Value::Null, |m| dur(m.interval)),
+        "engine_metrics.kv_full_threshold" => em.map_or(Value::Null, |m| json!(m.kv_full_threshold)),
+        "engine_metrics.path" => em.map_or(Value::Null, |m| json!(m.path)),
+        "timeouts.connect" => dur(route.timeouts.connect),
+        "timeouts.read" => dur(route.timeouts.read),
+        "timeouts.idle" => dur(route.timeouts.idle),
+        "routed_headers" => json!(route.routed_headers),
+        "api_keys_file" => json!(route.api_keys_file),
+        "forward_client_key" => json!(route.forward_client_key),
+        "engine_api_key_file" => json!(route.engine_api_key_file),
+        "reject_rules" => json!(route.reject_rules.configured()),
+        "reject_rules_enabled" => json!(route.reject_rules_enabled),
+        "postprocess" => json!(route.postprocess.as_ref().map(|h| h.name())),
+        "include_usage" => json!(route.include_usage),
+        "queue_timeout" => dur(route.queue_timeout),
+        "ttft_limit_ms" => json!(p.ttft_limit_ms),
+        "ttft_limit_by_model" => json!(p.ttft_limit_by_model.iter().cloned().collect::<std::collections::BTreeMap<_, _>>()),
+        "tps_limit_tps" => json!(p.tps_limit_tps),
+        "ttft_metrics" => table(&p.ttft_metrics),
+        "tps_metrics" => table(&p.tps_metrics),
+        "ttft_window" => dur(Duration::from_millis(p.meter.ttft_window_ms)),
+        "tps_window" => dur(Duration::from_millis(p.meter.tps_window_ms)),
+        "ewma_alpha" => json!(p.meter.alpha),
+        "ewma_ttl" => dur(Duration::from_millis(p.meter.ttl_ms)),
+        "tps_min_tokens" => json!(p.meter.tps_min_tokens),
+        "tps_min_decode_s" => json!(p.meter.tps_min_decode_ms as f64 / 1000.0),
+        "probes" => json!(p.probes),
+        "probe_window" => dur(p.probe_window),
+        "load_rate_limit" => json!(p.load_rate_limit),
+        "adaptive_cc" => json!(p.adaptive.is_some()),
+        "adaptive_cc_min" => json!(p.adaptive.and_then(|a| a.min)),
+        "adaptive_cc_init" => json!(p.adaptive.and_then(|a| a.init)),
+        "adaptive_cc_init_frac" => json!(p.adaptive.and_then(|a| a.init_frac)),
+        "adaptive_cc_hold_when_idle" => json!(p.adaptive.map_or(true, |a| a.hold_when_idle)),
+        "adaptive_cc_use_ttft" => json!(p.adaptive.map_or(true, |a| a.use_ttft)),
+        "session_prio" => json!(prio.enabled),
+        "session_prio_r_new" => json!(prio.table.first().map(|b| b.share)),
+        "session_prio_full_turn" => json!(prio.table.last().map(|b| b.min_turn)),
+        "session_prio_table" => json!(prio.table.iter().map(|b| json!({"min_turn": b.min_turn, "share": b.share, "tol": b.tol})).collect::<Vec<_>>()),
+        "session_prio_severe" => json!(prio.severe),
+        "session_prio_release" => json!(prio.release),
+        "session_prio_t1_probes" => json!(prio.t1_probes),
+        "session_prio_warn_frac" => json!(prio.warn_frac),
+        "rt_limit_factor" => json!(prio.rt_limit_factor),
+        _ => Value::Null,
+    }
+}
+
+/// The dotted keys a route file's text sets (`peers[].x` when any peer
+/// sets `x`), so `/_route_opts` can say which values the route chose.
+pub fn keys_set(text: &str) -> Vec<String> {
+    let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    collect(&doc, "", &mut out);
+    if let Some(peers) = doc.get("peers").and_then(|p| p.as_sequence()) {
+        for peer in peers.iter().filter_map(|p| p.as_mapping()) {
+            for k in peer.keys().filter_map(|k| k.as_str()) {
+                out.push(format!("peers[].{k}"));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn collect(v: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
+    let Some(map) = v.as_mapping() else {
+        return;
+    };
+    for (k, child) in map {
+        let Some(k) = k.as_str() else { continue };
+        let key = if prefix.is_empty() {
+            k.to_string()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        // Only the option sections nest; a map-valued option is one key.
+        if matches!(key.as_str(), "balancing" | "balancing.session_affinity" | "health" | "engine_metrics" | "timeouts")
+            && child.is_mapping()
+        {
+            collect(child, &key, out);
+        } else {
+            out.push(key);
+        }
+    }
+}
+
+/// One option as `/_route_opts` serves it.
+pub fn option_json(o: &RouteOption, route: &RouteConfig, set: &[String]) -> Value {
+    let (default, note) = match o.default {
+        OptionDefault::Literal(l) => (json!(l), Value::Null),
+        OptionDefault::Note(n) => (Value::Null, json!(n)),
+    };
+    let mut v = json!({
+        "key": o.key,
+        "label": o.label,
+        "group": o.group,
+        "kind": o.kind.as_str(),
+        "default": default,
+        "default_note": note,
+        "description": o.description,
+        "value": effective(route, o.key),
+        "set_by_route": set.iter().any(|k| k == o.key || k.starts_with(&format!("{}.", o.key))),
+    });
+    if let Kind::Choice(choices) = o.kind {
+        v["choices"] = json!(choices);
+    }
+    v
+}
+
+/// The README's table of route options, generated from the catalog.
+pub fn markdown_table() -> String {
+    let mut out = String::from("| option | default | group | meaning |\n|---|---|---|---|\n");
+    for o in ROUTE_OPTIONS {
+        let default = match o.default {
+            OptionDefault::Literal(l) => format!("`{l}`"),
+            OptionDefault::Note(n) => n.to_string(),
+        };
+        let advanced = if o.hidden { " (advanced)" } else { "" };
+        out.push_str(&format!(
+            "| `{}` | {} | {}{advanced} | {} |\n",
+            o.key,
+            default.replace('|', "\\|"),
+            o.group,
+            o.description.replace('|', "\\|"),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{GatewayConfig, Overrides};
+    use std::path::Path;
+
+    const MINIMAL: &str = "peers:\n  - {name: a, host: 127.0.0.1, port: 8001}\n";
+
+    fn parse(text: &str) -> RouteConfig {
+        let gw = GatewayConfig::parse(Path::new("gateway.yaml"), "", &Overrides::default())
+            .expect("gateway");
+        RouteConfig::parse("chat", Path::new("routes/chat.yaml"), text, &gw)
+            .unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    /// `MINIMAL` with `key` (dotted, or `peers[].x`) set to `literal`.
+    fn with_option(key: &str, literal: &str) -> String {
+        let mut doc: serde_yaml::Value = serde_yaml::from_str(MINIMAL).expect("yaml");
+        let value: serde_yaml::Value = serde_yaml::from_str(literal).expect("literal");
+        if let Some(field) = key.strip_prefix("peers[].") {
+            for peer in doc["peers"].as_sequence_mut().expect("peers") {
+                peer[field] = value.clone();
+            }
+        } else {
+            let mut at = &mut doc;
+            let parts: Vec<&str> = key.split('.').collect();
+            for part in &parts[..parts.len() - 1] {
+                if at.get(*part).is_none() {
+                    at[*part] = serde_yaml::Value::Mapping(Default::default());
+                }
+                at = &mut at[*part];
+            }
+            at[parts[parts.len() - 1]] = value;
+        }
+        serde_yaml::to_string(&doc).expect("yaml")
+    }
+
+    #[test]
+    fn every_literal_default_is_what_the_parser_applies() {
+        let minimal = parse(MINIMAL);
+        let mut checked = 0;
+        for o in ROUTE_OPTIONS {
+            let OptionDefault::Literal(literal) = o.default else {
+                continue;
+            };
+            let written = parse(&with_option(o.key, literal));
+            assert_eq!(
+                effective(&minimal, o.key),
+                effective(&written, o.key),
+                "{}: the catalog says {literal}, the parser applies {}",
+                o.key,
+                effective(&minimal, o.key)
+            );
+            checked += 1;
+        }
+        assert!(checked >= 40, "only {checked} literal defaults checked");
+    }
+
+    #[test]
+    fn the_drift_check_catches_a_changed_default() {
+        // Control: a value other than the default does show as different.
+        let minimal = parse(MINIMAL);
+        let other = parse(&with_option("ttft_limit_ms", "12345"));
+        assert_ne!(
+            effective(&minimal, "ttft_limit_ms"),
+            effective(&other, "ttft_limit_ms")
+        );
+        let other = parse(&with_option("balancing.session_affinity.idle_timeout", "45m"));
+        assert_ne!(
+            effective(&minimal, "balancing.session_affinity.idle_timeout"),
+            effective(&other, "balancing.session_affinity.idle_timeout")
+        );
+    }
+
+    #[test]
+    fn every_option_the_route_file_accepts_is_in_the_catalog() {
+        // Each catalog key written alone (with a valid sample) must parse, and
+        // the parser's own list of fields must be covered by the catalog.
+        let fields = crate::config::route_file_fields();
+        for field in fields {
+            let covered = ROUTE_OPTIONS
+                .iter()
+                .any(|o| o.key == *field || o.key.starts_with(&format!("{field}.")));
+            assert!(covered, "route option {field} is not in the catalog");
+        }
+        for o in ROUTE_OPTIONS {
+            assert!(
+                !matches!(effective(&parse(MINIMAL), o.key), Value::Null)
+                    || !matches!(o.default, OptionDefault::Literal(_)),
+                "{} has a literal default but no effective value",
+                o.key
+            );
+        }
+    }
+
+    #[test]
+    fn keys_set_names_what_the_file_wrote() {
+        let text = "peers:\n  - {name: a, host: h, port: 1, max_concurrency: 4}\nbalancing:\n  session_affinity: {idle_timeout: 5m}\nttft_limit_ms: 100\n";
+        assert_eq!(
+            keys_set(text),
+            [
+                "balancing.session_affinity.idle_timeout",
+                "peers",
+                "peers[].host",
+                "peers[].max_concurrency",
+                "peers[].name",
+                "peers[].port",
+                "ttft_limit_ms"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_readme_option_table_is_the_catalogs() {
+        let readme_path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+        let readme = std::fs::read_to_string(readme_path).expect("README.md");
+        let (begin, end) = ("<!-- route-options:begin -->\n", "<!-- route-options:end -->");
+        let start = readme.find(begin).expect("the begin marker") + begin.len();
+        let stop = readme.find(end).expect("the end marker");
+        let table = markdown_table();
+        if readme[start..stop] != table {
+            if std::env::var_os("UPDATE_README").is_some() {
+                let updated = format!("{}{table}{}", &readme[..start], &readme[stop..]);
+                std::fs::write(readme_path, updated).expect("write README.md");
+                return;
+            }
+            panic!("README's route option table differs from the catalog; run UPDATE_README=1 cargo test --lib the_readme_option_table");
+        }
+    }
+}

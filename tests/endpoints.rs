@@ -1,0 +1,135 @@
+//! Issue 10, the remaining read-only endpoints: `/_route_opts` (the option
+//! catalog with the values in effect), `/_cluster_avg` (in-flight per pool
+//! over 5 minutes), and `POST /_route_inspect` (where a request would go,
+//! changing nothing).
+
+mod common;
+
+use common::http;
+use common::*;
+use serde_json::{json, Value};
+
+fn option<'a>(opts: &'a Value, section: &str, key: &str) -> &'a Value {
+    opts[section]
+        .as_array()
+        .and_then(|list| list.iter().find(|o| o["key"] == key))
+        .unwrap_or_else(|| panic!("{key} not under {section}: {opts}"))
+}
+
+#[test]
+fn route_opts_shows_each_option_with_its_value_and_whether_the_route_set_it() {
+    let cluster = engines(2);
+    let extra = "ttft_limit_ms: 12000\ntps_limit_tps: 5\nttft_window: 5s\n";
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), extra))]);
+    let opts = http::get(gw.addr, "/chat/_route_opts").json();
+    let ttft = option(&opts, "options", "ttft_limit_ms");
+    assert_eq!(
+        (&ttft["value"], &ttft["default"], &ttft["set_by_route"]),
+        (&json!(12000.0), &json!("30000"), &json!(true))
+    );
+    let mode = option(&opts, "options", "balancing.mode");
+    assert_eq!(
+        (&mode["value"], &mode["set_by_route"]),
+        (&json!("load_aware"), &json!(false)),
+        "a default is told apart from a value the route wrote"
+    );
+    assert!(mode["choices"].as_array().is_some_and(|c| c.len() == 4));
+    // Engine internals are under `advanced`, not among the tunables.
+    let window = option(&opts, "advanced", "ttft_window");
+    assert_eq!((&window["value"], &window["set_by_route"]), (&json!("5s"), &json!(true)));
+    assert!(opts["options"]
+        .as_array()
+        .is_some_and(|o| o.iter().all(|x| x["key"] != "ttft_window")));
+    // Derived: the adaptive bounds of the pool (two peers × 64 slots).
+    let derived = &opts["derived"]["adaptive_cc"][0];
+    assert_eq!(
+        (&derived["static_max"], &derived["floor"], &derived["start"]),
+        (&json!(128.0), &json!(51.0), &json!(51.0)),
+        "{opts}"
+    );
+}
+
+#[test]
+fn cluster_avg_reports_each_pools_in_flight_over_the_last_minutes() {
+    let cluster = engines(1);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let pool = || http::get(gw.addr, "/chat/_cluster_avg").json()["pools"][0].clone();
+    let idle = wait_for("a first idle sample", DEADLINE, || {
+        let p = pool();
+        p["avg_in_flight_5m"].as_f64().map(|_| p)
+    });
+    assert_eq!(idle["avg_in_flight_5m"], 0.0, "{idle}");
+    // Two held streams: the average rises above zero while they run.
+    let held: Vec<_> = (0..2)
+        .map(|_| hold_stream(&gw, "/chat/v1/chat/completions", "avg", &[]))
+        .collect();
+    let busy = wait_for("the held streams in the average", DEADLINE, || {
+        let p = pool();
+        (p["avg_in_flight_5m"].as_f64()? > 0.0).then_some(p)
+    });
+    assert_eq!(busy["in_flight"], 2.0, "{busy}");
+    assert_eq!(busy["limit"], 64.0);
+    assert!(busy["buckets"].as_array().is_some_and(|b| !b.is_empty()));
+    cluster.engines[0].open_gate("avg");
+    drop(held);
+}
+
+#[test]
+fn route_inspect_says_where_a_request_would_go_and_a_real_one_goes_there() {
+    let cluster = engines(3);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let body = chat_body("inspect-me", "hello", false);
+    let inspect = |body: &Value| {
+        http::post_json(gw.addr, "/chat/_route_inspect", &[], body)
+    };
+    let seen = inspect(&body);
+    assert_eq!(seen.status(), 200, "{}", seen.text());
+    let seen = seen.json();
+    assert_eq!(seen["session"]["source"], "body:metadata.session_id", "{seen}");
+    assert!(
+        !seen.to_string().contains("inspect-me"),
+        "only the hash: {seen}"
+    );
+    let predicted = seen["placement"]["decision"]["peer"].clone();
+    assert!(predicted.is_string(), "{seen}");
+    // Inspecting changed nothing: no session was bound.
+    let sessions = http::get(gw.addr, "/chat/_sessions").json();
+    assert_eq!(sessions["total"], 0, "{sessions}");
+    // The real request lands where the inspection said.
+    let real = http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
+    assert_eq!(real.status(), 200);
+    assert_eq!(real.header("x-routed-peer"), predicted.as_str());
+    // Control: the same session, now bound, is reported as sticking there.
+    let again = inspect(&body).json();
+    assert_eq!(again["placement"]["decision"]["peer"], predicted);
+    assert_ne!(again["placement"]["decision"]["kind"], seen["placement"]["decision"]["kind"]);
+    // Not JSON: a clear 400; GET: 405.
+    let bad = http::Conn::open(gw.addr).request(
+        "POST",
+        "/chat/_route_inspect",
+        &[("content-type", "application/json")],
+        b"[1, 2",
+    );
+    assert_eq!(bad.status(), 400, "{}", bad.text());
+    assert_eq!(http::get(gw.addr, "/chat/_route_inspect").status(), 405);
+}
+
+#[test]
+fn route_inspect_with_no_ready_peer_is_a_clear_503() {
+    let cluster = engines(1);
+    let port = cluster.engines[0].port();
+    let gw = Gateway::start(&[(
+        "chat",
+        route_yaml(&[port], "health: {interval: 100ms, ban_ttl: 60s}\n"),
+    )]);
+    cluster.engines[0]
+        .faults
+        .health_down
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    wait_for("the peer to be banned", DEADLINE, || {
+        let r = http::post_json(gw.addr, "/chat/_route_inspect", &[], &chat_body("s", "x", false));
+        (r.status() == 503).then_some(r)
+    });
+    let r = http::post_json(gw.addr, "/chat/_route_inspect", &[], &chat_body("s", "x", false));
+    assert_eq!(r.json()["error"]["type"], "no_healthy_upstream", "{}", r.text());
+}
