@@ -225,3 +225,14 @@ fn live_window_defaults_to_ten_seconds_and_stays_within_the_idle_timeout() {
         assert!(e.message.contains("live_window"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn watch_is_on_by_default_and_can_be_turned_off() {
+    assert!(gw().watch, "default on");
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    assert!(!parse("watch: false\n").unwrap().watch);
+    assert!(parse("watch: true\n").unwrap().watch);
+    let e = parse("listen: 0.0.0.0:1\nwatch: sometimes\n").unwrap_err();
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(e.message.contains("not a boolean"), "{e}");
+}
