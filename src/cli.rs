@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 /// Session-affine, load-aware inference gateway for OpenAI-compatible engines.
 ///
-/// Signals: SIGHUP re-reads routes/ (no restart), SIGTERM drains and exits.
+/// Signals: SIGHUP re-reads routes/ and the key files (no restart; with
+/// `watch: true`, the default, a change to them does the same), SIGTERM
+/// drains and exits.
 #[derive(Debug, Parser)]
 #[command(name = "llm-gateway", version, args_conflicts_with_subcommands = true)]
 pub struct Cli {

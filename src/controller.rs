@@ -1,5 +1,9 @@
-//! The one background service: signals (SIGHUP reload, SIGTERM drain) and,
-//! per route, the health probe / engine scrape / session sweep tasks.
+//! The one background service: signals (SIGHUP reload, SIGTERM drain), the
+//! file watch (`watch.rs`: reload on change) and, per route, the health
+//! probe / engine scrape / session sweep tasks.
+//!
+//! Every reload after the first, whoever asks for it, runs through
+//! [`Controller::reload`] in this service's loop, one at a time.
 //!
 //! Pingora cannot add services after `run_forever`, so per-route work is
 //! tasks this service starts and stops itself after each reload.
@@ -7,12 +11,14 @@
 use crate::lifecycle;
 use crate::metrics::metrics;
 use crate::registry::{Registry, ReloadReport};
+use crate::watch::{Burst, ConfigWatch, Targets};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
 
 pub struct Controller {
     registry: Arc<Registry>,
@@ -30,8 +36,26 @@ impl Controller {
     }
 }
 
+/// Who asked for a reload: the `trigger` label of `llm_gateway_reloads_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    Start,
+    Signal,
+    Watch,
+}
+
+impl Trigger {
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::Start => "start",
+            Trigger::Signal => "signal",
+            Trigger::Watch => "watch",
+        }
+    }
+}
+
 /// Logs a reload's outcome and counts it. Errors name the file and line.
-pub fn log_reload(report: &ReloadReport) {
+pub fn log_reload(report: &ReloadReport, trigger: Trigger) {
     for w in &report.warnings {
         log::warn!("{w}");
     }
@@ -39,7 +63,8 @@ pub fn log_reload(report: &ReloadReport) {
         log::error!("route file rejected, previous version kept: {e}");
     }
     log::info!(
-        "routes: added {:?}, changed {:?}, removed {:?}, unchanged {}, errors {}",
+        "reload ({}): routes added {:?}, changed {:?}, removed {:?}, unchanged {}, errors {}",
+        trigger.label(),
         report.added,
         report.changed,
         report.removed,
@@ -47,7 +72,81 @@ pub fn log_reload(report: &ReloadReport) {
         report.errors.len()
     );
     let result = if report.ok() { "ok" } else { "error" };
-    metrics().reloads.with_label_values(&[result]).inc();
+    metrics()
+        .reloads
+        .with_label_values(&[trigger.label(), result])
+        .inc();
+}
+
+impl Controller {
+    /// The one reload path after startup: SIGHUP and the file watch both
+    /// end here. Re-reads routes and key files, then restarts the per-route
+    /// tasks of what changed.
+    async fn reload(&self, trigger: Trigger) {
+        let registry = Arc::clone(&self.registry);
+        match tokio::task::spawn_blocking(move || registry.reload()).await {
+            Ok(report) => log_reload(&report, trigger),
+            Err(e) => log::error!("reload task failed: {e}"),
+        }
+        self.tasks.sync(&self.registry);
+    }
+
+    /// What the watch should follow for the table now loaded.
+    fn targets(&self) -> Targets {
+        Targets::new(
+            &self.registry.gateway().routes_dir,
+            &self.registry.key_files(),
+        )
+    }
+
+    /// Starts the file watch when gateway.yaml asks for it. A watch that
+    /// cannot start leaves SIGHUP as the way to reload.
+    fn start_watch(&self) -> Option<(ConfigWatch, mpsc::Receiver<Burst>)> {
+        if !self.registry.gateway().watch {
+            log::info!("watch: off; SIGHUP reloads routes and key files");
+            crate::metrics::metrics().watching.set(0);
+            return None;
+        }
+        match ConfigWatch::start(self.targets()) {
+            Ok(started) => {
+                log::info!(
+                    "watch: reloading on changes in {} and the key files' directories (debounce {:?})",
+                    self.registry.gateway().routes_dir.display(),
+                    crate::watch::DEBOUNCE
+                );
+                Some(started)
+            }
+            Err(e) => {
+                log::error!("watch: cannot start the file watch ({e}); reload with SIGHUP");
+                crate::metrics::metrics().watching.set(0);
+                None
+            }
+        }
+    }
+
+    /// After a reload: the watch follows the new table's key files, and a
+    /// directory watched again after a gap gets one more reload for what
+    /// changed unseen.
+    async fn follow(&self, watch: &mut Option<ConfigWatch>) {
+        let Some(w) = watch.as_mut() else {
+            return;
+        };
+        if w.sync(self.targets()) {
+            self.reload(Trigger::Watch).await;
+            w.sync(self.targets());
+        }
+    }
+}
+
+/// The next burst of changes, or never when there is no watch.
+async fn next_burst(bursts: &mut Option<mpsc::Receiver<Burst>>) -> Burst {
+    match bursts {
+        Some(rx) => match rx.recv().await {
+            Some(burst) => burst,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
 }
 
 /// Pingora's own graceful shutdown sleeps the whole grace period even when
@@ -102,16 +201,26 @@ impl BackgroundService for Controller {
             }
         };
         self.tasks.sync(&self.registry);
+        let (mut watch, mut bursts) = match self.start_watch() {
+            Some((w, rx)) => (Some(w), Some(rx)),
+            None => (None, None),
+        };
+        let mut retry = tokio::time::interval(crate::watch::RETRY);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = hup.recv() => {
                     log::info!("SIGHUP: reloading routes from {}", self.registry.gateway().routes_dir.display());
-                    let registry = Arc::clone(&self.registry);
-                    match tokio::task::spawn_blocking(move || registry.reload()).await {
-                        Ok(report) => log_reload(&report),
-                        Err(e) => log::error!("reload task failed: {e}"),
-                    }
-                    self.tasks.sync(&self.registry);
+                    self.reload(Trigger::Signal).await;
+                    self.follow(&mut watch).await;
+                }
+                burst = next_burst(&mut bursts) => {
+                    log::info!("watch: changed {burst}: reloading");
+                    self.reload(Trigger::Watch).await;
+                    self.follow(&mut watch).await;
+                }
+                _ = retry.tick(), if watch.as_ref().is_some_and(ConfigWatch::incomplete) => {
+                    self.follow(&mut watch).await;
                 }
                 _ = term.recv() => {
                     log::info!("SIGTERM: draining for at most {:?}", self.grace_period);

@@ -9,6 +9,7 @@
 //! - `placement`  load_aware / hash / least_conn peer choice (pure, clock-injected)
 //! - `health`     active probes and engine metric scraping
 //! - `admin`      /healthz, /metrics, /_routes and the per-route /_ endpoints
+//! - `controller`, `watch`  signals, reload on SIGHUP or on a file change, per-route tasks
 //! - `auth`, `reject`, `sse`, `postprocess`, `usage`: request guards and response rewriting
 
 pub mod admin;
@@ -31,3 +32,4 @@ pub mod request_view;
 pub mod server;
 pub mod session;
 pub mod stream;
+pub mod watch;

@@ -31,6 +31,7 @@ pub struct Metrics {
     pub load_rejections: IntCounterVec,
     pub decode_rate: HistogramVec,
     pub api_keys_configured: IntGauge,
+    pub watching: IntGauge,
     pub auth: IntCounterVec,
     pub rejections: IntCounterVec,
 }
@@ -87,6 +88,14 @@ impl Metrics {
         registry
             .register(Box::new(api_keys_configured.clone()))
             .expect("metric registered once");
+        let watching = IntGauge::new(
+            "llm_gateway_config_watch_active",
+            "1 while routes_dir and the key files are watched for changes (watch: true and the watcher started)",
+        )
+        .expect("static metric definition");
+        registry
+            .register(Box::new(watching.clone()))
+            .expect("metric registered once");
         Metrics {
             requests: counter(
                 &registry,
@@ -104,8 +113,8 @@ impl Metrics {
             reloads: counter(
                 &registry,
                 "llm_gateway_reloads_total",
-                "Route reloads; result=error counts reloads in which at least one file was rejected",
-                &["result"],
+                "Route and key reloads by trigger (start, signal, watch); result=error counts reloads in which at least one file was rejected",
+                &["trigger", "result"],
             ),
             in_flight: gauge(
                 &registry,
@@ -199,6 +208,7 @@ impl Metrics {
                 &["route", "rule"],
             ),
             api_keys_configured,
+            watching,
             registry,
         }
     }

@@ -4,7 +4,7 @@
 
 use crate::admin::AdminApp;
 use crate::config::{self, GatewayConfig, Overrides};
-use crate::controller::{log_reload, Controller};
+use crate::controller::{log_reload, Controller, Trigger};
 use crate::proxy::Gateway;
 use crate::registry::Registry;
 use pingora::apps::http_app::HttpServer;
@@ -77,13 +77,21 @@ pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
         routes.len(),
         gateway.routes_dir.display()
     );
+    if gateway.watch {
+        println!(
+            "watch: on (a change in {} or in a key file's directory reloads, as SIGHUP does)",
+            gateway.routes_dir.display()
+        );
+    } else {
+        println!("watch: off (reload with SIGHUP)");
+    }
     ExitCode::SUCCESS
 }
 
 /// Builds the Pingora server and runs it until shutdown.
 pub fn run(gateway: GatewayConfig) -> ExitCode {
     let registry = Arc::new(Registry::new(gateway.clone()));
-    log_reload(&registry.reload());
+    log_reload(&registry.reload(), Trigger::Start);
 
     let conf = ServerConf {
         threads: gateway.threads,

@@ -1,10 +1,121 @@
-//! The shipped deployment files agree with the code that reads them.
+//! The shipped deployment files agree with the code that reads them and
+//! with each other: the Dockerfile, docker-compose.yml and deploy/k8s.
+//! (`./dev lint-deploy` validates their syntax and schemas; this checks
+//! what no schema knows: ports, paths, names, the grace budget.)
 
-use std::path::Path;
+mod common;
+
+use llm_gateway::config::{GatewayConfig, Overrides};
+use serde_yaml::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
 
 fn read(rel: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel))
-        .unwrap_or_else(|e| panic!("{rel}: {e}"))
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+fn yaml(rel: &str) -> Value {
+    serde_yaml::from_str(&read(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// `a.b.0.c` into a YAML value; panics naming the path when it is absent.
+fn at<'a>(v: &'a Value, path: &str) -> &'a Value {
+    path.split('.').fold(v, |v, key| {
+        let next = match key.parse::<usize>() {
+            Ok(i) => v.get(i),
+            Err(_) => v.get(key),
+        };
+        next.unwrap_or_else(|| panic!("{path}: no {key:?} in {v:?}"))
+    })
+}
+
+fn text<'a>(v: &'a Value, path: &str) -> &'a str {
+    at(v, path)
+        .as_str()
+        .unwrap_or_else(|| panic!("{path} is not a string"))
+}
+
+fn number(v: &Value, path: &str) -> u64 {
+    at(v, path)
+        .as_u64()
+        .unwrap_or_else(|| panic!("{path} is not a number"))
+}
+
+fn list<'a>(v: &'a Value, path: &str) -> &'a Vec<Value> {
+    at(v, path)
+        .as_sequence()
+        .unwrap_or_else(|| panic!("{path} is not a list"))
+}
+
+fn labels(v: &Value) -> BTreeMap<String, String> {
+    v.as_mapping()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn gateway_config(name: &str, text: &str) -> GatewayConfig {
+    GatewayConfig::parse(Path::new(name), text, &Overrides::default())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `llm-gateway check` on a gateway.yaml and a routes directory.
+fn check(config: &Path, routes: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+        .arg("check")
+        .arg("--config")
+        .arg(config)
+        .arg("--routes")
+        .arg(routes)
+        .env_remove("LLM_GATEWAY_API_KEYS_FILE")
+        .output()
+        .expect("run check");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "check failed:\n{all}");
+    all
+}
+
+/// The image's facts, read from docker/Dockerfile.
+struct Image {
+    text: String,
+    uid: u64,
+    cmd: Vec<String>,
+}
+
+fn image() -> Image {
+    let text = read("docker/Dockerfile");
+    let uid = text
+        .lines()
+        .find_map(|l| l.strip_prefix("USER "))
+        .and_then(|u| u.split(':').next())
+        .and_then(|u| u.trim().parse().ok())
+        .expect("docker/Dockerfile sets a numeric USER");
+    let cmd = text
+        .lines()
+        .find_map(|l| l.strip_prefix("CMD "))
+        .and_then(|c| serde_json::from_str(c).ok())
+        .expect("docker/Dockerfile has a JSON-form CMD");
+    Image { text, uid, cmd }
+}
+
+/// The value after `flag` in an argument list.
+fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
 }
 
 /// The docker run line mounts the key directory where the image's config
@@ -19,13 +130,360 @@ fn docker_mounts_keys_where_the_default_config_reads_them() {
         .expect("conf/gateway.yaml names api_keys_file");
     assert_eq!(keys_file, llm_gateway::config::DEFAULT_API_KEYS_FILE);
     let keys_dir = Path::new(keys_file).parent().expect("a directory");
-    let dockerfile = read("docker/Dockerfile");
+    let image = image();
     let mount = format!(":{}:ro", keys_dir.display());
     assert!(
-        dockerfile.contains(&mount),
-        "docker/Dockerfile must mount the key directory {} (read-only), found:\n{dockerfile}",
-        keys_dir.display()
+        image.text.contains(&mount),
+        "docker/Dockerfile must mount the key directory {} (read-only), found:\n{}",
+        keys_dir.display(),
+        image.text
     );
-    // Control: the image ships that very config.
-    assert!(dockerfile.contains("COPY conf/gateway.yaml /etc/llm-gateway/gateway.yaml"));
+    // Control: the image ships that very config, and serves with it.
+    assert!(image
+        .text
+        .contains("COPY conf/gateway.yaml /etc/llm-gateway/gateway.yaml"));
+    assert_eq!(
+        flag(&image.cmd, "--config"),
+        Some("/etc/llm-gateway/gateway.yaml")
+    );
+    assert!(image.text.contains("ENTRYPOINT [\"llm-gateway\"]"));
+    assert_ne!(image.uid, 0, "the image does not run as root");
+}
+
+struct Kube {
+    gateway_yaml: String,
+    gateway: GatewayConfig,
+    routes: BTreeMap<String, String>,
+    deployment: Value,
+    service: Value,
+}
+
+fn kube() -> Kube {
+    let config = yaml("deploy/k8s/configmap-gateway.yaml");
+    // Not `at`: the key itself has a dot.
+    let gateway_yaml = at(&config, "data")
+        .get("gateway.yaml")
+        .and_then(Value::as_str)
+        .expect("the ConfigMap holds gateway.yaml")
+        .to_string();
+    let gateway = gateway_config("configmap-gateway.yaml gateway.yaml", &gateway_yaml);
+    let routes_map = yaml("deploy/k8s/configmap-routes.yaml");
+    let routes = at(&routes_map, "data")
+        .as_mapping()
+        .expect("routes data")
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().expect("key").to_string(),
+                v.as_str().expect("text").to_string(),
+            )
+        })
+        .collect();
+    Kube {
+        gateway_yaml,
+        gateway,
+        routes,
+        deployment: yaml("deploy/k8s/deployment.yaml"),
+        service: yaml("deploy/k8s/service.yaml"),
+    }
+}
+
+/// Where the Deployment mounts the volume fed by `kind` named `name`
+/// (`configMap`/`name` or `secret`/`secretName`), and whether by subPath.
+fn mount_of(deployment: &Value, kind: &str, name: &str) -> String {
+    let pod = at(deployment, "spec.template.spec");
+    let volume = list(pod, "volumes")
+        .iter()
+        .find(|v| {
+            v.get(kind).is_some_and(|src| {
+                src.get("name")
+                    .or(src.get("secretName"))
+                    .and_then(Value::as_str)
+                    == Some(name)
+            })
+        })
+        .unwrap_or_else(|| panic!("no volume from {kind} {name}"));
+    let volume = text(volume, "name");
+    let mount = list(pod, "containers.0.volumeMounts")
+        .iter()
+        .find(|m| text(m, "name") == volume)
+        .unwrap_or_else(|| panic!("volume {volume} is not mounted"));
+    text(mount, "mountPath").to_string()
+}
+
+#[test]
+fn k8s_configmap_gateway_yaml_and_routes_pass_check() {
+    let k = kube();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(&config, &k.gateway_yaml).unwrap();
+    let routes = dir.path().join("routes");
+    std::fs::create_dir(&routes).unwrap();
+    for (name, body) in &k.routes {
+        std::fs::write(routes.join(name), body).unwrap();
+    }
+    let out = check(&config, &routes);
+    assert!(
+        out.contains(&format!("config ok: {} route(s)", k.routes.len())),
+        "{out}"
+    );
+    assert!(
+        out.contains("watch: on"),
+        "the pods reload on change: {out}"
+    );
+    // Control: check does fail on a broken route, so the pass above means something.
+    std::fs::write(routes.join("broken.yaml"), "peers: [").unwrap();
+    let failed = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+        .args(["check", "--config"])
+        .arg(&config)
+        .arg("--routes")
+        .arg(&routes)
+        .output()
+        .unwrap();
+    assert!(!failed.status.success());
+}
+
+#[test]
+fn k8s_paths_agree_between_gateway_yaml_and_the_deployment() {
+    let k = kube();
+    let d = &k.deployment;
+    let container = at(d, "spec.template.spec.containers.0");
+    let args: Vec<String> = list(container, "args")
+        .iter()
+        .map(|a| a.as_str().expect("arg").to_string())
+        .collect();
+    let config_path = PathBuf::from(flag(&args, "--config").expect("--config in args"));
+    assert_eq!(
+        config_path,
+        Path::new(&mount_of(d, "configMap", "llm-gateway-config")).join("gateway.yaml"),
+        "--config names gateway.yaml in the mounted ConfigMap"
+    );
+    assert!(
+        flag(&args, "--routes").is_none(),
+        "routes_dir comes from gateway.yaml"
+    );
+    assert_eq!(
+        k.gateway.routes_dir,
+        PathBuf::from(mount_of(d, "configMap", "llm-gateway-routes"))
+    );
+    let keys = &k.gateway.api_keys_file;
+    assert_eq!(
+        keys.parent().expect("a directory"),
+        Path::new(&mount_of(d, "secret", "llm-gateway-api-keys"))
+    );
+    let secret = yaml("deploy/k8s/secret-api-keys.yaml");
+    let key_name = keys.file_name().and_then(|n| n.to_str()).expect("name");
+    assert!(
+        at(&secret, "stringData").get(key_name).is_some(),
+        "the Secret has the key file {key_name}"
+    );
+    // Whole volumes only: a subPath mount never sees the ..data swap that
+    // the file watch follows.
+    for m in list(container, "volumeMounts") {
+        assert!(m.get("subPath").is_none(), "subPath mount: {m:?}");
+        if text(m, "mountPath").starts_with("/etc/llm-gateway") {
+            assert_eq!(at(m, "readOnly").as_bool(), Some(true), "{m:?}");
+        }
+    }
+}
+
+#[test]
+fn k8s_ports_probes_and_labels_agree() {
+    let k = kube();
+    let d = &k.deployment;
+    let container = at(d, "spec.template.spec.containers.0");
+    let ports: BTreeMap<String, u64> = list(container, "ports")
+        .iter()
+        .map(|p| (text(p, "name").to_string(), number(p, "containerPort")))
+        .collect();
+    assert_eq!(ports.get("http"), Some(&u64::from(k.gateway.listen.port())));
+    assert_eq!(
+        ports.get("admin"),
+        Some(&u64::from(k.gateway.admin_listen.port()))
+    );
+    let service_ports: BTreeSet<String> = list(&k.service, "spec.ports")
+        .iter()
+        .map(|p| {
+            let target = text(p, "targetPort");
+            assert!(ports.contains_key(target), "targetPort {target} exists");
+            text(p, "name").to_string()
+        })
+        .collect();
+    assert_eq!(
+        service_ports,
+        BTreeSet::from(["admin".into(), "http".into()])
+    );
+    let monitor = yaml("deploy/k8s/servicemonitor.yaml");
+    let scrape = at(&monitor, "spec.endpoints.0");
+    assert_eq!(text(scrape, "port"), "admin");
+    assert_eq!(text(scrape, "path"), "/metrics");
+
+    // The probes ask the admin port for a path the gateway serves.
+    let gw = common::Gateway::start(&[]);
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let get = at(container, &format!("{probe}.httpGet"));
+        assert_eq!(text(get, "port"), "admin", "{probe}");
+        let path = text(get, "path");
+        assert_eq!(
+            common::http::get(gw.admin, path).status(),
+            200,
+            "{probe} {path}"
+        );
+    }
+    // Control: the admin listener does not answer 200 to any path.
+    assert_eq!(common::http::get(gw.admin, "/readyz").status(), 404);
+
+    // One set of labels ties the Deployment, Service, PDB and monitor.
+    let pod_labels = labels(at(d, "spec.template.metadata.labels"));
+    let selects_pods = |selector: &Value, what: &str| {
+        let want = labels(selector);
+        assert!(!want.is_empty(), "{what} selects something");
+        for (k, v) in &want {
+            assert_eq!(pod_labels.get(k), Some(v), "{what} selects the pods");
+        }
+    };
+    selects_pods(at(d, "spec.selector.matchLabels"), "deployment");
+    selects_pods(at(&k.service, "spec.selector"), "service");
+    let pdb = yaml("deploy/k8s/poddisruptionbudget.yaml");
+    selects_pods(at(&pdb, "spec.selector.matchLabels"), "pdb");
+    let service_labels = labels(at(&k.service, "metadata.labels"));
+    for (key, v) in labels(at(&monitor, "spec.selector.matchLabels")) {
+        assert_eq!(
+            service_labels.get(&key),
+            Some(&v),
+            "monitor selects the service"
+        );
+    }
+}
+
+#[test]
+fn k8s_grace_budget_and_pod_security() {
+    let k = kube();
+    let pod = at(&k.deployment, "spec.template.spec");
+    let container = at(pod, "containers.0");
+    let sleep: Vec<&str> = list(container, "lifecycle.preStop.exec.command")
+        .iter()
+        .map(|c| c.as_str().expect("arg"))
+        .collect();
+    assert_eq!(sleep.first(), Some(&"sleep"));
+    let sleep_secs: u64 = sleep[1].parse().expect("sleep seconds");
+    assert!(sleep_secs > 0);
+    // The kubelet counts from preStop: the sleep, then up to grace_period of
+    // draining, must both fit before SIGKILL.
+    let budget = number(pod, "terminationGracePeriodSeconds");
+    let needed = sleep_secs + k.gateway.grace_period.as_secs();
+    assert!(
+        budget > needed,
+        "terminationGracePeriodSeconds {budget} must exceed preStop {sleep_secs}s + grace_period {:?}",
+        k.gateway.grace_period
+    );
+    assert_eq!(
+        at(pod, "securityContext.runAsNonRoot").as_bool(),
+        Some(true)
+    );
+    assert_eq!(number(pod, "securityContext.runAsUser"), image().uid);
+    assert_eq!(
+        at(container, "securityContext.readOnlyRootFilesystem").as_bool(),
+        Some(true)
+    );
+    for kind in ["requests", "limits"] {
+        let r = at(container, &format!("resources.{kind}"));
+        assert!(
+            r.get("cpu").is_some() && r.get("memory").is_some(),
+            "{kind}"
+        );
+    }
+    // Every manifest in the directory is applied by the kustomization.
+    let kustomization = yaml("deploy/k8s/kustomization.yaml");
+    let listed: BTreeSet<String> = list(&kustomization, "resources")
+        .iter()
+        .map(|r| r.as_str().expect("name").to_string())
+        .collect();
+    let present: BTreeSet<String> = std::fs::read_dir(root().join("deploy/k8s"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    assert_eq!(listed, present);
+}
+
+#[test]
+fn docker_compose_wires_engines_routes_and_keys() {
+    let compose = yaml("docker-compose.yml");
+    let image = image();
+    let conf = gateway_config("conf/gateway.yaml", &read("conf/gateway.yaml"));
+    let routes_in_image = flag(&image.cmd, "--routes").expect("--routes in CMD");
+    let gw = at(&compose, "services.gateway");
+    let mut mounts = BTreeMap::new();
+    for v in list(gw, "volumes") {
+        let v = v.as_str().expect("short volume syntax");
+        let parts: Vec<&str> = v.split(':').collect();
+        assert_eq!(parts.get(2), Some(&"ro"), "{v} read-only");
+        assert!(root().join(parts[0]).is_dir(), "{v}: host side exists");
+        mounts.insert(parts[1].to_string(), parts[0].to_string());
+    }
+    let routes_host = mounts
+        .get(routes_in_image)
+        .unwrap_or_else(|| panic!("compose mounts {routes_in_image}"));
+    let keys_dir = conf.api_keys_file.parent().expect("keys dir");
+    let keys_host = mounts
+        .get(keys_dir.to_str().expect("utf-8"))
+        .unwrap_or_else(|| panic!("compose mounts {}", keys_dir.display()));
+    let key_file = root()
+        .join(keys_host)
+        .join(conf.api_keys_file.file_name().expect("name"));
+    let (_, keys) = llm_gateway::auth::KeySet::load(&key_file);
+    assert!(
+        keys.is_some_and(|k| !k.is_empty()),
+        "{} holds a key",
+        key_file.display()
+    );
+
+    // The routes pass check and point at the engines service's ports.
+    let routes_dir = root().join(routes_host);
+    let out = check(&root().join("conf/gateway.yaml"), &routes_dir);
+    assert!(out.contains("config ok"), "{out}");
+    let engines = at(&compose, "services.engines");
+    let cmd: Vec<String> = list(engines, "command")
+        .iter()
+        .map(|c| c.as_str().expect("arg").to_string())
+        .collect();
+    assert_eq!(cmd.first().map(String::as_str), Some("sim"));
+    assert_eq!(
+        flag(&cmd, "--host"),
+        Some("0.0.0.0"),
+        "reachable from the gateway"
+    );
+    let first: u64 = flag(&cmd, "--port").expect("--port").parse().unwrap();
+    let count: u64 = flag(&cmd, "--engines").expect("--engines").parse().unwrap();
+    let mut peers = 0;
+    for entry in std::fs::read_dir(&routes_dir).unwrap().flatten() {
+        let route: Value = serde_yaml::from_str(&std::fs::read_to_string(entry.path()).unwrap())
+            .expect("route yaml");
+        for peer in list(&route, "peers") {
+            peers += 1;
+            assert_eq!(text(peer, "host"), "engines", "{peer:?}");
+            let port = number(peer, "port");
+            assert!(
+                (first..first + count).contains(&port),
+                "{port} is a sim engine"
+            );
+        }
+    }
+    assert!(peers > 0);
+
+    // Published ports are the image config's listeners; stop waits for the drain.
+    let published: BTreeSet<String> = list(gw, "ports")
+        .iter()
+        .map(|p| p.as_str().expect("port").to_string())
+        .collect();
+    for port in [conf.listen.port(), conf.admin_listen.port()] {
+        assert!(
+            published.contains(&format!("{port}:{port}")),
+            "{port} published"
+        );
+    }
+    let stop = llm_gateway::config::units::parse_duration(text(gw, "stop_grace_period"))
+        .expect("duration");
+    assert!(stop > conf.grace_period);
 }

@@ -22,6 +22,7 @@ pub(super) struct GatewayFile {
     pub postprocess_default: Option<String>,
     pub client_idle_timeout: Option<Dur>,
     pub load_rate_limit: Option<Flag>,
+    pub watch: Option<Flag>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -29,6 +29,9 @@ pub struct GatewayConfig {
     pub client_idle_timeout: Duration,
     /// The gateway-wide default of the load-based 429s' master switch.
     pub load_rate_limit: bool,
+    /// Reload on a change in `routes_dir` or a key file's directory, as
+    /// SIGHUP does (`watch.rs`); SIGHUP works either way.
+    pub watch: bool,
 }
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -116,6 +119,7 @@ impl GatewayConfig {
             ));
         }
         Ok(GatewayConfig {
+            watch: file.watch.is_none_or(|f| f.0),
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
             postprocess_default,

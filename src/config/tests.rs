@@ -302,3 +302,14 @@ fn protection_options_out_of_range_are_errors_with_their_line() {
                     ttft_limit_ms: 30000\ntps_limit_tps: 10\nadaptive_cc_min: 1\n";
     route(&format!("{MINIMAL}{defaults}")).unwrap();
 }
+
+#[test]
+fn watch_is_on_by_default_and_can_be_turned_off() {
+    assert!(gw().watch, "default on");
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    assert!(!parse("watch: false\n").unwrap().watch);
+    assert!(parse("watch: true\n").unwrap().watch);
+    let e = parse("listen: 0.0.0.0:1\nwatch: sometimes\n").unwrap_err();
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(e.message.contains("not a boolean"), "{e}");
+}

@@ -93,6 +93,21 @@ impl Registry {
         self.table.load_full()
     }
 
+    /// Every API key file the current table reads, the shared one first:
+    /// besides `routes_dir`, what a reload re-reads and so what the file
+    /// watch follows.
+    pub fn key_files(&self) -> Vec<std::path::PathBuf> {
+        let mut files = vec![self.gateway.api_keys_file.clone()];
+        for route in self.table.load().values() {
+            if let Some(own) = &route.config.api_keys_file {
+                if !files.contains(own) {
+                    files.push(own.clone());
+                }
+            }
+        }
+        files
+    }
+
     pub fn route(&self, name: &str) -> Option<Arc<Route>> {
         self.table.load().get(name).cloned()
     }

@@ -6,6 +6,7 @@
 
 pub mod canned;
 pub mod http;
+pub mod volume;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,6 +66,11 @@ pub struct GatewayOptions {
     pub threads: usize,
     pub extra_config: String,
     pub env: Vec<(String, String)>,
+    /// `watch:` in gateway.yaml; None leaves it out (the default, on).
+    pub watch: Option<bool>,
+    /// A routes directory the test laid out itself (e.g. as a Kubernetes
+    /// volume) instead of a fresh one holding `routes`.
+    pub routes_dir: Option<PathBuf>,
 }
 
 impl Default for GatewayOptions {
@@ -74,6 +80,10 @@ impl Default for GatewayOptions {
             threads: 2,
             extra_config: String::new(),
             env: Vec::new(),
+            // Off unless a test asks: the SIGHUP tests count reloads
+            // exactly, and a watch would add its own for their writes.
+            watch: Some(false),
+            routes_dir: None,
         }
     }
 }
@@ -85,7 +95,10 @@ impl Gateway {
 
     pub fn start_with(routes: &[(&str, String)], opts: GatewayOptions) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
-        let routes_dir = dir.path().join("routes");
+        let routes_dir = opts
+            .routes_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("routes"));
         std::fs::create_dir_all(&routes_dir).expect("routes dir");
         for (name, body) in routes {
             std::fs::write(routes_dir.join(format!("{name}.yaml")), body).expect("route file");
@@ -96,11 +109,12 @@ impl Gateway {
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nroutes_dir: {}\nthreads: {}\ngrace_period: {}\napi_keys_file: {}\n{}",
+                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nroutes_dir: {}\nthreads: {}\ngrace_period: {}\napi_keys_file: {}\n{}{}",
                 routes_dir.display(),
                 opts.threads,
                 opts.grace_period,
                 dir.path().join("no-api-keys").display(),
+                opts.watch.map(|w| format!("watch: {w}\n")).unwrap_or_default(),
                 opts.extra_config
             ),
         )
@@ -180,6 +194,12 @@ impl Gateway {
     pub fn metric(&self, name: &str, filters: &[&str]) -> f64 {
         let text = http::get(self.admin, "/metrics").text();
         metric_sum(&text, name, filters)
+    }
+
+    /// Reloads counted so far whose labels contain every `filters` entry
+    /// (e.g. `trigger="watch"`, `result="error"`).
+    pub fn reloads(&self, filters: &[&str]) -> f64 {
+        self.metric("llm_gateway_reloads_total", filters)
     }
 
     /// Sends SIGHUP and waits until the reload counter moved.

@@ -1,0 +1,88 @@
+"""Offline validation of deploy/k8s, run by `./dev lint-deploy` in its venv.
+
+Every resource the kustomization lists is validated against the Kubernetes
+JSON schemas that kubernetes-validate ships, strictly (an unknown field is an
+error), at the oldest and the newest Kubernetes version the tool knows. The
+kustomization's list and the directory must agree, so a manifest cannot be
+added without being applied (and validated), nor listed without existing.
+
+kubernetes-validate has no schema for a CRD such as the Prometheus
+operator's ServiceMonitor, and for any kind it has no schema for it only
+warns and passes. That would let a typo in a built-in kind through too, so
+this driver uses its library API instead of its command line: the CRDs named
+in CRDS skip the schema (and get a check of the fields the wiring relies
+on); any other kind without a schema is an error.
+"""
+
+import pathlib
+import sys
+
+import kubernetes_validate
+import yaml
+from kubernetes_validate.utils import all_versions
+
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+
+def crd_check(doc):
+    spec = doc.get("spec") or {}
+    problems = []
+    if not (spec.get("selector") or {}).get("matchLabels"):
+        problems.append("spec.selector.matchLabels is missing")
+    endpoints = spec.get("endpoints") or []
+    if not endpoints or not all(e.get("port") for e in endpoints):
+        problems.append("spec.endpoints needs at least one entry, each with a port name")
+    return problems
+
+
+def main(k8s_dir):
+    k8s_dir = pathlib.Path(k8s_dir)
+    kustomization = yaml.safe_load((k8s_dir / "kustomization.yaml").read_text())
+    listed = kustomization.get("resources") or []
+    present = sorted(p.name for p in k8s_dir.glob("*.yaml") if p.name != "kustomization.yaml")
+    failures = []
+    for name in sorted(set(present) - set(listed)):
+        failures.append(f"{name}: not listed in kustomization.yaml resources")
+    for name in sorted(set(listed) - set(present)):
+        failures.append(f"kustomization.yaml lists {name}, which does not exist")
+    versions = all_versions()
+    versions = [versions[0], versions[-1]]
+    checked = 0
+    for name in listed:
+        path = k8s_dir / name
+        if not path.exists():
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is None:
+                continue
+            what = f"{name}: {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+            checked += 1
+            if (doc.get("apiVersion"), doc.get("kind")) in CRDS:
+                problems = crd_check(doc)
+                failures.extend(f"{what}: {p}" for p in problems)
+                print(f"{what}: CRD, no schema to validate against; required fields {'missing' if problems else 'present'}")
+                continue
+            before = len(failures)
+            for version in versions:
+                try:
+                    kubernetes_validate.validate(doc, version, strict=True)
+                except kubernetes_validate.ValidationError as e:
+                    path_in_doc = ".".join(str(p) for p in e.path)
+                    failures.append(f"{what}: Kubernetes {version}: {path_in_doc}: {e.message}")
+                except kubernetes_validate.SchemaNotFoundError as e:
+                    failures.append(f"{what}: {e.message} (not a CRD listed in deploy/validate.py)")
+            if len(failures) == before:
+                print(f"{what}: valid (Kubernetes {' and '.join(versions)}, strict)")
+    for f in failures:
+        print(f"error: {f}", file=sys.stderr)
+    if failures:
+        return 1
+    if checked == 0:
+        print("error: no resources found", file=sys.stderr)
+        return 1
+    print(f"{checked} resources valid")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "deploy/k8s"))
