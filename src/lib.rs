@@ -10,10 +10,12 @@
 //! - `health`     active probes and engine metric scraping
 //! - `admin`      /healthz, /metrics, /_routes and the per-route /_ endpoints
 //! - `auth`, `reject`, `sse`, `postprocess`, `usage`: request guards and response rewriting
+//! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 
 pub mod admin;
 pub mod auth;
 pub mod balance;
+pub mod bodylog;
 pub mod clock;
 pub mod config;
 pub mod controller;
