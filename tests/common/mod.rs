@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod bodylog;
 pub mod canned;
 pub mod http;
 
@@ -112,6 +113,7 @@ impl Gateway {
             .arg(&config)
             .env("RUST_LOG", "info")
             .env_remove("LLM_GATEWAY_API_KEYS_FILE")
+            .env_remove("BODYLOG_LISTENER_HOST")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
