@@ -316,10 +316,13 @@ fn sampling_follows_the_toggle_which_answers_only_loopback() {
     assert_eq!(got.iter().filter(|c| c.starts_with("half")).count(), 5);
     assert_eq!(got.len(), 13, "{got:?}");
 
-    // on=0 stops capturing like pct=0; status reports every count.
+    // on=0 stops capturing like pct=0, and outlives a reload; status
+    // reports every count.
     assert_eq!(toggle(&gw, Ipv4Addr::LOCALHOST, "on=0").status(), 200);
+    gw.reload();
     let status = http::get(gw.addr, "/_bodylog_status").json();
     assert_eq!(status["enabled"]["on"], false);
+    assert_eq!(status["enabled"]["source"], "runtime");
     assert_eq!(status["frames"]["sent"], 13, "{status}");
     assert_eq!(
         http::get(gw.addr, "/_bodylog_toggle?pct=1").status(),

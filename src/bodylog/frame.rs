@@ -188,6 +188,13 @@ impl HeadTail {
         let room = self.head_cap - self.head.len();
         if room > 0 {
             let take = room.min(data.len());
+            let need = self.head.len() + take;
+            if need > self.head.capacity() {
+                // Doubling, but never past the cap: a capture holds
+                // head_cap bytes, not the next power of two.
+                let grow = need.max(self.head.capacity() * 2).min(self.head_cap);
+                self.head.reserve_exact(grow - self.head.len());
+            }
             self.head.extend_from_slice(&data[..take]);
             data = &data[take..];
         }

@@ -9,9 +9,10 @@
 //! every second; a file is fsynced when the hour turns and at shutdown.
 //!
 //! SIGTERM (or SIGINT): stop accepting, read every connection until it has
-//! been quiet for [`DRAIN_QUIET`] (a gateway never closes its side), write
-//! what arrived, fsync, exit 0. Only a frame still incomplete at that point
-//! is lost (logged).
+//! been quiet for [`DRAIN_QUIET`] (a gateway never closes its side), for at
+//! most [`DRAIN_MAX`] (a busy gateway is never quiet), write what arrived,
+//! fsync, exit 0. Only a frame still incomplete at that point is lost
+//! (logged).
 
 use super::export::Exporter;
 use super::frame::{decode, MAX_FRAME};
@@ -30,6 +31,7 @@ use tokio::task::JoinSet;
 /// How long a connection must stay quiet during shutdown before it is
 /// considered drained.
 pub const DRAIN_QUIET: Duration = Duration::from_millis(300);
+pub const DRAIN_MAX: Duration = Duration::from_secs(5);
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
@@ -73,6 +75,9 @@ impl HourlyFiles {
                 .create(true)
                 .append(true)
                 .open(self.dir.join(&name))?;
+            // The new file's directory entry survives a crash too (once an
+            // hour; a failure here loses nothing yet).
+            let _ = File::open(&self.dir).and_then(|d| d.sync_all());
             self.current = Some((name, BufWriter::with_capacity(256 << 10, file)));
         }
         if let Some((_, w)) = self.current.as_mut() {
@@ -149,7 +154,9 @@ async fn serve(config: ListenConfig) -> Result<(), String> {
         ),
         None => None,
     };
-    let (tx, rx) = mpsc::channel::<Msg>(4096);
+    // Records can be megabytes each: a short queue, whose backpressure
+    // reaches the gateway (which drops rather than waits).
+    let (tx, rx) = mpsc::channel::<Msg>(64);
     let writer = {
         let exporter = Arc::clone(&exporter);
         std::thread::Builder::new()
@@ -273,10 +280,14 @@ async fn read_frames(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut buf = BytesMut::with_capacity(256 << 10);
-    let mut draining = *stop.borrow();
+    let mut drain_until: Option<tokio::time::Instant> = None;
     loop {
-        let read = if draining {
-            match tokio::time::timeout(DRAIN_QUIET, stream.read_buf(&mut buf)).await {
+        let read = if let Some(until) = drain_until {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match tokio::time::timeout(DRAIN_QUIET.min(left), stream.read_buf(&mut buf)).await {
                 Ok(r) => r,
                 Err(_) => break,
             }
@@ -284,7 +295,7 @@ async fn read_frames(
             tokio::select! {
                 r = stream.read_buf(&mut buf) => r,
                 () = stopped(&mut stop) => {
-                    draining = true;
+                    drain_until = Some(tokio::time::Instant::now() + DRAIN_MAX);
                     continue;
                 }
             }
