@@ -1,6 +1,7 @@
 //! One request's capture: what the request phase knew (headers redacted),
 //! the raw upstream response bytes as they pass, and at the end the frame.
 //! Exists only for a request that is being logged (`RequestCtx::bodylog`).
+//! Pure: every time comes from the caller.
 
 use super::frame::{cap_request, fit_meta, Frame, HeadTail};
 use base64::Engine as _;
@@ -23,6 +24,8 @@ const CREDENTIAL_PARAMS: [&str; 5] = ["api_key", "api-key", "key", "token", "acc
 /// What the request phase hands over when a request is to be logged.
 pub struct RequestSide {
     pub started: Instant,
+    /// Wall-clock time of `started`, for `ts`.
+    pub wall_start: SystemTime,
     pub request_id: u64,
     pub client_ip: Option<String>,
     pub method: String,
@@ -52,8 +55,6 @@ pub struct Outcome<'a> {
 
 pub struct Capture {
     req: RequestSide,
-    /// Wall-clock time of the request's start, for `ts`.
-    wall_start: SystemTime,
     resp: HeadTail,
     resp_content_type: Option<String>,
     first_chunk: Option<Instant>,
@@ -63,12 +64,8 @@ pub struct Capture {
 
 impl Capture {
     pub fn new(req: RequestSide) -> Self {
-        let wall_start = SystemTime::now()
-            .checked_sub(req.started.elapsed())
-            .unwrap_or_else(SystemTime::now);
         Capture {
             req,
-            wall_start,
             resp: HeadTail::default(),
             resp_content_type: None,
             first_chunk: None,
@@ -96,7 +93,8 @@ impl Capture {
         self.resp.push(chunk);
     }
 
-    pub fn finish(self, out: &Outcome<'_>) -> Frame {
+    /// The frame, as of `now` (the end of the request).
+    pub fn finish(self, out: &Outcome<'_>, now: Instant) -> Frame {
         let since =
             |t: Option<Instant>| t.map(|t| secs(t.saturating_duration_since(self.req.started)));
         let resp_bytes = self.resp.total();
@@ -104,7 +102,7 @@ impl Capture {
         let (resp, resp_truncated) = self.resp.finish();
         let usage = out.usage;
         let mut meta = json!({
-            "ts": humantime::format_rfc3339_millis(self.wall_start).to_string(),
+            "ts": humantime::format_rfc3339_millis(self.req.wall_start).to_string(),
             "request_id": crate::hash::hex16(self.req.request_id),
             "client_ip": self.req.client_ip,
             "method": self.req.method,
@@ -124,7 +122,7 @@ impl Capture {
             "first_chunk_t": since(self.first_chunk),
             "last_chunk_t": since(self.last_chunk),
             "chunk_count": self.chunks,
-            "rt": secs(self.req.started.elapsed()),
+            "rt": secs(now.saturating_duration_since(self.req.started)),
             "owner": self.req.owner,
             "prompt_tokens": usage.map(|u| u.prompt_tokens),
             "cached_tokens": usage.map(|u| u.cached_tokens),
@@ -257,6 +255,7 @@ mod tests {
         let started = Instant::now();
         let mut c = Capture::new(RequestSide {
             started,
+            wall_start: SystemTime::UNIX_EPOCH + Duration::from_millis(1_500),
             request_id: 1,
             client_ip: Some("127.0.0.1".into()),
             method: "POST".into(),
@@ -268,19 +267,22 @@ mod tests {
         c.tee(b"", started + Duration::from_millis(6));
         c.tee(b"cd", started + Duration::from_millis(9));
         let body = Bytes::from_static(b"{\"x\":1}");
-        let frame = c.finish(&Outcome {
-            route: "r",
-            peer: "p",
-            model: Some("m"),
-            session_hash: Some("00000000000000ab".into()),
-            session_src: Some("header:x-session-id"),
-            mode: Some("new"),
-            status: 200,
-            attempts: 1,
-            usage: None,
-            usage_injected: false,
-            req_body: &body,
-        });
+        let frame = c.finish(
+            &Outcome {
+                route: "r",
+                peer: "p",
+                model: Some("m"),
+                session_hash: Some("00000000000000ab".into()),
+                session_src: Some("header:x-session-id"),
+                mode: Some("new"),
+                status: 200,
+                attempts: 1,
+                usage: None,
+                usage_injected: false,
+                req_body: &body,
+            },
+            started + Duration::from_millis(12),
+        );
         let wire = frame.to_vec();
         let parts = super::super::frame::decode(&wire[4..]).unwrap();
         let meta: Value = serde_json::from_slice(parts.meta).unwrap();
@@ -292,7 +294,8 @@ mod tests {
         assert_eq!(meta["resp_bytes"], 4);
         assert_eq!(meta["request_id"], "0000000000000001");
         assert_eq!(meta["owner"], "alice");
-        assert!(meta["ts"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(meta["ts"], "1970-01-01T00:00:01.500Z");
+        assert_eq!(meta["rt"], 0.012);
         assert_eq!(meta["prompt_tokens"], Value::Null);
     }
 }

@@ -14,7 +14,7 @@ use crate::session::is_session_header;
 use bytes::Bytes;
 use http::HeaderMap;
 use pingora::proxy::Session;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 /// Starts a capture when body logging is on and samples this request.
 /// Runs before the path is rewritten, so the URI is the client's.
@@ -35,6 +35,9 @@ pub fn begin(
         |name: &str| is_session_header(name, configured) || name == crate::protect::prio::HEADER;
     let side = RequestSide {
         started: ctx.started,
+        wall_start: SystemTime::now()
+            .checked_sub(ctx.started.elapsed())
+            .unwrap_or_else(SystemTime::now),
         request_id: bodylog.request_id(),
         client_ip: session
             .client_addr()
@@ -84,5 +87,5 @@ pub fn emit(bodylog: Option<&Bodylog>, session: &Session, ctx: &mut RequestCtx) 
         usage_injected: req.usage_injected,
         req_body: &req.body,
     };
-    bodylog.enqueue(capture.finish(&outcome));
+    bodylog.enqueue(capture.finish(&outcome, Instant::now()));
 }
