@@ -33,6 +33,9 @@ pub enum Command {
     Demo(DemoArgs),
     /// Replay agent sessions through the gateway on simulated engines.
     Bench(Box<llm_gateway_bench::BenchArgs>),
+    /// Receive the gateway's body-log frames: hourly JSONL files in --dir
+    /// and, with --metrics, the exporter's /metrics.
+    BodylogListen(BodylogListenArgs),
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -69,6 +72,29 @@ pub struct CheckArgs {
     /// Directory of route files (overrides `routes_dir`)
     #[arg(long, value_name = "DIR")]
     pub routes: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BodylogListenArgs {
+    /// Address to receive frames on
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9999")]
+    pub listen: String,
+    /// Directory of the hourly files (YYYYMMDD-HH.jsonl, UTC hours)
+    #[arg(long, value_name = "DIR", default_value = "/var/log/llm-gateway")]
+    pub dir: PathBuf,
+    /// Address to serve the exporter's /metrics on [default: none]
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+}
+
+impl BodylogListenArgs {
+    pub fn config(&self) -> llm_gateway::bodylog::listen::ListenConfig {
+        llm_gateway::bodylog::listen::ListenConfig {
+            listen: self.listen.clone(),
+            dir: self.dir.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -109,6 +135,12 @@ mod tests {
             parse("sim --engines 3").unwrap().command,
             Some(Command::Sim(_))
         ));
+        let listen = parse("bodylog-listen --dir /tmp/x --metrics 127.0.0.1:1").unwrap();
+        let Some(Command::BodylogListen(args)) = listen.command else {
+            panic!("bodylog-listen parsed as {:?}", listen.command);
+        };
+        assert_eq!(args.listen, "0.0.0.0:9999");
+        assert_eq!(args.metrics.as_deref(), Some("127.0.0.1:1"));
         assert!(parse("--listen").is_err());
         assert!(parse("--bogus").is_err());
     }

@@ -170,6 +170,7 @@ fn spawn_drain_watcher(grace: Duration) {
             loop {
                 let active = lifecycle::active_requests();
                 if active == 0 {
+                    lifecycle::wait_for_output(Duration::from_secs(2));
                     log::info!("drained after {:?}, exiting", started.elapsed());
                     std::process::exit(0);
                 }

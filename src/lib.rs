@@ -11,10 +11,12 @@
 //! - `admin`      /healthz, /metrics, /_routes and the per-route /_ endpoints
 //! - `controller`, `watch`  signals, reload on SIGHUP or on a file change, per-route tasks
 //! - `auth`, `reject`, `sse`, `postprocess`, `usage`: request guards and response rewriting
+//! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 
 pub mod admin;
 pub mod auth;
 pub mod balance;
+pub mod bodylog;
 pub mod clock;
 pub mod config;
 pub mod controller;

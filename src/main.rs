@@ -25,6 +25,9 @@ fn main() -> ExitCode {
         Some(Command::Sim(args)) => exit_code(llm_gateway_sim::run(args)),
         Some(Command::Demo(args)) => demo::run(args),
         Some(Command::Bench(args)) => exit_code(llm_gateway_bench::run(*args)),
+        Some(Command::BodylogListen(args)) => {
+            exit_code(llm_gateway::bodylog::listen::run(args.config()))
+        }
     }
 }
 

@@ -34,6 +34,7 @@ pub struct Metrics {
     pub watching: IntGauge,
     pub auth: IntCounterVec,
     pub rejections: IntCounterVec,
+    pub bodylog_frames: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -206,6 +207,12 @@ impl Metrics {
                 "llm_gateway_rejected_by_rule_total",
                 "Requests refused by a content reject rule",
                 &["route", "rule"],
+            ),
+            bodylog_frames: counter(
+                &registry,
+                "llm_gateway_bodylog_frames_total",
+                "Body-log frames: sent to the listener, dropped (queue full), or error (write failed)",
+                &["result"],
             ),
             api_keys_configured,
             watching,

@@ -1,8 +1,10 @@
 //! Assembles the Pingora server: the proxy service on `listen`, the admin
-//! service on `admin_listen`, and the controller (signals, reloads,
-//! per-route background tasks), then runs it until shutdown.
+//! service on `admin_listen`, the controller (signals, reloads, per-route
+//! background tasks) and, with a body-log listener, the body-log sender,
+//! then runs it until shutdown.
 
 use crate::admin::AdminApp;
+use crate::bodylog::{sender::SenderService, Bodylog};
 use crate::config::{self, GatewayConfig, Overrides};
 use crate::controller::{log_reload, Controller, Trigger};
 use crate::proxy::Gateway;
@@ -102,9 +104,10 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
+    let bodylog = gateway.bodylog.clone().map(|c| Arc::new(Bodylog::new(c)));
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(Arc::clone(&registry)),
+        Gateway::new(Arc::clone(&registry), bodylog.clone()),
         "llm-gateway",
     );
     proxy.add_tcp(&gateway.listen.to_string());
@@ -130,5 +133,8 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(controller);
+    if let Some(bodylog) = bodylog {
+        server.add_service(background_service("bodylog", SenderService::new(bodylog)));
+    }
     server.run_forever()
 }

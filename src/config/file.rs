@@ -23,6 +23,17 @@ pub(super) struct GatewayFile {
     pub client_idle_timeout: Option<Dur>,
     pub load_rate_limit: Option<Flag>,
     pub watch: Option<Flag>,
+    pub bodylog: Option<BodylogFile>,
+}
+
+/// `bodylog:` in gateway.yaml: where request and response bodies go.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BodylogFile {
+    pub listener: Option<String>,
+    pub queue_frames: Option<usize>,
+    pub queue_bytes: Option<Size>,
+    pub sample_pct: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]

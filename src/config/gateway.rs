@@ -1,5 +1,6 @@
 //! `gateway.yaml` → [`GatewayConfig`]: the process-wide settings.
 
+use super::bodylog::{self, BodylogConfig, BODYLOG_ENV};
 use super::file::GatewayFile;
 use super::{find_key_line, ConfigError};
 use crate::stream::postprocess::Handler;
@@ -32,6 +33,8 @@ pub struct GatewayConfig {
     /// Reload on a change in `routes_dir` or a key file's directory, as
     /// SIGHUP does (`watch.rs`); SIGHUP works either way.
     pub watch: bool,
+    /// Body logging, when a listener is set (file or `BODYLOG_LISTENER_HOST`).
+    pub bodylog: Option<BodylogConfig>,
 }
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -118,8 +121,11 @@ impl GatewayConfig {
                 "client_idle_timeout must be a whole number of seconds, at least 1s",
             ));
         }
+        let bodylog_env = std::env::var(BODYLOG_ENV).ok();
+        let bodylog = bodylog::resolve(path, text, file.bodylog.as_ref(), bodylog_env.as_deref())?;
         Ok(GatewayConfig {
             watch: file.watch.is_none_or(|f| f.0),
+            bodylog,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
             postprocess_default,

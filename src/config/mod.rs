@@ -6,11 +6,13 @@
 //! nothing downstream has to handle a half-valid config.
 
 pub mod catalog;
+mod bodylog;
 mod file;
 mod gateway;
 mod route;
 pub mod units;
 
+pub use bodylog::{BodylogConfig, BodylogTarget, BODYLOG_ENV, DEFAULT_BODYLOG_PORT};
 pub use gateway::{
     GatewayConfig, Overrides, API_KEYS_ENV, DEFAULT_API_KEYS_FILE, DEFAULT_CLIENT_IDLE_TIMEOUT,
     DEFAULT_GRACE_PERIOD, DEFAULT_MAX_BODY_SIZE,

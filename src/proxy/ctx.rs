@@ -2,6 +2,7 @@
 //! writes it: the request as admitted, the current upstream attempt, and the
 //! response on its way back.
 
+use crate::bodylog::capture::Capture;
 use crate::lifecycle::ActiveRequest;
 use crate::placement::Placement;
 use crate::registry::{InFlightGuard, Route, RoutePeer};
@@ -18,6 +19,10 @@ pub struct RequestCtx {
     pub request: Admitted,
     pub upstream: Attempt,
     pub response: Returning,
+    /// The body-log capture, only for a request that is being logged:
+    /// started after placement, fed the raw upstream chunks, sent in
+    /// `logging`.
+    pub bodylog: Option<Box<Capture>>,
     _active: ActiveRequest,
 }
 
@@ -87,6 +92,7 @@ impl RequestCtx {
             request: Admitted::default(),
             upstream: Attempt::default(),
             response: Returning::default(),
+            bodylog: None,
             _active: ActiveRequest::new(),
         }
     }

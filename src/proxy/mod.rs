@@ -9,9 +9,11 @@
 //! upstream_request_filter  `upstream::rewrite_head`: Host, real Content-Length
 //! request_body_filter      `upstream::swap_body`: the real body for the placeholder
 //! response_filter          `response::headers`: pipeline, X-Routed-* headers
-//! response_body_filter     the `crate::stream` pipeline: observe, drop, rewrite
+//! response_body_filter     `response::bodylog::tee` (raw bytes), then the
+//!                          `crate::stream` pipeline: observe, drop, rewrite
 //! fail_to_proxy            `response::local::fail`: the JSON error
-//! logging                  `response::record`, then the slot is released
+//! logging                  `response::record`, the slot is released, the
+//!                          body-log frame is queued
 
 pub mod ctx;
 pub mod guards;
@@ -19,6 +21,7 @@ pub mod request;
 pub mod response;
 pub mod upstream;
 
+use crate::bodylog::Bodylog;
 use crate::errors;
 use crate::metrics::metrics;
 use crate::registry::Registry;
@@ -34,11 +37,13 @@ use std::sync::Arc;
 
 pub struct Gateway {
     pub registry: Arc<Registry>,
+    /// Body logging, when a listener is configured.
+    pub bodylog: Option<Arc<Bodylog>>,
 }
 
 impl Gateway {
-    pub fn new(registry: Arc<Registry>) -> Self {
-        Gateway { registry }
+    pub fn new(registry: Arc<Registry>, bodylog: Option<Arc<Bodylog>>) -> Self {
+        Gateway { registry, bodylog }
     }
 
     /// Everything before proxying. `Ok(())`: proxy the (replayed) request;
@@ -47,6 +52,7 @@ impl Gateway {
         // Pingora keeps an HTTP/1.1 client connection open between requests
         // forever by default: idle connections would pile up without a key.
         session.set_keepalive(Some(self.registry.gateway().client_idle_timeout.as_secs()));
+        request::endpoints::answer_gateway(self.bodylog.as_deref(), session)?;
         let (route, rest) = request::resolve_route(&self.registry, session)?;
         ctx.route = Some(Arc::clone(&route));
         request::endpoints::inspect(&route, session, &rest).await?;
@@ -58,6 +64,13 @@ impl Gateway {
         guards::rules::check(&route, &ctx.request)?;
         guards::usage::apply(&mut ctx.request);
         self.place(session, &route, ctx).await?;
+        response::bodylog::begin(
+            self.bodylog.as_deref(),
+            &route,
+            &self.registry,
+            session,
+            ctx,
+        );
         let body_pending = ctx.request.body_read && !ctx.request.body.is_empty();
         request::forward(session, &rest, body_pending).await
     }
@@ -196,6 +209,7 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        response::bodylog::response_head(ctx, &resp.headers);
         response::headers::prepare_pipeline(resp, ctx)?;
         response::headers::insert_routed(resp, ctx, response::headers::Origin::Upstream)
     }
@@ -207,6 +221,7 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
+        response::bodylog::tee(ctx, body.as_ref());
         if let Some(pipeline) = ctx.response.pipeline.as_mut() {
             pipeline.process(body, end_of_stream);
         }
@@ -253,5 +268,6 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         ctx.upstream.slot = None;
         response::record::record(session, ctx);
+        response::bodylog::emit(self.bodylog.as_deref(), session, ctx);
     }
 }

@@ -52,6 +52,13 @@ const BUILTIN_HEADERS: [(&str, &str); 3] = [
     ("x-session-id", "header:x-session-id"),
 ];
 
+/// Whether a request header (lowercase name) is one a session id is read
+/// from: the route's `configured` ones and the built-in ones. Whoever copies
+/// request headers somewhere (the body log) leaves these out.
+pub fn is_session_header(name: &str, configured: &[HeaderName]) -> bool {
+    configured.iter().any(|h| h.as_str() == name) || BUILTIN_HEADERS.iter().any(|(h, _)| *h == name)
+}
+
 /// A request's session: the stable hash of its id and where the id was found.
 ///
 /// Deliberately holds no raw value, so logging or debugging it cannot leak a

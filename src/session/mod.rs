@@ -6,4 +6,6 @@
 
 pub mod extract;
 
-pub use extract::{extract_session, SessionId, SessionSource, MAX_SESSION_VALUE_BYTES};
+pub use extract::{
+    extract_session, is_session_header, SessionId, SessionSource, MAX_SESSION_VALUE_BYTES,
+};

@@ -1,6 +1,7 @@
 //! An engine stand-in that answers every request with the same canned
 //! response, written as HTTP chunks cut exactly where the test says (so an SSE
-//! frame can straddle two chunks), and records the bodies it received.
+//! frame can straddle two chunks), and records the heads and bodies it
+//! received.
 
 #![allow(dead_code)]
 
@@ -13,6 +14,8 @@ use std::time::Duration;
 pub struct Canned {
     pub addr: SocketAddr,
     pub received: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// Each request's head as received (request line and header lines).
+    pub heads: Arc<Mutex<Vec<String>>>,
 }
 
 impl Canned {
@@ -22,16 +25,24 @@ impl Canned {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind canned engine");
         let addr = listener.local_addr().expect("addr");
         let received = Arc::new(Mutex::new(Vec::new()));
-        let rec = Arc::clone(&received);
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let rec = Recorder {
+            bodies: Arc::clone(&received),
+            heads: Arc::clone(&heads),
+        };
         let parts = Arc::new(parts);
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let rec = Arc::clone(&rec);
+                let rec = rec.clone();
                 let parts = Arc::clone(&parts);
                 std::thread::spawn(move || serve(stream, content_type, &parts, chunked, &rec));
             }
         });
-        Canned { addr, received }
+        Canned {
+            addr,
+            received,
+            heads,
+        }
     }
 
     pub fn port(&self) -> u16 {
@@ -39,12 +50,18 @@ impl Canned {
     }
 }
 
+#[derive(Clone)]
+struct Recorder {
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
 fn serve(
     stream: std::net::TcpStream,
     content_type: &str,
     parts: &[Vec<u8>],
     chunked: bool,
-    rec: &Mutex<Vec<Vec<u8>>>,
+    rec: &Recorder,
 ) {
     stream.set_nodelay(true).ok();
     let mut writer = match stream.try_clone() {
@@ -58,11 +75,13 @@ fn serve(
         if reader.read_line(&mut line).unwrap_or(0) == 0 {
             return;
         }
+        let mut head = line.clone();
         loop {
             line.clear();
             if reader.read_line(&mut line).unwrap_or(0) == 0 {
                 return;
             }
+            head.push_str(&line);
             let l = line.trim_end();
             if l.is_empty() {
                 break;
@@ -77,7 +96,8 @@ fn serve(
         if reader.read_exact(&mut body).is_err() {
             return;
         }
-        rec.lock().push(body);
+        rec.heads.lock().push(head);
+        rec.bodies.lock().push(body);
         let ok = if chunked {
             let mut ok = writer
                 .write_all(format!("HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n\r\n").as_bytes())

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod bodylog;
 pub mod canned;
 pub mod http;
 pub mod volume;
@@ -126,6 +127,7 @@ impl Gateway {
             .arg(&config)
             .env("RUST_LOG", "info")
             .env_remove("LLM_GATEWAY_API_KEYS_FILE")
+            .env_remove("BODYLOG_LISTENER_HOST")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));

@@ -41,3 +41,12 @@ pub fn check(route: &Route, registry: &Registry, session: &Session) -> Result<()
         },
     }
 }
+
+/// The owner of the key the request presents, when keys are enforced and
+/// it is a known one (`check` let it through). Only the body log asks, and
+/// only for the requests it records, so the common path hashes once.
+pub fn owner(route: &Route, registry: &Registry, session: &Session) -> Option<String> {
+    let state = route.keys(registry);
+    let key = presented_key(&session.req_header().headers)?;
+    state.enforced()?.check(key).map(str::to_string)
+}

@@ -1,14 +1,65 @@
-//! The answers a route gives itself, without an engine: its `/_…` status
-//! endpoints and toggles, and `GET /v1/models` for a route with model pools.
+//! The answers the gateway gives itself, without an engine: the gateway-wide
+//! `/_bodylog_…` endpoints, a route's `/_…` status endpoints and toggles,
+//! and `GET /v1/models` for a route with model pools.
 //! Each returns `Err(Local)` with the answer when the request is one of
 //! them, so the hook reads as one `?` per phase.
 
 use super::Local;
 use crate::admin::routes as endpoints;
+use crate::bodylog::Bodylog;
 use crate::errors::ErrorResponse;
 use crate::proxy::guards::is_loopback_peer;
 use crate::registry::{Registry, Route};
 use pingora::proxy::Session;
+
+/// `/_bodylog_status` and `/_bodylog_toggle`: gateway-wide, so served at
+/// the top of the main listener rather than under a route (no route name
+/// starts with `_`, so neither can shadow one). Status is open like the
+/// routes' status endpoints; the toggle is POST from loopback only.
+pub fn answer_gateway(bodylog: Option<&Bodylog>, session: &Session) -> Result<(), Local> {
+    let uri = &session.req_header().uri;
+    let query = uri.query().unwrap_or("");
+    match uri.path() {
+        "/_bodylog_status" => Err(Local::Json(
+            200,
+            bodylog.map_or_else(crate::bodylog::status_off, Bodylog::status_json),
+        )),
+        "/_bodylog_toggle" => {
+            toggle_allowed(session, "bodylog")?;
+            let Some(bodylog) = bodylog else {
+                return Err(ErrorResponse::new(
+                    409,
+                    "not_configured",
+                    "body logging has no listener (bodylog.listener or BODYLOG_LISTENER_HOST)",
+                )
+                .into());
+            };
+            Err(match bodylog.apply_toggle(query) {
+                Ok(state) => Local::Json(200, state),
+                Err(e) => ErrorResponse::bad_request(e).into(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Toggles take POST, from a socket peer that is exactly 127.0.0.1 or ::1.
+fn toggle_allowed(session: &Session, name: &str) -> Result<(), Local> {
+    if session.req_header().method != http::Method::POST {
+        return Err(ErrorResponse::new(
+            405,
+            "method_not_allowed",
+            format!("toggle {name} takes POST"),
+        )
+        .into());
+    }
+    if !is_loopback_peer(session) {
+        return Err(
+            ErrorResponse::new(403, "forbidden", "toggles answer only 127.0.0.1 and ::1").into(),
+        );
+    }
+    Ok(())
+}
 
 /// A runtime control: a toggle, or a limit override.
 type Control = fn(&Route, &str) -> Result<serde_json::Value, ErrorResponse>;
@@ -30,22 +81,7 @@ pub fn answer(
         _ => None,
     };
     if let Some((name, apply)) = control {
-        if session.req_header().method != http::Method::POST {
-            return Err(ErrorResponse::new(
-                405,
-                "method_not_allowed",
-                format!("{name} takes POST"),
-            )
-            .into());
-        }
-        if !is_loopback_peer(session) {
-            return Err(ErrorResponse::new(
-                403,
-                "forbidden",
-                "toggles and overrides answer only 127.0.0.1 and ::1",
-            )
-            .into());
-        }
+        toggle_allowed(session, name)?;
         return Err(match apply(route, rest) {
             Ok(state) => Local::Json(200, state),
             Err(e) => e.into(),

@@ -1,11 +1,12 @@
 //! The response side: headers and the stream pipeline for proxied responses
-//! (`headers`), the answers the gateway writes itself (`local`), and the
-//! metrics of a finished request (`record`).
+//! (`headers`), the answers the gateway writes itself (`local`), the
+//! metrics of a finished request (`record`), and the body log's capture
+//! (`bodylog`: raw upstream bytes, teed before the pipeline rewrites them).
 //!
-//! Where new response work goes: body logging tees the raw upstream bytes
-//! here, before the pipeline rewrites them; per-frame measurements go into
+//! Where new response work goes: per-frame measurements go into
 //! `crate::stream`.
 
+pub mod bodylog;
 pub mod headers;
 pub mod local;
 pub mod record;

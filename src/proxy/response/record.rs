@@ -10,12 +10,18 @@ use crate::registry::Route;
 use crate::stream::ResponsePipeline;
 use pingora::proxy::Session;
 
-pub fn record(session: &Session, ctx: &RequestCtx) {
-    let code = session
+/// The status the client got: the written head's, or the local answer's
+/// (0 when nothing was answered).
+pub fn status_code(session: &Session, ctx: &RequestCtx) -> u16 {
+    session
         .response_written()
         .map(|r| r.status.as_u16())
         .or(ctx.response.local_status)
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+pub fn record(session: &Session, ctx: &RequestCtx) {
+    let code = status_code(session, ctx);
     let m = metrics();
     let route = ctx.route_name();
     let peer = ctx.peer_name();
