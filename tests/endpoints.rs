@@ -36,7 +36,10 @@ fn route_opts_shows_each_option_with_its_value_and_whether_the_route_set_it() {
     assert!(mode["choices"].as_array().is_some_and(|c| c.len() == 4));
     // Engine internals are under `advanced`, not among the tunables.
     let window = option(&opts, "advanced", "ttft_window");
-    assert_eq!((&window["value"], &window["set_by_route"]), (&json!("5s"), &json!(true)));
+    assert_eq!(
+        (&window["value"], &window["set_by_route"]),
+        (&json!("5s"), &json!(true))
+    );
     assert!(opts["options"]
         .as_array()
         .is_some_and(|o| o.iter().all(|x| x["key"] != "ttft_window")));
@@ -79,13 +82,14 @@ fn route_inspect_says_where_a_request_would_go_and_a_real_one_goes_there() {
     let cluster = engines(3);
     let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
     let body = chat_body("inspect-me", "hello", false);
-    let inspect = |body: &Value| {
-        http::post_json(gw.addr, "/chat/_route_inspect", &[], body)
-    };
+    let inspect = |body: &Value| http::post_json(gw.addr, "/chat/_route_inspect", &[], body);
     let seen = inspect(&body);
     assert_eq!(seen.status(), 200, "{}", seen.text());
     let seen = seen.json();
-    assert_eq!(seen["session"]["source"], "body:metadata.session_id", "{seen}");
+    assert_eq!(
+        seen["session"]["source"], "body:metadata.session_id",
+        "{seen}"
+    );
     assert!(
         !seen.to_string().contains("inspect-me"),
         "only the hash: {seen}"
@@ -102,7 +106,10 @@ fn route_inspect_says_where_a_request_would_go_and_a_real_one_goes_there() {
     // Control: the same session, now bound, is reported as sticking there.
     let again = inspect(&body).json();
     assert_eq!(again["placement"]["decision"]["peer"], predicted);
-    assert_ne!(again["placement"]["decision"]["kind"], seen["placement"]["decision"]["kind"]);
+    assert_ne!(
+        again["placement"]["decision"]["kind"],
+        seen["placement"]["decision"]["kind"]
+    );
     // Not JSON: a clear 400; GET: 405.
     let bad = http::Conn::open(gw.addr).request(
         "POST",
@@ -127,9 +134,24 @@ fn route_inspect_with_no_ready_peer_is_a_clear_503() {
         .health_down
         .store(true, std::sync::atomic::Ordering::Relaxed);
     wait_for("the peer to be banned", DEADLINE, || {
-        let r = http::post_json(gw.addr, "/chat/_route_inspect", &[], &chat_body("s", "x", false));
+        let r = http::post_json(
+            gw.addr,
+            "/chat/_route_inspect",
+            &[],
+            &chat_body("s", "x", false),
+        );
         (r.status() == 503).then_some(r)
     });
-    let r = http::post_json(gw.addr, "/chat/_route_inspect", &[], &chat_body("s", "x", false));
-    assert_eq!(r.json()["error"]["type"], "no_healthy_upstream", "{}", r.text());
+    let r = http::post_json(
+        gw.addr,
+        "/chat/_route_inspect",
+        &[],
+        &chat_body("s", "x", false),
+    );
+    assert_eq!(
+        r.json()["error"]["type"],
+        "no_healthy_upstream",
+        "{}",
+        r.text()
+    );
 }

@@ -165,11 +165,18 @@ pub fn effective(route: &RouteConfig, key: &str) -> Value {
     let em = route.engine_metrics.as_ref();
     let table = |t: &Option<Vec<crate::protect::limits::MetricLimit>>| {
         t.as_ref().map_or(Value::Null, |t| {
-            json!(t.iter().map(|m| json!({"metric": m.fold.name(), "threshold": m.threshold})).collect::<Vec<_>>())
+            json!(t
+                .iter()
+                .map(|m| json!({"metric": m.fold.name(), "threshold": m.threshold}))
+                .collect::<Vec<_>>())
         })
     };
     match key {
-        "peers" => json!(route.peers.iter().map(|p| json!({"name": p.name, "host": p.host, "port": p.port})).collect::<Vec<_>>()),
+        "peers" => json!(route
+            .peers
+            .iter()
+            .map(|p| json!({"name": p.name, "host": p.host, "port": p.port}))
+            .collect::<Vec<_>>()),
         "peers[].priority" => peers(&|p| json!(p.priority)),
         "peers[].max_concurrency" => peers(&|p| json!(p.max_concurrency)),
         "peers[].probe_path" => peers(&|p| json!(p.probe_path)),
@@ -178,14 +185,31 @@ pub fn effective(route: &RouteConfig, key: &str) -> Value {
             let pools: serde_json::Map<String, Value> = route
                 .peers_by_model
                 .iter()
-                .map(|(m, idx)| (m.clone(), json!(idx.iter().map(|&i| route.peers[i].name.clone()).collect::<Vec<_>>())))
+                .map(|(m, idx)| {
+                    (
+                        m.clone(),
+                        json!(idx
+                            .iter()
+                            .map(|&i| route.peers[i].name.clone())
+                            .collect::<Vec<_>>()),
+                    )
+                })
                 .collect();
-            (!pools.is_empty()).then_some(Value::Object(pools)).unwrap_or(Value::Null)
+            if pools.is_empty() {
+                Value::Null
+            } else {
+                Value::Object(pools)
+            }
         }
         "max_body_size" => json!(route.max_body_size),
         "balancing.mode" => json!(route.balancing.mode.as_str()),
         "balancing.session_affinity.headers" => {
-            json!(route.balancing.session_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>())
+            json!(route
+                .balancing
+                .session_headers
+                .iter()
+                .map(|h| h.as_str())
+                .collect::<Vec<_>>())
         }
         "balancing.session_affinity.idle_timeout" => dur(route.balancing.idle_timeout),
         "balancing.session_affinity.live_window" => dur(route.balancing.live_window),
@@ -196,7 +220,9 @@ pub fn effective(route: &RouteConfig, key: &str) -> Value {
         "health.probe_path" => json!(route.health.probe_path),
         "health.timeout" => dur(route.health.timeout),
         "engine_metrics.interval" => em.map_or(Value::Null, |m| dur(m.interval)),
-        "engine_metrics.kv_full_threshold" => em.map_or(Value::Null, |m| json!(m.kv_full_threshold)),
+        "engine_metrics.kv_full_threshold" => {
+            em.map_or(Value::Null, |m| json!(m.kv_full_threshold))
+        }
         "engine_metrics.path" => em.map_or(Value::Null, |m| json!(m.path)),
         "timeouts.connect" => dur(route.timeouts.connect),
         "timeouts.read" => dur(route.timeouts.read),
@@ -211,7 +237,11 @@ pub fn effective(route: &RouteConfig, key: &str) -> Value {
         "include_usage" => json!(route.include_usage),
         "queue_timeout" => dur(route.queue_timeout),
         "ttft_limit_ms" => json!(p.ttft_limit_ms),
-        "ttft_limit_by_model" => json!(p.ttft_limit_by_model.iter().cloned().collect::<std::collections::BTreeMap<_, _>>()),
+        "ttft_limit_by_model" => json!(p
+            .ttft_limit_by_model
+            .iter()
+            .cloned()
+            .collect::<std::collections::BTreeMap<_, _>>()),
         "tps_limit_tps" => json!(p.tps_limit_tps),
         "ttft_metrics" => table(&p.ttft_metrics),
         "tps_metrics" => table(&p.tps_metrics),
@@ -228,12 +258,16 @@ pub fn effective(route: &RouteConfig, key: &str) -> Value {
         "adaptive_cc_min" => json!(p.adaptive.and_then(|a| a.min)),
         "adaptive_cc_init" => json!(p.adaptive.and_then(|a| a.init)),
         "adaptive_cc_init_frac" => json!(p.adaptive.and_then(|a| a.init_frac)),
-        "adaptive_cc_hold_when_idle" => json!(p.adaptive.map_or(true, |a| a.hold_when_idle)),
-        "adaptive_cc_use_ttft" => json!(p.adaptive.map_or(true, |a| a.use_ttft)),
+        "adaptive_cc_hold_when_idle" => json!(p.adaptive.is_none_or(|a| a.hold_when_idle)),
+        "adaptive_cc_use_ttft" => json!(p.adaptive.is_none_or(|a| a.use_ttft)),
         "session_prio" => json!(prio.enabled),
         "session_prio_r_new" => json!(prio.table.first().map(|b| b.share)),
         "session_prio_full_turn" => json!(prio.table.last().map(|b| b.min_turn)),
-        "session_prio_table" => json!(prio.table.iter().map(|b| json!({"min_turn": b.min_turn, "share": b.share, "tol": b.tol})).collect::<Vec<_>>()),
+        "session_prio_table" => json!(prio
+            .table
+            .iter()
+            .map(|b| json!({"min_turn": b.min_turn, "share": b.share, "tol": b.tol}))
+            .collect::<Vec<_>>()),
         "session_prio_severe" => json!(prio.severe),
         "session_prio_release" => json!(prio.release),
         "session_prio_t1_probes" => json!(prio.t1_probes),
@@ -275,8 +309,10 @@ fn collect(v: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
             format!("{prefix}.{k}")
         };
         // Only the option sections nest; a map-valued option is one key.
-        if matches!(key.as_str(), "balancing" | "balancing.session_affinity" | "health" | "engine_metrics" | "timeouts")
-            && child.is_mapping()
+        if matches!(
+            key.as_str(),
+            "balancing" | "balancing.session_affinity" | "health" | "engine_metrics" | "timeouts"
+        ) && child.is_mapping()
         {
             collect(child, &key, out);
         } else {
@@ -395,7 +431,10 @@ mod tests {
             effective(&minimal, "ttft_limit_ms"),
             effective(&other, "ttft_limit_ms")
         );
-        let other = parse(&with_option("balancing.session_affinity.idle_timeout", "45m"));
+        let other = parse(&with_option(
+            "balancing.session_affinity.idle_timeout",
+            "45m",
+        ));
         assert_ne!(
             effective(&minimal, "balancing.session_affinity.idle_timeout"),
             effective(&other, "balancing.session_affinity.idle_timeout")
@@ -407,10 +446,11 @@ mod tests {
         // Each catalog key written alone (with a valid sample) must parse, and
         // the parser's own list of fields must be covered by the catalog.
         let fields = crate::config::route_file_fields();
-        for field in fields {
+        assert!(fields.len() > 40, "the parser's fields: {fields:?}");
+        for field in &fields {
             let covered = ROUTE_OPTIONS
                 .iter()
-                .any(|o| o.key == *field || o.key.starts_with(&format!("{field}.")));
+                .any(|o| o.key == field || o.key.starts_with(&format!("{field}.")));
             assert!(covered, "route option {field} is not in the catalog");
         }
         for o in ROUTE_OPTIONS {
@@ -444,7 +484,10 @@ mod tests {
     fn the_readme_option_table_is_the_catalogs() {
         let readme_path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
         let readme = std::fs::read_to_string(readme_path).expect("README.md");
-        let (begin, end) = ("<!-- route-options:begin -->\n", "<!-- route-options:end -->");
+        let (begin, end) = (
+            "<!-- route-options:begin -->\n",
+            "<!-- route-options:end -->",
+        );
         let start = readme.find(begin).expect("the begin marker") + begin.len();
         let stop = readme.find(end).expect("the end marker");
         let table = markdown_table();

@@ -5,8 +5,8 @@
 //! `RouteConfig`), so defaults and cross-field checks live in one place and
 //! nothing downstream has to handle a half-valid config.
 
-pub mod catalog;
 mod bodylog;
+pub mod catalog;
 mod file;
 mod gateway;
 mod route;

@@ -140,7 +140,10 @@ pub async fn inspect(route: &Route, session: &mut Session, rest: &str) -> Result
         &route.config.balancing.session_headers,
         view.as_ref(),
     );
-    let model = view.as_ref().and_then(|v| v.model()).map(|m| m.into_owned());
+    let model = view
+        .as_ref()
+        .and_then(|v| v.model())
+        .map(|m| m.into_owned());
     let pool = crate::balance::model_pool(route, model.as_deref())?;
     let now = crate::clock::now_ms();
     let candidates = crate::balance::candidates(route, &pool, now);
