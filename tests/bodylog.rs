@@ -584,3 +584,36 @@ fn check_validates_the_bodylog_section_with_file_and_line() {
         check("bodylog:\n  listener: bodylog:9999\n  sample_pct: 10\n  queue_bytes: 16m\n");
     assert!(ok, "{out}");
 }
+
+#[test]
+fn a_session_id_in_the_body_is_logged_as_its_hash() {
+    let stream = format!("{SSE_CONTENT}{SSE_USAGE}{SSE_DONE}").into_bytes();
+    let engine = Canned::start("text/event-stream", vec![stream], true);
+    let sink = FrameSink::start();
+    let gw = gateway(
+        &[("chat", canned_route(engine.port(), ""))],
+        sink.config(""),
+        Vec::new(),
+    );
+    let body = br#"{"model":"m","stream":true,"metadata":{"session_id":"raw-body-session-55"},"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp =
+        Conn::open(gw.addr).request("POST", CHAT, &[("Content-Type", "application/json")], body);
+    assert_eq!(resp.status(), 200, "{}", resp.text());
+    let frames = sink.wait_frames(1);
+    let f = &frames[0];
+    let logged = String::from_utf8_lossy(&f.req).into_owned();
+    assert!(!String::from_utf8_lossy(&f.wire).contains("raw-body-session-55"));
+    let hash = resp
+        .header("x-routed-session")
+        .expect("a session")
+        .to_string();
+    assert_eq!(f.meta["session_hash"], hash.as_str());
+    assert_eq!(
+        logged,
+        String::from_utf8_lossy(body).replace("raw-body-session-55", &format!("sid:{hash}")),
+        "only the id's value changed"
+    );
+    // Control: the engine received the raw id.
+    let received = engine.received.lock()[0].clone();
+    assert!(String::from_utf8_lossy(&received).contains("raw-body-session-55"));
+}

@@ -98,7 +98,13 @@ impl Capture {
         let since =
             |t: Option<Instant>| t.map(|t| secs(t.saturating_duration_since(self.req.started)));
         let resp_bytes = self.resp.total();
-        let (req, req_truncated) = cap_request(out.req_body);
+        // The session ids a body carries go the way of the headers': only
+        // their hash is logged.
+        let body = match super::redact::redact_session_ids(out.req_body) {
+            std::borrow::Cow::Borrowed(_) => out.req_body.clone(),
+            std::borrow::Cow::Owned(edited) => Bytes::from(edited),
+        };
+        let (req, req_truncated) = cap_request(&body);
         let (resp, resp_truncated) = self.resp.finish();
         let usage = out.usage;
         let mut meta = json!({

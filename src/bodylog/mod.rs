@@ -17,6 +17,7 @@ pub mod export;
 pub mod frame;
 pub mod listen;
 pub mod record;
+pub mod redact;
 pub mod sender;
 
 use crate::config::BodylogConfig;

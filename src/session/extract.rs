@@ -196,6 +196,13 @@ fn extract_from_body(body: &RequestView) -> Option<SessionId> {
 }
 
 /// `metadata.user_id.session_id` for both shapes of `user_id`.
+/// The hash a session-id member's value stands for: the session id inside
+/// an embedded `user_id`, else the value itself (as `extract_session` hashes
+/// it), so a redacted body log still matches its `session_hash`.
+pub fn hash_value(value: &RawValue) -> Option<u64> {
+    hash_embedded_session_id(value).or_else(|| hash_scalar(value))
+}
+
 fn hash_embedded_session_id(user_id: &RawValue) -> Option<u64> {
     if user_id.get().starts_with('{') {
         return member(user_id, "session_id").and_then(hash_scalar);

@@ -1,0 +1,126 @@
+//! The logged request body without the session ids it carries: every
+//! member a session id can come from (`metadata.session_id`,
+//! `litellm_metadata.session_id`, `metadata.user_id`, `user`) has its value
+//! replaced by `"sid:<hash>"`, the same 64-bit hash the frame's
+//! `session_hash` and the X-Routed-Session header give, so a record still
+//! correlates with its session. Every other byte is kept as the engine
+//! received it. Pure.
+
+use crate::request_view::{member, RequestView};
+use crate::session::extract::hash_value;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+
+/// `body` with its session-id members replaced; borrowed when it has none
+/// (or is not a JSON object, which then carries no member to find).
+pub fn redact_session_ids(body: &[u8]) -> Cow<'_, [u8]> {
+    let Ok(view) = RequestView::parse(body) else {
+        return Cow::Borrowed(body);
+    };
+    let mut spans: Vec<(usize, usize, String)> = Vec::new();
+    let mut push = |value: Option<&RawValue>| {
+        if let Some((start, end)) = value.and_then(|v| span_of(body, v)) {
+            let replacement = match value.and_then(hash_value) {
+                Some(hash) => format!("\"sid:{hash:016x}\""),
+                None => "\"sid:redacted\"".to_string(),
+            };
+            spans.push((start, end, replacement));
+        }
+    };
+    if let Some(metadata) = view.metadata {
+        push(member(metadata, "session_id"));
+        push(member(metadata, "user_id"));
+    }
+    if let Some(litellm) = view.litellm_metadata {
+        push(member(litellm, "session_id"));
+    }
+    push(view.user);
+    if spans.is_empty() {
+        return Cow::Borrowed(body);
+    }
+    spans.sort_by_key(|s| s.0);
+    let mut out = Vec::with_capacity(body.len());
+    let mut at = 0;
+    for (start, end, replacement) in spans {
+        if start < at {
+            continue;
+        }
+        out.extend_from_slice(&body[at..start]);
+        out.extend_from_slice(replacement.as_bytes());
+        at = end;
+    }
+    out.extend_from_slice(&body[at..]);
+    Cow::Owned(out)
+}
+
+/// Where `value` (borrowed from `body` by the view) lies in `body`.
+fn span_of(body: &[u8], value: &RawValue) -> Option<(usize, usize)> {
+    let text = value.get().as_bytes();
+    let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start.checked_add(text.len())?;
+    (end <= body.len()).then_some((start, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::stable_hash64;
+
+    fn redacted(body: &str) -> String {
+        String::from_utf8(redact_session_ids(body.as_bytes()).into_owned()).expect("utf-8")
+    }
+
+    #[test]
+    fn every_session_id_member_becomes_its_hash_and_the_rest_is_kept() {
+        let body = r#"{"model":"m", "metadata": {"session_id":"agent-42","x":1},"user":"u-7","messages":[{"role":"user","content":"agent-42 says hi"}]}"#;
+        let out = redacted(body);
+        let sid = format!("sid:{:016x}", stable_hash64(b"agent-42"));
+        let user = format!("sid:{:016x}", stable_hash64(b"u-7"));
+        assert_eq!(
+            out,
+            format!(
+                r#"{{"model":"m", "metadata": {{"session_id":"{sid}","x":1}},"user":"{user}","messages":[{{"role":"user","content":"agent-42 says hi"}}]}}"#
+            ),
+            "only the members' values change; text that merely mentions the id is the conversation"
+        );
+        serde_json::from_str::<serde_json::Value>(&out).expect("still JSON");
+    }
+
+    #[test]
+    fn an_embedded_user_id_and_litellm_metadata_are_redacted_too() {
+        let body = r#"{"metadata":{"user_id":"{\"session_id\":\"s-9\"}"},"litellm_metadata":{"session_id":17}}"#;
+        let out = redacted(body);
+        assert!(!out.contains("s-9"), "{out}");
+        assert!(!out.contains(":17"), "{out}");
+        assert!(
+            out.contains(&format!("sid:{:016x}", stable_hash64(b"s-9"))),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("sid:{:016x}", stable_hash64(b"17"))),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_body_without_ids_is_borrowed_unchanged() {
+        for body in [
+            &br#"{"model":"m","messages":[]}"#[..],
+            b"not json",
+            b"",
+            br#"{"metadata":{"session_id":"   "}}"#,
+        ] {
+            let out = redact_session_ids(body);
+            match body {
+                br#"{"metadata":{"session_id":"   "}}"# => {
+                    assert_eq!(&*out, br#"{"metadata":{"session_id":"sid:redacted"}}"#)
+                }
+                _ => assert!(
+                    matches!(out, Cow::Borrowed(_)),
+                    "{:?}",
+                    String::from_utf8_lossy(body)
+                ),
+            }
+        }
+    }
+}
