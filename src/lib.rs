@@ -10,6 +10,7 @@
 //! - `health`     active probes and engine metric scraping
 //! - `admin`      /healthz, /metrics, /_routes and the per-route /_ endpoints
 //! - `auth`, `reject`, `sse`, `postprocess`, `usage`: request guards and response rewriting
+//! - `rewrite`    prefix-stability transforms of request bodies (cch_strip, kimi_normalize)
 
 pub mod admin;
 pub mod auth;
@@ -28,6 +29,7 @@ pub mod proxy;
 pub mod registry;
 pub mod reject;
 pub mod request_view;
+pub mod rewrite;
 pub mod server;
 pub mod session;
 pub mod stream;
