@@ -33,6 +33,7 @@ pub struct Metrics {
     pub api_keys_configured: IntGauge,
     pub auth: IntCounterVec,
     pub rejections: IntCounterVec,
+    pub prefix_rewrites: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -197,6 +198,12 @@ impl Metrics {
                 "llm_gateway_rejected_by_rule_total",
                 "Requests refused by a content reject rule",
                 &["route", "rule"],
+            ),
+            prefix_rewrites: counter(
+                &registry,
+                "llm_gateway_prefix_rewrites_total",
+                "Request bodies changed by a prefix-stability transform (cch_strip, kimi_normalize)",
+                &["route", "transform"],
             ),
             api_keys_configured,
             registry,

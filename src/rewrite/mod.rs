@@ -147,6 +147,18 @@ pub fn apply(raw: &[u8], opts: Options) -> Option<Rewritten> {
     Some(Rewritten { body, report })
 }
 
+/// What [`apply`] would change in `raw`, as JSON (for an inspect endpoint):
+/// the report, and the body's length before and after.
+pub fn preview(raw: &[u8], opts: Options) -> Value {
+    let Plan { mut edits, report } = plan(raw, opts);
+    let after = splice(raw, &mut edits).map_or(raw.len(), |b| b.len());
+    let mut out = report.to_json();
+    out["changed"] = json!(!report.is_empty());
+    out["bytes_before"] = json!(raw.len());
+    out["bytes_after"] = json!(after);
+    out
+}
+
 /// `raw` with every edit applied. `None` if an edit is out of bounds or two
 /// overlap: the edits then do not describe one consistent change.
 pub fn splice(raw: &[u8], edits: &mut [Edit]) -> Option<Vec<u8>> {
@@ -373,6 +385,27 @@ mod tests {
             .unwrap()
             .contains("functions.f:7"));
         assert!(apply(raw, Options::default()).is_none());
+    }
+
+    #[test]
+    fn preview_reports_without_changing() {
+        let raw = br#"{"messages":[{"role":"system","content":"x-anthropic-billing-header: cc_version=1; cch=ab12;"}]}"#;
+        let on = Options {
+            cch_strip: true,
+            kimi_normalize: true,
+        };
+        let p = preview(raw, on);
+        assert_eq!(p["changed"], true);
+        assert_eq!(p["cch_stripped"]["removed"], " cch=ab12;");
+        assert_eq!(p["cch_stripped"]["location"], "messages[0].content");
+        assert_eq!(p["kimi_ids_renumbered"], 0);
+        assert_eq!(p["bytes_before"], raw.len());
+        assert_eq!(p["bytes_after"], raw.len() - " cch=ab12;".len());
+        // Control: with the options off nothing would change.
+        let p = preview(raw, Options::default());
+        assert_eq!(p["changed"], false);
+        assert_eq!(p["cch_stripped"], Value::Null);
+        assert_eq!(p["bytes_after"], raw.len());
     }
 
     #[test]
