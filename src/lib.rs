@@ -12,6 +12,7 @@
 //! - `controller`, `watch`  signals, reload on SIGHUP or on a file change, per-route tasks
 //! - `auth`, `reject`, `sse`, `postprocess`, `usage`: request guards and response rewriting
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
+//! - `rewrite`    prefix-stability transforms of request bodies (cch_strip, kimi_normalize)
 
 pub mod admin;
 pub mod auth;
@@ -31,6 +32,7 @@ pub mod proxy;
 pub mod registry;
 pub mod reject;
 pub mod request_view;
+pub mod rewrite;
 pub mod server;
 pub mod session;
 pub mod stream;

@@ -35,6 +35,7 @@ pub struct Metrics {
     pub auth: IntCounterVec,
     pub rejections: IntCounterVec,
     pub bodylog_frames: IntCounterVec,
+    pub prefix_rewrites: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -213,6 +214,12 @@ impl Metrics {
                 "llm_gateway_bodylog_frames_total",
                 "Body-log frames: sent to the listener, dropped (queue full), or error (write failed)",
                 &["result"],
+            ),
+            prefix_rewrites: counter(
+                &registry,
+                "llm_gateway_prefix_rewrites_total",
+                "Request bodies changed by a prefix-stability transform (cch_strip, kimi_normalize)",
+                &["route", "transform"],
             ),
             api_keys_configured,
             watching,

@@ -94,6 +94,7 @@ fn route_inspect_says_where_a_request_would_go_and_a_real_one_goes_there() {
         !seen.to_string().contains("inspect-me"),
         "only the hash: {seen}"
     );
+    assert_eq!(seen["transforms"]["cch_strip"]["on"], false, "{seen}");
     let predicted = seen["placement"]["decision"]["peer"].clone();
     assert!(predicted.is_string(), "{seen}");
     // Inspecting changed nothing: no session was bound.

@@ -28,6 +28,7 @@ pub const ENDPOINTS: &[&str] = &[
     "POST /_reject_rules_toggle?on=0|1|reset=1",
     "POST /_include_usage_toggle?on=0|1|reset=1",
     "POST /_postprocess_toggle?on=0|1|reset=1",
+    "POST /_cch_strip_toggle?on=0|1|reset=1, /_kimi_normalize_toggle?on=0|1|reset=1",
     "POST /_ttft_toggle, /_ttft_429_toggle, /_tps_toggle, /_tps_429_toggle, /_rate_limit_toggle, /_session_prio_toggle ?on=0|1|reset=1",
     "POST /_ttft_limit?ms=N[&ttl=S]|reset=1, /_tps_limit?tps=N[&ttl=S]|reset=1",
 ];
@@ -188,7 +189,22 @@ fn toggles_json(route: &Route) -> Value {
         "ttft_429": toggle_json(&t.ttft_429, true),
         "tps": toggle_json(&t.tps, true),
         "tps_429": toggle_json(&t.tps_429, true),
+        "cch_strip": toggle_json(&t.cch_strip, c.cch_strip),
+        "kimi_normalize": toggle_json(&t.kimi_normalize, c.kimi_normalize),
     })
+}
+
+/// What the route's prefix-stability transforms would change in `body`,
+/// with the toggles in force: for `/_route_inspect`, which shows what the
+/// gateway does to a body without sending it anywhere.
+pub fn preview(route: &Route, body: &[u8]) -> Value {
+    let t = &route.runtime.toggles;
+    let c = &route.config;
+    let mut out = crate::rewrite::preview(body, route.prefix_transforms());
+    out["route"] = json!(c.name);
+    out["cch_strip"] = toggle_json(&t.cch_strip, c.cch_strip);
+    out["kimi_normalize"] = toggle_json(&t.kimi_normalize, c.kimi_normalize);
+    out
 }
 
 fn gate_counts_json(counts: &crate::protect::gate::GateCounts) -> Value {
@@ -622,7 +638,50 @@ fn percent_decode(s: &str) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::percent_decode;
+    use super::{percent_decode, preview};
+    use crate::config::{GatewayConfig, Overrides};
+    use crate::registry::Registry;
+
+    /// A registry with one route `chat` whose file ends with `extra`.
+    fn registry(dir: &std::path::Path, extra: &str) -> Registry {
+        std::fs::write(
+            dir.join("chat.yaml"),
+            format!("peers:\n  - {{name: a, host: 127.0.0.1, port: 9}}\n{extra}"),
+        )
+        .unwrap();
+        let overrides = Overrides {
+            routes_dir: Some(dir.to_path_buf()),
+            ..Overrides::default()
+        };
+        let gw =
+            GatewayConfig::parse(std::path::Path::new("gateway.yaml"), "", &overrides).unwrap();
+        let registry = Registry::new(gw);
+        registry.reload();
+        registry
+    }
+
+    #[test]
+    fn preview_follows_options_and_toggles() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = br#"{"messages":[{"role":"system","content":"x-anthropic-billing-header: cc_version=1; cch=ab12;"},{"role":"assistant","tool_calls":[{"id":"functions.f:3"}]}]}"#;
+        let reg = registry(dir.path(), "cch_strip: true\n");
+        let route = reg.route("chat").unwrap();
+        let p = preview(&route, body);
+        assert_eq!(p["route"], "chat");
+        assert_eq!(p["changed"], true);
+        assert_eq!(p["cch_strip"]["on"], true);
+        assert_eq!(p["cch_stripped"]["removed"], " cch=ab12;");
+        assert_eq!(p["kimi_normalize"]["on"], false);
+        assert_eq!(p["kimi_ids_renumbered"], 0, "kimi_normalize is off");
+        // The runtime toggles decide, both ways.
+        route.runtime.toggles.cch_strip.set(false);
+        route.runtime.toggles.kimi_normalize.set(true);
+        let p = preview(&route, body);
+        assert_eq!(p["cch_stripped"], serde_json::Value::Null);
+        assert_eq!(p["kimi_ids_renumbered"], 1);
+        assert_eq!(p["kimi_renamed"][0]["to"], "functions.f:0");
+        assert_eq!(p["kimi_normalize"]["source"], "runtime");
+    }
 
     #[test]
     fn decodes_percent_and_plus() {

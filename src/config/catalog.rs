@@ -118,6 +118,8 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     opt("reject_rules", "Reject rules", "requests", Kind::List, N("none"), "content rules answered with 4xx before any engine is used"),
     opt("reject_rules_enabled", "Reject rules on", "requests", Kind::Bool, L("true"), "the rules' switch (runtime: /_reject_rules_toggle)"),
     opt("postprocess", "Post-processing", "responses", Kind::Choice(&["strip_actual_usage", "vllm_format"]), N("gateway.yaml postprocess_default"), "response rewrite handler"),
+    opt("cch_strip", "Strip cch", "requests", Kind::Bool, L("false"), "remove Claude Code's per-request cch=<hash>; field from the system prompt's billing line (runtime: /_cch_strip_toggle)"),
+    opt("kimi_normalize", "Normalize Kimi ids", "requests", Kind::Bool, L("false"), "renumber Kimi tool-call ids by first appearance so history stays byte-stable (runtime: /_kimi_normalize_toggle)"),
     opt("include_usage", "Include usage", "requests", Kind::Bool, L("false"), "ask streams for a usage frame and strip it from the client's copy if the client did not ask"),
     opt("queue_timeout", "Queue timeout", "protection", Kind::Duration, L("0s"), "wait this long for room instead of an immediate 429"),
     opt("ttft_limit_ms", "TTFT limit (ms)", "protection", Kind::Number, L("30000"), "TTFT EWMA at which a pool sheds with 429"),
@@ -235,6 +237,8 @@ pub fn effective(route: &RouteConfig, key: &str) -> Value {
         "reject_rules_enabled" => json!(route.reject_rules_enabled),
         "postprocess" => json!(route.postprocess.as_ref().map(|h| h.name())),
         "include_usage" => json!(route.include_usage),
+        "cch_strip" => json!(route.cch_strip),
+        "kimi_normalize" => json!(route.kimi_normalize),
         "queue_timeout" => dur(route.queue_timeout),
         "ttft_limit_ms" => json!(p.ttft_limit_ms),
         "ttft_limit_by_model" => json!(p

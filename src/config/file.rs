@@ -52,6 +52,8 @@ pub(super) struct RouteFile {
     pub reject_rules_enabled: Option<Flag>,
     pub postprocess: Option<String>,
     pub include_usage: Option<Flag>,
+    pub cch_strip: Option<Flag>,
+    pub kimi_normalize: Option<Flag>,
     pub forward_client_key: Option<Flag>,
     pub queue_timeout: Option<Dur>,
     pub ttft_window: Option<Dur>,

@@ -147,6 +147,11 @@ pub struct RouteConfig {
     pub postprocess: Option<Handler>,
     /// Add `stream_options.include_usage` to streaming requests that lack it.
     pub include_usage: bool,
+    /// Remove the per-request `cch=<hash>;` field from Claude Code's billing
+    /// line at the start of the system prompt (`crate::rewrite::cch`).
+    pub cch_strip: bool,
+    /// Renumber Kimi tool-call ids by first appearance (`crate::rewrite::kimi`).
+    pub kimi_normalize: bool,
     /// Send the client's `Authorization`/`x-api-key` on to the engine. Off by
     /// default: a key the gateway checks is the client's credential for the
     /// gateway, not for the engines behind it.
@@ -247,6 +252,8 @@ impl RouteConfig {
             reject_rules_enabled: flag(file.reject_rules_enabled, true),
             postprocess,
             include_usage: flag(file.include_usage, false),
+            cch_strip: flag(file.cch_strip, false),
+            kimi_normalize: flag(file.kimi_normalize, false),
             forward_client_key: flag(file.forward_client_key, false),
             queue_timeout: file.queue_timeout.map_or(Duration::ZERO, |d| d.0),
             protection,

@@ -28,6 +28,17 @@ fn minimal_route_gets_defaults() {
     assert_eq!(r.balancing.idle_timeout, Duration::from_secs(1800));
     assert!(r.engine_metrics.is_some());
     assert!(r.routed_headers);
+    assert!(!r.cch_strip && !r.kimi_normalize, "transforms are opt-in");
+}
+
+#[test]
+fn prefix_transform_options_are_flags() {
+    let r = route(&format!("{MINIMAL}cch_strip: true\nkimi_normalize: on\n")).unwrap();
+    assert!(r.cch_strip && r.kimi_normalize);
+    let r = route(&format!("{MINIMAL}cch_strip: false\n")).unwrap();
+    assert!(!r.cch_strip);
+    let e = route(&format!("{MINIMAL}cch_strip: sometimes\n")).unwrap_err();
+    assert!(e.to_string().contains("chat.yaml:4: cch_strip"), "{e}");
 }
 
 #[test]

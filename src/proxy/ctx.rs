@@ -53,6 +53,10 @@ pub struct Admitted {
     /// The gateway added `stream_options.include_usage`: the usage frame is
     /// for the gateway, not the client.
     pub usage_injected: bool,
+    /// `cch_strip` removed the billing line's `cch` field.
+    pub cch_stripped: bool,
+    /// Kimi tool-call id occurrences `kimi_normalize` renumbered.
+    pub kimi_ids_renumbered: usize,
 }
 
 /// Written by `upstream_peer` and the failure hooks: the current attempt.

@@ -2,7 +2,7 @@
 //! phases. The phases live in the modules beside this one:
 //!
 //! request_filter           `request` (route, endpoints, body) → `guards` (key,
-//!                          rules, usage) → `crate::balance` (pool, place) →
+//!                          rules, usage, prefix) → `crate::balance` (pool, place) →
 //!                          `request::forward` (replay the body)
 //! upstream_peer            `upstream::next_peer`: the placed peer, or on a
 //!                          retry the next untried ready one
@@ -63,6 +63,7 @@ impl Gateway {
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
         guards::rules::check(&route, &ctx.request)?;
         guards::usage::apply(&mut ctx.request);
+        guards::prefix::apply(&route, &mut ctx.request);
         self.place(session, &route, ctx).await?;
         response::bodylog::begin(
             self.bodylog.as_deref(),

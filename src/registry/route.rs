@@ -194,6 +194,16 @@ impl Route {
         }
     }
 
+    /// The prefix-stability transforms in force: the route's options as the
+    /// runtime toggles leave them.
+    pub fn prefix_transforms(&self) -> crate::rewrite::Options {
+        let t = &self.runtime.toggles;
+        crate::rewrite::Options {
+            cch_strip: t.cch_strip.is_on(self.config.cch_strip),
+            kimi_normalize: t.kimi_normalize.is_on(self.config.kimi_normalize),
+        }
+    }
+
     /// The load-based 429s' master switch in force, and which layer set it:
     /// the runtime toggle, the route option, or the gateway's default.
     pub fn rate_limit(&self, gateway_default: bool) -> (bool, &'static str) {

@@ -48,10 +48,12 @@ pub struct Toggles {
     /// The master switch over every load-based 429.
     pub rate_limit: Toggle,
     pub session_prio: Toggle,
+    pub cch_strip: Toggle,
+    pub kimi_normalize: Toggle,
 }
 
 /// Every toggle's name, as `/<route>/_<name>_toggle` spells it.
-pub const TOGGLE_NAMES: [&str; 9] = [
+pub const TOGGLE_NAMES: [&str; 11] = [
     "reject_rules",
     "include_usage",
     "postprocess",
@@ -61,6 +63,8 @@ pub const TOGGLE_NAMES: [&str; 9] = [
     "tps_429",
     "rate_limit",
     "session_prio",
+    "cch_strip",
+    "kimi_normalize",
 ];
 
 impl Toggles {
@@ -75,6 +79,8 @@ impl Toggles {
             "tps_429" => Some(&self.tps_429),
             "rate_limit" => Some(&self.rate_limit),
             "session_prio" => Some(&self.session_prio),
+            "cch_strip" => Some(&self.cch_strip),
+            "kimi_normalize" => Some(&self.kimi_normalize),
             _ => None,
         }
     }

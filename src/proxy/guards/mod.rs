@@ -1,6 +1,7 @@
 //! Request guards that run before placement: API keys (`auth`), content
-//! reject rules (`rules`), the include_usage rewrite (`usage`), and who
-//! counts as local for the toggles.
+//! reject rules (`rules`), the include_usage rewrite (`usage`), the
+//! prefix-stability transforms (`prefix`), and who counts as local for the
+//! toggles.
 //!
 //! Where new guards go: load-based refusals (TTFT/decode-rate shedding,
 //! session turn priority, the rate-limit switch) are modules here, called
@@ -8,6 +9,7 @@
 
 pub mod auth;
 pub mod load;
+pub mod prefix;
 pub mod prio;
 pub mod rules;
 pub mod usage;

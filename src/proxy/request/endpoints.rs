@@ -169,6 +169,7 @@ pub async fn inspect(route: &Route, session: &mut Session, rest: &str) -> Result
             "candidates": candidates.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
             "mode": route.config.balancing.mode.as_str(),
             "placement": placement,
+            "transforms": crate::admin::routes::preview(route, &body),
         }),
     ))
 }

@@ -1,0 +1,427 @@
+//! Prefix-stability transforms of a request body: edits that make the
+//! prompt an engine renders the same bytes from one request of a session
+//! to the next, so its prefix cache keeps hitting.
+//!
+//! - `cch`: the per-request `cch=<hash>;` field of Claude Code's billing
+//!   line at the start of the system prompt.
+//! - `kimi`: Kimi tool-call ids (`functions.<name>:<n>`) renumbered by
+//!   order of first appearance.
+//!
+//! Like include_usage (`stream::usage`), the body is edited in place, never
+//! re-serialized: a re-encoding that changed escaping, spacing or key order
+//! anywhere in `messages` would change the rendered prompt and cost the very
+//! cache hit these transforms exist for. Each transform finds byte spans of
+//! the original body (through borrowed `RawValue`s, whose text is a slice of
+//! it) and [`splice`] replaces just those. Whatever cannot be edited safely
+//! yields no edit: the body then goes on as the client sent it.
+//!
+//! Pure: no clock, no route; the proxy's `guards::prefix` decides per route.
+
+pub mod cch;
+pub mod kimi;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use std::ops::Range;
+
+/// Which transforms to run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    pub cch_strip: bool,
+    pub kimi_normalize: bool,
+}
+
+impl Options {
+    pub fn any(self) -> bool {
+        self.cch_strip || self.kimi_normalize
+    }
+}
+
+/// One replacement of `raw[at]` by `with`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub at: Range<usize>,
+    pub with: Vec<u8>,
+}
+
+/// What the transforms changed in one body.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The removed text (`" cch=<hash>;"`) and where it was.
+    pub cch: Option<CchStripped>,
+    /// Distinct Kimi ids renamed, `(from, to)`, in order of first appearance.
+    pub kimi_renamed: Vec<(String, String)>,
+    /// Occurrences (`tool_calls[].id` and `tool_call_id`) whose bytes changed.
+    pub kimi_ids_renumbered: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CchStripped {
+    pub removed: String,
+    /// A JSON-path-like place: `system`, `system[0].text`,
+    /// `messages[0].content`, `messages[0].content[1].text`.
+    pub location: String,
+}
+
+impl Report {
+    pub fn is_empty(&self) -> bool {
+        self.cch.is_none() && self.kimi_ids_renumbered == 0
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "cch_stripped": self.cch.as_ref().map(|c| json!({
+                "removed": c.removed,
+                "location": c.location,
+            })),
+            "kimi_ids_renumbered": self.kimi_ids_renumbered,
+            "kimi_renamed": self.kimi_renamed.iter()
+                .map(|(from, to)| json!({"from": from, "to": to}))
+                .collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// The edits the transforms would make, and what they mean.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub edits: Vec<Edit>,
+    pub report: Report,
+}
+
+/// A rewritten body and what changed in it.
+#[derive(Debug)]
+pub struct Rewritten {
+    pub body: Vec<u8>,
+    pub report: Report,
+}
+
+/// The top-level members the transforms read. A member written twice makes
+/// this fail (serde's duplicate-field error): which copy an engine honours is
+/// its business, so an edit of one could miss, and nothing is edited.
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+}
+
+/// Works out the edits for `raw` without applying them. An empty plan when
+/// nothing applies or `raw` is not an object these transforms can read.
+pub fn plan(raw: &[u8], opts: Options) -> Plan {
+    let mut plan = Plan::default();
+    if !opts.any() {
+        return plan;
+    }
+    let Ok(body) = serde_json::from_slice::<Body>(raw) else {
+        return plan;
+    };
+    let messages: Option<Vec<&RawValue>> = body
+        .messages
+        .and_then(|m| serde_json::from_str::<Vec<&RawValue>>(m.get()).ok());
+    if opts.cch_strip {
+        if let Some((edit, stripped)) = cch::strip(raw, body.system, messages.as_deref()) {
+            plan.edits.push(edit);
+            plan.report.cch = Some(stripped);
+        }
+    }
+    if opts.kimi_normalize {
+        if let Some(k) = messages.as_deref().and_then(|m| kimi::renumber(raw, m)) {
+            plan.edits.extend(k.edits);
+            plan.report.kimi_renamed = k.renamed;
+            plan.report.kimi_ids_renumbered = k.occurrences;
+        }
+    }
+    plan
+}
+
+/// `raw` with the transforms applied; `None` when nothing changes.
+pub fn apply(raw: &[u8], opts: Options) -> Option<Rewritten> {
+    let Plan { mut edits, report } = plan(raw, opts);
+    if edits.is_empty() {
+        return None;
+    }
+    let body = splice(raw, &mut edits)?;
+    Some(Rewritten { body, report })
+}
+
+/// What [`apply`] would change in `raw`, as JSON (for an inspect endpoint):
+/// the report, and the body's length before and after.
+pub fn preview(raw: &[u8], opts: Options) -> Value {
+    let Plan { mut edits, report } = plan(raw, opts);
+    let after = splice(raw, &mut edits).map_or(raw.len(), |b| b.len());
+    let mut out = report.to_json();
+    out["changed"] = json!(!report.is_empty());
+    out["bytes_before"] = json!(raw.len());
+    out["bytes_after"] = json!(after);
+    out
+}
+
+/// `raw` with every edit applied. `None` if an edit is out of bounds or two
+/// overlap: the edits then do not describe one consistent change.
+pub fn splice(raw: &[u8], edits: &mut [Edit]) -> Option<Vec<u8>> {
+    edits.sort_by_key(|e| e.at.start);
+    let grow: usize = edits.iter().map(|e| e.with.len()).sum();
+    let mut out = Vec::with_capacity(raw.len() + grow);
+    let mut done = 0;
+    for e in edits.iter() {
+        if e.at.start < done || e.at.start > e.at.end {
+            return None;
+        }
+        out.extend_from_slice(raw.get(done..e.at.start)?);
+        out.extend_from_slice(&e.with);
+        done = e.at.end;
+    }
+    out.extend_from_slice(raw.get(done..)?);
+    Some(out)
+}
+
+/// The byte span of `value` inside `raw`. `RawValue`s deserialized from
+/// `raw` borrow their text from it, so the span is the pointer offset;
+/// `None` for a value that is not a slice of `raw`.
+pub(crate) fn span_in(raw: &[u8], value: &RawValue) -> Option<Range<usize>> {
+    let text = value.get().as_bytes();
+    let start = (text.as_ptr() as usize).checked_sub(raw.as_ptr() as usize)?;
+    let end = start.checked_add(text.len())?;
+    (end <= raw.len()).then_some(start..end)
+}
+
+/// One step through the text of a JSON string.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// A decoded character and the index just past its raw spelling.
+    Char(char, usize),
+    /// The closing quote; the index just past it.
+    End(usize),
+}
+
+/// Decodes the character whose raw spelling starts at `raw[i]` (inside a
+/// string). `None` for text that is not a valid JSON string, lone
+/// surrogates included: the caller then leaves the string alone.
+pub(crate) fn next_char(raw: &[u8], i: usize) -> Option<Step> {
+    match *raw.get(i)? {
+        b'"' => Some(Step::End(i + 1)),
+        b'\\' => {
+            let c = match *raw.get(i + 1)? {
+                b'"' => '"',
+                b'\\' => '\\',
+                b'/' => '/',
+                b'b' => '\u{8}',
+                b'f' => '\u{c}',
+                b'n' => '\n',
+                b'r' => '\r',
+                b't' => '\t',
+                b'u' => return unicode_escape(raw, i),
+                _ => return None,
+            };
+            Some(Step::Char(c, i + 2))
+        }
+        b if b < 0x20 => None,
+        b => {
+            let len = match b {
+                0x00..=0x7f => 1,
+                0xc0..=0xdf => 2,
+                0xe0..=0xef => 3,
+                0xf0..=0xf7 => 4,
+                _ => return None,
+            };
+            let s = std::str::from_utf8(raw.get(i..i + len)?).ok()?;
+            Some(Step::Char(s.chars().next()?, i + len))
+        }
+    }
+}
+
+fn hex4(raw: &[u8], at: usize) -> Option<u32> {
+    let digits = std::str::from_utf8(raw.get(at..at + 4)?).ok()?;
+    u32::from_str_radix(digits, 16).ok()
+}
+
+/// `\uXXXX` at `raw[i]`, with its low half when it is a high surrogate.
+fn unicode_escape(raw: &[u8], i: usize) -> Option<Step> {
+    let hi = hex4(raw, i + 2)?;
+    if (0xd800..0xdc00).contains(&hi) {
+        if raw.get(i + 6..i + 8)? != b"\\u" {
+            return None;
+        }
+        let lo = hex4(raw, i + 8)?;
+        if !(0xdc00..0xe000).contains(&lo) {
+            return None;
+        }
+        let c = char::from_u32(0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00))?;
+        return Some(Step::Char(c, i + 12));
+    }
+    Some(Step::Char(char::from_u32(hi)?, i + 6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chars(raw: &str) -> Option<Vec<(char, usize)>> {
+        let raw = raw.as_bytes();
+        let mut i = 1;
+        let mut out = Vec::new();
+        loop {
+            match next_char(raw, i)? {
+                Step::Char(c, next) => {
+                    out.push((c, next));
+                    i = next;
+                }
+                Step::End(end) => {
+                    assert_eq!(end, raw.len());
+                    return Some(out);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decodes_like_serde() {
+        for raw in [
+            r#""plain""#,
+            r#""a\"b\\c\/d\b\f\n\r\t""#,
+            r#""caf\u00e9 é \ud83d\ude00 😀""#,
+            r#""""#,
+        ] {
+            let ours: String = chars(raw).unwrap().into_iter().map(|(c, _)| c).collect();
+            let theirs: String = serde_json::from_str(raw).unwrap();
+            assert_eq!(ours, theirs, "{raw}");
+        }
+        // Each character's raw spelling ends where the next one starts.
+        let ends: Vec<usize> = chars(r#""a\u00e9\n😀""#)
+            .unwrap()
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        assert_eq!(ends, vec![2, 8, 10, 14]);
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_json_string() {
+        for raw in [
+            r#""\ud83d""#,
+            r#""\ud83dx""#,
+            r#""\ude00""#,
+            r#""\x""#,
+            r#""\u12""#,
+            "\"a\nb\"",
+            r#""unterminated"#,
+        ] {
+            assert_eq!(chars(raw), None, "{raw}");
+        }
+        assert_eq!(next_char(b"\"\xff\"", 1), None);
+    }
+
+    #[test]
+    fn splice_applies_in_order_and_refuses_overlaps() {
+        let raw = b"0123456789";
+        let e = |a: usize, b: usize, w: &str| Edit {
+            at: a..b,
+            with: w.as_bytes().to_vec(),
+        };
+        assert_eq!(
+            splice(raw, &mut [e(8, 9, "X"), e(1, 3, ""), e(5, 5, "ins")]).unwrap(),
+            b"034ins567X9"
+        );
+        assert_eq!(splice(raw, &mut []).unwrap(), raw);
+        assert_eq!(splice(raw, &mut [e(1, 4, ""), e(3, 5, "")]), None);
+        assert_eq!(splice(raw, &mut [e(9, 11, "")]), None);
+        assert_eq!(splice(raw, &mut [e(11, 12, "")]), None);
+        // Control: touching (not overlapping) edits are fine.
+        assert_eq!(
+            splice(raw, &mut [e(1, 3, "a"), e(3, 5, "b")]).unwrap(),
+            b"0ab56789"
+        );
+    }
+
+    #[test]
+    fn span_is_the_slice_of_the_body() {
+        let raw = br#"{"a": [1, {"b" : "x\"y"}]}"#;
+        let v: Body = serde_json::from_slice(br#"{"messages":[]}"#).unwrap();
+        // A value parsed from another buffer has no span in `raw`.
+        assert_eq!(span_in(raw, v.messages.unwrap()), None);
+        #[derive(Deserialize)]
+        struct A<'a> {
+            #[serde(borrow)]
+            a: &'a RawValue,
+        }
+        let a: A = serde_json::from_slice(raw).unwrap();
+        let s = span_in(raw, a.a).unwrap();
+        assert_eq!(&raw[s], br#"[1, {"b" : "x\"y"}]"#);
+    }
+
+    #[test]
+    fn both_transforms_compose_on_one_body() {
+        let raw = br#"{"model":"k","messages":[{"role":"system","content":"x-anthropic-billing-header: cc_version=1; cch=ab12;\nYou help."},{"role":"assistant","content":null,"tool_calls":[{"id":"functions.f:7","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"functions.f:7","content":"ok"}]}"#;
+        let out = apply(
+            raw,
+            Options {
+                cch_strip: true,
+                kimi_normalize: true,
+            },
+        )
+        .unwrap();
+        let expected = String::from_utf8_lossy(raw)
+            .replace(" cch=ab12;", "")
+            .replace("functions.f:7", "functions.f:0");
+        assert_eq!(String::from_utf8(out.body).unwrap(), expected);
+        assert_eq!(out.report.kimi_ids_renumbered, 2);
+        assert_eq!(
+            out.report.cch.map(|c| (c.removed, c.location)),
+            Some((" cch=ab12;".into(), "messages[0].content".into()))
+        );
+        // Control: each option alone does only its own part.
+        let only_cch = apply(
+            raw,
+            Options {
+                cch_strip: true,
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        assert!(String::from_utf8(only_cch.body)
+            .unwrap()
+            .contains("functions.f:7"));
+        assert!(apply(raw, Options::default()).is_none());
+    }
+
+    #[test]
+    fn preview_reports_without_changing() {
+        let raw = br#"{"messages":[{"role":"system","content":"x-anthropic-billing-header: cc_version=1; cch=ab12;"}]}"#;
+        let on = Options {
+            cch_strip: true,
+            kimi_normalize: true,
+        };
+        let p = preview(raw, on);
+        assert_eq!(p["changed"], true);
+        assert_eq!(p["cch_stripped"]["removed"], " cch=ab12;");
+        assert_eq!(p["cch_stripped"]["location"], "messages[0].content");
+        assert_eq!(p["kimi_ids_renumbered"], 0);
+        assert_eq!(p["bytes_before"], raw.len());
+        assert_eq!(p["bytes_after"], raw.len() - " cch=ab12;".len());
+        // Control: with the options off nothing would change.
+        let p = preview(raw, Options::default());
+        assert_eq!(p["changed"], false);
+        assert_eq!(p["cch_stripped"], Value::Null);
+        assert_eq!(p["bytes_after"], raw.len());
+    }
+
+    #[test]
+    fn unreadable_bodies_are_left_alone() {
+        let all = Options {
+            cch_strip: true,
+            kimi_normalize: true,
+        };
+        for raw in [
+            &b"[1]"[..],
+            b"not json",
+            b"",
+            br#"{"messages":[{"role":"system","content":"x-anthropic-billing-header: cch=1;"}],"messages":[]}"#,
+        ] {
+            assert!(plan(raw, all).edits.is_empty());
+            assert!(apply(raw, all).is_none());
+        }
+    }
+}
