@@ -35,5 +35,6 @@ pub mod request_view;
 pub mod rewrite;
 pub mod server;
 pub mod session;
+pub mod store;
 pub mod stream;
 pub mod watch;

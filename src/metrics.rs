@@ -36,6 +36,8 @@ pub struct Metrics {
     pub rejections: IntCounterVec,
     pub bodylog_frames: IntCounterVec,
     pub prefix_rewrites: IntCounterVec,
+    pub session_store_up: IntGauge,
+    pub session_store_errors: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -220,6 +222,23 @@ impl Metrics {
                 "llm_gateway_prefix_rewrites_total",
                 "Request bodies changed by a prefix-stability transform (cch_strip, kimi_normalize)",
                 &["route", "transform"],
+            ),
+            session_store_up: {
+                let g = IntGauge::new(
+                    "llm_gateway_session_store_up",
+                    "1 while the shared session store (Redis) answers; 0 while requests are placed from the local table",
+                )
+                .expect("static metric definition");
+                registry
+                    .register(Box::new(g.clone()))
+                    .expect("metric registered once");
+                g
+            },
+            session_store_errors: counter(
+                &registry,
+                "llm_gateway_session_store_errors_total",
+                "Shared session store commands that failed or timed out, by operation",
+                &["op"],
             ),
             api_keys_configured,
             watching,

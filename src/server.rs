@@ -87,12 +87,27 @@ pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
     } else {
         println!("watch: off (reload with SIGHUP)");
     }
+    match &gateway.session_store {
+        crate::config::store::SessionStoreConfig::Local => println!("session store: local"),
+        crate::config::store::SessionStoreConfig::Redis(r) => println!(
+            "session store: redis at {} (key prefix {:?}, timeout {:?})",
+            r.url, r.key_prefix, r.timeout
+        ),
+    }
     ExitCode::SUCCESS
 }
 
 /// Builds the Pingora server and runs it until shutdown.
 pub fn run(gateway: GatewayConfig) -> ExitCode {
     let registry = Arc::new(Registry::new(gateway.clone()));
+    let store = match crate::store::SessionStore::new(&gateway.session_store) {
+        Ok(store) => Arc::new(store),
+        Err(e) => {
+            eprintln!("llm-gateway: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    registry.set_store(Arc::clone(&store));
     log_reload(&registry.reload(), Trigger::Start);
 
     let conf = ServerConf {
@@ -135,6 +150,16 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     server.add_service(controller);
     if let Some(bodylog) = bodylog {
         server.add_service(background_service("bodylog", SenderService::new(bodylog)));
+    }
+    if store.redis().is_some() {
+        log::info!("session store: redis (bindings shared with every replica)");
+        server.add_service(background_service(
+            "session-store",
+            crate::store::load::StoreService {
+                store,
+                registry: Arc::clone(&registry),
+            },
+        ));
     }
     server.run_forever()
 }

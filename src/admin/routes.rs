@@ -285,7 +285,7 @@ pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Opti
         None => (path_and_query, None),
     };
     match path {
-        "/_route_state" => Some(route_state(route)),
+        "/_route_state" => Some(route_state(route, registry)),
         "/_health_status" => Some(health_status(route, registry)),
         "/_reject_rules_status" => Some(reject_rules_status(route)),
         "/_active_conns" => Some(active_conns(route)),
@@ -319,7 +319,23 @@ fn peer_engine_json(route: &Route, i: usize, fresh: bool, now: u64) -> Value {
     }
 }
 
-fn route_state(route: &Route) -> Value {
+/// The session store: local, or Redis with whether it answers and this
+/// replica's id in the shared load keys.
+fn store_json(registry: &Registry) -> Value {
+    let store = registry.store();
+    match store.redis() {
+        None => json!({"kind": "local"}),
+        Some(r) => json!({
+            "kind": "redis",
+            "up": r.is_up(),
+            "replica": r.replica,
+            "timeout_ms": r.timeout().as_millis() as u64,
+            "ops": r.ops(),
+        }),
+    }
+}
+
+fn route_state(route: &Route, registry: &Registry) -> Value {
     let now = now_ms();
     let all: Vec<usize> = (0..route.peers.len()).collect();
     let loads = balance::peer_loads(route, &all, now);
@@ -332,6 +348,7 @@ fn route_state(route: &Route) -> Value {
         "idle_timeout_s": c.balancing.idle_timeout.as_secs(),
         "toggles": toggles_json(route),
         "queue": queue_json(route),
+        "session_store": store_json(registry),
         "active_candidates": balance::candidates(route, &all, now)
             .iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
         "models": c.peers_by_model.iter().map(|(m, idx)| json!({

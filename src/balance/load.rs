@@ -32,7 +32,8 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                 id: p.state.id,
                 // A peer whose host did not resolve can never be chosen.
                 ready: p.addr.is_some() && p.state.is_ready(now_ms),
-                in_flight: p.state.in_flight(),
+                // With a shared session store, the whole cluster's load.
+                in_flight: p.state.in_flight() + p.state.remote_in_flight(),
                 max_concurrency: p.config.max_concurrency,
                 engine: fresh,
                 kv_full,

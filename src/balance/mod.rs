@@ -18,6 +18,7 @@ mod explain;
 mod load;
 mod pools;
 mod queue;
+pub mod shared;
 
 pub use explain::explain;
 pub use load::{discount_completed, peer_loads};

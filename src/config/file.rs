@@ -24,6 +24,20 @@ pub(super) struct GatewayFile {
     pub load_rate_limit: Option<Flag>,
     pub watch: Option<Flag>,
     pub bodylog: Option<BodylogFile>,
+    pub session_store: Option<SessionStoreFile>,
+}
+
+/// `session_store:` in gateway.yaml: where session bindings live.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SessionStoreFile {
+    pub kind: Option<String>,
+    pub url: Option<String>,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub key_prefix: Option<String>,
+    pub timeout: Option<Dur>,
+    pub pool_size: Option<usize>,
 }
 
 /// `bodylog:` in gateway.yaml: where request and response bodies go.

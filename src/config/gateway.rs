@@ -35,6 +35,8 @@ pub struct GatewayConfig {
     pub watch: bool,
     /// Body logging, when a listener is set (file or `BODYLOG_LISTENER_HOST`).
     pub bodylog: Option<BodylogConfig>,
+    /// Where session bindings live: this process, or Redis for every replica.
+    pub session_store: super::store::SessionStoreConfig,
 }
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -126,6 +128,7 @@ impl GatewayConfig {
         Ok(GatewayConfig {
             watch: file.watch.is_none_or(|f| f.0),
             bodylog,
+            session_store: super::store::resolve(path, text, file.session_store.as_ref())?,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
             postprocess_default,

@@ -10,6 +10,7 @@ pub mod catalog;
 mod file;
 mod gateway;
 mod route;
+pub mod store;
 pub mod units;
 
 pub use bodylog::{BodylogConfig, BodylogTarget, BODYLOG_ENV, DEFAULT_BODYLOG_PORT};

@@ -324,3 +324,40 @@ fn watch_is_on_by_default_and_can_be_turned_off() {
     assert_eq!(e.line, Some(2), "{e}");
     assert!(e.message.contains("not a boolean"), "{e}");
 }
+
+#[test]
+fn session_store_is_local_by_default_and_redis_is_validated_with_its_line() {
+    use crate::config::store::SessionStoreConfig;
+    assert_eq!(gw().session_store, SessionStoreConfig::Local);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    let redis = parse("session_store:\n  kind: redis\n  url: redis://127.0.0.1:6379/0\n").unwrap();
+    match redis.session_store {
+        SessionStoreConfig::Redis(r) => {
+            assert_eq!(r.key_prefix, "llmgw:");
+            assert_eq!(r.timeout, Duration::from_millis(20));
+            assert_eq!(r.pool_size, 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    for (text, line) in [
+        ("session_store:\n  kind: redis\n", 1),
+        ("session_store:\n  kind: memcached\n", 2),
+        ("session_store:\n  kind: redis\n  url: http://x\n", 3),
+        (
+            "session_store:\n  kind: redis\n  url: redis://user:pw@h:6379\n",
+            3,
+        ),
+        (
+            "session_store:\n  kind: redis\n  url: redis://h\n  timeout: 0s\n",
+            4,
+        ),
+        (
+            "session_store:\n  kind: redis\n  url: redis://h\n  pool_size: 0\n",
+            4,
+        ),
+    ] {
+        let e = parse(text).unwrap_err();
+        assert_eq!(e.line, Some(line), "{text}: {e}");
+        assert!(e.message.contains("session_store"), "{e}");
+    }
+}

@@ -333,6 +333,65 @@ impl SessionTable {
         }
     }
 
+    /// The peer `sid` is bound to, and how long ago it last moved (`None`:
+    /// never), unless it has no live binding.
+    pub fn binding_of(&self, sid: u64, now_ms: u64) -> Option<(PeerId, Option<u64>)> {
+        let now = self.tick(now_ms);
+        let map = self.shard(sid).map.lock();
+        let b = map.get(&sid).filter(|b| !self.expired(b.last_seen, now))?;
+        let ago = b
+            .moved_at()
+            .map(|t| u64::from(now.saturating_sub(t)) * TICK_MS);
+        Some((b.peer, ago))
+    }
+
+    /// Takes a binding decided elsewhere (another replica, through the
+    /// shared session store): `sid` is on `peer`, moved `moved_ago_ms` ago
+    /// (`None`: never). The session keeps its tokens and last use; the cap
+    /// is not checked, since the binding exists already, and a later move
+    /// still waits out the cooldown from the shared move time.
+    pub fn adopt(&self, sid: u64, peer: PeerId, moved_ago_ms: Option<u64>, now_ms: u64) {
+        let now = self.tick(now_ms);
+        let moved_plus_one = moved_ago_ms.map_or(0, |ago| {
+            now.saturating_sub(u32::try_from(ago / TICK_MS).unwrap_or(u32::MAX)) + 1
+        });
+        let shard = self.shard(sid);
+        let mut map = shard.map.lock();
+        match map.get_mut(&sid) {
+            Some(b) if b.peer == peer => {
+                b.moved_at_plus_one = b.moved_at_plus_one.max(moved_plus_one);
+            }
+            Some(b) => {
+                let (from, tokens) = (b.peer, u64::from(b.tokens));
+                let was_live = self.is_live(b.last_seen, now);
+                b.peer = peer;
+                b.moved_at_plus_one = moved_plus_one;
+                self.release(from, 1);
+                self.force_reserve(peer);
+                if was_live {
+                    self.live_move(from, peer, true, tokens);
+                }
+            }
+            None => {
+                map.insert(
+                    sid,
+                    Binding {
+                        peer,
+                        last_seen: now,
+                        moved_at_plus_one: moved_plus_one,
+                        tokens: 0,
+                    },
+                );
+                self.total.fetch_add(1, Relaxed);
+                self.force_reserve(peer);
+                self.live_add(peer, 1, 0);
+                if now < shard.oldest_bound.load(Relaxed) {
+                    shard.oldest_bound.store(now, Relaxed);
+                }
+            }
+        }
+    }
+
     /// The session's context after a turn (its prompt plus the reply, from
     /// the engine's usage): what it holds on its peer until the next turn.
     pub fn record_tokens(&self, sid: u64, tokens: u64, now_ms: u64) {
@@ -707,6 +766,19 @@ impl SessionTable {
         count.fetch_update(Relaxed, Relaxed, increment).is_ok()
     }
 
+    /// Counts a binding against `peer` whatever its cap (an adopted one).
+    fn force_reserve(&self, peer: PeerId) {
+        if let Some(count) = self.per_peer.read().get(&peer) {
+            count.fetch_add(1, Relaxed);
+            return;
+        }
+        let mut per_peer = self.per_peer.write();
+        per_peer
+            .entry(peer)
+            .or_insert_with(|| AtomicUsize::new(0))
+            .fetch_add(1, Relaxed);
+    }
+
     fn has_room(&self, peer: PeerId, cap: usize) -> bool {
         let count = self
             .per_peer
@@ -784,6 +856,30 @@ mod tests {
 
     fn kind(placement: Option<Placement>) -> Option<PlacementKind> {
         placement.map(|p| p.kind)
+    }
+
+    #[test]
+    fn an_adopted_binding_is_followed_and_keeps_the_shared_move_time() {
+        let t = with(TableConfig::default());
+        let p = peers(3);
+        // Placed here on one peer, adopted onto another (another replica's
+        // decision): the next turn sticks to the adopted one.
+        let first = t.place(7, &p, T0).expect("placed").peer;
+        let other = if first == 1 { 2 } else { 1 };
+        t.adopt(7, other, None, T0 + SECOND);
+        let next = t.place(7, &p, T0 + 2 * SECOND).expect("placed");
+        assert_eq!((next.peer, next.kind), (other, PlacementKind::Sticky));
+        assert_eq!(t.bindings_per_peer().iter().map(|b| b.1).sum::<usize>(), 1);
+        assert_eq!(t.binding_of(7, T0 + 2 * SECOND), Some((other, None)));
+        // A move 10 s ago elsewhere is 10 s old here too (the cooldown).
+        t.adopt(8, 3, Some(10 * SECOND), T0 + MINUTE);
+        let (peer, ago) = t.binding_of(8, T0 + MINUTE).expect("bound");
+        assert_eq!(peer, 3);
+        let ago = ago.expect("moved");
+        assert!((9 * SECOND..=11 * SECOND).contains(&ago), "{ago}");
+        // Unknown and expired sessions have no binding.
+        assert_eq!(t.binding_of(9, T0), None);
+        assert_eq!(t.binding_of(7, T0 + 31 * MINUTE), None);
     }
 
     #[test]

@@ -82,7 +82,7 @@ impl Gateway {
     async fn place(
         &self,
         session: &mut Session,
-        route: &crate::registry::Route,
+        route: &Arc<crate::registry::Route>,
         ctx: &mut RequestCtx,
     ) -> Result<(), Local> {
         let req = &mut ctx.request;
@@ -108,7 +108,8 @@ impl Gateway {
             limits_on: route.rate_limit(gateway_rate_limit).0,
             share: turn.map_or(1.0, |t| t.share),
         };
-        let waiting = crate::balance::place_or_wait(route, &demand);
+        let store = self.registry.store();
+        let waiting = crate::balance::shared::place_agreed(route, &store, &demand);
         let outcome = tokio::select! {
             outcome = waiting => outcome,
             // A client that hangs up while queued leaves the queue at once.

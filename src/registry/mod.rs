@@ -61,6 +61,9 @@ pub struct Registry {
     /// Serialises reloads (SIGHUP can arrive while one is running).
     reload_lock: Mutex<()>,
     shared_keys: ArcSwap<KeyState>,
+    /// Where session bindings are shared with other replicas; set once at
+    /// start (local until then, and in tests that never set it).
+    store: std::sync::OnceLock<Arc<crate::store::SessionStore>>,
 }
 
 impl Registry {
@@ -77,7 +80,21 @@ impl Registry {
             }),
             gateway,
             reload_lock: Mutex::new(()),
+            store: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The session store in force (`local` unless one was set at start).
+    pub fn store(&self) -> Arc<crate::store::SessionStore> {
+        Arc::clone(
+            self.store
+                .get_or_init(|| Arc::new(crate::store::SessionStore::local())),
+        )
+    }
+
+    /// Sets the session store; only the first call counts.
+    pub fn set_store(&self, store: Arc<crate::store::SessionStore>) {
+        let _ = self.store.set(store);
     }
 
     pub fn shared_keys(&self) -> Arc<KeyState> {

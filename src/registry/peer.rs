@@ -44,6 +44,9 @@ pub struct PeerState {
     kv_capacity_tokens: AtomicU64,
     /// The route's queue signal, told whenever a slot here is released.
     room: Arc<RoomSignal>,
+    /// Requests in flight to this peer through the other gateway replicas,
+    /// as they last published it (shared session store only; 0 otherwise).
+    remote_in_flight: AtomicU32,
 }
 
 impl PeerState {
@@ -63,11 +66,21 @@ impl PeerState {
             engine: Mutex::new(None),
             kv_capacity_tokens: AtomicU64::new(0),
             room,
+            remote_in_flight: AtomicU32::new(0),
         }
     }
 
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The other replicas' in-flight to this peer (see `store::load`).
+    pub fn remote_in_flight(&self) -> u32 {
+        self.remote_in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn set_remote_in_flight(&self, n: u32) {
+        self.remote_in_flight.store(n, Ordering::Relaxed);
     }
 
     pub fn is_ready(&self, now_ms: u64) -> bool {

@@ -7,6 +7,7 @@
 pub mod bodylog;
 pub mod canned;
 pub mod http;
+pub mod redis;
 pub mod volume;
 
 use std::net::SocketAddr;

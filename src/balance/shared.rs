@@ -1,0 +1,231 @@
+//! Placement agreed across gateway replicas through the shared session
+//! store (`store/`): before a `load_aware` request is placed, the local
+//! table is brought in line with the binding Redis holds (or a first
+//! placement is claimed there, set-if-absent); after it is placed, a move
+//! is written compare-and-set and a sticky turn refreshes the key's TTL.
+//! With `session_store: local`, or no session id, both are no-ops.
+
+use super::{candidates, peer_loads, rule_view};
+use crate::config::Mode;
+use crate::placement::{Placement, PlacementKind};
+use crate::registry::Route;
+use crate::session::SessionId;
+use crate::store::binding::StoredBinding;
+use crate::store::load::local_binding;
+use crate::store::{adopt, Cas, SessionStore};
+use std::sync::Arc;
+
+/// What the agreement before placement saw, for the write after it.
+#[derive(Debug, Default)]
+pub struct Agreement {
+    /// The peer (`host:port`) the session was on, as agreed.
+    prior: Option<String>,
+    /// A first placement this replica claimed in Redis.
+    claimed: Option<String>,
+    /// Redis did not answer: the placement is written back when it does.
+    offline: bool,
+    active: bool,
+}
+
+/// [`place_or_wait`](super::place_or_wait), agreed with the other replicas
+/// before and after when the route shares its sessions.
+pub async fn place_agreed(
+    route: &Arc<Route>,
+    store: &Arc<SessionStore>,
+    demand: &super::Demand<'_>,
+) -> Result<super::Granted, super::Refused> {
+    let agreement = agree_before(route, store, demand.pool, demand.session).await;
+    let mut outcome = super::place_or_wait(route, demand).await;
+    if let Ok(granted) = &mut outcome {
+        agree_after(
+            route,
+            store,
+            agreement,
+            demand.session,
+            &mut granted.placed.placement,
+        );
+    }
+    outcome
+}
+
+/// Brings the local table in line with the shared binding of `session`
+/// (waiting at most the store's timeout).
+async fn agree_before(
+    route: &Arc<Route>,
+    store: &SessionStore,
+    pool: &[usize],
+    session: Option<&SessionId>,
+) -> Agreement {
+    let (Some(redis), Some(sid), Mode::LoadAware) =
+        (store.redis(), session, route.config.balancing.mode)
+    else {
+        return Agreement::default();
+    };
+    let sid = sid.hash;
+    let name: Arc<str> = Arc::from(route.name());
+    let now = crate::clock::now_ms();
+    let local = || local_binding(route, sid, now);
+    if redis.recently_synced(&name, sid, now) {
+        return Agreement {
+            prior: local().map(|b| b.peer),
+            active: true,
+            ..Agreement::default()
+        };
+    }
+    let ttl = route.config.balancing.idle_timeout;
+    let offline = Agreement {
+        offline: true,
+        active: true,
+        prior: local().map(|b| b.peer),
+        ..Agreement::default()
+    };
+    let stored = match redis.get(&name, sid).await {
+        Ok(stored) => stored,
+        Err(()) => return offline,
+    };
+    let mut agreement = Agreement {
+        active: true,
+        ..Agreement::default()
+    };
+    match stored {
+        Some(b) => {
+            adopt(route, sid, &b, now);
+            agreement.prior = Some(b.peer);
+        }
+        None => {
+            // Known here (placed while Redis was away, or its key expired
+            // first): this replica's binding, unless another wrote one.
+            let mine = local().or_else(|| first_placement(route, pool, sid, now));
+            let Some(mine) = mine else {
+                return agreement;
+            };
+            match redis.set_if_absent(&name, sid, &mine, ttl).await {
+                Ok(None) => {
+                    // The claim is the placement: the local table takes it
+                    // now, so a concurrent local decision cannot differ.
+                    if route.runtime.sessions.is_bound(sid, now) {
+                        agreement.prior = Some(mine.peer.clone());
+                    } else {
+                        adopt(route, sid, &mine, now);
+                    }
+                    agreement.claimed = Some(mine.peer);
+                }
+                Ok(Some(winner)) => {
+                    adopt(route, sid, &winner, now);
+                    agreement.prior = Some(winner.peer);
+                }
+                Err(()) => return offline,
+            }
+        }
+    }
+    redis.mark_synced(&name, sid, now);
+    agreement
+}
+
+/// Where the local rules would put a session seen for the first time.
+fn first_placement(route: &Route, pool: &[usize], sid: u64, now: u64) -> Option<StoredBinding> {
+    let cands = candidates(route, pool, now);
+    let loads = peer_loads(route, &rule_view(route, pool, &cands, now), now);
+    let (placement, _) = route.runtime.sessions.peek(sid, &loads, now)?;
+    if placement.kind != PlacementKind::New {
+        return None;
+    }
+    let (_, p) = route.peer_by_id(placement.peer)?;
+    Some(StoredBinding {
+        peer: p.state.address.clone(),
+        bound_at_ms: now,
+        moved_at_ms: 0,
+        last_seen_ms: now,
+    })
+}
+
+/// Writes what the placement changed, off the request path: a move as a
+/// compare-and-set on the agreed peer, a first placement that differs from
+/// the one claimed, a sticky turn's TTL refresh when it is due.
+fn agree_after(
+    route: &Arc<Route>,
+    store: &Arc<SessionStore>,
+    agreement: Agreement,
+    session: Option<&SessionId>,
+    placement: &mut Placement,
+) {
+    let (true, Some(redis), Some(sid)) = (agreement.active, store.redis(), session) else {
+        return;
+    };
+    let sid = sid.hash;
+    let name: Arc<str> = Arc::from(route.name());
+    if agreement.offline {
+        if matches!(
+            placement.kind,
+            PlacementKind::New | PlacementKind::Spill | PlacementKind::Migrated
+        ) {
+            redis.mark_dirty(&name, sid);
+        }
+        return;
+    }
+    let now = crate::clock::now_ms();
+    let Some(placed) = route
+        .peer_by_id(placement.peer)
+        .map(|(_, p)| p.state.address.clone())
+    else {
+        return;
+    };
+    let ttl = route.config.balancing.idle_timeout;
+    let claimed_here = agreement.claimed.as_deref() == Some(placed.as_str());
+    if claimed_here && agreement.prior.is_none() && placement.kind == PlacementKind::Sticky {
+        // The table took the claim before placing; it is still a first turn.
+        placement.kind = PlacementKind::New;
+        return;
+    }
+    let expected = match placement.kind {
+        PlacementKind::New if claimed_here => return,
+        PlacementKind::New => agreement.claimed.clone(),
+        PlacementKind::Spill | PlacementKind::Migrated => agreement.prior.clone(),
+        PlacementKind::Sticky => {
+            if redis.ttl_refresh_due(&name, sid, ttl, now) {
+                let (store, name) = (Arc::clone(store), Arc::clone(&name));
+                tokio::spawn(async move {
+                    if let Some(redis) = store.redis() {
+                        redis.refresh_ttl(&name, sid, ttl).await;
+                    }
+                });
+            }
+            return;
+        }
+        _ => return,
+    };
+    let Some(binding) = local_binding(route, sid, now) else {
+        return;
+    };
+    let (route, store) = (Arc::clone(route), Arc::clone(store));
+    tokio::spawn(async move {
+        let Some(redis) = store.redis() else {
+            return;
+        };
+        let result = match &expected {
+            Some(expected) => {
+                redis
+                    .compare_and_set(&name, sid, expected, &binding, ttl)
+                    .await
+            }
+            None => redis
+                .set_if_absent(&name, sid, &binding, ttl)
+                .await
+                .map(|won| match won {
+                    None => Cas::Moved,
+                    Some(other) => Cas::Kept(Some(other)),
+                }),
+        };
+        let now = crate::clock::now_ms();
+        match result {
+            Ok(Cas::Moved) => redis.mark_synced(&name, sid, now),
+            // Another replica moved it first: follow it from the next turn.
+            Ok(Cas::Kept(Some(current))) => {
+                adopt(&route, sid, &current, now);
+                redis.mark_synced(&name, sid, now);
+            }
+            Ok(Cas::Kept(None)) => {}
+            Err(()) => redis.mark_dirty(&name, sid),
+        }
+    });
+}

@@ -1,0 +1,95 @@
+//! `session_store:` in gateway.yaml → where session bindings live: this
+//! process's table (`local`, the default and the fallback) or Redis, shared
+//! by every replica.
+
+use super::file::SessionStoreFile;
+use super::{find_key_line, ConfigError};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DEFAULT_KEY_PREFIX: &str = "llmgw:";
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionStoreConfig {
+    Local,
+    Redis(RedisStoreConfig),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisStoreConfig {
+    /// `redis://host:port/db` (or `rediss://`); credentials, if any, come
+    /// from `username` and `password_file`, never from a logged URL.
+    pub url: String,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub key_prefix: String,
+    /// The most a request waits on Redis before it is placed from the local
+    /// table instead.
+    pub timeout: Duration,
+    pub pool_size: usize,
+}
+
+pub(super) fn resolve(
+    path: &Path,
+    text: &str,
+    file: Option<&SessionStoreFile>,
+) -> Result<SessionStoreConfig, ConfigError> {
+    let Some(file) = file else {
+        return Ok(SessionStoreConfig::Local);
+    };
+    let at = |key: &str, message: String| ConfigError::new(path, find_key_line(text, key), message);
+    match file.kind.as_deref().map(str::trim) {
+        None | Some("local") => Ok(SessionStoreConfig::Local),
+        Some("redis") => {
+            let url = file.url.clone().ok_or_else(|| {
+                at(
+                    "session_store",
+                    "session_store.kind redis needs a url".into(),
+                )
+            })?;
+            let client = redis::Client::open(url.as_str());
+            if let Err(e) = client {
+                return Err(at(
+                    "url",
+                    format!("session_store.url is not a Redis URL: {:?}", e.kind()),
+                ));
+            }
+            if url.contains('@') {
+                return Err(at(
+                    "url",
+                    "session_store.url must not carry credentials (they would reach logs): use username and password_file".into(),
+                ));
+            }
+            let timeout = file.timeout.map_or(DEFAULT_STORE_TIMEOUT, |d| d.0);
+            if timeout.is_zero() || timeout > Duration::from_secs(5) {
+                return Err(at(
+                    "timeout",
+                    "session_store.timeout must be between 1ms and 5s".into(),
+                ));
+            }
+            let pool_size = file.pool_size.unwrap_or(1);
+            if pool_size == 0 || pool_size > 64 {
+                return Err(at(
+                    "pool_size",
+                    "session_store.pool_size must be between 1 and 64".into(),
+                ));
+            }
+            Ok(SessionStoreConfig::Redis(RedisStoreConfig {
+                url,
+                username: file.username.clone(),
+                password_file: file.password_file.clone(),
+                key_prefix: file
+                    .key_prefix
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_KEY_PREFIX.into()),
+                timeout,
+                pool_size,
+            }))
+        }
+        Some(other) => Err(at(
+            "kind",
+            format!("session_store.kind {other:?} is not local or redis"),
+        )),
+    }
+}

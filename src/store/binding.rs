@@ -1,0 +1,109 @@
+//! How a session's binding is written in the shared store, pure: the key
+//! (the route and the session's 64-bit hash, never the raw id) and the
+//! value (the peer's `host:port` identity and the binding's times).
+
+/// One binding as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBinding {
+    /// `host:port` as the route file names the peer: the identity every
+    /// replica resolves the same way, whatever its local peer ids.
+    pub peer: String,
+    pub bound_at_ms: u64,
+    /// 0 when the session never moved.
+    pub moved_at_ms: u64,
+    pub last_seen_ms: u64,
+}
+
+const VERSION: &str = "v1";
+
+impl StoredBinding {
+    pub fn encode(&self) -> String {
+        format!(
+            "{VERSION}|{}|{}|{}|{}",
+            self.peer, self.bound_at_ms, self.moved_at_ms, self.last_seen_ms
+        )
+    }
+
+    /// `None` for anything this version did not write (another version, or
+    /// garbage): the caller then treats the session as unknown.
+    pub fn decode(text: &str) -> Option<StoredBinding> {
+        let mut parts = text.split('|');
+        if parts.next()? != VERSION {
+            return None;
+        }
+        let peer = parts.next().filter(|p| !p.is_empty())?.to_string();
+        let mut number = || parts.next()?.parse::<u64>().ok();
+        let (bound_at_ms, moved_at_ms, last_seen_ms) = (number()?, number()?, number()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(StoredBinding {
+            peer,
+            bound_at_ms,
+            moved_at_ms,
+            last_seen_ms,
+        })
+    }
+
+    /// How long ago the session moved, as the session table counts it.
+    pub fn moved_ago_ms(&self, now_ms: u64) -> Option<u64> {
+        (self.moved_at_ms > 0).then(|| now_ms.saturating_sub(self.moved_at_ms))
+    }
+}
+
+/// The key of `sid`'s binding on `route`.
+pub fn binding_key(prefix: &str, route: &str, sid: u64) -> String {
+    format!("{prefix}s:{route}:{sid:016x}")
+}
+
+/// The hash where a replica publishes its in-flight per peer of `route`.
+pub fn load_key(prefix: &str, route: &str, replica: &str) -> String {
+    format!("{prefix}load:{route}:{replica}")
+}
+
+/// The sorted set of replicas that published `route`'s load, by time.
+pub fn replicas_key(prefix: &str, route: &str) -> String {
+    format!("{prefix}replicas:{route}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_binding_round_trips_and_foreign_values_are_refused() {
+        let b = StoredBinding {
+            peer: "10.0.0.7:8000".into(),
+            bound_at_ms: 1_700_000_000_000,
+            moved_at_ms: 0,
+            last_seen_ms: 1_700_000_000_500,
+        };
+        assert_eq!(StoredBinding::decode(&b.encode()), Some(b.clone()));
+        assert_eq!(b.moved_ago_ms(1_700_000_001_000), None, "never moved");
+        let moved = StoredBinding {
+            moved_at_ms: 1_700_000_000_400,
+            ..b
+        };
+        assert_eq!(moved.moved_ago_ms(1_700_000_001_000), Some(600));
+        for bad in [
+            "",
+            "v2|h:1|1|2|3",
+            "v1||1|2|3",
+            "v1|h:1|x|2|3",
+            "v1|h:1|1|2",
+            "v1|h:1|1|2|3|4",
+        ] {
+            assert_eq!(StoredBinding::decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn keys_carry_the_hash_not_the_id() {
+        assert_eq!(
+            binding_key("llmgw:", "chat", 0xdead_beef),
+            "llmgw:s:chat:00000000deadbeef"
+        );
+        assert_eq!(load_key("p:", "chat", "r1"), "p:load:chat:r1");
+        assert_eq!(replicas_key("p:", "chat"), "p:replicas:chat");
+    }
+}

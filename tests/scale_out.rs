@@ -1,0 +1,214 @@
+//! Issue 11: gateway replicas that agree on every session through a real
+//! Redis (started per test on an ephemeral port). Two gateway processes
+//! serve the same route file in front of the same simulated engines.
+
+mod common;
+
+use common::http;
+use common::redis::Redis;
+use common::*;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+fn store(redis: &Redis) -> String {
+    format!(
+        "session_store:\n  kind: redis\n  url: {}\n  timeout: 200ms\n",
+        redis.url()
+    )
+}
+
+fn replicas(cluster: &SimCluster, extra: &str) -> (Gateway, Gateway) {
+    let route = route_yaml(&ports(cluster), "");
+    let start = || {
+        Gateway::start_with(
+            &[("chat", route.clone())],
+            GatewayOptions {
+                extra_config: extra.to_string(),
+                ..Default::default()
+            },
+        )
+    };
+    (start(), start())
+}
+
+/// One turn of `session` through `gw`; the engine that served it.
+fn turn(gw: &Gateway, session: &str, n: usize) -> String {
+    let body = chat_body(session, &format!("turn {n} of {session}"), false);
+    let r = http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
+    assert_eq!(r.status(), 200, "{}", r.text());
+    r.header("x-routed-peer")
+        .expect("x-routed-peer")
+        .to_string()
+}
+
+/// Sessions whose turns, alternating between the two replicas, did not
+/// all land on one engine. A few sessions only A has seen come first, so
+/// the replicas' own tables differ, as they do in any real cluster.
+fn disagreements(a: &Gateway, b: &Gateway, sessions: usize, turns: usize) -> usize {
+    for i in 0..5 {
+        turn(a, &format!("warm-{i}"), 0);
+    }
+    (0..sessions)
+        .filter(|s| {
+            let id = format!("agent-session-{s}");
+            let peers: Vec<String> = (0..turns)
+                .map(|t| turn(if (s + t) % 2 == 0 { a } else { b }, &id, t))
+                .collect();
+            peers.iter().any(|p| *p != peers[0])
+        })
+        .count()
+}
+
+#[test]
+fn with_redis_two_replicas_send_every_turn_of_a_session_to_one_engine() {
+    let cluster = engines(4);
+    let redis = Redis::start();
+    let (a, b) = replicas(&cluster, &store(&redis));
+    assert_eq!(disagreements(&a, &b, 20, 4), 0);
+    // Every binding is under its hash: no raw session id anywhere in Redis.
+    let dump = redis.dump();
+    assert!(dump.contains("llmgw:s:chat:"), "{dump}");
+    assert!(
+        !dump.contains("agent-session"),
+        "a raw id reached Redis:\n{dump}"
+    );
+    assert!(!a.log().contains("agent-session") && !b.log().contains("agent-session"));
+    assert_eq!(a.metric("llm_gateway_session_store_up", &[]), 1.0);
+
+    // Control: with local tables the same traffic splits some sessions.
+    let (la, lb) = replicas(&cluster, "");
+    assert!(
+        disagreements(&la, &lb, 20, 4) > 0,
+        "local tables agreed on every session: the test could not fail"
+    );
+}
+
+#[test]
+fn a_race_of_first_turns_binds_each_session_once() {
+    let cluster = engines(4);
+    let redis = Redis::start();
+    let (a, b) = replicas(&cluster, &store(&redis));
+    let first: Vec<(String, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..50)
+            .flat_map(|i| {
+                let id = format!("race-{i}");
+                let (a, b) = (&a, &b);
+                let (id_a, id_b) = (id.clone(), id);
+                [
+                    s.spawn(move || turn(a, &id_a, 0)),
+                    s.spawn(move || turn(b, &id_b, 0)),
+                ]
+            })
+            .collect();
+        let peers: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        peers
+            .chunks(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect()
+    });
+    let split = first.iter().filter(|(x, y)| x != y).count();
+    let errors = (
+        a.metric("llm_gateway_session_store_errors_total", &[]),
+        b.metric("llm_gateway_session_store_errors_total", &[]),
+    );
+    assert_eq!(
+        split, 0,
+        "first turns placed two ways (store errors {errors:?}): {first:?}"
+    );
+    let bindings = redis
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with("llmgw:s:chat:"))
+        .count();
+    assert_eq!(bindings, 50);
+}
+
+#[test]
+fn a_migration_decided_on_one_replica_is_followed_by_the_other() {
+    let cluster = engines(3);
+    let redis = Redis::start();
+    let route = route_yaml(
+        &ports(&cluster),
+        "health: {interval: 100ms, ban_ttl: 60s}\n",
+    );
+    let start = || {
+        Gateway::start_with(
+            &[("chat", route.clone())],
+            GatewayOptions {
+                extra_config: store(&redis),
+                ..Default::default()
+            },
+        )
+    };
+    let (a, b) = (start(), start());
+    // Sessions bound on A; each one's engine noted.
+    let homes: HashMap<String, String> = (0..12)
+        .map(|i| {
+            let id = format!("mig-{i}");
+            let home = turn(&a, &id, 0);
+            (id, home)
+        })
+        .collect();
+    let victim = homes.values().next().cloned().expect("a home");
+    let index: usize = victim.trim_start_matches('e').parse().expect("eN");
+    cluster.engines[index]
+        .faults
+        .health_down
+        .store(true, Ordering::Relaxed);
+    let label = format!("peer=\"{victim}\"");
+    for gw in [&a, &b] {
+        wait_for("both replicas to ban the engine", DEADLINE, || {
+            (gw.metric("llm_gateway_peer_ready", &[&label]) == 0.0).then_some(())
+        });
+    }
+    let moved: Vec<&String> = homes
+        .iter()
+        .filter(|(_, home)| **home == victim)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(!moved.is_empty());
+    for id in moved {
+        // A migrates it; B, asked next, goes where A moved it.
+        let on_a = turn(&a, id, 1);
+        assert_ne!(on_a, victim);
+        let on_b = turn(&b, id, 2);
+        assert_eq!(on_b, on_a, "{id}: B chose its own migration target");
+    }
+}
+
+#[test]
+fn with_redis_gone_requests_are_placed_locally_and_bindings_converge_when_it_returns() {
+    let cluster = engines(4);
+    let mut redis = Redis::start();
+    let port = redis.port;
+    let (a, b) = replicas(&cluster, &store(&redis));
+    assert_eq!(turn(&a, "before", 0), turn(&b, "before", 1));
+    redis.kill();
+    // Every request still succeeds, from the local table.
+    let during: Vec<(String, String)> = (0..8)
+        .map(|i| {
+            let id = format!("offline-{i}");
+            (id.clone(), turn(&a, &id, 0))
+        })
+        .collect();
+    wait_for("the store to be reported down", DEADLINE, || {
+        (a.metric("llm_gateway_session_store_up", &[]) == 0.0).then_some(())
+    });
+    assert!(a.metric("llm_gateway_session_store_errors_total", &[]) > 0.0);
+    // Redis back on the same port: A writes back what it placed meanwhile,
+    // and B then follows A for those sessions.
+    let redis = Redis::start_on(port);
+    wait_for("the written-back bindings", DEADLINE, || {
+        let keys = redis.keys();
+        (keys
+            .iter()
+            .filter(|k| k.starts_with("llmgw:s:chat:"))
+            .count()
+            >= 8)
+            .then_some(())
+    });
+    assert_eq!(a.metric("llm_gateway_session_store_up", &[]), 1.0);
+    for (id, home) in &during {
+        assert_eq!(&turn(&b, id, 1), home, "{id} converged on A's engine");
+    }
+}
