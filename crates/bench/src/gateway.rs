@@ -99,6 +99,58 @@ pub fn gateway_yaml(
     )
 }
 
+/// A `redis-server` for `--session-store redis`: its own port and
+/// directory, no persistence, killed when dropped.
+pub struct RedisProcess {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+}
+
+impl RedisProcess {
+    pub async fn start(dir: &Path) -> Result<RedisProcess, String> {
+        let addr = free_port().map_err(|e| format!("finding a port: {e}"))?;
+        let child = Command::new("redis-server")
+            .args(["--port", &addr.port().to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start redis-server (apt install redis-server): {e}"))?;
+        let r = RedisProcess {
+            child: Some(child),
+            addr,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if Instant::now() >= deadline {
+                return Err("redis-server did not listen in time".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(r)
+    }
+
+    /// The gateway.yaml section that points a replica at it.
+    pub fn gateway_yaml(&self) -> String {
+        format!(
+            "session_store:\n  kind: redis\n  url: redis://{}/0\n",
+            self.addr
+        )
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// A port free a moment ago on 127.0.0.1. The gateway binds it shortly
 /// after; a lost race shows up as a start-up failure, which is retried.
 pub fn free_port() -> std::io::Result<SocketAddr> {
@@ -122,10 +174,11 @@ impl GatewayProcess {
         route: &str,
         route_yaml: &str,
         threads: usize,
+        gateway_extra: &str,
     ) -> Result<GatewayProcess, String> {
         let mut last_error = String::new();
         for attempt in 0..3 {
-            match Self::start_once(exe, dir, route, route_yaml, threads, attempt).await {
+            match Self::start_once(exe, dir, route, route_yaml, threads, gateway_extra, attempt).await {
                 Ok(g) => return Ok(g),
                 Err(e) => last_error = e,
             }
@@ -139,6 +192,7 @@ impl GatewayProcess {
         route: &str,
         route_yaml: &str,
         threads: usize,
+        gateway_extra: &str,
         attempt: u32,
     ) -> Result<GatewayProcess, String> {
         let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
@@ -148,7 +202,8 @@ impl GatewayProcess {
         let listen = free_port().map_err(|e| io("finding a port", e))?;
         let admin = free_port().map_err(|e| io("finding a port", e))?;
         let config = dir.join("gateway.yaml");
-        std::fs::write(&config, gateway_yaml(listen, admin, &routes, threads))
+        let yaml = gateway_yaml(listen, admin, &routes, threads) + gateway_extra;
+        std::fs::write(&config, yaml)
             .map_err(|e| io("writing gateway.yaml", e))?;
         let log = dir.join(format!("gateway-{attempt}.log"));
         let out = std::fs::File::create(&log).map_err(|e| io("creating the log", e))?;

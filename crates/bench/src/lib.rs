@@ -254,10 +254,12 @@ pub struct Record {
 
 /// Where a cell's requests go.
 enum Target {
+    /// One gateway, or replicas each request picks one of at random.
     Gateway {
-        addr: SocketAddr,
+        addrs: Vec<SocketAddr>,
         host: String,
         path: String,
+        next: AtomicU64,
     },
     /// The reference cell: straight to the engines, placed by the client.
     Direct {
@@ -509,37 +511,48 @@ async fn run_mode(
         let tag = format!("{}-{mode}", plan.scenario);
         Some(TempDir::new(&tag).map_err(|e| format!("cannot create a temp dir: {e}"))?)
     };
-    let mut gw = match &dir {
-        None => None,
-        Some(dir) => {
-            let mut route = gateway::route_yaml(&RouteSpec {
-                mode,
-                engines: &engine_addrs,
-                max_concurrency: 256,
-            });
-            if let Some(extra) = &plan.opts.route_extra {
-                gateway::append_extra(&mut route, extra);
-            }
-            let g = GatewayProcess::start(exe, &dir.0, ROUTE, &route, plan.opts.threads).await?;
-            wait_for_route(&g).await?;
-            // Let the first engine-metrics scrape land so load_aware starts
-            // with fresh engine numbers, as it would in steady state.
-            sleep(Duration::from_millis(500)).await;
-            Some(g)
-        }
+    let redis = match (&dir, plan.opts.session_store.as_str()) {
+        (Some(dir), "redis") => Some(gateway::RedisProcess::start(&dir.0).await?),
+        _ => None,
     };
-    let target = match &gw {
+    let gateway_extra = redis.as_ref().map(|r| r.gateway_yaml()).unwrap_or_default();
+    let mut replicas: Vec<GatewayProcess> = Vec::new();
+    if let Some(dir) = &dir {
+        let mut route = gateway::route_yaml(&RouteSpec {
+            mode,
+            engines: &engine_addrs,
+            max_concurrency: 256,
+        });
+        if let Some(extra) = &plan.opts.route_extra {
+            gateway::append_extra(&mut route, extra);
+        }
+        for r in 0..plan.opts.replicas {
+            let own = dir.0.join(format!("replica-{r}"));
+            std::fs::create_dir_all(own.join("routes"))
+                .map_err(|e| format!("cannot create {}: {e}", own.display()))?;
+            let g = GatewayProcess::start(exe, &own, ROUTE, &route, plan.opts.threads, &gateway_extra)
+                .await?;
+            wait_for_route(&g).await?;
+            replicas.push(g);
+        }
+        // Let the first engine-metrics scrape land so load_aware starts
+        // with fresh engine numbers, as it would in steady state.
+        sleep(Duration::from_millis(500)).await;
+    }
+    let target = match replicas.first() {
         Some(g) => Target::Gateway {
-            addr: g.listen,
+            addrs: replicas.iter().map(|g| g.listen).collect(),
             host: g.listen.to_string(),
             path: format!("/{ROUTE}/v1/chat/completions"),
+            next: AtomicU64::new(plan.opts.seed),
         },
         None => Target::Direct {
             engines: engine_addrs.clone(),
             placer: Placer::new(engine_addrs.len()),
         },
     };
-    let gw_probe = gw.as_ref().map(|g| (g.admin, g.pid));
+    // Gateway-side counters come from the first replica.
+    let gw_probe = replicas.first().map(|g| (g.admin, g.pid));
 
     let start = Instant::now();
     let warm = start + plan.warmup;
@@ -612,7 +625,7 @@ async fn run_mode(
     } else {
         0
     };
-    if let Some(g) = gw.as_mut() {
+    for g in replicas.iter_mut() {
         let alive = g.alive();
         let log_tail = g.log_tail();
         g.stop();
@@ -620,6 +633,7 @@ async fn run_mode(
             return Err(format!("the gateway died during the run; log:\n{log_tail}"));
         }
     }
+    drop(redis);
     drop(cluster);
     let records = std::mem::take(&mut *ctx.records.lock());
     if let Some(path) = &plan.opts.records {
@@ -656,6 +670,16 @@ async fn wait_for_route(g: &GatewayProcess) -> Result<(), String> {
         }
         sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A replica for the next request: uniform and independent of the session
+/// (splitmix64 over a shared counter), as a front without affinity spreads.
+fn pick(addrs: &[SocketAddr], next: &AtomicU64) -> SocketAddr {
+    let mut z = next.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    addrs[(z % addrs.len().max(1) as u64) as usize]
 }
 
 /// A session slot's way to the engines: its keep-alive connection (to the
@@ -696,9 +720,15 @@ impl Ctx {
         started: Instant,
     ) -> Result<(Exchange, bool, Option<usize>), String> {
         match &self.target {
-            Target::Gateway { addr, host, path } => {
+            Target::Gateway {
+                addrs,
+                host,
+                path,
+                next,
+            } => {
+                let addr = pick(addrs, next);
                 let c = route
-                    .connection(*addr)
+                    .connection(addr)
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
                 let (ex, reusable) = c

@@ -138,6 +138,14 @@ pub struct BenchArgs {
     /// cell, e.g. 'queue_timeout: 30s' (newlines as in the shell: $'a: 1\nb: 2')
     #[arg(long, value_name = "YAML", help_heading = "Gateway")]
     pub route_extra: Option<String>,
+    /// Gateway replicas behind a front that sends each request to one of
+    /// them at random, as a Kubernetes Service spreads load [default: 1]
+    #[arg(long, value_name = "N", value_parser = positive::<usize>, help_heading = "Gateway")]
+    pub replicas: Option<usize>,
+    /// Where the replicas keep session bindings: local (each its own table)
+    /// or redis (a redis-server the bench starts, shared) [default: local]
+    #[arg(long, value_name = "KIND", value_parser = ["local", "redis"], help_heading = "Gateway")]
+    pub session_store: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -167,6 +175,9 @@ pub struct Options {
     pub records: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub route_extra: Option<String>,
+    pub replicas: usize,
+    /// "local" or "redis".
+    pub session_store: String,
 }
 
 impl Default for Options {
@@ -196,6 +207,8 @@ impl Default for Options {
             records: None,
             plot: None,
             route_extra: None,
+            replicas: 1,
+            session_store: "local".into(),
         }
     }
 }
@@ -270,6 +283,8 @@ impl BenchArgs {
             records: self.records,
             plot: self.plot,
             route_extra: self.route_extra,
+            replicas: self.replicas.unwrap_or(d.replicas),
+            session_store: self.session_store.unwrap_or(d.session_store),
         };
         if self.realistic_scale && o.time_scale == 1.0 {
             o.time_scale = 2.0;
@@ -524,6 +539,12 @@ impl Plan {
             let one_line = route_extra.trim().replace('\n', "; ");
             out.push_str(&format!(
                 "\nroute file of the gateway cells ends with: {one_line}"
+            ));
+        }
+        if self.opts.replicas > 1 || self.opts.session_store != "local" {
+            out.push_str(&format!(
+                "\n{} gateway replica(s), each request sent to one at random; session store: {}",
+                self.opts.replicas, self.opts.session_store
             ));
         }
         out

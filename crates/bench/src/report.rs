@@ -600,6 +600,8 @@ fn parameters_json(plan: &Plan) -> Value {
         "seed": plan.opts.seed,
         "gateway_threads": plan.opts.threads,
         "route_extra": plan.opts.route_extra,
+        "replicas": plan.opts.replicas,
+        "session_store": plan.opts.session_store,
         "workload": {
             "system_tokens": w.system_tokens,
             "user_tokens": [w.user_tokens.0, w.user_tokens.1],
