@@ -66,6 +66,12 @@ fn gates(c: &mut Criterion) {
         bucket: 5,
         share: 1.0,
     };
+    // Each state is what its name says, or the timing would be of another.
+    assert!(check(&quiet, "_", None, 1, true, None).is_ok());
+    assert!(check(&open, "_", None, 1, true, None).is_ok());
+    assert!(check(&graded, "_", None, 1, true, Some(warm)).is_ok());
+    let refused = check(&tripped, "_", None, 1, true, None).expect_err("tripped");
+    assert_eq!(refused.status, 429);
     let mut g = c.benchmark_group("load_gate");
     g.bench_function("no_ewma", |b| {
         b.iter(|| black_box(check(&quiet, "_", None, 1, true, None).is_ok()))
