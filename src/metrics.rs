@@ -38,6 +38,8 @@ pub struct Metrics {
     pub prefix_rewrites: IntCounterVec,
     pub session_store_up: IntGauge,
     pub session_store_errors: IntCounterVec,
+    pub session_store_wait: HistogramVec,
+    pub session_store_ops: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -238,6 +240,22 @@ impl Metrics {
                 &registry,
                 "llm_gateway_session_store_errors_total",
                 "Shared session store commands that failed or timed out, by operation",
+                &["op"],
+            ),
+            session_store_wait: histogram(
+                &registry,
+                "llm_gateway_session_store_wait_seconds",
+                "Time a request waited on the shared session store before placement (0 when its binding was agreed within the last second)",
+                &["route"],
+                vec![
+                    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5,
+                    0.005, 0.01, 0.02, 0.05, 0.1,
+                ],
+            ),
+            session_store_ops: counter(
+                &registry,
+                "llm_gateway_session_store_ops_total",
+                "Commands (or pipelines) sent to the shared session store, by operation",
                 &["op"],
             ),
             api_keys_configured,

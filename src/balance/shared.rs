@@ -34,7 +34,14 @@ pub async fn place_agreed(
     store: &Arc<SessionStore>,
     demand: &super::Demand<'_>,
 ) -> Result<super::Granted, super::Refused> {
+    let waited = std::time::Instant::now();
     let agreement = agree_before(route, store, demand.pool, demand.session).await;
+    if agreement.active {
+        crate::metrics::metrics()
+            .session_store_wait
+            .with_label_values(&[route.name()])
+            .observe(waited.elapsed().as_secs_f64());
+    }
     let mut outcome = super::place_or_wait(route, demand).await;
     if let Ok(granted) = &mut outcome {
         agree_after(

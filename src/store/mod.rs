@@ -205,7 +205,7 @@ impl RedisStore {
             self.failed(op, "not connected");
             return None;
         };
-        self.ops.fetch_add(1, Ordering::Relaxed);
+        self.count(op);
         match tokio::time::timeout(self.cfg.timeout, cmd.query_async::<T>(&mut conn)).await {
             Ok(Ok(v)) => {
                 self.succeeded();
@@ -220,6 +220,11 @@ impl RedisStore {
                 None
             }
         }
+    }
+
+    fn count(&self, op: &'static str) {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        metrics().session_store_ops.with_label_values(&[op]).inc();
     }
 
     fn succeeded(&self) {
@@ -250,7 +255,7 @@ impl RedisStore {
             self.failed(op, "not connected");
             return None;
         };
-        self.ops.fetch_add(1, Ordering::Relaxed);
+        self.count(op);
         match tokio::time::timeout(self.cfg.timeout, pipe.query_async::<T>(&mut conn)).await {
             Ok(Ok(v)) => {
                 self.succeeded();
@@ -320,7 +325,7 @@ impl RedisStore {
             self.failed("cas", "not connected");
             return Err(());
         };
-        self.ops.fetch_add(1, Ordering::Relaxed);
+        self.count("cas");
         let reply = tokio::time::timeout(
             self.cfg.timeout,
             invocation.invoke_async::<(i64, String)>(&mut conn),
