@@ -68,17 +68,17 @@ end
 LUA
 
 metric() { # admin name filter
-  curl -fs "http://127.0.0.1:$1/metrics" | grep "^$2" | grep -- "$3" | awk '{s+=$2} END {print s+0}'
+  { curl -fs "http://127.0.0.1:$1/metrics" | grep "^$2" | grep -- "$3" || true; } | awk '{s+=$2} END {print s+0}'
 }
 buckets() { # admin: "le count" lines of the wait histogram
-  curl -fs "http://127.0.0.1:$1/metrics" | grep '^llm_gateway_session_store_wait_seconds_bucket' |
+  { curl -fs "http://127.0.0.1:$1/metrics" | grep '^llm_gateway_session_store_wait_seconds_bucket' || true; } |
     sed -E 's/.*le="([^"]+)".* ([0-9.e+]+)$/\1 \2/'
 }
 delta_quantile() { # before-file after-file q: the bucket bound holding quantile q of the new samples
   python3 - "$1" "$2" "$3" <<'PY'
 import sys
 def read(p):
-    out = {}
+    out = {"+Inf": 0.0}
     for line in open(p):
         le, c = line.split()
         out[le] = float(c)
@@ -86,6 +86,9 @@ def read(p):
 a, b, q = read(sys.argv[1]), read(sys.argv[2]), float(sys.argv[3])
 les = sorted(b, key=lambda x: float("inf") if x == "+Inf" else float(x))
 total = b["+Inf"] - a.get("+Inf", 0)
+if total <= 0:
+    print("-")
+    sys.exit(0)
 for le in les:
     if b[le] - a.get(le, 0) >= q * total:
         print(le if le == "+Inf" else f"{float(le) * 1e6:.0f} µs")
@@ -105,7 +108,7 @@ for w in new cycle; do
     pids+=($!)
   fi
   wrk -t1 -c1 -d"$DURATION" -s "$TMP/$w.lua" "http://127.0.0.1:$A_PORT" >/dev/null
-  wait "${pids[-1]}" 2>/dev/null || true
+  [ "$w" = cycle ] && { wait "${pids[-1]}" 2>/dev/null || true; }
   buckets "$A_ADMIN" > "$TMP/after"
   ops=$(metric "$A_ADMIN" llm_gateway_session_store_ops_total "")
   req=$(metric "$A_ADMIN" llm_gateway_session_store_wait_seconds_count "")
