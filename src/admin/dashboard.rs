@@ -278,7 +278,7 @@ fn placements_window(h: &History) -> Value {
 }
 
 /// `name` → the entry of `list` (an endpoint's `peers` or `series`) with it.
-fn by_name<'a>(list: &'a Value, filter: impl Fn(&Value) -> bool) -> HashMap<&'a str, &'a Value> {
+fn by_name(list: &Value, filter: impl Fn(&Value) -> bool) -> HashMap<&str, &Value> {
     list.as_array()
         .into_iter()
         .flatten()
