@@ -198,7 +198,7 @@ impl Metrics {
             load_rejections: counter(
                 &registry,
                 "llm_gateway_load_rejections_total",
-                "Requests refused by a load gate (ttft, tps)",
+                "Requests refused by a load gate (concurrency, session_prio, ttft, tps)",
                 &["route", "gate"],
             ),
             auth: counter(

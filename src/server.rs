@@ -3,6 +3,7 @@
 //! background tasks) and, with a body-log listener, the body-log sender,
 //! then runs it until shutdown.
 
+use crate::admin::dashboard::{Dashboard, Sampler};
 use crate::admin::AdminApp;
 use crate::bodylog::{sender::SenderService, Bodylog};
 use crate::config::{self, GatewayConfig, Overrides};
@@ -127,9 +128,10 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     );
     proxy.add_tcp(&gateway.listen.to_string());
 
+    let dashboard = Arc::new(Dashboard::default());
     let mut admin = Service::new(
         "admin".to_string(),
-        HttpServer::new_app(AdminApp::new(Arc::clone(&registry))),
+        HttpServer::new_app(AdminApp::new(Arc::clone(&registry), Arc::clone(&dashboard))),
     );
     admin.threads = Some(1);
     admin.add_tcp(&gateway.admin_listen.to_string());
@@ -148,6 +150,10 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(controller);
+    server.add_service(background_service(
+        "dashboard",
+        Sampler::new(dashboard, Arc::clone(&registry)),
+    ));
     if let Some(bodylog) = bodylog {
         server.add_service(background_service("bodylog", SenderService::new(bodylog)));
     }

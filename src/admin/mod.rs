@@ -1,6 +1,9 @@
-//! The admin listener: `/healthz`, `/metrics`, `/_routes`.
+//! The admin listener: `/healthz`, `/metrics`, `/_routes`, and the live
+//! dashboard `/dashboard` with its `/dashboard.json` (`dashboard.rs`).
 //! (Per-route `/_…` endpoints live on the main listener, see `routes.rs`.)
 
+pub mod dashboard;
+pub mod history;
 pub mod routes;
 
 use crate::clock::now_ms;
@@ -16,11 +19,15 @@ use std::sync::Arc;
 
 pub struct AdminApp {
     registry: Arc<Registry>,
+    dashboard: Arc<dashboard::Dashboard>,
 }
 
 impl AdminApp {
-    pub fn new(registry: Arc<Registry>) -> Self {
-        AdminApp { registry }
+    pub fn new(registry: Arc<Registry>, dashboard: Arc<dashboard::Dashboard>) -> Self {
+        AdminApp {
+            registry,
+            dashboard,
+        }
     }
 }
 
@@ -29,6 +36,24 @@ fn respond(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> 
         .status(status)
         .header("content-type", content_type)
         .header("content-length", body.len())
+        .body(body)
+        .unwrap_or_else(|_| Response::new(Vec::new()))
+}
+
+/// The dashboard page. Its policy lets it load nothing but its own inline
+/// code and fetch nothing but this listener, so a page that grew an
+/// external asset would break visibly rather than phone out.
+fn dashboard_page() -> Response<Vec<u8>> {
+    let body = dashboard::HTML.as_bytes().to_vec();
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/html; charset=utf-8")
+        .header("content-length", body.len())
+        .header("cache-control", "no-store")
+        .header(
+            "content-security-policy",
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:",
+        )
         .body(body)
         .unwrap_or_else(|_| Response::new(Vec::new()))
 }
@@ -56,9 +81,16 @@ impl ServeHttp for AdminApp {
                 respond(200, "text/plain; version=0.0.4", metrics().encode())
             }
             "/_routes" => json_response(200, &routes_json(&self.registry)),
+            "/dashboard" => dashboard_page(),
+            "/dashboard.json" => {
+                let mut r = json_response(200, &self.dashboard.json(&self.registry));
+                r.headers_mut()
+                    .insert("cache-control", http::HeaderValue::from_static("no-store"));
+                r
+            }
             _ => json_response(
                 404,
-                &json!({"error": {"type": "not_found", "message": "admin endpoints: /healthz, /metrics, /_routes"}}),
+                &json!({"error": {"type": "not_found", "message": "admin endpoints: /healthz, /metrics, /_routes, /dashboard, /dashboard.json"}}),
             ),
         }
     }
