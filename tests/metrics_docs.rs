@@ -122,6 +122,7 @@ struct Exercised {
     _cluster: SimCluster,
     _sink: FrameSink,
     _keys: tempfile::TempDir,
+    _redis: common::redis::Redis,
 }
 
 fn exercised() -> Exercised {
@@ -139,19 +140,29 @@ fn exercised() -> Exercised {
         "peers:\n  - {{name: only, host: 127.0.0.1, port: {}, max_concurrency: 1}}\nqueue_timeout: 300ms\n",
         p[2]
     );
+    let mut redis = common::redis::Redis::start();
+    let store = format!(
+        "session_store:\n  kind: redis\n  url: {}\n  timeout: 200ms\n",
+        redis.url()
+    );
     let gw = Gateway::start_with(
         &[
-            ("chat", route_yaml(&p[..2], "include_usage: true\n")),
+            (
+                "chat",
+                route_yaml(&p[..2], "include_usage: true\ncch_strip: true\n"),
+            ),
             ("tight", tight),
             ("guarded", route_yaml(&p[..1], &guarded)),
         ],
         GatewayOptions {
-            extra_config: sink.config(""),
+            extra_config: sink.config("") + &store,
             ..Default::default()
         },
     );
     let stream = json!({"model": "sim-model", "stream": true,
-        "messages": [{"role": "user", "content": "measure me"}],
+        "messages": [
+            {"role": "system", "content": "x-anthropic-billing-header: cc_version=1; cc_entrypoint=cli; cch=abc12;\nYou help."},
+            {"role": "user", "content": "measure me"}],
         "metadata": {"session_id": "metrics-1"}});
     // Two turns of one session (new, then sticky), each long enough for a
     // TTFT and a decode-rate sample (20 tokens over 0.8 s).
@@ -181,6 +192,16 @@ fn exercised() -> Exercised {
     sink.wait_frames(1);
     cluster.engines[2].open_gate("metrics");
     drop(held);
+    // Redis gone: the next new session is placed locally and the failed
+    // command counted.
+    redis.kill();
+    let offline = http::post_json(
+        gw.addr,
+        "/chat/v1/chat/completions",
+        &[],
+        &chat_body("metrics-3", "redis is away", false),
+    );
+    assert_eq!(offline.status(), 200);
     // The streams' samples are recorded as they are logged, just after
     // their answers: wait for them rather than race them.
     let text = wait_for("every family in /metrics", DEADLINE, || {
@@ -191,6 +212,7 @@ fn exercised() -> Exercised {
             "llm_gateway_decode_tokens_per_second",
             "llm_gateway_queue_wait_seconds",
             "llm_gateway_bodylog_frames_total",
+            "llm_gateway_session_store_errors_total",
         ];
         all.iter()
             .all(|f| seen.families.contains_key(*f))
@@ -202,6 +224,7 @@ fn exercised() -> Exercised {
         _cluster: cluster,
         _sink: sink,
         _keys: keys,
+        _redis: redis,
     }
 }
 

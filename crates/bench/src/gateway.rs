@@ -178,7 +178,9 @@ impl GatewayProcess {
     ) -> Result<GatewayProcess, String> {
         let mut last_error = String::new();
         for attempt in 0..3 {
-            match Self::start_once(exe, dir, route, route_yaml, threads, gateway_extra, attempt).await {
+            match Self::start_once(exe, dir, route, route_yaml, threads, gateway_extra, attempt)
+                .await
+            {
                 Ok(g) => return Ok(g),
                 Err(e) => last_error = e,
             }
@@ -203,8 +205,7 @@ impl GatewayProcess {
         let admin = free_port().map_err(|e| io("finding a port", e))?;
         let config = dir.join("gateway.yaml");
         let yaml = gateway_yaml(listen, admin, &routes, threads) + gateway_extra;
-        std::fs::write(&config, yaml)
-            .map_err(|e| io("writing gateway.yaml", e))?;
+        std::fs::write(&config, yaml).map_err(|e| io("writing gateway.yaml", e))?;
         let log = dir.join(format!("gateway-{attempt}.log"));
         let out = std::fs::File::create(&log).map_err(|e| io("creating the log", e))?;
         let err = out.try_clone().map_err(|e| io("creating the log", e))?;

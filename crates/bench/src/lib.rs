@@ -530,8 +530,9 @@ async fn run_mode(
             let own = dir.0.join(format!("replica-{r}"));
             std::fs::create_dir_all(own.join("routes"))
                 .map_err(|e| format!("cannot create {}: {e}", own.display()))?;
-            let g = GatewayProcess::start(exe, &own, ROUTE, &route, plan.opts.threads, &gateway_extra)
-                .await?;
+            let g =
+                GatewayProcess::start(exe, &own, ROUTE, &route, plan.opts.threads, &gateway_extra)
+                    .await?;
             wait_for_route(&g).await?;
             replicas.push(g);
         }
