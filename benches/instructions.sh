@@ -9,6 +9,8 @@
 #   bash benches/instructions.sh                       # this checkout's release build
 #   GATEWAY_BIN=/path/to/other/llm-gateway bash benches/instructions.sh
 #   N=200 SCENARIOS="small stream" bash benches/instructions.sh
+#   GATEWAY_EXTRA=$'bodylog:\n  listener: 127.0.0.1:9999\n' bash benches/instructions.sh
+#                                 # appended to gateway.yaml (body logging on)
 #
 # Scenarios: small (198-byte non-stream chat, session id), stream (20 SSE
 # frames, include_usage injected), body300k (300 KB non-stream body).
@@ -60,7 +62,7 @@ count() { # $1 scenario, $2 requests → total instructions
     local port admin dir pid
     port=$(free_port); admin=$(free_port); dir=$TMP/$1-$2; mkdir -p "$dir/routes"
     printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s, max_concurrency: 100000}\nhealth: {enabled: false}\nengine_metrics: false\ninclude_usage: true\n' "$ENGINE_PORT" > "$dir/routes/r.yaml"
-    printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 1\napi_keys_file: %s/none\n' "$port" "$admin" "$dir/routes" "$dir" > "$dir/gateway.yaml"
+    printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 1\napi_keys_file: %s/none\nwatch: false\n%s' "$port" "$admin" "$dir/routes" "$dir" "${GATEWAY_EXTRA:-}" > "$dir/gateway.yaml"
     valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
     pid=$!; PIDS+=($pid)
     wait_port "$port"

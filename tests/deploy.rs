@@ -487,3 +487,45 @@ fn docker_compose_wires_engines_routes_and_keys() {
         .expect("duration");
     assert!(stop > conf.grace_period);
 }
+
+#[test]
+fn the_scale_out_example_runs_two_replicas_on_one_redis() {
+    use llm_gateway::config::store::SessionStoreConfig;
+    let compose = yaml("deploy/scale-out/compose.yml");
+    let services = at(&compose, "services");
+    for name in ["redis", "engines", "gateway-a", "gateway-b", "front"] {
+        assert!(!services[name].is_null(), "service {name}");
+    }
+    // Both replicas are the same service (a YAML merge of one anchor) and
+    // read the example's gateway.yaml, which points at the redis service.
+    let cmd: Vec<String> = list(at(services, "gateway-b"), "command")
+        .iter()
+        .map(|c| c.as_str().expect("arg").to_string())
+        .collect();
+    let config_in_container = flag(&cmd, "--config").expect("--config");
+    let mounts: Vec<String> = list(at(services, "gateway-b"), "volumes")
+        .iter()
+        .map(|v| v.as_str().expect("short syntax").to_string())
+        .collect();
+    let config_dir = Path::new(config_in_container).parent().expect("dir");
+    let host_dir = mounts
+        .iter()
+        .find_map(|m| {
+            let p: Vec<&str> = m.split(':').collect();
+            (Path::new(p[1]) == config_dir).then(|| p[0].to_string())
+        })
+        .expect("the example's directory is mounted where --config points");
+    assert_eq!(host_dir, "./");
+    let conf_path = "deploy/scale-out/gateway.yaml";
+    let conf = gateway_config(conf_path, &read(conf_path));
+    match conf.session_store {
+        SessionStoreConfig::Redis(r) => assert!(r.url.contains("//redis:6379"), "{}", r.url),
+        other => panic!("the example must share sessions: {other:?}"),
+    }
+    // Its routes (the engines service's) pass check with this gateway.yaml.
+    let out = check(&root().join(conf_path), &root().join("deploy/compose/routes"));
+    assert!(out.contains("session store: redis"), "{out}");
+    // The front spreads over exactly the two replicas.
+    let nginx = read("deploy/scale-out/nginx.conf");
+    assert!(nginx.contains("server gateway-a:8080;") && nginx.contains("server gateway-b:8080;"));
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# What body logging (issue 10) costs per request, counted in instructions
+# (callgrind, via benches/instructions.sh) so the figure does not move with
+# the machine's load: off, on with the listener up (`llm-gateway
+# bodylog-listen`), and on with the listener down (nothing listening: the
+# frames are queued, then dropped).
+#
+#   bash benches/bodylog_overhead.sh          # N=100 by default; ~10 minutes
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${GATEWAY_BIN:-$ROOT/target/release/llm-gateway}
+export N=${N:-100} SCENARIOS=${SCENARIOS:-"small stream"}
+TMP=$(mktemp -d)
+pid=""
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$TMP"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+UP=$(free_port); DOWN=$(free_port)
+"$BIN" bodylog-listen --listen "127.0.0.1:$UP" --dir "$TMP/logs" >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$UP") 2>/dev/null && break; sleep 0.1; done
+
+run() { # label extra
+  echo "### $1"
+  GATEWAY_EXTRA=$2 bash "$ROOT/benches/instructions.sh"
+  echo
+}
+run "body logging off" ""
+run "body logging on, listener up" $'bodylog:\n  listener: 127.0.0.1:'"$UP"$'\n'
+run "body logging on, listener down" $'bodylog:\n  listener: 127.0.0.1:'"$DOWN"$'\n'
+echo "records written by the listener: $(cat "$TMP"/logs/*.jsonl 2>/dev/null | wc -l)"
