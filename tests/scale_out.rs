@@ -212,3 +212,36 @@ fn with_redis_gone_requests_are_placed_locally_and_bindings_converge_when_it_ret
         assert_eq!(&turn(&b, id, 1), home, "{id} converged on A's engine");
     }
 }
+
+/// The live sessions `gw` counts on its peers (placement's view).
+fn live_sessions(gw: &Gateway) -> u64 {
+    let state = http::get(gw.addr, "/chat/_route_state").json();
+    state["peers"]
+        .as_array()
+        .expect("peers")
+        .iter()
+        .filter_map(|p| p["live_sessions"].as_u64())
+        .sum()
+}
+
+#[test]
+fn a_replica_counts_the_sessions_another_replica_holds_on_each_engine() {
+    let cluster = engines(3);
+    let redis = Redis::start();
+    let (a, b) = replicas(&cluster, &store(&redis));
+    for i in 0..6 {
+        turn(&a, &format!("held-by-a-{i}"), 0);
+    }
+    // B never saw these sessions, yet places new ones knowing they are there.
+    wait_for("B to see A's six live sessions", DEADLINE, || {
+        (live_sessions(&b) == 6).then_some(())
+    });
+    assert_eq!(live_sessions(&a), 6, "counted once, not once per replica");
+    // Control: with local tables B sees none of them.
+    let (la, lb) = replicas(&cluster, "");
+    for i in 0..6 {
+        turn(&la, &format!("local-{i}"), 0);
+    }
+    assert_eq!(live_sessions(&la), 6);
+    assert_eq!(live_sessions(&lb), 0);
+}

@@ -37,7 +37,13 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                 max_concurrency: p.config.max_concurrency,
                 engine: fresh,
                 kv_full,
-                bound: bound_of(p.state.id),
+                // With a shared store, the cluster's live sessions (each
+                // counted once), not only those whose turns came through here.
+                bound: p.state.bound(
+                    bound_of(p.state.id),
+                    now_ms,
+                    crate::store::load::CLUSTER_VIEW_MAX_AGE_MS,
+                ),
                 kv_capacity_tokens: p.config.kv_capacity_tokens.or(p.state.kv_capacity_tokens()),
             }
         })

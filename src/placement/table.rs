@@ -444,6 +444,23 @@ impl SessionTable {
         }
     }
 
+    /// Every live session: (peer, session hash, context tokens). O(n); the
+    /// shared store's task calls it a few times a second to publish what
+    /// this replica holds.
+    pub fn live_sessions(&self, now_ms: u64) -> Vec<(PeerId, u64, u32)> {
+        let now = self.tick(now_ms);
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let map = shard.map.lock();
+            out.extend(
+                map.iter()
+                    .filter(|(_, b)| self.is_live(b.last_seen, now))
+                    .map(|(sid, b)| (b.peer, *sid, b.tokens)),
+            );
+        }
+        out
+    }
+
     /// Live sessions bound to `peer` and their tokens.
     pub fn live_of(&self, peer: PeerId) -> Bound {
         self.live

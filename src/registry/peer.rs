@@ -47,12 +47,27 @@ pub struct PeerState {
     /// Requests in flight to this peer through the other gateway replicas,
     /// as they last published it (shared session store only; 0 otherwise).
     remote_in_flight: AtomicU32,
+    /// The cluster's live sessions on this peer (each counted once over every
+    /// replica), as of the store task's last exchange, with this replica's
+    /// own count at that moment, so placement can add what changed here
+    /// since. `cluster_at_ms` 0: no cluster view (local store).
+    cluster_sessions: AtomicU32,
+    cluster_tokens: AtomicU64,
+    local_sessions_then: AtomicU32,
+    local_tokens_then: AtomicU64,
+    cluster_at_ms: AtomicU64,
 }
 
 impl PeerState {
     #[cfg(test)]
     pub(super) fn new(id: PeerId, address: String) -> Self {
         Self::in_route(id, address, Arc::default())
+    }
+
+    /// A peer outside any route, for other modules' unit tests.
+    #[cfg(test)]
+    pub fn for_tests(address: &str) -> Self {
+        Self::in_route(0, address.to_string(), Arc::default())
     }
 
     pub(super) fn in_route(id: PeerId, address: String, room: Arc<RoomSignal>) -> Self {
@@ -67,6 +82,11 @@ impl PeerState {
             kv_capacity_tokens: AtomicU64::new(0),
             room,
             remote_in_flight: AtomicU32::new(0),
+            cluster_sessions: AtomicU32::new(0),
+            cluster_tokens: AtomicU64::new(0),
+            local_sessions_then: AtomicU32::new(0),
+            local_tokens_then: AtomicU64::new(0),
+            cluster_at_ms: AtomicU64::new(0),
         }
     }
 
@@ -81,6 +101,54 @@ impl PeerState {
 
     pub fn set_remote_in_flight(&self, n: u32) {
         self.remote_in_flight.store(n, Ordering::Relaxed);
+    }
+
+    /// Records the cluster's live sessions on this peer (`cluster`) and this
+    /// replica's own count at the same moment (`local`).
+    pub fn set_cluster_bound(
+        &self,
+        cluster: crate::placement::Bound,
+        local: crate::placement::Bound,
+        now_ms: u64,
+    ) {
+        self.cluster_sessions
+            .store(cluster.sessions, Ordering::Relaxed);
+        self.cluster_tokens.store(cluster.tokens, Ordering::Relaxed);
+        self.local_sessions_then
+            .store(local.sessions, Ordering::Relaxed);
+        self.local_tokens_then
+            .store(local.tokens, Ordering::Relaxed);
+        self.cluster_at_ms.store(now_ms.max(1), Ordering::Relaxed);
+    }
+
+    pub fn clear_cluster_bound(&self) {
+        self.cluster_at_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// What is bound here across the cluster: the last exchange's count plus
+    /// what this replica's own count did since (a burst of new sessions
+    /// placed here between two exchanges is seen at once). `local` without
+    /// a cluster view fresher than `max_age_ms`.
+    pub fn bound(
+        &self,
+        local: crate::placement::Bound,
+        now_ms: u64,
+        max_age_ms: u64,
+    ) -> crate::placement::Bound {
+        let at = self.cluster_at_ms.load(Ordering::Relaxed);
+        if at == 0 || now_ms.saturating_sub(at) > max_age_ms {
+            return local;
+        }
+        let then_s = self.local_sessions_then.load(Ordering::Relaxed);
+        let then_t = self.local_tokens_then.load(Ordering::Relaxed);
+        let delta_s = i64::from(local.sessions) - i64::from(then_s);
+        let delta_t = local.tokens as i64 - then_t as i64;
+        let sessions = i64::from(self.cluster_sessions.load(Ordering::Relaxed)) + delta_s;
+        let tokens = self.cluster_tokens.load(Ordering::Relaxed) as i64 + delta_t;
+        crate::placement::Bound {
+            sessions: u32::try_from(sessions.max(0)).unwrap_or(u32::MAX),
+            tokens: u64::try_from(tokens.max(0)).unwrap_or(0),
+        }
     }
 
     pub fn is_ready(&self, now_ms: u64) -> bool {

@@ -61,6 +61,11 @@ pub fn load_key(prefix: &str, route: &str, replica: &str) -> String {
     format!("{prefix}load:{route}:{replica}")
 }
 
+/// The live sessions a replica publishes for `route` (hashes only).
+pub fn live_key(prefix: &str, route: &str, replica: &str) -> String {
+    format!("{prefix}live:{route}:{replica}")
+}
+
 /// The sorted set of replicas that published `route`'s load, by time.
 pub fn replicas_key(prefix: &str, route: &str) -> String {
     format!("{prefix}replicas:{route}")

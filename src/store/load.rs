@@ -9,7 +9,7 @@
 //! published plus one `PUBLISH_MS` until it is read here, so placement's
 //! cluster view lags by at most ~0.5 s.
 
-use super::binding::{load_key, replicas_key, StoredBinding};
+use super::binding::{live_key, load_key, replicas_key, StoredBinding};
 use super::{RedisStore, SessionStore};
 use crate::clock::now_ms;
 use crate::registry::{Registry, Route};
@@ -21,6 +21,12 @@ use std::time::Duration;
 
 pub const PUBLISH_MS: u64 = 250;
 pub const LOAD_TTL_MS: u64 = 1_500;
+/// Placement falls back to this replica's own live counts when the cluster
+/// view is older than this (Redis away).
+pub const CLUSTER_VIEW_MAX_AGE_MS: u64 = 2 * LOAD_TTL_MS;
+/// Past this many live sessions a replica publishes none (the others then
+/// see only its in-flight): the list would cost more than it tells.
+const MAX_PUBLISHED_SESSIONS: usize = 50_000;
 
 pub struct StoreService {
     pub store: Arc<SessionStore>,
@@ -55,6 +61,7 @@ impl BackgroundService for StoreService {
                 for route in snapshot.values() {
                     for p in &route.peers {
                         p.state.set_remote_in_flight(0);
+                        p.state.clear_cluster_bound();
                     }
                 }
             }
@@ -67,14 +74,34 @@ impl BackgroundService for StoreService {
     }
 }
 
-/// Publishes this replica's in-flight per peer of `route` and sums the
-/// other live replicas' into each peer's `remote_in_flight`.
+/// Publishes this replica's in-flight per peer of `route` and its live
+/// sessions, and sums the other live replicas' into each peer's
+/// `remote_in_flight` and cluster-wide bound sessions. A session live on
+/// several replicas (its turns went through each) counts once: the union
+/// of the published session hashes is what is bound.
 async fn exchange_load(redis: &RedisStore, route: &Route, now: u64) {
     let prefix = redis.prefix();
     let name = route.name();
     let mine = load_key(prefix, name, &redis.replica);
     let replicas = replicas_key(prefix, name);
+    let table = &route.runtime.sessions;
+    let live = table.live_sessions(now);
+    let addr_of = |id| route.peer_by_id(id).map(|(_, p)| p.state.address.as_str());
+    let mut blob = String::new();
+    if live.len() <= MAX_PUBLISHED_SESSIONS {
+        for (peer, sid, tokens) in &live {
+            if let Some(addr) = addr_of(*peer) {
+                blob.push_str(&format!("{sid:016x} {addr} {tokens}\n"));
+            }
+        }
+    }
     let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(live_key(prefix, name, &redis.replica))
+        .arg(&blob)
+        .arg("PX")
+        .arg(LOAD_TTL_MS)
+        .ignore();
     let hset = pipe.cmd("HSET").arg(&mine);
     for p in &route.peers {
         hset.arg(&p.state.address).arg(p.state.in_flight());
@@ -108,26 +135,65 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64) {
     };
     let others: Vec<String> = others.into_iter().filter(|r| *r != redis.replica).collect();
     let mut sums: HashMap<String, u32> = HashMap::new();
+    // session → (peer address, tokens): this replica's view first.
+    let mut bound: HashMap<u64, (String, u64)> = live
+        .iter()
+        .filter_map(|(peer, sid, tokens)| {
+            Some((*sid, (addr_of(*peer)?.to_string(), u64::from(*tokens))))
+        })
+        .collect();
     if !others.is_empty() {
         let mut read = redis::pipe();
         for other in &others {
             read.cmd("HGETALL").arg(load_key(prefix, name, other));
+            read.cmd("GET").arg(live_key(prefix, name, other));
         }
-        let Some(loads): Option<Vec<HashMap<String, u32>>> =
-            redis.pipeline("load_read", &read).await
+        let Some(replies): Option<Vec<redis::Value>> = redis.pipeline("load_read", &read).await
         else {
             return;
         };
-        for load in loads {
+        let mut replies = replies.into_iter();
+        while let (Some(load), sessions) = (replies.next(), replies.next()) {
+            let load: HashMap<String, u32> =
+                redis::FromRedisValue::from_redis_value(load).unwrap_or_default();
             for (addr, n) in load {
                 *sums.entry(addr).or_default() += n;
             }
+            let sessions: Option<String> =
+                sessions.and_then(|v| redis::FromRedisValue::from_redis_value(v).ok());
+            for (sid, addr, tokens) in sessions.iter().flat_map(|s| parse_live(s)) {
+                bound.entry(sid).or_insert((addr, tokens));
+            }
         }
+    }
+    let mut per_peer: HashMap<&str, crate::placement::Bound> = HashMap::new();
+    for (addr, tokens) in bound.values() {
+        let b = per_peer.entry(addr.as_str()).or_default();
+        b.sessions += 1;
+        b.tokens += tokens;
     }
     for p in &route.peers {
         p.state
             .set_remote_in_flight(sums.get(&p.state.address).copied().unwrap_or(0));
+        let cluster = per_peer
+            .get(p.state.address.as_str())
+            .copied()
+            .unwrap_or_default();
+        p.state
+            .set_cluster_bound(cluster, table.live_of(p.state.id), now);
     }
+}
+
+/// The lines `exchange_load` publishes: `<sid hex> <host:port> <tokens>`;
+/// a line that does not parse is skipped.
+fn parse_live(text: &str) -> impl Iterator<Item = (u64, String, u64)> + '_ {
+    text.lines().filter_map(|line| {
+        let mut parts = line.split(' ');
+        let sid = u64::from_str_radix(parts.next()?, 16).ok()?;
+        let addr = parts.next().filter(|a| !a.is_empty())?.to_string();
+        let tokens = parts.next()?.parse().ok()?;
+        Some((sid, addr, tokens))
+    })
 }
 
 /// Writes back the bindings placed while Redis was away, never over a
@@ -173,4 +239,37 @@ pub fn local_binding(route: &Route, sid: u64, now: u64) -> Option<StoredBinding>
         moved_at_ms: moved_ago.map_or(0, |ago| now.saturating_sub(ago).max(1)),
         last_seen_ms: now,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_live_sessions_parse_back_and_bad_lines_are_skipped() {
+        let text = "00000000000000ff 10.0.0.1:8000 1200\nnot a line\n0000000000000001 h:1 x\n0000000000000002 h:2 7\n";
+        let parsed: Vec<_> = parse_live(text).collect();
+        assert_eq!(
+            parsed,
+            vec![
+                (255, "10.0.0.1:8000".to_string(), 1200),
+                (2, "h:2".to_string(), 7)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_cluster_view_adds_what_changed_here_since_and_ages_out() {
+        use crate::placement::Bound;
+        let state = crate::registry::PeerState::for_tests("h:1");
+        let local = |sessions, tokens| Bound { sessions, tokens };
+        // No cluster view yet: the local count.
+        assert_eq!(state.bound(local(2, 20), 1_000, 3_000), local(2, 20));
+        // 10 sessions across the cluster, 2 of them here at the exchange;
+        // since then one more was placed here.
+        state.set_cluster_bound(local(10, 100), local(2, 20), 1_000);
+        assert_eq!(state.bound(local(3, 30), 1_200, 3_000), local(11, 110));
+        // A stale view (Redis away) gives way to the local count.
+        assert_eq!(state.bound(local(3, 30), 5_000, 3_000), local(3, 30));
+    }
 }
