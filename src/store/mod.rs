@@ -194,19 +194,19 @@ impl RedisStore {
         conns.get(i).cloned()
     }
 
-    /// Runs one command within the timeout; `None` on any failure (counted
-    /// per `op`, and the store is marked down).
-    pub async fn query<T: redis::FromRedisValue>(
-        &self,
-        op: &'static str,
-        cmd: &redis::Cmd,
-    ) -> Option<T> {
-        let Some(mut conn) = self.conn() else {
+    /// Runs one Redis call on a connection within the timeout; `None` on
+    /// any failure (counted per `op`, and the store marked down).
+    async fn bounded<T, F, Fut>(&self, op: &'static str, call: F) -> Option<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let Some(conn) = self.conn() else {
             self.failed(op, "not connected");
             return None;
         };
         self.count(op);
-        match tokio::time::timeout(self.cfg.timeout, cmd.query_async::<T>(&mut conn)).await {
+        match tokio::time::timeout(self.cfg.timeout, call(conn)).await {
             Ok(Ok(v)) => {
                 self.succeeded();
                 Some(v)
@@ -220,6 +220,18 @@ impl RedisStore {
                 None
             }
         }
+    }
+
+    /// One command, bounded as [`bounded`](Self::bounded).
+    pub async fn query<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Option<T> {
+        self.bounded(op, |mut conn| async move {
+            cmd.query_async::<T>(&mut conn).await
+        })
+        .await
     }
 
     fn count(&self, op: &'static str) {
@@ -245,31 +257,16 @@ impl RedisStore {
         metrics().session_store_up.set(0);
     }
 
-    /// Runs a pipeline within the timeout, as [`query`](Self::query).
+    /// A pipeline, bounded as [`bounded`](Self::bounded).
     pub async fn pipeline<T: redis::FromRedisValue>(
         &self,
         op: &'static str,
         pipe: &redis::Pipeline,
     ) -> Option<T> {
-        let Some(mut conn) = self.conn() else {
-            self.failed(op, "not connected");
-            return None;
-        };
-        self.count(op);
-        match tokio::time::timeout(self.cfg.timeout, pipe.query_async::<T>(&mut conn)).await {
-            Ok(Ok(v)) => {
-                self.succeeded();
-                Some(v)
-            }
-            Ok(Err(e)) => {
-                self.failed(op, &format!("{:?}", e.kind()));
-                None
-            }
-            Err(_) => {
-                self.failed(op, "timeout");
-                None
-            }
-        }
+        self.bounded(op, |mut conn| async move {
+            pipe.query_async::<T>(&mut conn).await
+        })
+        .await
     }
 
     /// The binding Redis holds for `sid` on `route`. `Err(())`: Redis could
@@ -321,33 +318,15 @@ impl RedisStore {
             .arg(expected_peer)
             .arg(b.encode())
             .arg(ttl_ms(ttl));
-        let Some(mut conn) = self.conn() else {
-            self.failed("cas", "not connected");
-            return Err(());
-        };
-        self.count("cas");
-        let reply = tokio::time::timeout(
-            self.cfg.timeout,
-            invocation.invoke_async::<(i64, String)>(&mut conn),
-        )
-        .await;
+        let reply = self
+            .bounded("cas", |mut conn| async move {
+                invocation.invoke_async::<(i64, String)>(&mut conn).await
+            })
+            .await;
         match reply {
-            Ok(Ok((1, _))) => {
-                self.succeeded();
-                Ok(Cas::Moved)
-            }
-            Ok(Ok((_, current))) => {
-                self.succeeded();
-                Ok(Cas::Kept(StoredBinding::decode(&current)))
-            }
-            Ok(Err(e)) => {
-                self.failed("cas", &format!("{:?}", e.kind()));
-                Err(())
-            }
-            Err(_) => {
-                self.failed("cas", "timeout");
-                Err(())
-            }
+            Some((1, _)) => Ok(Cas::Moved),
+            Some((_, current)) => Ok(Cas::Kept(StoredBinding::decode(&current))),
+            None => Err(()),
         }
     }
 
