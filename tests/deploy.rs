@@ -523,7 +523,10 @@ fn the_scale_out_example_runs_two_replicas_on_one_redis() {
         other => panic!("the example must share sessions: {other:?}"),
     }
     // Its routes (the engines service's) pass check with this gateway.yaml.
-    let out = check(&root().join(conf_path), &root().join("deploy/compose/routes"));
+    let out = check(
+        &root().join(conf_path),
+        &root().join("deploy/compose/routes"),
+    );
     assert!(out.contains("session store: redis"), "{out}");
     // The front spreads over exactly the two replicas.
     let nginx = read("deploy/scale-out/nginx.conf");
