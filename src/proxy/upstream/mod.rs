@@ -56,11 +56,26 @@ fn build_peer(ctx: &RequestCtx) -> Result<Box<HttpPeer>> {
 
 /// Passive health check: a peer that refuses connections is not ready until
 /// a probe (or the ban TTL) says otherwise. Retry when another ready peer is
-/// left untried.
+/// left untried. A connection the gateway could not open for want of its
+/// own resources (descriptors, ports) bans nothing and is not retried.
 pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error> {
     let Some((route, p)) = ctx.peer() else {
         return e;
     };
+    if let Some(what) = crate::errors::local_shortage(&e) {
+        // The gateway could not even make a socket: its own limit, not the
+        // peer's failure. Banning would turn a moment without descriptors
+        // into an outage lasting a probe interval (or the whole ban TTL when
+        // the probes run short too), and another peer would fail the same way.
+        log::error!(
+            "route {} peer {}: no connection for lack of {what} in the gateway ({}); the peer is not banned, the client gets a 503 (raise the gateway's file-descriptor limit)",
+            route.name(),
+            p.config.name,
+            e.root_cause()
+        );
+        e.set_retry(false);
+        return e;
+    }
     p.state.ban(now_ms(), route.config.health.ban_ttl);
     log::warn!(
         "route {} peer {}: connect failed ({}), marked not ready",
