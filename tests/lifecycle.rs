@@ -294,6 +294,10 @@ fn sigterm_cuts_a_stream_longer_than_the_grace_period_and_still_exits_cleanly() 
         cut_after >= Duration::from_millis(1900),
         "not cut before the grace period: {cut_after:?}"
     );
+    assert!(
+        cut_after < Duration::from_millis(3500),
+        "cut at the grace period, not long after: {cut_after:?}"
+    );
     assert_eq!(
         gw.wait_exit(Duration::from_secs(10)),
         Some(0),
