@@ -151,8 +151,10 @@ async fn next_burst(bursts: &mut Option<mpsc::Receiver<Burst>>) -> Burst {
 
 /// Pingora's own graceful shutdown sleeps the whole grace period even when
 /// nothing is in flight. This watcher ends the process as soon as the last
-/// request finishes (at most `grace` after SIGTERM, when Pingora's own timer
-/// takes over and cancels what is left).
+/// request finishes, and at the latest `grace` after SIGTERM, when it cuts
+/// what is left and says how much (Pingora's own timer is only a backstop,
+/// see `server::run`: when it fired first, the process exited before the
+/// cut was logged).
 ///
 /// Both SIGTERM and Pingora's own shutdown broadcast start it (whichever the
 /// select sees first); only the first call does anything.
@@ -175,9 +177,12 @@ fn spawn_drain_watcher(grace: Duration) {
                     std::process::exit(0);
                 }
                 if started.elapsed() >= grace {
-                    // Pingora's grace timer ends now as well and cancels the rest.
-                    log::warn!("grace period over with {active} request(s) still running");
-                    return;
+                    // Their clients see the connection close without the
+                    // stream's end: a cut, never a fake clean finish.
+                    log::warn!(
+                        "grace period over with {active} request(s) still running: cut, exiting"
+                    );
+                    std::process::exit(0);
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }

@@ -86,6 +86,40 @@ impl ErrorResponse {
     pub fn upstream_failed(message: impl Into<String>) -> Self {
         Self::new(502, "upstream_error", message)
     }
+
+    /// The gateway itself could not open a connection (`what`: which of
+    /// its limits), so no engine was tried.
+    pub fn gateway_overloaded(what: &str) -> Self {
+        Self::new(
+            503,
+            "gateway_overloaded",
+            format!("the gateway is out of {what}; retry shortly"),
+        )
+        .retry_after(1)
+    }
+}
+
+/// Which of the gateway's own limits an I/O error is: out of file
+/// descriptors (the process's or the system's), socket buffers or memory,
+/// or local ports. None for anything the other side did.
+pub fn local_shortage_io(e: &std::io::Error) -> Option<&'static str> {
+    match e.raw_os_error()? {
+        // EMFILE, ENFILE
+        24 | 23 => Some("file descriptors"),
+        // ENOBUFS, ENOMEM
+        105 | 12 => Some("socket memory"),
+        // EADDRNOTAVAIL: no local port left to connect from.
+        99 => Some("local ports"),
+        _ => None,
+    }
+}
+
+/// [`local_shortage_io`] for a Pingora error, read from its root cause
+/// (a connect wraps the socket's own error).
+pub fn local_shortage(e: &Error) -> Option<&'static str> {
+    e.root_cause()
+        .downcast_ref::<std::io::Error>()
+        .and_then(local_shortage_io)
 }
 
 /// The status for a request whose proxying failed: the engine's fault
@@ -145,6 +179,23 @@ pub fn is_client_gone(e: &Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gateways_own_limits_are_told_from_the_peers_failures() {
+        let emfile = std::io::Error::from_raw_os_error(24);
+        assert_eq!(local_shortage_io(&emfile), Some("file descriptors"));
+        let wrapped = Error::because(
+            ErrorType::InternalError,
+            "connect",
+            Error::because(ErrorType::SocketError, "socket", emfile),
+        );
+        assert_eq!(local_shortage(&wrapped), Some("file descriptors"));
+        // Control: a refused connection is the peer's, not ours.
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(local_shortage_io(&refused), None);
+        let refused = Error::because(ErrorType::ConnectRefused, "connect", refused);
+        assert_eq!(local_shortage(&refused), None);
+    }
 
     #[test]
     fn body_is_the_contract_shape() {

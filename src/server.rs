@@ -113,7 +113,10 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
 
     let conf = ServerConf {
         threads: gateway.threads,
-        grace_period_seconds: Some(gateway.grace_period.as_secs()),
+        // The drain watcher (controller.rs) ends the process at
+        // `grace_period`, logging what it cuts; Pingora's timer, a second
+        // later, only covers a watcher that could not start.
+        grace_period_seconds: Some(gateway.grace_period.as_secs_f64().ceil() as u64 + 1),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };

@@ -447,6 +447,9 @@ fn the_dashboard_json_has_every_peer_gate_and_series_but_no_session_id() {
     for _ in 0..2 {
         let r = http::post_json(gw.addr, CHAT, &[], &body);
         assert_eq!(r.status(), 200);
+        // The only slot goes back in `logging`, just after the client has
+        // its answer: wait for it, or the next request can find it taken.
+        gw.wait_idle();
     }
     // The only slot held: the next request is a concurrency 429.
     let held = hold_stream(&gw, CHAT, "json", &[]);

@@ -9,13 +9,24 @@ use std::process::Command;
 use std::time::Duration;
 
 fn start_gated_stream(gw: &Gateway, route: &str, gate: &str) -> (Conn, String) {
+    start_gated_stream_with(gw, route, gate, &[])
+}
+
+fn start_gated_stream_with(
+    gw: &Gateway,
+    route: &str,
+    gate: &str,
+    headers: &[(&str, &str)],
+) -> (Conn, String) {
     let mut conn = Conn::open(gw.addr);
     let body = json!({"model": "sim-model", "stream": true, "max_tokens": 6,
                       "messages": [{"role": "user", "content": "long answer"}]});
+    let mut all = vec![("Content-Type", "application/json"), ("x-sim-gate", gate)];
+    all.extend_from_slice(headers);
     conn.send(
         "POST",
         &format!("/{route}/v1/chat/completions"),
-        &[("Content-Type", "application/json"), ("x-sim-gate", gate)],
+        &all,
         body.to_string().as_bytes(),
         Upload::Length,
     );
@@ -179,6 +190,126 @@ fn sigterm_drains_streams_then_exits_zero() {
         "{}",
         gw.log()
     );
+}
+
+/// Issue 12: many long streams in flight at SIGTERM all finish intact,
+/// new connections are refused meanwhile, and the exit is 0 within the
+/// grace period.
+#[test]
+fn sigterm_with_50_streams_in_flight_finishes_every_one_then_exits_zero() {
+    const STREAMS: usize = 50;
+    let cluster = spawn_engines(
+        1,
+        0,
+        EngineConfig {
+            max_running: 64,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("engine");
+    let route = format!(
+        "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}, max_concurrency: 100}}\n",
+        cluster.engines[0].port()
+    );
+    let mut gw = Gateway::start_with(
+        &[("chat", route)],
+        GatewayOptions {
+            grace_period: "20s",
+            ..Default::default()
+        },
+    );
+    let mut streams: Vec<Conn> = (0..STREAMS)
+        .map(|_| {
+            let long = [("x-sim-max-tokens", "40"), ("x-sim-frame-delay-ms", "25")];
+            start_gated_stream_with(&gw, "chat", "drain-50", &long).0
+        })
+        .collect();
+    assert_eq!(gw.in_flight_total(), STREAMS as f64);
+    gw.signal("TERM");
+    let draining = std::time::Instant::now();
+    wait_for("listener to stop accepting", DEADLINE, || {
+        std::net::TcpStream::connect(gw.addr).is_err().then_some(())
+    });
+    // Control for "it waits for them": alive while all 50 are held.
+    assert_eq!(gw.wait_exit(Duration::from_millis(300)), None);
+    // Long streams: 40 more frames each, 25 ms apart, once released.
+    cluster.engines[0].open_gate("drain-50");
+    let finished = std::thread::scope(|s| {
+        let readers: Vec<_> = streams
+            .iter_mut()
+            .map(|c| s.spawn(move || finish_stream(c)))
+            .collect();
+        readers
+            .into_iter()
+            .map(|r| r.join().unwrap_or(false))
+            .filter(|&intact| intact)
+            .count()
+    });
+    assert_eq!(finished, STREAMS, "every stream finished intact");
+    assert_eq!(
+        gw.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        gw.log()
+    );
+    assert!(
+        draining.elapsed() < Duration::from_secs(20),
+        "within the grace period: {:?}",
+        draining.elapsed()
+    );
+    assert!(gw.log().contains("drained after"), "{}", gw.log());
+}
+
+/// Issue 12: a stream longer than the grace period is cut when it ends (no
+/// clean end for its client), the exit is still 0, and the log says so; a
+/// short stream drained beside it finishes intact (control).
+#[test]
+fn sigterm_cuts_a_stream_longer_than_the_grace_period_and_still_exits_cleanly() {
+    let cluster = engines(1);
+    let mut gw = Gateway::start_with(
+        &[("chat", route_yaml(&ports(&cluster), ""))],
+        GatewayOptions {
+            grace_period: "2s",
+            ..Default::default()
+        },
+    );
+    let (mut short, _) = start_gated_stream(&gw, "chat", "short");
+    let (mut long, _) = start_gated_stream(&gw, "chat", "never");
+    gw.signal("TERM");
+    let draining = std::time::Instant::now();
+    wait_for("listener to stop accepting", DEADLINE, || {
+        std::net::TcpStream::connect(gw.addr).is_err().then_some(())
+    });
+    cluster.engines[0].open_gate("short");
+    assert!(
+        finish_stream(&mut short),
+        "the short stream finished intact"
+    );
+    assert!(
+        !finish_stream(&mut long),
+        "the long stream is cut, not ended"
+    );
+    let cut_after = draining.elapsed();
+    assert!(
+        cut_after >= Duration::from_millis(1900),
+        "not cut before the grace period: {cut_after:?}"
+    );
+    assert!(
+        cut_after < Duration::from_millis(3500),
+        "cut at the grace period, not long after: {cut_after:?}"
+    );
+    assert_eq!(
+        gw.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        gw.log()
+    );
+    let log = gw.log();
+    assert!(
+        log.contains("grace period over with 1 request(s) still running"),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 fn check(dir: &std::path::Path) -> (bool, String) {

@@ -135,6 +135,15 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
                 }
                 state.unban();
             }
+            Err(GetError::Connect(e)) if crate::errors::local_shortage_io(&e).is_some() => {
+                // The gateway could not open the probe's socket: its own
+                // shortage says nothing about the peer, which stays as it is.
+                log::warn!(
+                    "route {} peer {}: probe not sent, the gateway is short of sockets ({e})",
+                    route.name(),
+                    peer.config.name
+                );
+            }
             Ok((429, _)) | Err(GetError::Timeout) => {
                 log::debug!(
                     "route {} peer {}: busy (429/timeout), not banned",

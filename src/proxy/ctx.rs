@@ -77,6 +77,8 @@ pub struct Attempt {
     pub last_error: Option<String>,
     /// When the current attempt's request head went upstream (TTFT starts).
     pub sent_at: Option<std::time::Instant>,
+    /// The current attempt's response head arrived.
+    pub responded: bool,
 }
 
 /// Written by the response hooks.

@@ -6,6 +6,9 @@
 //!                          `request::forward` (replay the body)
 //! upstream_peer            `upstream::next_peer`: the placed peer, or on a
 //!                          retry the next untried ready one
+//! fail_to_connect          `upstream::on_connect_failure`: ban, retry?
+//! error_while_proxy        `upstream::on_exchange_failure`: ban a peer whose
+//!                          connection broke
 //! upstream_request_filter  `upstream::rewrite_head`: Host, real Content-Length
 //! request_body_filter      `upstream::swap_body`: the real body for the placeholder
 //! response_filter          `response::headers`: pipeline, X-Routed-* headers
@@ -185,6 +188,28 @@ impl ProxyHttp for Gateway {
         upstream::on_connect_failure(ctx, e)
     }
 
+    /// Pingora's own retry policy (kept as is: never for a POST, whose body
+    /// the engine may have acted on), plus the passive ban of a peer whose
+    /// exchange broke.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        upstream::on_exchange_failure(ctx, &e, client_reused);
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
+    }
+
     async fn upstream_request_filter(
         &self,
         _: &mut Session,
@@ -211,6 +236,7 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.upstream.responded = true;
         response::bodylog::response_head(ctx, &resp.headers);
         response::headers::prepare_pipeline(resp, ctx)?;
         response::headers::insert_routed(resp, ctx, response::headers::Origin::Upstream)

@@ -1,13 +1,14 @@
 //! An engine stand-in that answers every request with the same canned
 //! response, written as HTTP chunks cut exactly where the test says (so an SSE
 //! frame can straddle two chunks), and records the heads and bodies it
-//! received.
+//! received. [`Canned::raw`] hands the connection to the test instead, for
+//! answers no real engine would give (garbage, a reset mid-head, a stall).
 
 #![allow(dead_code)]
 
 use parking_lot::Mutex;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,9 +46,86 @@ impl Canned {
         }
     }
 
+    /// After reading each request, hands the connection to `reply`, which
+    /// writes whatever bytes it likes (or none) and may keep, close or reset
+    /// the connection; the connection is dropped when `reply` returns.
+    pub fn raw(reply: impl Fn(&mut TcpStream) + Send + Sync + 'static) -> Canned {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind canned engine");
+        let addr = listener.local_addr().expect("addr");
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let rec = Recorder {
+            bodies: Arc::clone(&received),
+            heads: Arc::clone(&heads),
+        };
+        let reply = Arc::new(reply);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let rec = rec.clone();
+                let reply = Arc::clone(&reply);
+                std::thread::spawn(move || {
+                    stream.set_nodelay(true).ok();
+                    let Ok(mut writer) = stream.try_clone() else {
+                        return;
+                    };
+                    let mut reader = BufReader::new(stream);
+                    if read_request(&mut reader, &rec) {
+                        reply(&mut writer);
+                    }
+                });
+            }
+        });
+        Canned {
+            addr,
+            received,
+            heads,
+        }
+    }
+
     pub fn port(&self) -> u16 {
         self.addr.port()
     }
+}
+
+/// Makes the connection end with a TCP reset instead of a FIN when it is
+/// dropped (as [`Canned::raw`] does once its reply returns): what a crashed
+/// process or a middlebox tearing the connection down looks like.
+pub fn reset_on_close(stream: &TcpStream) {
+    let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
+}
+
+/// Reads one request (head and Content-Length body) and records it; false
+/// when the connection ended first.
+fn read_request(reader: &mut BufReader<TcpStream>, rec: &Recorder) -> bool {
+    let mut len = 0usize;
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return false;
+    }
+    let mut head = line.clone();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return false;
+        }
+        head.push_str(&line);
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0u8; len];
+    if reader.read_exact(&mut body).is_err() {
+        return false;
+    }
+    rec.heads.lock().push(head);
+    rec.bodies.lock().push(body);
+    true
 }
 
 #[derive(Clone)]
@@ -56,13 +134,7 @@ struct Recorder {
     heads: Arc<Mutex<Vec<String>>>,
 }
 
-fn serve(
-    stream: std::net::TcpStream,
-    content_type: &str,
-    parts: &[Vec<u8>],
-    chunked: bool,
-    rec: &Recorder,
-) {
+fn serve(stream: TcpStream, content_type: &str, parts: &[Vec<u8>], chunked: bool, rec: &Recorder) {
     stream.set_nodelay(true).ok();
     let mut writer = match stream.try_clone() {
         Ok(w) => w,
@@ -70,34 +142,9 @@ fn serve(
     };
     let mut reader = BufReader::new(stream);
     loop {
-        let mut len = 0usize;
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        if !read_request(&mut reader, rec) {
             return;
         }
-        let mut head = line.clone();
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            head.push_str(&line);
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut body = vec![0u8; len];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-        rec.heads.lock().push(head);
-        rec.bodies.lock().push(body);
         let ok = if chunked {
             let mut ok = writer
                 .write_all(format!("HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n\r\n").as_bytes())

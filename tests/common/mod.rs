@@ -8,6 +8,7 @@ pub mod bodylog;
 pub mod canned;
 pub mod http;
 pub mod redis;
+pub mod simproc;
 pub mod volume;
 
 use std::net::SocketAddr;
@@ -170,6 +171,32 @@ impl Gateway {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).expect("running")
+    }
+
+    /// The process's resident memory in KiB (VmRSS).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("gateway /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("VmRSS")
+    }
+
+    /// File descriptors the process holds now.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .expect("gateway /proc fd")
+            .count()
+    }
+
+    /// Still running (not exited, not a zombie waiting to be reaped).
+    pub fn is_alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     pub fn log(&self) -> String {

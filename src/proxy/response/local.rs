@@ -39,7 +39,11 @@ pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) 
 
 /// After a failed attempt: the JSON error, if nothing was written yet.
 pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
-    let code = errors::proxy_failure_status(e, ctx.upstream.count > 0);
+    let shortage = errors::local_shortage(e);
+    let code = match shortage {
+        Some(_) => 503,
+        None => errors::proxy_failure_status(e, ctx.upstream.count > 0),
+    };
     if code >= 500 {
         log::warn!(
             "route {} peer {}: proxying failed after {} attempt(s): {e}",
@@ -49,13 +53,16 @@ pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> Fai
         );
     }
     if code > 0 && session.response_written().is_none() {
-        let err = errors::proxy_failure(
-            code,
-            e,
-            ctx.peer_name(),
-            &ctx.upstream.tried,
-            ctx.upstream.last_error.as_deref(),
-        );
+        let err = match shortage {
+            Some(what) => errors::ErrorResponse::gateway_overloaded(what),
+            None => errors::proxy_failure(
+                code,
+                e,
+                ctx.peer_name(),
+                &ctx.upstream.tried,
+                ctx.upstream.last_error.as_deref(),
+            ),
+        };
         ctx.response.local_status = Some(code);
         let origin = if ctx.upstream.count > 0 {
             Origin::Upstream

@@ -1,6 +1,7 @@
 //! The upstream attempt: which peer it goes to (the placed one, or on a
-//! retry the next untried ready one), what a refused connection does to the
-//! peer, and the request head and body as the engine receives them.
+//! retry the next untried ready one), what a refused connection or a broken
+//! exchange does to the peer, and the request head and body as the engine
+//! receives them.
 
 use crate::balance;
 use crate::clock::now_ms;
@@ -8,7 +9,7 @@ use crate::proxy::ctx::RequestCtx;
 use bytes::Bytes;
 use pingora::http::RequestHeader;
 use pingora::prelude::HttpPeer;
-use pingora::{Error, ErrorType, Result};
+use pingora::{Error, ErrorSource, ErrorType, Result};
 
 /// The peer of the next attempt. On a retry the previous slot goes back
 /// before the next peer is chosen.
@@ -31,6 +32,7 @@ pub fn next_peer(ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
     }
     attempt.count += 1;
     attempt.body_sent = false;
+    attempt.responded = false;
     build_peer(ctx)
 }
 
@@ -54,11 +56,26 @@ fn build_peer(ctx: &RequestCtx) -> Result<Box<HttpPeer>> {
 
 /// Passive health check: a peer that refuses connections is not ready until
 /// a probe (or the ban TTL) says otherwise. Retry when another ready peer is
-/// left untried.
+/// left untried. A connection the gateway could not open for want of its
+/// own resources (descriptors, ports) bans nothing and is not retried.
 pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error> {
     let Some((route, p)) = ctx.peer() else {
         return e;
     };
+    if let Some(what) = crate::errors::local_shortage(&e) {
+        // The gateway could not even make a socket: its own limit, not the
+        // peer's failure. Banning would turn a moment without descriptors
+        // into an outage lasting a probe interval (or the whole ban TTL when
+        // the probes run short too), and another peer would fail the same way.
+        log::error!(
+            "route {} peer {}: no connection for lack of {what} in the gateway ({}); the peer is not banned, the client gets a 503 (raise the gateway's file-descriptor limit)",
+            route.name(),
+            p.config.name,
+            e.root_cause()
+        );
+        e.set_retry(false);
+        return e;
+    }
     p.state.ban(now_ms(), route.config.health.ban_ttl);
     log::warn!(
         "route {} peer {}: connect failed ({}), marked not ready",
@@ -78,6 +95,41 @@ pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error>
     ));
     ctx.upstream.last_error = Some(failed);
     e
+}
+
+/// Passive health check on a broken exchange: a peer whose connection dies
+/// mid-request (a killed or crashed engine: reset, closed, a body cut
+/// short) or that answers something that is not HTTP is banned at once, as
+/// a refused connection is, so new sessions go elsewhere without waiting for
+/// a probe; the next passing probe readmits it. Not banned: a timeout (a
+/// busy engine, the probe's rule too), a failure on the client's side, and
+/// a reused pooled connection that fails before any answer (the engine
+/// closing an idle keep-alive, which says nothing about its health).
+pub fn on_exchange_failure(ctx: &RequestCtx, e: &Error, reused: bool) {
+    if *e.esource() != ErrorSource::Upstream
+        || matches!(
+            e.etype(),
+            ErrorType::ReadTimedout | ErrorType::WriteTimedout | ErrorType::ConnectTimedout
+        )
+        || (reused && !ctx.upstream.responded)
+    {
+        return;
+    }
+    let Some((route, p)) = ctx.peer() else {
+        return;
+    };
+    p.state.ban(now_ms(), route.config.health.ban_ttl);
+    let when = if ctx.upstream.responded {
+        "mid-response"
+    } else {
+        "before its response head"
+    };
+    log::warn!(
+        "route {} peer {}: exchange broke {when} ({}), marked not ready",
+        route.name(),
+        p.config.name,
+        e.etype().as_str()
+    );
 }
 
 /// The head the engine receives: its own Host, the engine's credential
