@@ -51,7 +51,10 @@ fn measured(route: &Route) {
         completion_tokens: Some(40),
         content_frames: 40,
     };
-    route.runtime.meter.record(&cfg, "_", "e0", &timing, now_ms());
+    route
+        .runtime
+        .meter
+        .record(&cfg, "_", "e0", &timing, now_ms());
     std::thread::sleep(Duration::from_millis(5));
 }
 

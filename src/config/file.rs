@@ -21,6 +21,7 @@ pub(super) struct GatewayFile {
     pub max_body_size: Option<Size>,
     pub postprocess_default: Option<String>,
     pub client_idle_timeout: Option<Dur>,
+    pub client_header_timeout: Option<Dur>,
     pub load_rate_limit: Option<Flag>,
     pub watch: Option<Flag>,
     pub bodylog: Option<BodylogFile>,

@@ -28,6 +28,9 @@ pub struct GatewayConfig {
     /// How long a client's keep-alive connection may sit idle between
     /// requests before the gateway closes it (whole seconds, at least 1).
     pub client_idle_timeout: Duration,
+    /// How long a request head may take from its first byte to its blank
+    /// line: a client dribbling a head (slowloris) is closed after it.
+    pub client_header_timeout: Duration,
     /// The gateway-wide default of the load-based 429s' master switch.
     pub load_rate_limit: bool,
     /// Reload on a change in `routes_dir` or a key file's directory, as
@@ -40,6 +43,7 @@ pub struct GatewayConfig {
 }
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Command-line values that take precedence over the file.
 #[derive(Debug, Default, Clone)]
@@ -123,6 +127,19 @@ impl GatewayConfig {
                 "client_idle_timeout must be a whole number of seconds, at least 1s",
             ));
         }
+        let client_header_timeout = file
+            .client_header_timeout
+            .map_or(DEFAULT_CLIENT_HEADER_TIMEOUT, |d| d.0);
+        // Under 100 ms a head on a slow link would not make it; over 10
+        // minutes the deadline no longer bounds what a slowloris holds.
+        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&client_header_timeout)
+        {
+            return Err(ConfigError::new(
+                path,
+                find_key_line(text, "client_header_timeout"),
+                "client_header_timeout must be between 100ms and 10m",
+            ));
+        }
         let bodylog_env = std::env::var(BODYLOG_ENV).ok();
         let bodylog = bodylog::resolve(path, text, file.bodylog.as_ref(), bodylog_env.as_deref())?;
         Ok(GatewayConfig {
@@ -131,6 +148,7 @@ impl GatewayConfig {
             session_store: super::store::resolve(path, text, file.session_store.as_ref())?,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
+            client_header_timeout,
             postprocess_default,
             listen,
             admin_listen,

@@ -203,6 +203,22 @@ fn route_names() {
 }
 
 #[test]
+fn client_header_timeout_defaults_to_10s_within_bounds() {
+    assert_eq!(gw().client_header_timeout, DEFAULT_CLIENT_HEADER_TIMEOUT);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    assert_eq!(
+        parse("client_header_timeout: 2s\n")
+            .unwrap()
+            .client_header_timeout,
+        Duration::from_secs(2)
+    );
+    for bad in ["50ms", "0s", "11m"] {
+        let e = parse(&format!("watch: false\nclient_header_timeout: {bad}\n")).unwrap_err();
+        assert_eq!(e.line, Some(2), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn client_idle_timeout_defaults_to_60s_and_needs_whole_seconds() {
     assert_eq!(gw().client_idle_timeout, DEFAULT_CLIENT_IDLE_TIMEOUT);
     let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());

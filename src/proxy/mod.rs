@@ -1,6 +1,7 @@
 //! The Pingora `ProxyHttp` implementation: hooks only, each a list of named
 //! phases. The phases live in the modules beside this one:
 //!
+//! early_request_filter     `conn::head_complete`: the head's deadline is off
 //! request_filter           `request` (route, endpoints, body) → `guards` (key,
 //!                          rules, usage, prefix) → `crate::balance` (pool, place) →
 //!                          `request::forward` (replay the body)
@@ -13,8 +14,12 @@
 //!                          `crate::stream` pipeline: observe, drop, rewrite
 //! fail_to_proxy            `response::local::fail`: the JSON error
 //! logging                  `response::record`, the slot is released, the
-//!                          body-log frame is queued
+//!                          body-log frame is queued, `conn::await_next_head`
+//!
+//! Under the hooks, `conn` wraps each client connection: a request head
+//! must arrive within `client_header_timeout` of its first byte.
 
+pub mod conn;
 pub mod ctx;
 pub mod guards;
 pub mod request;
@@ -161,6 +166,11 @@ impl ProxyHttp for Gateway {
         RequestCtx::new()
     }
 
+    async fn early_request_filter(&self, session: &mut Session, _: &mut RequestCtx) -> Result<()> {
+        conn::head_complete(session);
+        Ok(())
+    }
+
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         match self.admit(session, ctx).await {
             Ok(()) => Ok(false),
@@ -271,5 +281,6 @@ impl ProxyHttp for Gateway {
         ctx.upstream.slot = None;
         response::record::record(session, ctx);
         response::bodylog::emit(self.bodylog.as_deref(), session, ctx);
+        conn::await_next_head(session);
     }
 }

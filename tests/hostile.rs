@@ -1,0 +1,177 @@
+//! Issue 12, part 4: hostile input. Each finding of the probe is a test
+//! that failed before its fix, next to a control that the same request
+//! done right still succeeds.
+
+mod common;
+
+use common::http::{self, Conn};
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const CHAT: &str = "/chat/v1/chat/completions";
+
+fn small_chat() -> Vec<u8> {
+    serde_json::json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]})
+        .to_string()
+        .into_bytes()
+}
+
+/// A gateway on `engines(1)` with `extra` in gateway.yaml and `env`.
+fn gateway(extra: &str, env: &[(&str, &str)]) -> (SimCluster, Gateway) {
+    let cluster = engines(1);
+    let gw = Gateway::start_with(
+        &[("chat", route_yaml(&ports(&cluster), ""))],
+        GatewayOptions {
+            extra_config: extra.to_string(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        },
+    );
+    (cluster, gw)
+}
+
+fn error_lines(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains(" ERROR "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn raw(gw: &Gateway) -> TcpStream {
+    let s = TcpStream::connect(gw.addr).expect("connect");
+    s.set_nodelay(true).ok();
+    s
+}
+
+// ------------------------------------------------- header-read deadline
+
+/// Sends `head` one byte every `every` until the gateway closes the
+/// connection; returns how long that took, or None if it was still open
+/// after `give_up` (or answered, which a head never finished must not be).
+fn dribble(mut s: TcpStream, head: &[u8], every: Duration, give_up: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    s.set_read_timeout(Some(every)).ok();
+    let mut buf = [0u8; 256];
+    for byte in head.iter().cycle() {
+        if start.elapsed() > give_up {
+            return None;
+        }
+        if s.write_all(&[*byte]).is_err() {
+            return Some(start.elapsed());
+        }
+        match s.read(&mut buf) {
+            Ok(0) => return Some(start.elapsed()),
+            Ok(_) => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Some(start.elapsed())
+            }
+            Err(_) => {}
+        }
+    }
+    None
+}
+
+#[test]
+fn slowloris_heads_are_closed_at_the_header_deadline_and_logged_at_debug() {
+    let (_cluster, gw) = gateway(
+        "client_header_timeout: 2s\n",
+        &[("RUST_LOG", "info,llm_gateway::proxy::conn=debug")],
+    );
+    let errors_before = error_lines(&gw.log()).len();
+    let head = b"POST /chat/v1/chat/completions HTTP/1.1\r\nHost: gateway.test\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let closed = Arc::new(Mutex::new(Vec::new()));
+    let threads: Vec<_> = (0..5)
+        .map(|_| {
+            let s = raw(&gw);
+            let closed = Arc::clone(&closed);
+            std::thread::spawn(move || {
+                let took = dribble(s, head, Duration::from_millis(500), Duration::from_secs(15));
+                closed.lock().unwrap().push(took);
+            })
+        })
+        .collect();
+    // Control, while they dribble: a request done right is served at once.
+    std::thread::sleep(Duration::from_millis(700));
+    let r = http::request(gw.addr, "POST", CHAT, &[], &small_chat());
+    assert_eq!(r.status(), 200, "{}", r.text());
+    for t in threads {
+        t.join().expect("dribbler");
+    }
+    let closed = closed.lock().unwrap().clone();
+    for took in &closed {
+        let took = took.expect("a dribbled head was still open after 15 s");
+        assert!(
+            took >= Duration::from_millis(1500) && took < Duration::from_secs(6),
+            "closed after {took:?}, want about 2 s"
+        );
+    }
+    // Each close is one debug line, and no ERROR.
+    let log = wait_for("the closes at debug", DEADLINE, || {
+        let log = gw.log();
+        (log.matches("client_header_timeout").count() >= 5).then_some(log)
+    });
+    assert!(log.contains("DEBUG"), "{log}");
+    assert_eq!(error_lines(&log).len(), errors_before, "{log}");
+    gw.wait_idle();
+}
+
+#[test]
+fn heads_cut_short_by_the_client_log_no_error() {
+    let (_cluster, gw) = gateway("", &[("RUST_LOG", "info,llm_gateway::proxy::conn=debug")]);
+    let errors_before = error_lines(&gw.log()).len();
+    for _ in 0..5 {
+        let mut s = raw(&gw);
+        s.write_all(b"POST /chat/v1/chat/completions HTTP/1.1\r\nHost: g")
+            .expect("half a head");
+        drop(s);
+    }
+    let log = wait_for("the cut heads at debug", DEADLINE, || {
+        let log = gw.log();
+        (log.matches("ended inside a request head: closed by the client")
+            .count()
+            >= 5)
+            .then_some(log)
+    });
+    assert_eq!(error_lines(&log).len(), errors_before, "{log}");
+    // Control: the gateway serves on.
+    let r = http::request(gw.addr, "POST", CHAT, &[], &small_chat());
+    assert_eq!(r.status(), 200);
+}
+
+#[test]
+fn a_slow_head_within_the_deadline_and_a_long_idle_keepalive_are_served() {
+    let (_cluster, gw) = gateway("client_header_timeout: 2s\n", &[]);
+    let body = small_chat();
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: gateway.test\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut conn = Conn::open(gw.addr);
+    // Three pieces over ~1 s: slow, but inside 2 s.
+    let (a, rest) = head.as_bytes().split_at(20);
+    let (b, c) = rest.split_at(20);
+    for part in [a, b] {
+        conn.send_raw(part);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    conn.send_raw(c);
+    conn.send_raw(&body);
+    assert_eq!(conn.read_response().status(), 200);
+    // Idle for longer than the header deadline: the next head's deadline
+    // starts at its first byte, so the keep-alive connection still works.
+    std::thread::sleep(Duration::from_millis(3000));
+    conn.set_read_timeout(Duration::from_millis(200));
+    assert!(
+        !conn.is_closed(),
+        "idle keep-alive closed by the header deadline"
+    );
+    conn.set_read_timeout(http::IO_TIMEOUT);
+    let r = conn.request("POST", CHAT, &[("Content-Type", "application/json")], &body);
+    assert_eq!(r.status(), 200);
+}
