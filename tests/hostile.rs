@@ -175,3 +175,89 @@ fn a_slow_head_within_the_deadline_and_a_long_idle_keepalive_are_served() {
     let r = conn.request("POST", CHAT, &[("Content-Type", "application/json")], &body);
     assert_eq!(r.status(), 200);
 }
+
+// ------------------------------------------------------------- Upgrade
+
+/// An engine that answers every connection's first request with `101
+/// Switching Protocols` and then echoes every byte back (a tunnel), and
+/// records everything it received.
+fn switching_engine() -> (u16, Arc<Mutex<Vec<u8>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let record = Arc::clone(&record);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                record.lock().unwrap().extend_from_slice(&head);
+                let _ = stream.write_all(
+                    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+                );
+                loop {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            record.lock().unwrap().extend_from_slice(&buf[..n]);
+                            if stream.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+fn upgrade_request(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: gateway.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+}
+
+#[test]
+fn upgrade_is_refused_unless_the_route_allows_it() {
+    let (port, seen) = switching_engine();
+    let route = |extra: &str| {
+        format!("peers:\n  - {{name: ws, host: 127.0.0.1, port: {port}}}\nhealth: {{enabled: false}}\nengine_metrics: false\n{extra}")
+    };
+    let gw = Gateway::start(&[("chat", route("")), ("ws", route("allow_upgrade: true\n"))]);
+    // Refused: no tunnel, and the engine never heard of it.
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(upgrade_request("/chat/v1/realtime").as_bytes());
+    let r = conn.read_response();
+    assert_eq!(r.status(), 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "upgrade_not_allowed");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "the engine saw the upgrade"
+    );
+
+    // An engine switching protocols unasked is a 502, not a tunnel.
+    let r = http::request(gw.addr, "POST", CHAT, &[], &small_chat());
+    assert_eq!(r.status(), 502, "{}", r.text());
+    assert!(r.text().contains("101"), "{}", r.text());
+    seen.lock().unwrap().clear();
+
+    // Control: a route that opts in gets its tunnel, and bytes through it.
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(upgrade_request("/ws/v1/realtime").as_bytes());
+    assert_eq!(conn.read_head_raw_status(), 101);
+    conn.send_raw(b"ping through the tunnel");
+    wait_for("the tunnel's echo", DEADLINE, || {
+        let seen = seen.lock().unwrap();
+        String::from_utf8_lossy(&seen)
+            .contains("ping through the tunnel")
+            .then_some(())
+    });
+    drop(conn);
+    gw.wait_idle();
+}

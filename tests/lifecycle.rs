@@ -182,7 +182,7 @@ fn sigterm_drains_streams_then_exits_zero() {
 }
 
 fn check(dir: &std::path::Path) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+    let out = Command::new(common::gateway_bin())
         .args(["check", "--config"])
         .arg(dir.join("gateway.yaml"))
         .output()

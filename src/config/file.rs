@@ -70,6 +70,7 @@ pub(super) struct RouteFile {
     pub cch_strip: Option<Flag>,
     pub kimi_normalize: Option<Flag>,
     pub forward_client_key: Option<Flag>,
+    pub allow_upgrade: Option<Flag>,
     pub queue_timeout: Option<Dur>,
     pub ttft_window: Option<Dur>,
     pub tps_window: Option<Dur>,

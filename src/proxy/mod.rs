@@ -63,6 +63,7 @@ impl Gateway {
         request::endpoints::inspect(&route, session, &rest).await?;
         request::endpoints::answer(&route, &self.registry, session, &rest)?;
         request::require_api_path(&route, &rest)?;
+        request::refuse_upgrade(&route, session)?;
         guards::auth::check(&route, &self.registry, session)?;
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
@@ -221,6 +222,7 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        response::headers::refuse_switch(resp, ctx)?;
         response::bodylog::response_head(ctx, &resp.headers);
         response::headers::prepare_pipeline(resp, ctx)?;
         response::headers::insert_routed(resp, ctx, response::headers::Origin::Upstream)

@@ -19,6 +19,16 @@ pub use llm_gateway_sim::{spawn_engines, EngineConfig, SimCluster};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
+/// The gateway binary under test: cargo's, unless `LLM_GATEWAY_BIN` names
+/// another. Worktrees sharing one `CARGO_TARGET_DIR` overwrite each other's
+/// `debug/llm-gateway`; a run can pin its own build (the `deps/` file it
+/// was linked as) this way.
+pub fn gateway_bin() -> PathBuf {
+    std::env::var_os("LLM_GATEWAY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_llm-gateway")))
+}
+
 /// Polls `f` until it returns Some, or panics with `what` after `timeout`.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
@@ -123,7 +133,7 @@ impl Gateway {
         .expect("gateway.yaml");
         let log_path = dir.path().join("gateway.log");
         let log = std::fs::File::create(&log_path).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-gateway"));
+        let mut cmd = Command::new(gateway_bin());
         cmd.arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info")

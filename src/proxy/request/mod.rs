@@ -70,6 +70,31 @@ pub fn require_api_path(route: &Route, rest: &str) -> Result<(), Local> {
     .into())
 }
 
+/// A request asking to switch protocols (`Upgrade: websocket`, `h2c`) is
+/// refused unless its route sets `allow_upgrade`: an engine's `101` would
+/// turn the connection into a raw tunnel to it, past the `/v1/`
+/// restriction, the body limit and the rules (they judge one request; a
+/// tunnel carries anything). Refused rather than ignored, so a client
+/// learns why instead of getting a plain answer it did not ask for.
+pub fn refuse_upgrade(route: &Route, session: &Session) -> Result<(), Local> {
+    let Some(upgrade) = session.req_header().headers.get(http::header::UPGRADE) else {
+        return Ok(());
+    };
+    if route.config.allow_upgrade {
+        return Ok(());
+    }
+    let asked = String::from_utf8_lossy(upgrade.as_bytes());
+    Err(ErrorResponse::new(
+        400,
+        "upgrade_not_allowed",
+        format!(
+            "route {:?} does not switch protocols (Upgrade: {asked}); send plain HTTP/1.1",
+            route.name()
+        ),
+    )
+    .into())
+}
+
 /// Points the request at `rest` (the route prefix stripped) and, when a
 /// body was read, hands it back to Pingora through the replay.
 pub async fn forward(session: &mut Session, rest: &str, body_pending: bool) -> Result<(), Local> {
