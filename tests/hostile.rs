@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::canned::{canned_route, Canned};
 use common::http::{self, Conn};
 use common::*;
 use std::io::{Read, Write};
@@ -259,5 +260,67 @@ fn upgrade_is_refused_unless_the_route_allows_it() {
             .then_some(())
     });
     drop(conn);
+    gw.wait_idle();
+}
+
+// ------------------------------------------------ heads near Pingora's cap
+
+/// Pingora's request-head cap (pingora-core `MAX_HEADER_SIZE`).
+const PINGORA_HEAD_CAP: usize = 1_048_575;
+
+/// A POST head of exactly `total` bytes with `body`, padded by 200
+/// `X-Pad-NNN:value` headers written without the optional space (the
+/// gateway's re-serialisation adds one to each).
+fn padded_head(total: usize, body: &[u8]) -> Vec<u8> {
+    let start = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: gateway.test\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    let pads = 200;
+    let fixed = start.len() + 2 + pads * "X-Pad-000:\r\n".len();
+    let room = total - fixed;
+    let mut head = start;
+    for i in 0..pads {
+        let len = room / pads + usize::from(i < room % pads);
+        head.push_str(&format!("X-Pad-{i:03}:{}\r\n", "v".repeat(len)));
+    }
+    head.push_str("\r\n");
+    assert_eq!(head.len(), total);
+    let mut out = head.into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+#[test]
+fn a_head_that_outgrows_pingoras_cap_when_replayed_is_a_431() {
+    let engine = Canned::start("application/json", vec![b"{}".to_vec()], false);
+    let gw = Gateway::start(&[("chat", canned_route(engine.port(), ""))]);
+    let body = small_chat();
+    // 100 bytes under the cap: Pingora reads it, its replay would not.
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(&padded_head(PINGORA_HEAD_CAP - 100, &body));
+    let r = conn.read_response();
+    assert_eq!(r.status(), 431, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "request_header_fields_too_large");
+    assert!(engine.heads.lock().is_empty(), "the engine got the request");
+    wait_for("the 431 in the log", DEADLINE, || {
+        gw.log().contains("answered 431").then_some(())
+    });
+    // The connection goes on: the next request on it is served.
+    let r = conn.request("POST", CHAT, &[("Content-Type", "application/json")], &body);
+    assert_eq!(r.status(), 200);
+    // Control: 2 KiB under the cap goes through, every header with it.
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(&padded_head(PINGORA_HEAD_CAP - 2048, &body));
+    let r = conn.read_response();
+    assert_eq!(r.status(), 200, "{}", r.text());
+    let heads = engine.heads.lock();
+    let last = heads.last().expect("the engine got the control");
+    assert!(last.contains("X-Pad-199: v"), "padding forwarded");
+    assert_eq!(
+        engine.received.lock().last().map(Vec::as_slice),
+        Some(&body[..])
+    );
+    drop(heads);
     gw.wait_idle();
 }

@@ -79,7 +79,7 @@ impl Gateway {
             ctx,
         );
         let body_pending = ctx.request.body_read && !ctx.request.body.is_empty();
-        request::forward(session, &rest, body_pending).await
+        request::forward(&route, session, &rest, body_pending).await
     }
 
     /// Model pool, load gates, placement: the peer and its reserved slot,

@@ -97,7 +97,12 @@ pub fn refuse_upgrade(route: &Route, session: &Session) -> Result<(), Local> {
 
 /// Points the request at `rest` (the route prefix stripped) and, when a
 /// body was read, hands it back to Pingora through the replay.
-pub async fn forward(session: &mut Session, rest: &str, body_pending: bool) -> Result<(), Local> {
+pub async fn forward(
+    route: &Route,
+    session: &mut Session,
+    rest: &str,
+    body_pending: bool,
+) -> Result<(), Local> {
     let uri = rest
         .parse::<http::Uri>()
         .map_err(|_| Local::Error(ErrorResponse::bad_request("invalid request path")))?;
@@ -114,12 +119,31 @@ pub async fn forward(session: &mut Session, rest: &str, body_pending: bool) -> R
         )
         .into());
     }
-    replay::replay_h1(session).await.map_err(|e| {
-        Local::Error(ErrorResponse::new(
+    replay::replay_h1(session).await.map_err(|e| match e {
+        replay::ReplayError::HeadTooLarge(size) => {
+            log::warn!(
+                "route {}: request head of {size} bytes (re-serialised) over Pingora's {} byte cap: answered 431",
+                route.name(),
+                replay::PINGORA_MAX_HEADER_SIZE
+            );
+            // The body is read; the head is what the client must shrink.
+            Local::Error(
+                ErrorResponse::new(
+                    431,
+                    "request_header_fields_too_large",
+                    format!(
+                        "request headers too large: at most {} bytes",
+                        replay::PINGORA_MAX_HEADER_SIZE - 1024
+                    ),
+                )
+                .with("limit", replay::PINGORA_MAX_HEADER_SIZE - 1024),
+            )
+        }
+        replay::ReplayError::Failed(e) => Local::Error(ErrorResponse::new(
             500,
             "internal_error",
             format!("body replay failed: {e}"),
-        ))
+        )),
     })
 }
 
