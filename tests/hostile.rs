@@ -324,3 +324,88 @@ fn a_head_that_outgrows_pingoras_cap_when_replayed_is_a_431() {
     drop(heads);
     gw.wait_idle();
 }
+
+// ---------------------------------------------------------- pipelining
+
+fn post_bytes(path: &str, body: &[u8], extra: &str) -> Vec<u8> {
+    let mut out = format!(
+        "POST {path} HTTP/1.1\r\nHost: gateway.test\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+fn chat_of(session: &str, content: &str, stream: bool) -> Vec<u8> {
+    chat_body(session, content, stream).to_string().into_bytes()
+}
+
+#[test]
+fn requests_pipelined_in_one_segment_are_answered_in_order() {
+    let (cluster, gw) = gateway("", &[]);
+    // Three in one write: two with bodies (through the replay), one GET.
+    let mut conn = Conn::open(gw.addr);
+    let mut segment = post_bytes(CHAT, &chat_of("p1", "first", false), "");
+    segment.extend(post_bytes(CHAT, &chat_of("p2", "second", false), ""));
+    segment.extend_from_slice(b"GET /chat/_active_conns HTTP/1.1\r\nHost: gateway.test\r\n\r\n");
+    conn.send_raw(&segment);
+    for _ in 0..2 {
+        let r = conn.read_response();
+        assert_eq!(r.status(), 200, "{}", r.text());
+        assert!(r.text().contains("choices"), "{}", r.text());
+    }
+    let r = conn.read_response();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json()["route"], "chat");
+    // In order, and each exactly once.
+    let recorded = cluster.engines[0].stats.recorded.lock();
+    let bodies: Vec<String> = recorded
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    assert_eq!(bodies.len(), 2, "{bodies:?}");
+    assert!(
+        bodies[0].contains("first") && bodies[1].contains("second"),
+        "{bodies:?}"
+    );
+    drop(recorded);
+    // Control: the connection is still good for one more.
+    let r = conn.request(
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        &small_chat(),
+    );
+    assert_eq!(r.status(), 200);
+    gw.wait_idle();
+}
+
+#[test]
+fn a_request_pipelined_during_a_stream_waits_for_it() {
+    let (cluster, gw) = gateway("", &[]);
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(&post_bytes(
+        CHAT,
+        &chat_of("s1", "streamed", true),
+        "x-sim-gate: g1\r\n",
+    ));
+    assert_eq!(conn.read_head().status, 200);
+    conn.read_chunk().expect("first frame").expect("data");
+    // The next request arrives while the stream is held open.
+    conn.send_raw(&post_bytes(CHAT, &chat_of("s2", "after", false), ""));
+    std::thread::sleep(Duration::from_millis(300));
+    cluster.engines[0].open_gate("g1");
+    let mut frames = String::new();
+    while let Some(chunk) = conn.read_chunk().expect("the stream is not cut") {
+        frames.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(
+        frames.contains("[DONE]"),
+        "the stream ends cleanly: {frames}"
+    );
+    let r = conn.read_response();
+    assert_eq!(r.status(), 200, "{}", r.text());
+    assert!(r.text().contains("choices"), "{}", r.text());
+    gw.wait_idle();
+}

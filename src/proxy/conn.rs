@@ -80,6 +80,18 @@ pub fn head_complete(session: &Session) {
     }
 }
 
+/// Phase of `early_request_filter`: requests a client pipelines (sends
+/// before the answer to the one before) are answered in order. Pingora's
+/// default closes the connection once it reads past a request, silently
+/// dropping what followed, and cuts a stream short when the next request
+/// arrives while it runs ("Sent data after end of body"). With pipelining
+/// on, those bytes are kept and parsed as the next request once this one
+/// is done (RFC 9112 §9.3.2; one at a time, never in parallel). The
+/// setting carries over to the connection's later requests.
+pub fn serve_pipelined(session: &mut Session) {
+    session.as_downstream_mut().set_pipelining_enabled(true);
+}
+
 /// Phase of `logging`: the request is done, the next bytes on this
 /// connection start a new head (with a fresh deadline from its first byte).
 pub fn await_next_head(session: &Session) {

@@ -1,7 +1,8 @@
 //! The Pingora `ProxyHttp` implementation: hooks only, each a list of named
 //! phases. The phases live in the modules beside this one:
 //!
-//! early_request_filter     `conn::head_complete`: the head's deadline is off
+//! early_request_filter     `conn::head_complete`: the head's deadline is off;
+//!                          `conn::serve_pipelined`: pipelined requests in order
 //! request_filter           `request` (route, endpoints, body) → `guards` (key,
 //!                          rules, usage, prefix) → `crate::balance` (pool, place) →
 //!                          `request::forward` (replay the body)
@@ -169,6 +170,7 @@ impl ProxyHttp for Gateway {
 
     async fn early_request_filter(&self, session: &mut Session, _: &mut RequestCtx) -> Result<()> {
         conn::head_complete(session);
+        conn::serve_pipelined(session);
         Ok(())
     }
 

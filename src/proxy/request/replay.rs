@@ -69,6 +69,7 @@ pub async fn replay_h1(session: &mut Session) -> Result<(), ReplayError> {
     let reuses = ds.get_keepalive_reuses_remaining();
     let read_timeout = ds.get_read_timeout();
     let write_timeout = ds.get_write_timeout();
+    let pipelining = ds.pipelining_enabled();
     // `Connection: close` would veto keep-alive and make finish() close the
     // socket; the serialized head above still carries it for the new session.
     ds.req_header_mut().remove_header("connection");
@@ -109,6 +110,10 @@ pub async fn replay_h1(session: &mut Session) -> Result<(), ReplayError> {
     fresh.set_keepalive_reuses_remaining(reuses);
     fresh.set_read_timeout(read_timeout);
     fresh.set_write_timeout(write_timeout);
+    // What the client pipelined after this request is in the prefix (or
+    // arrives while it runs): kept for the next request, as the original
+    // session would have.
+    fresh.set_pipelining_enabled(pipelining);
     **ds = fresh;
     Ok(())
 }
