@@ -409,3 +409,72 @@ fn a_request_pipelined_during_a_stream_waits_for_it() {
     assert!(r.text().contains("choices"), "{}", r.text());
     gw.wait_idle();
 }
+
+// ------------------------------------- Pingora's parser-level refusals
+
+/// Sends `bytes` on a fresh connection and reads everything until the
+/// gateway closes it.
+fn exchange(gw: &Gateway, bytes: &[u8]) -> String {
+    let mut s = raw(gw);
+    s.set_read_timeout(Some(http::IO_TIMEOUT)).ok();
+    s.write_all(bytes).expect("send");
+    let mut out = Vec::new();
+    // Ends when the gateway closes (a read error counts: a reset after
+    // the answer).
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What Pingora 0.9.1 answers for a head its parser refuses, before any
+/// hook of the gateway runs: a bare 400 (no JSON body is possible, see the
+/// README's "Hostile input"), and the connection closes.
+fn assert_pingora_400(answer: &str, what: &str) {
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{what}: {answer:?}");
+    let head = answer.split("\r\n\r\n").next().unwrap_or("").to_ascii_lowercase();
+    assert!(head.contains("content-length: 0"), "{what}: {answer:?}");
+    assert!(head.contains("connection: close"), "{what}: {answer:?}");
+    assert!(answer.ends_with("\r\n\r\n"), "{what}: nothing after the head: {answer:?}");
+}
+
+fn head_with(lines: &str, body: &str) -> Vec<u8> {
+    format!("POST /chat/v1/echo HTTP/1.1\r\nHost: gateway.test\r\n{lines}\r\n{body}").into_bytes()
+}
+
+#[test]
+fn heads_pingoras_parser_refuses_get_its_bare_400_and_reach_no_engine() {
+    let engine = Canned::start("application/json", vec![b"{}".to_vec()], false);
+    let gw = Gateway::start(&[("chat", canned_route(engine.port(), ""))]);
+    let many: String = (0..300).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let huge = format!("X-Big: {}\r\n", "a".repeat(1_100_000));
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("conflicting Content-Length", head_with("Content-Length: 5\r\nContent-Length: 6\r\n", "hello!")),
+        ("obs-fold", head_with("X-A: a\r\n folded\r\nContent-Length: 2\r\n", "{}")),
+        ("Transfer-Encoding not chunked", head_with("Transfer-Encoding: gzip\r\n", "")),
+        ("chunked not last", head_with("Transfer-Encoding: chunked, gzip\r\n", "")),
+        ("more than 256 headers", head_with(&format!("{many}Content-Length: 2\r\n"), "{}")),
+        ("a head over 1 MiB", head_with(&format!("{huge}Content-Length: 2\r\n"), "{}")),
+        ("a space in a header name", head_with("X A: b\r\nContent-Length: 2\r\n", "{}")),
+    ];
+    for (what, bytes) in &cases {
+        assert_pingora_400(&exchange(&gw, bytes), what);
+    }
+    assert!(engine.heads.lock().is_empty(), "an engine got one of them");
+    // Controls: the same requests done right are served.
+    let many: String = (0..240).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let big = format!("X-Big: {}\r\n", "a".repeat(60_000));
+    for (what, lines) in [
+        ("one Content-Length", "Content-Length: 2\r\n".to_string()),
+        ("a plain header", "X-A: a folded\r\nContent-Length: 2\r\n".to_string()),
+        ("240 headers", format!("{many}Content-Length: 2\r\n")),
+        ("a 60 KB header", format!("{big}Content-Length: 2\r\n")),
+    ] {
+        let mut conn = Conn::open(gw.addr);
+        conn.send_raw(&head_with(&lines, "{}"));
+        assert_eq!(conn.read_response().status(), 200, "{what}");
+    }
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(&head_with("Transfer-Encoding: chunked\r\n", "2\r\n{}\r\n0\r\n\r\n"));
+    assert_eq!(conn.read_response().status(), 200, "chunked");
+    assert_eq!(engine.heads.lock().len(), 5);
+    gw.wait_idle();
+}
