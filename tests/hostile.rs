@@ -430,10 +430,17 @@ fn exchange(gw: &Gateway, bytes: &[u8]) -> String {
 /// README's "Hostile input"), and the connection closes.
 fn assert_pingora_400(answer: &str, what: &str) {
     assert!(answer.starts_with("HTTP/1.1 400 "), "{what}: {answer:?}");
-    let head = answer.split("\r\n\r\n").next().unwrap_or("").to_ascii_lowercase();
+    let head = answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
     assert!(head.contains("content-length: 0"), "{what}: {answer:?}");
     assert!(head.contains("connection: close"), "{what}: {answer:?}");
-    assert!(answer.ends_with("\r\n\r\n"), "{what}: nothing after the head: {answer:?}");
+    assert!(
+        answer.ends_with("\r\n\r\n"),
+        "{what}: nothing after the head: {answer:?}"
+    );
 }
 
 fn head_with(lines: &str, body: &str) -> Vec<u8> {
@@ -447,13 +454,34 @@ fn heads_pingoras_parser_refuses_get_its_bare_400_and_reach_no_engine() {
     let many: String = (0..300).map(|i| format!("X-H{i}: v\r\n")).collect();
     let huge = format!("X-Big: {}\r\n", "a".repeat(1_100_000));
     let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("conflicting Content-Length", head_with("Content-Length: 5\r\nContent-Length: 6\r\n", "hello!")),
-        ("obs-fold", head_with("X-A: a\r\n folded\r\nContent-Length: 2\r\n", "{}")),
-        ("Transfer-Encoding not chunked", head_with("Transfer-Encoding: gzip\r\n", "")),
-        ("chunked not last", head_with("Transfer-Encoding: chunked, gzip\r\n", "")),
-        ("more than 256 headers", head_with(&format!("{many}Content-Length: 2\r\n"), "{}")),
-        ("a head over 1 MiB", head_with(&format!("{huge}Content-Length: 2\r\n"), "{}")),
-        ("a space in a header name", head_with("X A: b\r\nContent-Length: 2\r\n", "{}")),
+        (
+            "conflicting Content-Length",
+            head_with("Content-Length: 5\r\nContent-Length: 6\r\n", "hello!"),
+        ),
+        (
+            "obs-fold",
+            head_with("X-A: a\r\n folded\r\nContent-Length: 2\r\n", "{}"),
+        ),
+        (
+            "Transfer-Encoding not chunked",
+            head_with("Transfer-Encoding: gzip\r\n", ""),
+        ),
+        (
+            "chunked not last",
+            head_with("Transfer-Encoding: chunked, gzip\r\n", ""),
+        ),
+        (
+            "more than 256 headers",
+            head_with(&format!("{many}Content-Length: 2\r\n"), "{}"),
+        ),
+        (
+            "a head over 1 MiB",
+            head_with(&format!("{huge}Content-Length: 2\r\n"), "{}"),
+        ),
+        (
+            "a space in a header name",
+            head_with("X A: b\r\nContent-Length: 2\r\n", "{}"),
+        ),
     ];
     for (what, bytes) in &cases {
         assert_pingora_400(&exchange(&gw, bytes), what);
@@ -464,7 +492,10 @@ fn heads_pingoras_parser_refuses_get_its_bare_400_and_reach_no_engine() {
     let big = format!("X-Big: {}\r\n", "a".repeat(60_000));
     for (what, lines) in [
         ("one Content-Length", "Content-Length: 2\r\n".to_string()),
-        ("a plain header", "X-A: a folded\r\nContent-Length: 2\r\n".to_string()),
+        (
+            "a plain header",
+            "X-A: a folded\r\nContent-Length: 2\r\n".to_string(),
+        ),
         ("240 headers", format!("{many}Content-Length: 2\r\n")),
         ("a 60 KB header", format!("{big}Content-Length: 2\r\n")),
     ] {
@@ -473,8 +504,104 @@ fn heads_pingoras_parser_refuses_get_its_bare_400_and_reach_no_engine() {
         assert_eq!(conn.read_response().status(), 200, "{what}");
     }
     let mut conn = Conn::open(gw.addr);
-    conn.send_raw(&head_with("Transfer-Encoding: chunked\r\n", "2\r\n{}\r\n0\r\n\r\n"));
+    conn.send_raw(&head_with(
+        "Transfer-Encoding: chunked\r\n",
+        "2\r\n{}\r\n0\r\n\r\n",
+    ));
     assert_eq!(conn.read_response().status(), 200, "chunked");
     assert_eq!(engine.heads.lock().len(), 5);
     gw.wait_idle();
+}
+// ---------------------------------------------------------- smuggling
+
+#[test]
+fn smuggling_attempts_reach_the_engine_as_exactly_one_request_with_the_clients_body() {
+    let engine = Canned::start("application/json", vec![b"{}".to_vec()], false);
+    let gw = Gateway::start(&[("chat", canned_route(engine.port(), ""))]);
+    let smuggled = "GET /chat/v1/smuggled HTTP/1.1\r\nHost: gateway.test\r\n\r\n";
+
+    // Content-Length and Transfer-Encoding: chunked framing wins (RFC 9112
+    // §6.3), and the connection closes after the answer, so what the
+    // Content-Length reading would call a second request is never one.
+    let answer = exchange(
+        &gw,
+        &head_with(
+            "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
+            &format!("2\r\n{{}}\r\n0\r\n\r\n{smuggled}"),
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer:?}"
+    );
+    assert_eq!(
+        answer.matches("HTTP/1.1 ").count(),
+        1,
+        "one answer: {answer:?}"
+    );
+
+    // A body that holds a whole HTTP request is a body.
+    let mut conn = Conn::open(gw.addr);
+    let r = conn.request("POST", "/chat/v1/echo", &[], smuggled.as_bytes());
+    assert_eq!(r.status(), 200);
+
+    // The same Content-Length twice is one Content-Length.
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(&head_with(
+        "Content-Length: 2\r\nContent-Length: 2\r\n",
+        "{}",
+    ));
+    assert_eq!(conn.read_response().status(), 200);
+
+    let heads = engine.heads.lock().clone();
+    let bodies = engine.received.lock().clone();
+    assert_eq!(heads.len(), 3, "exactly one engine request each: {heads:?}");
+    assert!(heads.iter().all(|h| !h.contains("smuggled")), "{heads:?}");
+    assert_eq!(bodies[0], b"{}");
+    assert_eq!(bodies[1], smuggled.as_bytes());
+    assert_eq!(bodies[2], b"{}");
+    for head in &heads {
+        let lower = head.to_ascii_lowercase();
+        assert_eq!(lower.matches("content-length:").count(), 1, "{head}");
+        assert!(!lower.contains("transfer-encoding"), "{head}");
+    }
+    gw.wait_idle();
+}
+
+#[test]
+fn a_client_that_asks_to_close_is_not_kept_alive() {
+    let (_cluster, gw) = gateway("", &[]);
+    let body = String::from_utf8(small_chat()).unwrap();
+    for (what, version, header) in [
+        ("Connection: close", "1.1", "Connection: close\r\n"),
+        ("HTTP/1.0", "1.0", ""),
+    ] {
+        let answer = exchange(
+            &gw,
+            format!(
+                "POST {CHAT} HTTP/{version}\r\nHost: gateway.test\r\n{header}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{what}: {answer:?}");
+        assert!(
+            !answer.to_ascii_lowercase().contains("keep-alive"),
+            "{what}: {answer:?}"
+        );
+    }
+    // Control: a plain HTTP/1.1 request is kept alive.
+    let mut conn = Conn::open(gw.addr);
+    let r = conn.request(
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    );
+    assert_eq!(r.header("connection"), Some("keep-alive"));
+    assert_eq!(
+        conn.request("POST", CHAT, &[], body.as_bytes()).status(),
+        200
+    );
 }

@@ -80,6 +80,20 @@ pub fn head_complete(session: &Session) {
     }
 }
 
+/// Phase of `request_filter`: how long the connection may idle before its
+/// next request. Pingora keeps an HTTP/1.1 client connection open between
+/// requests forever by default: idle connections would pile up without a
+/// key. Only a connection Pingora would keep is given the timeout: one it
+/// closes after this request (`Connection: close`, HTTP/1.0 without
+/// keep-alive, both Content-Length and Transfer-Encoding, which RFC 9112
+/// §6.1 says to close so that a front end that framed by Content-Length
+/// cannot have the rest taken as a next request) stays closing.
+pub fn idle_timeout(session: &mut Session, idle: Duration) {
+    if session.get_keepalive().is_some() {
+        session.set_keepalive(Some(idle.as_secs()));
+    }
+}
+
 /// Phase of `early_request_filter`: requests a client pipelines (sends
 /// before the answer to the one before) are answered in order. Pingora's
 /// default closes the connection once it reads past a request, silently

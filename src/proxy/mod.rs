@@ -55,9 +55,7 @@ impl Gateway {
     /// Everything before proxying. `Ok(())`: proxy the (replayed) request;
     /// `Err(local)`: the gateway answers itself.
     async fn admit(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Local> {
-        // Pingora keeps an HTTP/1.1 client connection open between requests
-        // forever by default: idle connections would pile up without a key.
-        session.set_keepalive(Some(self.registry.gateway().client_idle_timeout.as_secs()));
+        conn::idle_timeout(session, self.registry.gateway().client_idle_timeout);
         request::endpoints::answer_gateway(self.bodylog.as_deref(), session)?;
         let (route, rest) = request::resolve_route(&self.registry, session)?;
         ctx.route = Some(Arc::clone(&route));
