@@ -605,3 +605,126 @@ fn a_client_that_asks_to_close_is_not_kept_alive() {
         200
     );
 }
+
+// ---------------------------------------------------------- path tricks
+
+/// A gateway whose key file holds `sk-good`, on `engines(1)`, plus a route
+/// file named like the gateway-wide endpoint `/_bodylog_status`.
+fn keyed_gateway() -> (SimCluster, Gateway) {
+    let cluster = engines(1);
+    let keys = tempfile::NamedTempFile::new().expect("key file");
+    std::fs::write(keys.path(), "sk-good:team\n").expect("write keys");
+    let (_, keys_path) = keys.keep().expect("keep key file");
+    let route = route_yaml(&ports(&cluster), "");
+    let gw = Gateway::start_with(
+        &[("chat", route.clone()), ("_bodylog_status", route)],
+        GatewayOptions {
+            env: vec![(
+                "LLM_GATEWAY_API_KEYS_FILE".into(),
+                keys_path.display().to_string(),
+            )],
+            ..Default::default()
+        },
+    );
+    (cluster, gw)
+}
+
+fn rules_on(gw: &Gateway) -> serde_json::Value {
+    http::get(gw.addr, "/chat/_route_state").json()["toggles"]["reject_rules"]["on"].clone()
+}
+
+#[test]
+fn path_tricks_reach_no_toggle_no_engine_path_and_skip_no_key() {
+    let (cluster, gw) = keyed_gateway();
+    let key = ("Authorization", "Bearer sk-good");
+    let post_from = |from: [u8; 4], target: &str, headers: &[(&str, &str)]| {
+        let mut c = Conn::open_from(std::net::IpAddr::from(from), gw.addr);
+        c.request("POST", target, headers, b"")
+    };
+    // Toggle paths in disguise, from loopback: none is the toggle.
+    for (target, status) in [
+        ("/chat/./_reject_rules_toggle?on=0", 400),
+        ("/chat/v1/../_reject_rules_toggle?on=0", 400),
+        ("/chat/%2e/_reject_rules_toggle?on=0", 400),
+        ("/chat/x/%2E%2E/_reject_rules_toggle?on=0", 400),
+        ("/chat/%5Freject_rules_toggle?on=0", 404),
+        ("/chat/_Reject_Rules_Toggle?on=0", 404),
+        ("/CHAT/_reject_rules_toggle?on=0", 404),
+        ("//chat/_reject_rules_toggle?on=0", 404),
+        ("/chat%2F_reject_rules_toggle?on=0", 404),
+        ("/chat/_reject_rules_toggle/?on=0", 404),
+    ] {
+        let r = post_from([127, 0, 0, 1], target, &[]);
+        assert_eq!(r.status(), status, "{target}: {}", r.text());
+        assert!(
+            r.json()["error"]["type"].is_string(),
+            "{target}: JSON error"
+        );
+        assert_eq!(rules_on(&gw), true, "{target} flipped the toggle");
+    }
+    // Absolute-form is the same path: from elsewhere still refused, and
+    // naming 127.0.0.1 in it changes nothing (Pingora refuses a target
+    // whose authority disagrees with Host).
+    let r = post_from(
+        [127, 0, 0, 2],
+        "http://gateway.test/chat/_reject_rules_toggle?on=0",
+        &[],
+    );
+    assert_eq!(r.status(), 403, "{}", r.text());
+    let r = post_from(
+        [127, 0, 0, 2],
+        "http://127.0.0.1/chat/_reject_rules_toggle?on=0",
+        &[],
+    );
+    assert_eq!(r.status(), 400, "{}", r.text());
+    assert_eq!(rules_on(&gw), true);
+
+    // Dot-segments toward an engine path outside /v1/, with the key.
+    for target in [
+        "/chat/v1/../metrics",
+        "/chat/v1/%2e%2e/metrics",
+        "/chat/v1/..%2Fmetrics",
+        "/chat/v1/.%2E/health",
+    ] {
+        let r = http::request(gw.addr, "GET", target, &[key], b"");
+        assert_eq!(r.status(), 400, "{target}: {}", r.text());
+        assert_eq!(r.json()["error"]["type"], "invalid_path");
+    }
+    assert!(
+        cluster.engines[0].stats.recorded.lock().is_empty(),
+        "an engine saw a dot-segment path"
+    );
+
+    // No key: no trick gets a request through.
+    let body = small_chat();
+    for target in [
+        "/chat/_x/../v1/chat/completions",
+        "http://gateway.test/chat/v1/chat/completions",
+        "/chat/v1/chat/completions",
+    ] {
+        let r = http::request(gw.addr, "POST", target, &[], &body);
+        assert!(matches!(r.status(), 400 | 401), "{target}: {}", r.status());
+    }
+    assert!(cluster.engines[0].stats.recorded.lock().is_empty());
+
+    // A route file named like a gateway endpoint is not a route: the
+    // endpoint is the gateway's.
+    let status = http::get(gw.addr, "/_bodylog_status").json();
+    assert_eq!(status["configured"], false, "{status}");
+
+    // Controls: done right, each works.
+    let r = http::request(
+        gw.addr,
+        "POST",
+        "http://gateway.test/chat/v1/chat/completions",
+        &[key],
+        &body,
+    );
+    assert_eq!(r.status(), 200, "{}", r.text());
+    let path = cluster.engines[0].stats.recorded.lock()[0].path.clone();
+    assert_eq!(path, "/v1/chat/completions", "origin-form upstream");
+    let r = post_from([127, 0, 0, 1], "/chat/_reject_rules_toggle?on=0", &[]);
+    assert_eq!(r.status(), 200, "{}", r.text());
+    assert_eq!(rules_on(&gw), false);
+    gw.wait_idle();
+}

@@ -56,6 +56,7 @@ impl Gateway {
     /// `Err(local)`: the gateway answers itself.
     async fn admit(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Local> {
         conn::idle_timeout(session, self.registry.gateway().client_idle_timeout);
+        request::refuse_dot_segments(session)?;
         request::endpoints::answer_gateway(self.bodylog.as_deref(), session)?;
         let (route, rest) = request::resolve_route(&self.registry, session)?;
         ctx.route = Some(Arc::clone(&route));
