@@ -608,25 +608,27 @@ fn a_client_that_asks_to_close_is_not_kept_alive() {
 
 // ---------------------------------------------------------- path tricks
 
-/// A gateway whose key file holds `sk-good`, on `engines(1)`, plus a route
-/// file named like the gateway-wide endpoint `/_bodylog_status`.
-fn keyed_gateway() -> (SimCluster, Gateway) {
+/// A gateway whose key file holds `sk-good`, on `engines(1)`, with `extra`
+/// in gateway.yaml, plus a route file named like the gateway-wide endpoint
+/// `/_bodylog_status`. The directory holds the key file.
+fn keyed_gateway(extra: &str) -> (SimCluster, Gateway, tempfile::TempDir) {
     let cluster = engines(1);
-    let keys = tempfile::NamedTempFile::new().expect("key file");
-    std::fs::write(keys.path(), "sk-good:team\n").expect("write keys");
-    let (_, keys_path) = keys.keep().expect("keep key file");
+    let keys = tempfile::tempdir().expect("key dir");
+    let key_file = keys.path().join("api-keys");
+    std::fs::write(&key_file, "sk-good:team\n").expect("write keys");
     let route = route_yaml(&ports(&cluster), "");
     let gw = Gateway::start_with(
         &[("chat", route.clone()), ("_bodylog_status", route)],
         GatewayOptions {
             env: vec![(
                 "LLM_GATEWAY_API_KEYS_FILE".into(),
-                keys_path.display().to_string(),
+                key_file.display().to_string(),
             )],
+            extra_config: extra.to_string(),
             ..Default::default()
         },
     );
-    (cluster, gw)
+    (cluster, gw, keys)
 }
 
 fn rules_on(gw: &Gateway) -> serde_json::Value {
@@ -635,7 +637,7 @@ fn rules_on(gw: &Gateway) -> serde_json::Value {
 
 #[test]
 fn path_tricks_reach_no_toggle_no_engine_path_and_skip_no_key() {
-    let (cluster, gw) = keyed_gateway();
+    let (cluster, gw, _keys) = keyed_gateway("");
     let key = ("Authorization", "Bearer sk-good");
     let post_from = |from: [u8; 4], target: &str, headers: &[(&str, &str)]| {
         let mut c = Conn::open_from(std::net::IpAddr::from(from), gw.addr);
@@ -727,4 +729,158 @@ fn path_tricks_reach_no_toggle_no_engine_path_and_skip_no_key() {
     assert_eq!(r.status(), 200, "{}", r.text());
     assert_eq!(rules_on(&gw), false);
     gw.wait_idle();
+}
+
+// ------------------------------------------------ who counts as local
+
+#[test]
+fn toggles_refuse_every_other_address_and_every_forwarding_header() {
+    let cluster = engines(1);
+    let gw = Gateway::start_with(
+        &[("chat", route_yaml(&ports(&cluster), ""))],
+        GatewayOptions {
+            listen_host: "[::]",
+            ..Default::default()
+        },
+    );
+    let off = "/chat/_reject_rules_toggle?on=0";
+    let spoofs: [&[(&str, &str)]; 4] = [
+        &[],
+        &[("X-Forwarded-For", "127.0.0.1")],
+        &[("Forwarded", "for=127.0.0.1")],
+        &[("X-Real-IP", "127.0.0.1")],
+    ];
+    // On a dual-stack listener 127.0.0.2 arrives as ::ffff:127.0.0.2.
+    for headers in spoofs {
+        let mut c = Conn::open_from([127, 0, 0, 2].into(), gw.addr);
+        let r = c.request("POST", off, headers, b"");
+        assert_eq!(r.status(), 403, "{headers:?}: {}", r.text());
+        assert_eq!(rules_on(&gw), true);
+    }
+    // Controls: 127.0.0.1 (as ::ffff:127.0.0.1) and ::1 are local.
+    let mut c = Conn::open_from([127, 0, 0, 1].into(), gw.addr);
+    assert_eq!(c.request("POST", off, &[], b"").status(), 200);
+    assert_eq!(rules_on(&gw), false);
+    let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, gw.addr.port()));
+    let r = Conn::open(v6).request("POST", "/chat/_reject_rules_toggle?on=1", &[], b"");
+    assert_eq!(r.status(), 200, "{}", r.text());
+    assert_eq!(rules_on(&gw), true);
+}
+
+// ------------------------------------------ what the /_ endpoints show
+
+fn state_from(gw: &Gateway, from: [u8; 4], headers: &[(&str, &str)]) -> http::Response {
+    Conn::open_from(std::net::IpAddr::from(from), gw.addr).request(
+        "GET",
+        "/chat/_route_state",
+        headers,
+        b"",
+    )
+}
+
+fn first_address(r: &http::Response) -> String {
+    r.json()["peers"][0]["address"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn open_status_endpoints_hide_engine_addresses_from_other_hosts() {
+    let (cluster, gw, _keys) = keyed_gateway("");
+    let port = cluster.engines[0].port().to_string();
+    let r = state_from(&gw, [127, 0, 0, 2], &[]);
+    assert_eq!(r.status(), 200, "open: no key needed");
+    assert_eq!(first_address(&r), "[redacted]");
+    assert_eq!(r.json()["peers"][0]["name"], "e0", "peers by name");
+    for path in [
+        "/chat/_route_opts",
+        "/chat/_route_state",
+        "/_bodylog_status",
+    ] {
+        let r = Conn::open_from([127, 0, 0, 2].into(), gw.addr).request("GET", path, &[], b"");
+        assert_eq!(r.status(), 200, "{path}");
+        assert!(
+            !r.text().contains(&format!(":{port}")),
+            "{path}: {}",
+            r.text()
+        );
+        assert!(
+            !r.text().contains(&format!("\"port\":{port}")),
+            "{path}: {}",
+            r.text()
+        );
+    }
+    // Control: the machine itself sees them.
+    let r = state_from(&gw, [127, 0, 0, 1], &[]);
+    assert_eq!(first_address(&r), format!("127.0.0.1:{port}"));
+}
+
+#[test]
+fn key_mode_status_endpoints_need_the_key_or_loopback() {
+    let (_cluster, gw, _keys) = keyed_gateway("status_endpoints: key\n");
+    let key = ("Authorization", "Bearer sk-good");
+    for path in ["/chat/_route_state", "/chat/_sessions", "/_bodylog_status"] {
+        let get = |from: [u8; 4], headers: &[(&str, &str)]| {
+            Conn::open_from(std::net::IpAddr::from(from), gw.addr)
+                .request("GET", path, headers, b"")
+        };
+        let r = get([127, 0, 0, 2], &[]);
+        assert_eq!(r.status(), 401, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"]["type"], "unauthorized");
+        assert_eq!(
+            get([127, 0, 0, 2], &[("Authorization", "Bearer nope")]).status(),
+            401
+        );
+        assert_eq!(
+            get([127, 0, 0, 2], &[("X-Forwarded-For", "127.0.0.1")]).status(),
+            401
+        );
+        // Controls: with the key, or from the machine itself.
+        assert_eq!(get([127, 0, 0, 2], &[key]).status(), 200, "{path}");
+        assert_eq!(get([127, 0, 0, 1], &[]).status(), 200, "{path}");
+    }
+    let r = Conn::open_from([127, 0, 0, 2].into(), gw.addr).request(
+        "POST",
+        "/chat/_route_inspect",
+        &[],
+        &small_chat(),
+    );
+    assert_eq!(r.status(), 401, "{}", r.text());
+    // A key holder still sees no addresses; loopback does.
+    assert_eq!(
+        first_address(&state_from(&gw, [127, 0, 0, 2], &[key])),
+        "[redacted]"
+    );
+    assert!(first_address(&state_from(&gw, [127, 0, 0, 1], &[])).starts_with("127.0.0.1:"));
+}
+
+#[test]
+fn loopback_mode_status_endpoints_answer_only_this_machine() {
+    let (_cluster, gw, _keys) = keyed_gateway("status_endpoints: loopback\n");
+    let key = ("Authorization", "Bearer sk-good");
+    for headers in [&[][..], &[key], &[("X-Forwarded-For", "127.0.0.1")]] {
+        let r = state_from(&gw, [127, 0, 0, 2], headers);
+        assert_eq!(r.status(), 403, "{headers:?}: {}", r.text());
+        assert_eq!(r.json()["error"]["type"], "forbidden");
+    }
+    let r = Conn::open_from([127, 0, 0, 2].into(), gw.addr).request(
+        "GET",
+        "/_bodylog_status",
+        &[],
+        b"",
+    );
+    assert_eq!(r.status(), 403);
+    // Control: from 127.0.0.1, everything.
+    let r = state_from(&gw, [127, 0, 0, 1], &[]);
+    assert_eq!(r.status(), 200);
+    assert!(first_address(&r).starts_with("127.0.0.1:"));
+    // The API itself is unaffected.
+    let r = Conn::open_from([127, 0, 0, 2].into(), gw.addr).request(
+        "POST",
+        CHAT,
+        &[key],
+        &small_chat(),
+    );
+    assert_eq!(r.status(), 200, "{}", r.text());
 }

@@ -22,6 +22,7 @@ pub(super) struct GatewayFile {
     pub postprocess_default: Option<String>,
     pub client_idle_timeout: Option<Dur>,
     pub client_header_timeout: Option<Dur>,
+    pub status_endpoints: Option<String>,
     pub load_rate_limit: Option<Flag>,
     pub watch: Option<Flag>,
     pub bodylog: Option<BodylogFile>,

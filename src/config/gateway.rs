@@ -31,6 +31,8 @@ pub struct GatewayConfig {
     /// How long a request head may take from its first byte to its blank
     /// line: a client dribbling a head (slowloris) is closed after it.
     pub client_header_timeout: Duration,
+    /// Who may read the read-only `/_…` status endpoints on the main listener.
+    pub status_endpoints: StatusAccess,
     /// The gateway-wide default of the load-based 429s' master switch.
     pub load_rate_limit: bool,
     /// Reload on a change in `routes_dir` or a key file's directory, as
@@ -44,6 +46,42 @@ pub struct GatewayConfig {
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `status_endpoints`: who may read the read-only `/_…` endpoints of the
+/// main listener (a route's `/<route>/_route_state` and the others,
+/// `/_route_inspect`, `/_bodylog_status`). Whatever the mode, engine
+/// addresses, the body-log target and key file paths in their answers are
+/// shown to loopback callers only, and toggles stay loopback-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StatusAccess {
+    /// Anyone (the default, as before the option existed).
+    #[default]
+    Open,
+    /// A caller with a valid API key for the route (the shared key file
+    /// for gateway-wide endpoints), or a loopback caller.
+    Key,
+    /// Loopback callers only (127.0.0.1, ::1).
+    Loopback,
+}
+
+impl StatusAccess {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "open" => Some(StatusAccess::Open),
+            "key" => Some(StatusAccess::Key),
+            "loopback" => Some(StatusAccess::Loopback),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusAccess::Open => "open",
+            StatusAccess::Key => "key",
+            StatusAccess::Loopback => "loopback",
+        }
+    }
+}
 
 /// Command-line values that take precedence over the file.
 #[derive(Debug, Default, Clone)]
@@ -140,6 +178,16 @@ impl GatewayConfig {
                 "client_header_timeout must be between 100ms and 10m",
             ));
         }
+        let status_endpoints = match file.status_endpoints.as_deref() {
+            None => StatusAccess::default(),
+            Some(name) => StatusAccess::from_name(name).ok_or_else(|| {
+                ConfigError::new(
+                    path,
+                    find_key_line(text, "status_endpoints"),
+                    format!("status_endpoints: {name:?} is not one of open, key, loopback"),
+                )
+            })?,
+        };
         let bodylog_env = std::env::var(BODYLOG_ENV).ok();
         let bodylog = bodylog::resolve(path, text, file.bodylog.as_ref(), bodylog_env.as_deref())?;
         Ok(GatewayConfig {
@@ -149,6 +197,7 @@ impl GatewayConfig {
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
             client_header_timeout,
+            status_endpoints,
             postprocess_default,
             listen,
             admin_listen,

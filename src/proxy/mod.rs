@@ -57,10 +57,10 @@ impl Gateway {
     async fn admit(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Local> {
         conn::idle_timeout(session, self.registry.gateway().client_idle_timeout);
         request::refuse_dot_segments(session)?;
-        request::endpoints::answer_gateway(self.bodylog.as_deref(), session)?;
+        request::endpoints::answer_gateway(self.bodylog.as_deref(), &self.registry, session)?;
         let (route, rest) = request::resolve_route(&self.registry, session)?;
         ctx.route = Some(Arc::clone(&route));
-        request::endpoints::inspect(&route, session, &rest).await?;
+        request::endpoints::inspect(&route, &self.registry, session, &rest).await?;
         request::endpoints::answer(&route, &self.registry, session, &rest)?;
         request::require_api_path(&route, &rest)?;
         request::refuse_upgrade(&route, session)?;

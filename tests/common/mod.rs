@@ -83,6 +83,9 @@ pub struct GatewayOptions {
     /// A routes directory the test laid out itself (e.g. as a Kubernetes
     /// volume) instead of a fresh one holding `routes`.
     pub routes_dir: Option<PathBuf>,
+    /// The listener's host: 127.0.0.1 unless a test needs another (`[::]`
+    /// for a dual-stack one, where IPv4 callers are `::ffff:a.b.c.d`).
+    pub listen_host: &'static str,
 }
 
 impl Default for GatewayOptions {
@@ -96,6 +99,7 @@ impl Default for GatewayOptions {
             // exactly, and a watch would add its own for their writes.
             watch: Some(false),
             routes_dir: None,
+            listen_host: "127.0.0.1",
         }
     }
 }
@@ -121,7 +125,8 @@ impl Gateway {
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nroutes_dir: {}\nthreads: {}\ngrace_period: {}\napi_keys_file: {}\n{}{}",
+                "listen: \"{}:{port}\"\nadmin_listen: 127.0.0.1:{admin_port}\nroutes_dir: {}\nthreads: {}\ngrace_period: {}\napi_keys_file: {}\n{}{}",
+                opts.listen_host,
                 routes_dir.display(),
                 opts.threads,
                 opts.grace_period,
