@@ -884,3 +884,139 @@ fn loopback_mode_status_endpoints_answer_only_this_machine() {
     );
     assert_eq!(r.status(), 200, "{}", r.text());
 }
+
+// ------------------------------------------------------ invalid UTF-8
+
+#[test]
+fn invalid_utf8_in_session_headers_bodies_and_paths_is_handled() {
+    let cluster = engines(1);
+    let gw = Gateway::start(&[
+        ("chat", route_yaml(&ports(&cluster), "")),
+        ("prio", route_yaml(&ports(&cluster), "session_prio: true\n")),
+    ]);
+    let body = small_chat();
+    // Session headers that are not UTF-8 (obs-text bytes): the gateway
+    // hashes the bytes and places the request (the simulated engine then
+    // refuses a head that is not UTF-8 itself; that answer is its own).
+    for (route, header) in [
+        ("chat", &b"x-session-id"[..]),
+        ("chat", b"x-claude-code-session-id"),
+        ("prio", b"x-phanrouter-session"),
+    ] {
+        let mut sessions = Vec::new();
+        for _ in 0..2 {
+            let mut raw_req = format!("POST /{route}/v1/chat/completions HTTP/1.1\r\nHost: gateway.test\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", body.len()).into_bytes();
+            raw_req.extend_from_slice(header);
+            raw_req.extend_from_slice(b": \xff\xfe-not-utf8 \xc3\x28\r\n\r\n");
+            raw_req.extend_from_slice(&body);
+            let mut conn = Conn::open(gw.addr);
+            conn.send_raw(&raw_req);
+            let r = conn.read_response();
+            let what = format!(
+                "{route} {}: {} {}",
+                String::from_utf8_lossy(header),
+                r.status(),
+                r.text()
+            );
+            assert!(r.status() < 500, "{what}");
+            assert_eq!(r.header("x-routed-peer"), Some("e0"), "placed: {what}");
+            sessions.push(r.header("x-routed-session").map(str::to_string));
+        }
+        assert_eq!(sessions[0], sessions[1], "the same bytes, the same session");
+        if route == "chat" {
+            assert!(sessions[0].is_some(), "the bytes are a session id");
+        }
+    }
+    // A chat body that is not UTF-8 is not JSON: a 400 in the contract.
+    let bad_chat = b"{\"model\":\"sim-model\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}],\"metadata\":{\"session_id\":\"\xc3\x28\"}}";
+    let r = http::request(
+        gw.addr,
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        bad_chat,
+    );
+    assert_eq!(r.status(), 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "invalid_request");
+    // Any other /v1/ path forwards the bytes as they are.
+    let raw_bytes = b"\xff\xfe\x00binary\xc3\x28";
+    let r = http::request(gw.addr, "POST", "/chat/v1/audio/raw", &[], raw_bytes);
+    let recorded = cluster.engines[0].stats.recorded.lock();
+    let last = recorded.last().expect("forwarded");
+    assert_eq!(last.body, raw_bytes, "status {}", r.status());
+    drop(recorded);
+    // A path with bytes that are not UTF-8.
+    let answer = exchange(
+        &gw,
+        b"GET /chat/v1/\xff\xfe HTTP/1.1\r\nHost: gateway.test\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 "), "{answer:?}");
+    let r = http::get(gw.addr, "/chat/_route_debug?sid=%ff%fe%c3%28");
+    assert_eq!(r.status(), 200, "{}", r.text());
+    // Control: the gateway serves on, and nothing is left in flight.
+    let r = http::request(gw.addr, "POST", CHAT, &[("x-session-id", "plain")], &body);
+    assert_eq!(r.status(), 200);
+    assert!(r.header("x-routed-session").is_some());
+    gw.wait_idle();
+}
+
+// ---------------------------------------------------- keys in the log
+
+#[test]
+fn an_api_key_in_a_query_string_reaches_no_log_line() {
+    const SECRET: &str = "sk-query-secret-4242";
+    let cluster = engines(1);
+    let dead = free_port();
+    let gw = Gateway::start_with(
+        &[
+            ("chat", route_yaml(&ports(&cluster), "")),
+            (
+                "dead",
+                format!("peers:\n  - {{name: gone, host: 127.0.0.1, port: {dead}}}\nhealth: {{enabled: false}}\nengine_metrics: false\n"),
+            ),
+        ],
+        GatewayOptions {
+            env: vec![("RUST_LOG".into(), "debug".into())],
+            ..Default::default()
+        },
+    );
+    let q = format!("?api_key={SECRET}&key={SECRET}&token={SECRET}");
+    let body = small_chat();
+    let json = [("Content-Type", "application/json")];
+    // Served, refused by the gateway, failed upstream.
+    for (path, status) in [
+        (format!("{CHAT}{q}"), 200),
+        (format!("/dead/v1/chat/completions{q}"), 502),
+        (format!("/chat/v1/../x{q}"), 400),
+        (format!("/nope/v1/x{q}"), 404),
+    ] {
+        let r = http::request(gw.addr, "POST", &path, &json, &body);
+        assert_eq!(r.status(), status, "{path}");
+    }
+    // Refused by Pingora's parser, a head cut short, a head too large.
+    let bad = format!(
+        "POST {CHAT}{q} HTTP/1.1\r\nHost: g\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"
+    );
+    assert!(exchange(&gw, bad.as_bytes()).starts_with("HTTP/1.1 400"));
+    let mut s = raw(&gw);
+    s.write_all(format!("POST {CHAT}{q} HTTP/1.1\r\nHost: g").as_bytes())
+        .unwrap();
+    drop(s);
+    let mut big = padded_head(PINGORA_HEAD_CAP - 100, &body);
+    let line_end = big.iter().position(|&b| b == b' ').unwrap() + 1 + CHAT.len();
+    big.splice(line_end..line_end, q.bytes());
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(&big);
+    assert_eq!(conn.read_response().status(), 431);
+    // Control: each of them left its line, at debug or above.
+    let log = wait_for("every line", DEADLINE, || {
+        let log = gw.log();
+        (log.contains("proxying failed")
+            && log.contains("answered 431")
+            && log.contains("ended inside a request head"))
+        .then_some(log)
+    });
+    assert!(!log.contains(SECRET), "{log}");
+    assert!(!log.contains("api_key="), "{log}");
+    gw.wait_idle();
+}
