@@ -1,6 +1,17 @@
 //! The JSON error contract: every error the gateway itself answers is
 //! `{"error": {"type": …, "message": …, …}}`. Field names are public: add,
 //! never rename.
+//!
+//! The one exception is not ours to answer: a request head that Pingora
+//! 0.9.1's parser refuses (an invalid line or header name, obs-fold,
+//! conflicting Content-Length, a Transfer-Encoding whose last coding is not
+//! chunked or on HTTP/1.0, more than 256 headers, a head over 1,048,575
+//! bytes) and a CONNECT (405). `HttpProxy::handle_new_request` answers those
+//! itself with `respond_error` — `Content-Length: 0`, `Connection: close`,
+//! no body — before any `ProxyHttp` hook runs; no hook (`fail_to_proxy`,
+//! `error_while_proxy`) is called for them and no option adds a body. The
+//! client gets the status line and a closed connection
+//! (`tests/hostile.rs` pins it).
 
 use bytes::Bytes;
 use pingora::{Error, ErrorSource, ErrorType};

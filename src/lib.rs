@@ -25,6 +25,7 @@ pub mod errors;
 pub mod hash;
 pub mod health;
 pub mod lifecycle;
+pub mod logging;
 pub mod metrics;
 pub mod placement;
 pub mod protect;

@@ -10,7 +10,7 @@ use cli::{Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    init_logging();
+    llm_gateway::logging::init();
     let cli = Cli::parse();
     match cli.command {
         None => serve(&cli.serve),
@@ -43,41 +43,4 @@ fn serve(args: &cli::ServeArgs) -> ExitCode {
 
 fn exit_code(code: i32) -> ExitCode {
     ExitCode::from(code.clamp(0, 255) as u8)
-}
-
-fn init_logging() {
-    let mut logger =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
-    logger.format_timestamp_millis();
-    // Pingora's debug and trace logs print whole request headers, which
-    // carry session ids and API keys. Keep them out unless asked for by name.
-    let unsafe_debug = std::env::var("LLM_GATEWAY_UNSAFE_PINGORA_DEBUG").ok();
-    if !unsafe_debug_wanted(unsafe_debug.as_deref()) {
-        for module in ["pingora_proxy", "pingora_core", "pingora_http"] {
-            logger.filter_module(module, log::LevelFilter::Info);
-        }
-    }
-    logger.init();
-}
-
-/// Only an explicit yes turns the unsafe logs on: `0`, `false` or an empty
-/// value must keep them off.
-fn unsafe_debug_wanted(value: Option<&str>) -> bool {
-    value.is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unsafe_debug_wanted;
-
-    #[test]
-    fn only_one_or_true_turns_the_unsafe_pingora_logs_on() {
-        for on in ["1", "true", "TRUE"] {
-            assert!(unsafe_debug_wanted(Some(on)), "{on}");
-        }
-        for off in ["0", "false", "", "no", "yes please"] {
-            assert!(!unsafe_debug_wanted(Some(off)), "{off:?}");
-        }
-        assert!(!unsafe_debug_wanted(None));
-    }
 }

@@ -124,11 +124,16 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     server.bootstrap();
 
     let bodylog = gateway.bodylog.clone().map(|c| Arc::new(Bodylog::new(c)));
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
-        &server.configuration,
-        Gateway::new(Arc::clone(&registry), bodylog.clone()),
-        "llm-gateway",
+    // Pingora's proxy behind `Front`, which bounds how long a request head
+    // may take (`proxy/conn.rs`); Pingora's HTTP loop is otherwise its own.
+    let front = crate::proxy::conn::Front::new(
+        pingora::proxy::http_proxy(
+            &server.configuration,
+            Gateway::new(Arc::clone(&registry), bodylog.clone()),
+        ),
+        gateway.client_header_timeout,
     );
+    let mut proxy = Service::new("llm-gateway".to_string(), front);
     proxy.add_tcp(&gateway.listen.to_string());
 
     let dashboard = Arc::new(Dashboard::default());

@@ -553,7 +553,7 @@ fn check(yaml: &str) -> (bool, String) {
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+    let out = Command::new(common::gateway_bin())
         .args(["check", "--config"])
         .arg(&config)
         .env_remove("BODYLOG_LISTENER_HOST")

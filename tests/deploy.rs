@@ -69,7 +69,7 @@ fn gateway_config(name: &str, text: &str) -> GatewayConfig {
 
 /// `llm-gateway check` on a gateway.yaml and a routes directory.
 fn check(config: &Path, routes: &Path) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+    let out = Command::new(common::gateway_bin())
         .arg("check")
         .arg("--config")
         .arg(config)
@@ -233,7 +233,7 @@ fn k8s_configmap_gateway_yaml_and_routes_pass_check() {
     );
     // Control: check does fail on a broken route, so the pass above means something.
     std::fs::write(routes.join("broken.yaml"), "peers: [").unwrap();
-    let failed = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+    let failed = Command::new(common::gateway_bin())
         .args(["check", "--config"])
         .arg(&config)
         .arg("--routes")

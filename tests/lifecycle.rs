@@ -313,7 +313,7 @@ fn sigterm_cuts_a_stream_longer_than_the_grace_period_and_still_exits_cleanly() 
 }
 
 fn check(dir: &std::path::Path) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+    let out = Command::new(common::gateway_bin())
         .args(["check", "--config"])
         .arg(dir.join("gateway.yaml"))
         .output()

@@ -329,7 +329,7 @@ fn check_reports_whether_the_watch_is_on() {
             format!("routes_dir: {}\n{extra}", routes.display()),
         )
         .unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+        let out = Command::new(common::gateway_bin())
             .args(["check", "--config"])
             .arg(dir.path().join("gateway.yaml"))
             .output()

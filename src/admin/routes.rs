@@ -279,6 +279,38 @@ fn reject_rules_status(route: &Route) -> Value {
 }
 
 /// The JSON for `path` (query included) under `route`, or None if unknown.
+/// Keys whose values say where something runs: engine `host:port`s (in
+/// `/_route_state` and `/_route_opts`), the body-log listener and its last
+/// connect error (`/_bodylog_status`), a store URL.
+const ADDRESS_KEYS: [&str; 6] = ["address", "host", "port", "target", "last_error", "url"];
+/// `/_route_opts` options whose value is a file path.
+const PATH_OPTIONS: [&str; 2] = ["api_keys_file", "engine_api_key_file"];
+
+/// Replaces every address and file path in an endpoint's answer with
+/// `"[redacted]"`, for callers not on this machine: they may see how a
+/// route behaves (peers by name, load, sessions, limits), not where its
+/// engines are or how the host is laid out.
+pub fn redact_addresses(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            let path_option = map
+                .get("key")
+                .and_then(Value::as_str)
+                .is_some_and(|k| PATH_OPTIONS.contains(&k));
+            for (key, v) in map.iter_mut() {
+                let hides = ADDRESS_KEYS.contains(&key.as_str()) || (path_option && key == "value");
+                if hides && !v.is_null() {
+                    *v = Value::String("[redacted]".into());
+                } else {
+                    redact_addresses(v);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact_addresses),
+        _ => {}
+    }
+}
+
 pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Option<Value> {
     let (path, query) = match path_and_query.split_once('?') {
         Some((p, q)) => (p, Some(q)),
@@ -655,7 +687,7 @@ fn percent_decode(s: &str) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::{percent_decode, preview};
+    use super::{percent_decode, preview, redact_addresses, respond, ENDPOINTS};
     use crate::config::{GatewayConfig, Overrides};
     use crate::registry::Registry;
 
@@ -698,6 +730,39 @@ mod tests {
         assert_eq!(p["kimi_ids_renumbered"], 1);
         assert_eq!(p["kimi_renamed"][0]["to"], "functions.f:0");
         assert_eq!(p["kimi_normalize"]["source"], "runtime");
+    }
+
+    #[test]
+    fn no_endpoint_answer_shows_an_address_or_a_key_path_once_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("secret-keys");
+        std::fs::write(&keys, "k:o\n").unwrap();
+        let extra = format!(
+            "  - {{name: b, host: 10.9.8.7, port: 9123}}\napi_keys_file: {}\n",
+            keys.display()
+        );
+        let reg = registry(dir.path(), &extra);
+        let route = reg.route("chat").unwrap();
+        let gets: Vec<&str> = ENDPOINTS
+            .iter()
+            .filter(|e| !e.starts_with("POST"))
+            .map(|e| e.split(['[', '?']).next().unwrap())
+            .collect();
+        assert!(gets.len() >= 12, "{gets:?}");
+        for path in gets {
+            let mut v = respond(&route, &reg, path).unwrap_or_else(|| panic!("{path}"));
+            let before = v.to_string();
+            redact_addresses(&mut v);
+            let after = v.to_string();
+            for secret in ["10.9.8.7", "9123", "secret-keys"] {
+                assert!(!after.contains(secret), "{path} shows {secret}: {after}");
+            }
+            if path == "/_route_state" || path == "/_route_opts" {
+                // Control: there was something to hide, and names stay.
+                assert!(before.contains("10.9.8.7"), "{path}: {before}");
+                assert!(after.contains("\"b\""), "{path}: {after}");
+            }
+        }
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub struct GatewayConfig {
     /// How long a client's keep-alive connection may sit idle between
     /// requests before the gateway closes it (whole seconds, at least 1).
     pub client_idle_timeout: Duration,
+    /// How long a request head may take from its first byte to its blank
+    /// line: a client dribbling a head (slowloris) is closed after it.
+    pub client_header_timeout: Duration,
+    /// Who may read the read-only `/_…` status endpoints on the main listener.
+    pub status_endpoints: StatusAccess,
     /// The gateway-wide default of the load-based 429s' master switch.
     pub load_rate_limit: bool,
     /// Reload on a change in `routes_dir` or a key file's directory, as
@@ -40,6 +45,43 @@ pub struct GatewayConfig {
 }
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `status_endpoints`: who may read the read-only `/_…` endpoints of the
+/// main listener (a route's `/<route>/_route_state` and the others,
+/// `/_route_inspect`, `/_bodylog_status`). Whatever the mode, engine
+/// addresses, the body-log target and key file paths in their answers are
+/// shown to loopback callers only, and toggles stay loopback-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StatusAccess {
+    /// Anyone (the default, as before the option existed).
+    #[default]
+    Open,
+    /// A caller with a valid API key for the route (the shared key file
+    /// for gateway-wide endpoints), or a loopback caller.
+    Key,
+    /// Loopback callers only (127.0.0.1, ::1).
+    Loopback,
+}
+
+impl StatusAccess {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "open" => Some(StatusAccess::Open),
+            "key" => Some(StatusAccess::Key),
+            "loopback" => Some(StatusAccess::Loopback),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusAccess::Open => "open",
+            StatusAccess::Key => "key",
+            StatusAccess::Loopback => "loopback",
+        }
+    }
+}
 
 /// Command-line values that take precedence over the file.
 #[derive(Debug, Default, Clone)]
@@ -123,6 +165,29 @@ impl GatewayConfig {
                 "client_idle_timeout must be a whole number of seconds, at least 1s",
             ));
         }
+        let client_header_timeout = file
+            .client_header_timeout
+            .map_or(DEFAULT_CLIENT_HEADER_TIMEOUT, |d| d.0);
+        // Under 100 ms a head on a slow link would not make it; over 10
+        // minutes the deadline no longer bounds what a slowloris holds.
+        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&client_header_timeout)
+        {
+            return Err(ConfigError::new(
+                path,
+                find_key_line(text, "client_header_timeout"),
+                "client_header_timeout must be between 100ms and 10m",
+            ));
+        }
+        let status_endpoints = match file.status_endpoints.as_deref() {
+            None => StatusAccess::default(),
+            Some(name) => StatusAccess::from_name(name).ok_or_else(|| {
+                ConfigError::new(
+                    path,
+                    find_key_line(text, "status_endpoints"),
+                    format!("status_endpoints: {name:?} is not one of open, key, loopback"),
+                )
+            })?,
+        };
         let bodylog_env = std::env::var(BODYLOG_ENV).ok();
         let bodylog = bodylog::resolve(path, text, file.bodylog.as_ref(), bodylog_env.as_deref())?;
         Ok(GatewayConfig {
@@ -131,6 +196,8 @@ impl GatewayConfig {
             session_store: super::store::resolve(path, text, file.session_store.as_ref())?,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
+            client_header_timeout,
+            status_endpoints,
             postprocess_default,
             listen,
             admin_listen,

@@ -15,8 +15,9 @@ pub mod units;
 
 pub use bodylog::{BodylogConfig, BodylogTarget, BODYLOG_ENV, DEFAULT_BODYLOG_PORT};
 pub use gateway::{
-    GatewayConfig, Overrides, API_KEYS_ENV, DEFAULT_API_KEYS_FILE, DEFAULT_CLIENT_IDLE_TIMEOUT,
-    DEFAULT_GRACE_PERIOD, DEFAULT_MAX_BODY_SIZE,
+    GatewayConfig, Overrides, StatusAccess, API_KEYS_ENV, DEFAULT_API_KEYS_FILE,
+    DEFAULT_CLIENT_HEADER_TIMEOUT, DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_GRACE_PERIOD,
+    DEFAULT_MAX_BODY_SIZE,
 };
 pub use route::{
     route_name_of, valid_route_name, AdaptiveConfig, Balancing, EngineMetricsConfig, HealthConfig,

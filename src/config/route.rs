@@ -156,6 +156,11 @@ pub struct RouteConfig {
     /// default: a key the gateway checks is the client's credential for the
     /// gateway, not for the engines behind it.
     pub forward_client_key: bool,
+    /// Let a request with `Upgrade` (WebSocket, h2c) through and an
+    /// engine's `101 Switching Protocols` turn the connection into a raw
+    /// tunnel. Off by default: past a 101 nothing the gateway checks (the
+    /// `/v1/` restriction, body limits, rules) applies any more.
+    pub allow_upgrade: bool,
     /// How long a request that no peer can take (every slot busy, or a new
     /// session that fits no engine's KV) waits for room before its 429.
     /// Zero answers at once.
@@ -255,6 +260,7 @@ impl RouteConfig {
             cch_strip: flag(file.cch_strip, false),
             kimi_normalize: flag(file.kimi_normalize, false),
             forward_client_key: flag(file.forward_client_key, false),
+            allow_upgrade: flag(file.allow_upgrade, false),
             queue_timeout: file.queue_timeout.map_or(Duration::ZERO, |d| d.0),
             protection,
             engine_api_key_file: file.engine_api_key_file,

@@ -203,6 +203,34 @@ fn route_names() {
 }
 
 #[test]
+fn client_header_timeout_defaults_to_10s_within_bounds() {
+    assert_eq!(gw().client_header_timeout, DEFAULT_CLIENT_HEADER_TIMEOUT);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    assert_eq!(
+        parse("client_header_timeout: 2s\n")
+            .unwrap()
+            .client_header_timeout,
+        Duration::from_secs(2)
+    );
+    for bad in ["50ms", "0s", "11m"] {
+        let e = parse(&format!("watch: false\nclient_header_timeout: {bad}\n")).unwrap_err();
+        assert_eq!(e.line, Some(2), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn status_endpoints_default_to_open_and_take_three_modes() {
+    assert_eq!(gw().status_endpoints, StatusAccess::Open);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    for mode in ["open", "key", "loopback"] {
+        let g = parse(&format!("status_endpoints: {mode}\n")).unwrap();
+        assert_eq!(g.status_endpoints.as_str(), mode);
+    }
+    let e = parse("watch: false\nstatus_endpoints: secret\n").unwrap_err();
+    assert_eq!(e.line, Some(2), "{e}");
+}
+
+#[test]
 fn client_idle_timeout_defaults_to_60s_and_needs_whole_seconds() {
     assert_eq!(gw().client_idle_timeout, DEFAULT_CLIENT_IDLE_TIMEOUT);
     let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());

@@ -1,6 +1,8 @@
 //! The Pingora `ProxyHttp` implementation: hooks only, each a list of named
 //! phases. The phases live in the modules beside this one:
 //!
+//! early_request_filter     `conn::head_complete`: the head's deadline is off;
+//!                          `conn::serve_pipelined`: pipelined requests in order
 //! request_filter           `request` (route, endpoints, body) → `guards` (key,
 //!                          rules, usage, prefix) → `crate::balance` (pool, place) →
 //!                          `request::forward` (replay the body)
@@ -16,8 +18,12 @@
 //!                          `crate::stream` pipeline: observe, drop, rewrite
 //! fail_to_proxy            `response::local::fail`: the JSON error
 //! logging                  `response::record`, the slot is released, the
-//!                          body-log frame is queued
+//!                          body-log frame is queued, `conn::await_next_head`
+//!
+//! Under the hooks, `conn` wraps each client connection: a request head
+//! must arrive within `client_header_timeout` of its first byte.
 
+pub mod conn;
 pub mod ctx;
 pub mod guards;
 pub mod request;
@@ -52,15 +58,15 @@ impl Gateway {
     /// Everything before proxying. `Ok(())`: proxy the (replayed) request;
     /// `Err(local)`: the gateway answers itself.
     async fn admit(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Local> {
-        // Pingora keeps an HTTP/1.1 client connection open between requests
-        // forever by default: idle connections would pile up without a key.
-        session.set_keepalive(Some(self.registry.gateway().client_idle_timeout.as_secs()));
-        request::endpoints::answer_gateway(self.bodylog.as_deref(), session)?;
+        conn::idle_timeout(session, self.registry.gateway().client_idle_timeout);
+        request::refuse_dot_segments(session)?;
+        request::endpoints::answer_gateway(self.bodylog.as_deref(), &self.registry, session)?;
         let (route, rest) = request::resolve_route(&self.registry, session)?;
         ctx.route = Some(Arc::clone(&route));
-        request::endpoints::inspect(&route, session, &rest).await?;
+        request::endpoints::inspect(&route, &self.registry, session, &rest).await?;
         request::endpoints::answer(&route, &self.registry, session, &rest)?;
         request::require_api_path(&route, &rest)?;
+        request::refuse_upgrade(&route, session)?;
         guards::auth::check(&route, &self.registry, session)?;
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
@@ -76,7 +82,7 @@ impl Gateway {
             ctx,
         );
         let body_pending = ctx.request.body_read && !ctx.request.body.is_empty();
-        request::forward(session, &rest, body_pending).await
+        request::forward(&route, session, &rest, body_pending).await
     }
 
     /// Model pool, load gates, placement: the peer and its reserved slot,
@@ -164,6 +170,12 @@ impl ProxyHttp for Gateway {
         RequestCtx::new()
     }
 
+    async fn early_request_filter(&self, session: &mut Session, _: &mut RequestCtx) -> Result<()> {
+        conn::head_complete(session);
+        conn::serve_pipelined(session);
+        Ok(())
+    }
+
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         match self.admit(session, ctx).await {
             Ok(()) => Ok(false),
@@ -237,6 +249,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.upstream.responded = true;
+        response::headers::refuse_switch(resp, ctx)?;
         response::bodylog::response_head(ctx, &resp.headers);
         response::headers::prepare_pipeline(resp, ctx)?;
         response::headers::insert_routed(resp, ctx, response::headers::Origin::Upstream)
@@ -297,5 +310,6 @@ impl ProxyHttp for Gateway {
         ctx.upstream.slot = None;
         response::record::record(session, ctx);
         response::bodylog::emit(self.bodylog.as_deref(), session, ctx);
+        conn::await_next_head(session);
     }
 }

@@ -161,7 +161,7 @@ impl Listener {
         let (port, metrics_port) = (free_port(), free_port());
         let log_path = dir.path().join("listener.log");
         let log = std::fs::File::create(&log_path).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_llm-gateway"))
+        let child = Command::new(super::gateway_bin())
             .arg("bodylog-listen")
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--dir")

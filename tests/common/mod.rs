@@ -20,6 +20,16 @@ pub use llm_gateway_sim::{spawn_engines, EngineConfig, SimCluster};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
+/// The gateway binary under test: cargo's, unless `LLM_GATEWAY_BIN` names
+/// another. Worktrees sharing one `CARGO_TARGET_DIR` overwrite each other's
+/// `debug/llm-gateway`; a run can pin its own build (the `deps/` file it
+/// was linked as) this way.
+pub fn gateway_bin() -> PathBuf {
+    std::env::var_os("LLM_GATEWAY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_llm-gateway")))
+}
+
 /// Polls `f` until it returns Some, or panics with `what` after `timeout`.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
@@ -74,6 +84,9 @@ pub struct GatewayOptions {
     /// A routes directory the test laid out itself (e.g. as a Kubernetes
     /// volume) instead of a fresh one holding `routes`.
     pub routes_dir: Option<PathBuf>,
+    /// The listener's host: 127.0.0.1 unless a test needs another (`[::]`
+    /// for a dual-stack one, where IPv4 callers are `::ffff:a.b.c.d`).
+    pub listen_host: &'static str,
 }
 
 impl Default for GatewayOptions {
@@ -87,6 +100,7 @@ impl Default for GatewayOptions {
             // exactly, and a watch would add its own for their writes.
             watch: Some(false),
             routes_dir: None,
+            listen_host: "127.0.0.1",
         }
     }
 }
@@ -112,7 +126,8 @@ impl Gateway {
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nroutes_dir: {}\nthreads: {}\ngrace_period: {}\napi_keys_file: {}\n{}{}",
+                "listen: \"{}:{port}\"\nadmin_listen: 127.0.0.1:{admin_port}\nroutes_dir: {}\nthreads: {}\ngrace_period: {}\napi_keys_file: {}\n{}{}",
+                opts.listen_host,
                 routes_dir.display(),
                 opts.threads,
                 opts.grace_period,
@@ -124,7 +139,7 @@ impl Gateway {
         .expect("gateway.yaml");
         let log_path = dir.path().join("gateway.log");
         let log = std::fs::File::create(&log_path).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_llm-gateway"));
+        let mut cmd = Command::new(gateway_bin());
         cmd.arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info")

@@ -9,7 +9,20 @@ use pingora::proxy::Session;
 /// 401 unless the route's key file (or the shared one) is not configured
 /// (fail-open, logged at every reload) or the request carries a known key.
 pub fn check(route: &Route, registry: &Registry, session: &Session) -> Result<(), ErrorResponse> {
-    let state = route.keys(registry);
+    check_with(&route.keys(registry), route.name(), session)
+}
+
+/// The same check for a gateway-wide endpoint (no route): the shared key
+/// file, counted under route `-`.
+pub fn check_shared(registry: &Registry, session: &Session) -> Result<(), ErrorResponse> {
+    check_with(&registry.shared_keys(), "-", session)
+}
+
+fn check_with(
+    state: &crate::registry::KeyState,
+    route_label: &str,
+    session: &Session,
+) -> Result<(), ErrorResponse> {
     let Some(keys) = state.enforced() else {
         return Ok(());
     };
@@ -17,7 +30,7 @@ pub fn check(route: &Route, registry: &Registry, session: &Session) -> Result<()
     match presented_key(&session.req_header().headers) {
         None => {
             counter
-                .with_label_values(&[route.name(), "-", "missing"])
+                .with_label_values(&[route_label, "-", "missing"])
                 .inc();
             Err(ErrorResponse::new(
                 401,
@@ -27,14 +40,12 @@ pub fn check(route: &Route, registry: &Registry, session: &Session) -> Result<()
         }
         Some(key) => match keys.check(key) {
             Some(owner) => {
-                counter
-                    .with_label_values(&[route.name(), owner, "ok"])
-                    .inc();
+                counter.with_label_values(&[route_label, owner, "ok"]).inc();
                 Ok(())
             }
             None => {
                 counter
-                    .with_label_values(&[route.name(), "-", "invalid"])
+                    .with_label_values(&[route_label, "-", "invalid"])
                     .inc();
                 Err(ErrorResponse::new(401, "unauthorized", "invalid API key"))
             }

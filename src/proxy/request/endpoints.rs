@@ -7,23 +7,30 @@
 use super::Local;
 use crate::admin::routes as endpoints;
 use crate::bodylog::Bodylog;
+use crate::config::StatusAccess;
 use crate::errors::ErrorResponse;
-use crate::proxy::guards::is_loopback_peer;
+use crate::proxy::guards::{auth, is_loopback_peer};
 use crate::registry::{Registry, Route};
 use pingora::proxy::Session;
 
 /// `/_bodylog_status` and `/_bodylog_toggle`: gateway-wide, so served at
 /// the top of the main listener rather than under a route (no route name
-/// starts with `_`, so neither can shadow one). Status is open like the
-/// routes' status endpoints; the toggle is POST from loopback only.
-pub fn answer_gateway(bodylog: Option<&Bodylog>, session: &Session) -> Result<(), Local> {
+/// starts with `_`, so neither can shadow one). Status is read like the
+/// routes' status endpoints (`status_endpoints`); the toggle is POST from
+/// loopback only.
+pub fn answer_gateway(
+    bodylog: Option<&Bodylog>,
+    registry: &Registry,
+    session: &Session,
+) -> Result<(), Local> {
     let uri = &session.req_header().uri;
     let query = uri.query().unwrap_or("");
     match uri.path() {
-        "/_bodylog_status" => Err(Local::Json(
-            200,
-            bodylog.map_or_else(crate::bodylog::status_off, Bodylog::status_json),
-        )),
+        "/_bodylog_status" => {
+            let local = status_allowed(None, registry, session)?;
+            let status = bodylog.map_or_else(crate::bodylog::status_off, Bodylog::status_json);
+            Err(Local::Json(200, shown(status, local)))
+        }
         "/_bodylog_toggle" => {
             toggle_allowed(session, "bodylog")?;
             let Some(bodylog) = bodylog else {
@@ -61,6 +68,44 @@ fn toggle_allowed(session: &Session, name: &str) -> Result<(), Local> {
     Ok(())
 }
 
+/// Whether the caller may read a status endpoint (gateway.yaml
+/// `status_endpoints`), and whether it is local (`Ok(true)`: it sees
+/// engine addresses). `route` is None for a gateway-wide endpoint, whose
+/// key is checked against the shared key file.
+fn status_allowed(
+    route: Option<&Route>,
+    registry: &Registry,
+    session: &Session,
+) -> Result<bool, Local> {
+    let local = is_loopback_peer(session);
+    match registry.gateway().status_endpoints {
+        StatusAccess::Open => {}
+        _ if local => {}
+        StatusAccess::Loopback => {
+            return Err(ErrorResponse::new(
+                403,
+                "forbidden",
+                "status endpoints answer only 127.0.0.1 and ::1 (status_endpoints: loopback)",
+            )
+            .into())
+        }
+        StatusAccess::Key => match route {
+            Some(route) => auth::check(route, registry, session)?,
+            None => auth::check_shared(registry, session)?,
+        },
+    }
+    Ok(local)
+}
+
+/// A status answer as the caller may see it: whole for a local caller,
+/// without addresses and paths for anyone else.
+fn shown(mut value: serde_json::Value, local: bool) -> serde_json::Value {
+    if !local {
+        endpoints::redact_addresses(&mut value);
+    }
+    value
+}
+
 /// A runtime control: a toggle, or a limit override.
 type Control = fn(&Route, &str) -> Result<serde_json::Value, ErrorResponse>;
 
@@ -90,10 +135,11 @@ pub fn answer(
     if !rest.starts_with("/_") {
         return Ok(());
     }
+    let local = status_allowed(Some(route), registry, session)?;
     let resets = rest
         .split_once('?')
         .is_some_and(|(_, query)| query.split('&').any(|kv| kv == "reset=1"));
-    if resets && !is_loopback_peer(session) {
+    if resets && !local {
         return Err(ErrorResponse::new(
             403,
             "forbidden",
@@ -102,7 +148,7 @@ pub fn answer(
         .into());
     }
     Err(match endpoints::respond(route, registry, rest) {
-        Some(value) => Local::Json(200, value),
+        Some(value) => Local::Json(200, shown(value, local)),
         None => ErrorResponse::not_found(format!(
             "unknown endpoint; per-route endpoints: {}",
             endpoints::ENDPOINTS.join(", ")
@@ -115,10 +161,16 @@ pub fn answer(
 /// session id (source and hash), model pool, active tier, and where the
 /// route's mode would place it and why, computed by the same rules as a
 /// real request and changing nothing (no binding, no slot, no counter).
-pub async fn inspect(route: &Route, session: &mut Session, rest: &str) -> Result<(), Local> {
+pub async fn inspect(
+    route: &Route,
+    registry: &Registry,
+    session: &mut Session,
+    rest: &str,
+) -> Result<(), Local> {
     if rest.split('?').next() != Some("/_route_inspect") {
         return Ok(());
     }
+    let local = status_allowed(Some(route), registry, session)?;
     if session.req_header().method != http::Method::POST {
         return Err(ErrorResponse::new(
             405,
@@ -158,20 +210,18 @@ pub async fn inspect(route: &Route, session: &mut Session, rest: &str) -> Result
             "why": "no session id: the request goes to the least-loaded candidate",
         }),
     };
-    Err(Local::Json(
-        200,
-        serde_json::json!({
-            "route": route.name(),
-            "session": sid.as_ref().map(|s| serde_json::json!({"hash": s.hex(), "source": s.source.as_str()})),
-            "model": model,
-            "pool": pool.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
-            "active_tier": tier,
-            "candidates": candidates.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
-            "mode": route.config.balancing.mode.as_str(),
-            "placement": placement,
-            "transforms": crate::admin::routes::preview(route, &body),
-        }),
-    ))
+    let answer = serde_json::json!({
+        "route": route.name(),
+        "session": sid.as_ref().map(|s| serde_json::json!({"hash": s.hex(), "source": s.source.as_str()})),
+        "model": model,
+        "pool": pool.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
+        "active_tier": tier,
+        "candidates": candidates.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
+        "mode": route.config.balancing.mode.as_str(),
+        "placement": placement,
+        "transforms": crate::admin::routes::preview(route, &body),
+    });
+    Err(Local::Json(200, shown(answer, local)))
 }
 
 /// `GET /v1/models` of a route with model pools, answered from its config

@@ -38,6 +38,54 @@ impl From<ErrorResponse> for Local {
     }
 }
 
+/// A path with a `.` or `..` segment is refused (400 `invalid_path`), also
+/// when the dots or the slash are percent-encoded (`%2e%2e`, `..%2f`) or a
+/// backslash stands for the slash. Forwarded as is, `/r/v1/../metrics`
+/// passes the `/v1/` check here and is `/metrics` at an engine that
+/// normalises it: the dots would step out of the API the route exposes.
+/// Refused rather than normalised: no API client sends them, and a path
+/// the gateway rewrote could still differ from what the engine makes of
+/// it.
+pub fn refuse_dot_segments(session: &Session) -> Result<(), Local> {
+    let path = session.req_header().uri.path();
+    if !has_dot_segment(path.as_bytes()) {
+        return Ok(());
+    }
+    Err(ErrorResponse::new(
+        400,
+        "invalid_path",
+        "the path has a \".\" or \"..\" segment (plain or percent-encoded)",
+    )
+    .into())
+}
+
+/// Whether the percent-decoded `path`, split at `/` and `\`, has a `.` or
+/// `..` segment.
+pub fn has_dot_segment(path: &[u8]) -> bool {
+    let mut decoded = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            path[i],
+            path.get(i + 1).copied().and_then(hex),
+            path.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                decoded.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                decoded.push(b);
+                i += 1;
+            }
+        }
+    }
+    decoded
+        .split(|&b| b == b'/' || b == b'\\')
+        .any(|segment| segment == b"." || segment == b"..")
+}
+
 /// The route named by the first path segment, and the rest of the path
 /// (query included) as the engine will see it.
 pub fn resolve_route(
@@ -70,9 +118,39 @@ pub fn require_api_path(route: &Route, rest: &str) -> Result<(), Local> {
     .into())
 }
 
+/// A request asking to switch protocols (`Upgrade: websocket`, `h2c`) is
+/// refused unless its route sets `allow_upgrade`: an engine's `101` would
+/// turn the connection into a raw tunnel to it, past the `/v1/`
+/// restriction, the body limit and the rules (they judge one request; a
+/// tunnel carries anything). Refused rather than ignored, so a client
+/// learns why instead of getting a plain answer it did not ask for.
+pub fn refuse_upgrade(route: &Route, session: &Session) -> Result<(), Local> {
+    let Some(upgrade) = session.req_header().headers.get(http::header::UPGRADE) else {
+        return Ok(());
+    };
+    if route.config.allow_upgrade {
+        return Ok(());
+    }
+    let asked = String::from_utf8_lossy(upgrade.as_bytes());
+    Err(ErrorResponse::new(
+        400,
+        "upgrade_not_allowed",
+        format!(
+            "route {:?} does not switch protocols (Upgrade: {asked}); send plain HTTP/1.1",
+            route.name()
+        ),
+    )
+    .into())
+}
+
 /// Points the request at `rest` (the route prefix stripped) and, when a
 /// body was read, hands it back to Pingora through the replay.
-pub async fn forward(session: &mut Session, rest: &str, body_pending: bool) -> Result<(), Local> {
+pub async fn forward(
+    route: &Route,
+    session: &mut Session,
+    rest: &str,
+    body_pending: bool,
+) -> Result<(), Local> {
     let uri = rest
         .parse::<http::Uri>()
         .map_err(|_| Local::Error(ErrorResponse::bad_request("invalid request path")))?;
@@ -89,12 +167,31 @@ pub async fn forward(session: &mut Session, rest: &str, body_pending: bool) -> R
         )
         .into());
     }
-    replay::replay_h1(session).await.map_err(|e| {
-        Local::Error(ErrorResponse::new(
+    replay::replay_h1(session).await.map_err(|e| match e {
+        replay::ReplayError::HeadTooLarge(size) => {
+            log::warn!(
+                "route {}: request head of {size} bytes (re-serialised) over Pingora's {} byte cap: answered 431",
+                route.name(),
+                replay::PINGORA_MAX_HEADER_SIZE
+            );
+            // The body is read; the head is what the client must shrink.
+            Local::Error(
+                ErrorResponse::new(
+                    431,
+                    "request_header_fields_too_large",
+                    format!(
+                        "request headers too large: at most {} bytes",
+                        replay::PINGORA_MAX_HEADER_SIZE - 1024
+                    ),
+                )
+                .with("limit", replay::PINGORA_MAX_HEADER_SIZE - 1024),
+            )
+        }
+        replay::ReplayError::Failed(e) => Local::Error(ErrorResponse::new(
             500,
             "internal_error",
             format!("body replay failed: {e}"),
-        ))
+        )),
     })
 }
 
@@ -120,6 +217,38 @@ pub fn split_route(path_and_query: &str) -> Option<(&str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_segments_are_found_however_they_are_written() {
+        for bad in [
+            "/r/v1/../metrics",
+            "/r/./_x",
+            "/r/v1/..",
+            "/r/v1/.",
+            "/../r/v1/x",
+            "/r/%2e%2e/",
+            "/r/v1/%2E%2e/metrics",
+            "/r/v1/.%2e/metrics",
+            "/r/v1/..%2fmetrics",
+            "/r/v1/..%2Fmetrics",
+            "/r/v1/..%5cmetrics",
+            "/r/v1\\..\\metrics",
+        ] {
+            assert!(has_dot_segment(bad.as_bytes()), "{bad}");
+        }
+        for good in [
+            "/r/v1/chat/completions",
+            "/r/v1/models/org%2Fmodel",
+            "/r/v1/files/a.b",
+            "/r/v1/.well-known",
+            "/r/v1/...",
+            "/r/v1/%252e%252e/x",
+            "/r/v1/%2",
+            "/r/v1/%zz",
+        ] {
+            assert!(!has_dot_segment(good.as_bytes()), "{good}");
+        }
+    }
 
     #[test]
     fn splits_route_and_rest() {

@@ -23,10 +23,30 @@ use pingora::{Error, ErrorType, Result};
 /// The body the synthetic request carries; `request_body_filter` replaces it.
 pub const PLACEHOLDER: &[u8] = b" ";
 
+/// pingora-core's `MAX_HEADER_SIZE` (`protocols/http/v1/common.rs`, not
+/// public): the re-parse refuses a pipelined prefix longer than this.
+pub const PINGORA_MAX_HEADER_SIZE: usize = 1_048_575;
+
+#[derive(Debug)]
+pub enum ReplayError {
+    /// The re-serialised head (and placeholder) would not fit Pingora's
+    /// header cap: `http_req_header_to_wire` writes `name: value` where a
+    /// client may have sent `name:value`, one byte more per header, so a
+    /// head Pingora accepted within ~256 bytes of the cap can outgrow it.
+    HeadTooLarge(usize),
+    Failed(Box<Error>),
+}
+
+impl From<Box<Error>> for ReplayError {
+    fn from(e: Box<Error>) -> Self {
+        ReplayError::Failed(e)
+    }
+}
+
 /// Rebuilds the downstream session so that pingora proxies the current
 /// request header (already rewritten by the caller) with a placeholder body.
 /// HTTP/1.x only: the caller must not call this for h2 sessions.
-pub async fn replay_h1(session: &mut Session) -> Result<()> {
+pub async fn replay_h1(session: &mut Session) -> Result<(), ReplayError> {
     let mut head = session.req_header().clone();
     head.remove_header("transfer-encoding");
     // Already answered before the body was read; the replayed request must
@@ -38,12 +58,18 @@ pub async fn replay_h1(session: &mut Session) -> Result<()> {
     let mut prefix: BytesMut = http_req_header_to_wire(&head)
         .ok_or_else(|| Error::explain(ErrorType::InternalError, "cannot serialize request head"))?;
     prefix.extend_from_slice(PLACEHOLDER);
+    // Checked while the session is still whole: past the swap below a
+    // refused re-parse leaves nothing to answer the client on.
+    if prefix.len() > PINGORA_MAX_HEADER_SIZE {
+        return Err(ReplayError::HeadTooLarge(prefix.len()));
+    }
 
     let ds = &mut session.downstream_session;
     let keepalive = ds.get_keepalive();
     let reuses = ds.get_keepalive_reuses_remaining();
     let read_timeout = ds.get_read_timeout();
     let write_timeout = ds.get_write_timeout();
+    let pipelining = ds.pipelining_enabled();
     // `Connection: close` would veto keep-alive and make finish() close the
     // socket; the serialized head above still carries it for the new session.
     ds.req_header_mut().remove_header("connection");
@@ -61,18 +87,33 @@ pub async fn replay_h1(session: &mut Session) -> Result<()> {
         )
     })?;
     let (stream, overread) = reusable.into_parts();
+    // Bytes the client pipelined after the body start the next request.
+    // If they would push the prefix over the cap, this request is still
+    // served but the connection closes after it (`Connection: close`):
+    // the client sends them again on a new one.
+    let mut keepalive = keepalive;
     if let Some(extra) = overread {
-        prefix.extend_from_slice(&extra);
+        if prefix.len() + extra.len() > PINGORA_MAX_HEADER_SIZE {
+            keepalive = None;
+        } else {
+            prefix.extend_from_slice(&extra);
+        }
     }
     let mut fresh = ServerSession::new_http1(stream);
     fresh.set_pipelined_prefix(prefix);
     if !fresh.read_request().await? {
-        return Error::e_explain(ErrorType::InternalError, "replayed request did not parse");
+        return Err(
+            Error::explain(ErrorType::InternalError, "replayed request did not parse").into(),
+        );
     }
     fresh.set_keepalive(keepalive);
     fresh.set_keepalive_reuses_remaining(reuses);
     fresh.set_read_timeout(read_timeout);
     fresh.set_write_timeout(write_timeout);
+    // What the client pipelined after this request is in the prefix (or
+    // arrives while it runs): kept for the next request, as the original
+    // session would have.
+    fresh.set_pipelining_enabled(pipelining);
     **ds = fresh;
     Ok(())
 }

@@ -30,6 +30,24 @@ pub fn prepare_pipeline(resp: &mut ResponseHeader, ctx: &mut RequestCtx) -> Resu
     Ok(())
 }
 
+/// An engine's `101 Switching Protocols` passes only on a route that
+/// allows upgrades; anywhere else it would make the connection a raw
+/// tunnel to the engine (the request side refuses `Upgrade` already; this
+/// covers an engine that switches unasked). The client gets a 502.
+pub fn refuse_switch(resp: &ResponseHeader, ctx: &mut RequestCtx) -> Result<()> {
+    if resp.status != http::StatusCode::SWITCHING_PROTOCOLS
+        || ctx.route.as_ref().is_some_and(|r| r.config.allow_upgrade)
+    {
+        return Ok(());
+    }
+    let why = format!(
+        "peer {} answered 101 Switching Protocols; the route does not allow upgrades",
+        ctx.peer_name()
+    );
+    ctx.upstream.last_error = Some(why.clone());
+    Err(pingora::Error::explain(pingora::ErrorType::InvalidHTTPHeader, why).into_up())
+}
+
 /// Who produced a response: the engine (through an upstream attempt), or
 /// the gateway itself without one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
