@@ -23,6 +23,8 @@
 #   BARE_WORK_STEALING=0 BARE_POOL=16 TARGETS=bare bash benches/instructions.sh
 #                                 # Pingora runtime settings (benches/bare_proxy.rs)
 #   SKIP_BUILD=0 bash benches/instructions.sh          # cargo build first
+#   KEEP_CG=/tmp/cg bash benches/instructions.sh       # keep the profiles for
+#                                 # callgrind_annotate (TARGET-SCENARIO-REQUESTS.out)
 #
 # Scenarios: small (198-byte non-stream chat, session id), stream (20 SSE
 # frames; the gateway injects include_usage and drops the usage frame, bare
@@ -168,6 +170,7 @@ count() { # $1 target, $2 scenario, $3 requests → total instructions
     # SIGINT: Pingora's fast shutdown; SIGTERM: nginx's.
     if [ "$1" = nginx ]; then kill -TERM "$pid"; else kill -INT "$pid"; fi
     wait "$pid" 2>/dev/null || true
+    if [ -n "${KEEP_CG:-}" ]; then mkdir -p "$KEEP_CG"; cp "$dir/cg.out" "$KEEP_CG/$1-$2-$3.out"; fi
     awk '/^summary:|^totals:/{print $2; exit}' "$dir/cg.out"
 }
 

@@ -23,7 +23,6 @@ pub mod upstream;
 
 use crate::bodylog::Bodylog;
 use crate::errors;
-use crate::metrics::metrics;
 use crate::registry::Registry;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -128,14 +127,14 @@ impl Gateway {
         };
         ctx.request.queued = waited;
         record_queue_wait(route, waited);
-        metrics()
-            .placements
-            .with_label_values(&[
+        let peer = &route.peers[placed.peer];
+        peer.metrics
+            .placements(
                 route.name(),
-                &route.peers[placed.peer].config.name,
+                &peer.config.name,
                 placed.placement.kind.as_str(),
                 placed.placement.reason.map_or("none", |r| r.as_str()),
-            ])
+            )
             .inc();
         ctx.request.placement = Some(placed.placement);
         ctx.upstream.peer = Some(placed.peer);
@@ -146,9 +145,9 @@ impl Gateway {
 
 fn record_queue_wait(route: &crate::registry::Route, waited: Option<std::time::Duration>) {
     if let Some(waited) = waited {
-        metrics()
-            .queue_wait
-            .with_label_values(&[route.name()])
+        route
+            .metrics
+            .queue_wait(route.name())
             .observe(waited.as_secs_f64());
     }
 }

@@ -244,6 +244,7 @@ impl Registry {
                 config: pc.clone(),
                 state: runtime.peer_state(&pc.address()),
                 addr: resolve(&pc.host, pc.port),
+                metrics: Default::default(),
             })
             .collect();
         for e in &config.reject_rule_errors {
@@ -258,6 +259,7 @@ impl Registry {
             config,
             peers,
             runtime,
+            metrics: Default::default(),
         })
     }
 }

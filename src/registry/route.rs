@@ -23,6 +23,8 @@ pub struct RoutePeer {
     /// Resolved at load time so the request path never blocks on DNS; None
     /// when the host did not resolve (the peer is then never chosen).
     pub addr: Option<SocketAddr>,
+    /// This peer's request-path metric handles, resolved once.
+    pub metrics: crate::metrics::PeerMetrics,
 }
 
 /// One pool's adaptive concurrency limit.
@@ -179,6 +181,8 @@ pub struct Route {
     pub engine_auth: Option<http::HeaderValue>,
     pub peers: Vec<RoutePeer>,
     pub runtime: Arc<RouteRuntime>,
+    /// This route version's request-path metric handles, resolved once.
+    pub metrics: crate::metrics::RouteMetrics,
 }
 
 impl Route {

@@ -6,7 +6,6 @@
 
 use crate::clock::now_ms;
 use crate::errors::ErrorResponse;
-use crate::metrics::metrics;
 use crate::protect::gate::{Gate, ProbeBudget};
 use crate::protect::limits::{Direction, Judged};
 use crate::protect::meter::Scope;
@@ -46,9 +45,9 @@ pub fn check(
     if admitted_past_trip(&view, gate, &judged) || !route.trip(gate, gateway_rate_limit) {
         return Ok(());
     }
-    metrics()
-        .load_rejections
-        .with_label_values(&[route.name(), gate.as_str()])
+    route
+        .metrics
+        .load_rejections(route.name(), gate.as_str())
         .inc();
     Err(refusal(route, pool, model, healthy, gate, &judged))
 }
