@@ -25,6 +25,30 @@ pub struct RoutePeer {
     pub addr: Option<SocketAddr>,
     /// This peer's request-path metric handles, resolved once.
     pub metrics: crate::metrics::PeerMetrics,
+    /// `X-Routed-Peer` and the upstream `Host`, built at load so a request
+    /// clones them instead of formatting; `None` when the name (or host)
+    /// is no valid header value, and the request path then builds it as
+    /// before (and fails the same way).
+    pub routed_peer: Option<http::HeaderValue>,
+    pub host_header: Option<http::HeaderValue>,
+}
+
+impl RoutePeer {
+    pub fn new(config: PeerConfig, state: Arc<PeerState>, addr: Option<SocketAddr>) -> Self {
+        RoutePeer {
+            routed_peer: http::HeaderValue::from_str(&config.name).ok(),
+            host_header: http::HeaderValue::from_str(&host_header(&config)).ok(),
+            config,
+            state,
+            addr,
+            metrics: Default::default(),
+        }
+    }
+}
+
+/// The `Host` the engine receives: its own host and port.
+pub fn host_header(config: &PeerConfig) -> String {
+    format!("{}:{}", config.host, config.port)
 }
 
 /// One pool's adaptive concurrency limit.
