@@ -307,7 +307,7 @@ impl Route {
             let (max, in_flight) = self.pool_load(&pool);
             let params = cfg.params(max);
             let reading = self.runtime.meter.reading(
-                &crate::protect::meter::Scope::Pool(label.to_string()),
+                crate::protect::meter::ScopeRef::Pool(label),
                 p.meter.ttl_ms,
                 now_ms,
             );
