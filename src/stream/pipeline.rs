@@ -127,11 +127,11 @@ impl ResponsePipeline {
         let mut out = Vec::new();
         self.splitter.push(&chunk, |event| {
             let data = event_data(event);
-            if let Some(d) = data.as_deref() {
-                observe(d, stats, times.0, times.1);
-            }
+            let usage_only = data
+                .as_deref()
+                .is_some_and(|d| observe(d, stats, times.0, times.1));
             if rewrites {
-                transform_event(handler, drop_usage, event, data.as_deref(), &mut out);
+                transform_event(handler, drop_usage, event, usage_only, &mut out);
             }
         });
         let runaway = self.splitter.pending_len() > MAX_PENDING_EVENT_BYTES;
@@ -140,8 +140,8 @@ impl ResponsePipeline {
             self.passthrough = runaway;
             if let Some(rest) = self.splitter.finish() {
                 if rewrites && !runaway {
-                    let data = event_data(&rest);
-                    transform_event(handler, drop_usage, &rest, data.as_deref(), &mut out);
+                    let usage_only = event_data(&rest).is_some_and(|d| is_usage_only_event(&d));
+                    transform_event(handler, drop_usage, &rest, usage_only, &mut out);
                 } else if rewrites {
                     out.extend_from_slice(&rest);
                 }
@@ -217,19 +217,21 @@ impl ResponsePipeline {
     }
 }
 
+/// Observes one event's data; true for a usage-only frame.
 fn observe(
     data: &[u8],
     stats: &mut StreamStats,
     first: &mut Option<Instant>,
     last: &mut Option<Instant>,
-) {
+) -> bool {
     let before = stats.content_events;
-    observe_event(data, stats);
+    let usage_only = observe_event(data, stats);
     if stats.content_events > before {
         let now = Instant::now();
         first.get_or_insert(now);
         *last = Some(now);
     }
+    usage_only
 }
 
 /// What the client gets for one SSE event.
@@ -237,10 +239,10 @@ fn transform_event(
     handler: Option<Handler>,
     drop_usage_frame: bool,
     event: &[u8],
-    data: Option<&[u8]>,
+    usage_only: bool,
     out: &mut Vec<u8>,
 ) {
-    if drop_usage_frame && data.is_some_and(is_usage_only_event) {
+    if drop_usage_frame && usage_only {
         return;
     }
     match handler {
