@@ -29,7 +29,9 @@
 # Scenarios: small (198-byte non-stream chat, session id), stream (20 SSE
 # frames; the gateway injects include_usage and drops the usage frame, bare
 # and nginx get a body that already asks for it, so the engine sends all
-# three the same 21 frames), body300k (300 KB non-stream body).
+# three the same 21 frames), passthrough (the same stream with the client
+# asking for usage itself: the gateway only observes and passes every byte
+# on), body300k (300 KB non-stream body).
 # With small and stream both run, a last row estimates the cost per SSE
 # frame as (stream - small) / 20: an estimate, since the two responses also
 # differ in their head and framing (chunked SSE vs one JSON body).
@@ -43,7 +45,7 @@ BARE_BIN=${BARE_BIN:-$OUT/examples/bare_proxy}
 SIM_BIN=${SIM_BIN:-$OUT/llm-gateway}
 NGINX=${NGINX:-/usr/sbin/nginx}
 N=${N:-200}
-SCENARIOS=${SCENARIOS:-"small stream body300k"}
+SCENARIOS=${SCENARIOS:-"small stream passthrough body300k"}
 TARGETS=${TARGETS:-"gateway bare nginx"}
 if [ "${SKIP_BUILD:-1}" != 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --bin llm-gateway --example bare_proxy)
@@ -77,9 +79,9 @@ headers = {"content-type": "application/json", "x-session-id": "bench-session-1"
 if scenario == "small":
     body = {"model": "sim-model", "messages": [msg], "max_tokens": 1}
     headers["x-sim-max-tokens"] = "1"
-elif scenario == "stream":
+elif scenario in ("stream", "passthrough"):
     body = {"model": "sim-model", "messages": [msg], "stream": True}
-    if ask_usage:
+    if ask_usage or scenario == "passthrough":
         body["stream_options"] = {"include_usage": True}
     headers["x-sim-max-tokens"] = "20"
 else:
@@ -95,8 +97,8 @@ for _ in range(n):
         sys.exit(f"status {resp.status}: {out[:200]!r}")
     # 20 content frames and [DONE]; the usage frame too where the client
     # asked for it (the gateway drops the one it asked for itself).
-    frames = 21 + ask_usage
-    if scenario == "stream" and out.count(b"data: ") != frames:
+    frames = 21 + (ask_usage or scenario == "passthrough")
+    if scenario in ("stream", "passthrough") and out.count(b"data: ") != frames:
         sys.exit(f"stream: {out.count(b'data: ')} frames, expected {frames}: {out[:300]!r}")
 PY
 
@@ -190,10 +192,12 @@ for s in $SCENARIOS; do
     done
     echo "$row"
 done
-if [[ " $SCENARIOS " == *" small "* && " $SCENARIOS " == *" stream "* ]]; then
-    row="| per SSE frame, (stream - small) / 20 |"
-    for t in $TARGETS; do
-        row+=" $(printf "%'d" $(( (PER[$t.stream] - PER[$t.small]) / 20 ))) |"
-    done
-    echo "$row"
-fi
+for s in stream passthrough; do
+    if [[ " $SCENARIOS " == *" small "* && " $SCENARIOS " == *" $s "* ]]; then
+        row="| per SSE frame, ($s - small) / 20 |"
+        for t in $TARGETS; do
+            row+=" $(printf "%'d" $(( (PER[$t.$s] - PER[$t.small]) / 20 ))) |"
+        done
+        echo "$row"
+    fi
+done
