@@ -42,6 +42,7 @@ pub struct Metrics {
     pub session_store_errors: IntCounterVec,
     pub session_store_wait: HistogramVec,
     pub session_store_ops: IntCounterVec,
+    pub body_forwards: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -260,6 +261,12 @@ impl Metrics {
                 "Commands (or pipelines) sent to the shared session store, by operation",
                 &["op"],
             ),
+            body_forwards: counter(
+                &registry,
+                "llm_gateway_request_body_forwards_total",
+                "Request bodies read by the gateway and handed back to Pingora, by how: retry_buffer (up to 64 KiB) or replay",
+                &["via"],
+            ),
             api_keys_configured,
             watching,
             registry,
@@ -272,6 +279,26 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
     }
+}
+
+/// How a pre-read request body went back to Pingora
+/// (`proxy::request::forward`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyVia {
+    RetryBuffer,
+    Replay,
+}
+
+/// Counts one forwarded body; both handles resolved once per process.
+pub fn body_forwarded(via: BodyVia) {
+    static HANDLES: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+        let m = &metrics().body_forwards;
+        [
+            m.with_label_values(&["retry_buffer"]),
+            m.with_label_values(&["replay"]),
+        ]
+    });
+    HANDLES[via as usize].inc();
 }
 
 /// The process-wide metrics.

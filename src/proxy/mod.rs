@@ -3,7 +3,8 @@
 //!
 //! request_filter           `request` (route, endpoints, body) → `guards` (key,
 //!                          rules, usage, prefix) → `crate::balance` (pool, place) →
-//!                          `request::forward` (replay the body)
+//!                          `request::forward` (the body back to Pingora:
+//!                          its retry buffer, or the replay)
 //! upstream_peer            `upstream::next_peer`: the placed peer, or on a
 //!                          retry the next untried ready one
 //! upstream_request_filter  `upstream::rewrite_head`: Host, real Content-Length
@@ -72,7 +73,7 @@ impl Gateway {
             ctx,
         );
         let body_pending = ctx.request.body_read && !ctx.request.body.is_empty();
-        request::forward(session, &rest, body_pending).await
+        request::forward(session, &rest, body_pending, ctx.request.retry_buffered).await
     }
 
     /// Model pool, load gates, placement: the peer and its reserved slot,
