@@ -8,8 +8,8 @@
 #   bash benches/bodylog_overhead.sh          # N=100 by default; ~10 minutes
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${GATEWAY_BIN:-$ROOT/target/release/llm-gateway}
-export N=${N:-100} SCENARIOS=${SCENARIOS:-"small stream"}
+BIN=${GATEWAY_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/llm-gateway}
+export N=${N:-100} SCENARIOS=${SCENARIOS:-"small stream"} TARGETS=${TARGETS:-gateway}
 TMP=$(mktemp -d)
 pid=""
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$TMP"; }

@@ -1,27 +1,64 @@
 #!/usr/bin/env bash
-# Instructions the gateway executes per request, counted by callgrind (not
-# time: the count is the same whatever else the machine is doing). For each
-# scenario the gateway runs under valgrind twice, with N and 6N requests over
-# one keep-alive connection; (total(6N) - total(N)) / 5N is the per-request
-# cost with start-up and shutdown cancelled out. The engine is `llm-gateway
-# sim` outside valgrind.
+# Instructions a proxy executes per request, counted by callgrind (not time:
+# the count is the same whatever else the machine is doing). For each target
+# and scenario the proxy runs under valgrind twice, with N and 6N requests
+# over one keep-alive connection; (total(6N) - total(N)) / 5N is the
+# per-request cost with start-up and shutdown cancelled out. The engine is
+# `llm-gateway sim`, outside valgrind.
 #
-#   bash benches/instructions.sh                       # this checkout's release build
+# Targets (issue 13), all in the same run, in front of the same engine:
+#   gateway  this checkout's llm-gateway (threads: 1, one route, one peer)
+#   bare     benches/bare_proxy.rs: Pingora with only `upstream_peer`, built
+#            from the same pingora and Cargo.lock (the floor, measured)
+#   nginx    Debian nginx, one process (`master_process off; daemon off;`),
+#            upstream keepalive, `proxy_buffering off` (valgrind
+#            --trace-children=no: nginx forks nothing this way anyway)
+#
+#   bash benches/instructions.sh                       # all three targets
+#   TARGETS=gateway bash benches/instructions.sh       # the gateway only
 #   GATEWAY_BIN=/path/to/other/llm-gateway bash benches/instructions.sh
 #   N=200 SCENARIOS="small stream" bash benches/instructions.sh
 #   GATEWAY_EXTRA=$'bodylog:\n  listener: 127.0.0.1:9999\n' bash benches/instructions.sh
 #                                 # appended to gateway.yaml (body logging on)
+#   BARE_WORK_STEALING=0 BARE_POOL=16 TARGETS=bare bash benches/instructions.sh
+#                                 # Pingora runtime settings (benches/bare_proxy.rs)
+#   SKIP_BUILD=0 bash benches/instructions.sh          # cargo build first
+#   KEEP_CG=/tmp/cg bash benches/instructions.sh       # keep the profiles for
+#                                 # callgrind_annotate (TARGET-SCENARIO-REQUESTS.out)
 #
 # Scenarios: small (198-byte non-stream chat, session id), stream (20 SSE
-# frames, include_usage injected), body300k (300 KB non-stream body).
+# frames; the gateway injects include_usage and drops the usage frame, bare
+# and nginx get a body that already asks for it, so the engine sends all
+# three the same 21 frames), passthrough (the same stream with the client
+# asking for usage itself: the gateway only observes and passes every byte
+# on), body300k (300 KB non-stream body).
+# With small and stream both run, a last row estimates the cost per SSE
+# frame as (stream - small) / 20: an estimate, since the two responses also
+# differ in their head and framing (chunked SSE vs one JSON body).
 set -euo pipefail
+# A failed client inside $(count ...) must stop the run, not print a figure.
+shopt -s inherit_errexit
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-GATEWAY_BIN=${GATEWAY_BIN:-$ROOT/target/release/llm-gateway}
-SIM_BIN=${SIM_BIN:-$ROOT/target/release/llm-gateway}
+OUT=${CARGO_TARGET_DIR:-$ROOT/target}/release
+GATEWAY_BIN=${GATEWAY_BIN:-$OUT/llm-gateway}
+BARE_BIN=${BARE_BIN:-$OUT/examples/bare_proxy}
+SIM_BIN=${SIM_BIN:-$OUT/llm-gateway}
+NGINX=${NGINX:-/usr/sbin/nginx}
 N=${N:-200}
-SCENARIOS=${SCENARIOS:-"small stream body300k"}
-if [ "${SKIP_BUILD:-1}" != 1 ]; then (cd "$ROOT" && cargo build --release --quiet); fi
+SCENARIOS=${SCENARIOS:-"small stream passthrough body300k"}
+TARGETS=${TARGETS:-"gateway bare nginx"}
+if [ "${SKIP_BUILD:-1}" != 1 ]; then
+    (cd "$ROOT" && cargo build --release --quiet --bin llm-gateway --example bare_proxy)
+fi
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
+for t in $TARGETS; do
+    case $t in
+        gateway) [ -x "$GATEWAY_BIN" ] || { echo "$GATEWAY_BIN missing (cargo build --release)" >&2; exit 1; } ;;
+        bare) [ -x "$BARE_BIN" ] || { echo "$BARE_BIN missing (cargo build --release --example bare_proxy)" >&2; exit 1; } ;;
+        nginx) [ -x "$NGINX" ] || { echo "$NGINX missing (apt-get install nginx)" >&2; exit 1; } ;;
+        *) echo "unknown target $t (gateway, bare, nginx)" >&2; exit 1 ;;
+    esac
+done
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
@@ -36,14 +73,16 @@ wait_port "$ENGINE_PORT"
 
 cat > "$TMP/client.py" <<'PY'
 import http.client, json, sys
-port, scenario, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+port, path, scenario, n, ask_usage = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
 msg = {"role": "user", "content": "Say hello to the gateway benchmark, please."}
 headers = {"content-type": "application/json", "x-session-id": "bench-session-1", "x-sim-frame-delay-ms": "0"}
 if scenario == "small":
     body = {"model": "sim-model", "messages": [msg], "max_tokens": 1}
     headers["x-sim-max-tokens"] = "1"
-elif scenario == "stream":
+elif scenario in ("stream", "passthrough"):
     body = {"model": "sim-model", "messages": [msg], "stream": True}
+    if ask_usage or scenario == "passthrough":
+        body["stream_options"] = {"include_usage": True}
     headers["x-sim-max-tokens"] = "20"
 else:
     body = {"model": "sim-model", "messages": [{"role": "user", "content": "x " * 150000}], "max_tokens": 1}
@@ -51,29 +90,114 @@ else:
 data = json.dumps(body).encode()
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 for _ in range(n):
-    conn.request("POST", "/r/v1/chat/completions", body=data, headers=headers)
+    conn.request("POST", path, body=data, headers=headers)
     resp = conn.getresponse()
     out = resp.read()
     if resp.status != 200:
         sys.exit(f"status {resp.status}: {out[:200]!r}")
+    # 20 content frames and [DONE]; the usage frame too where the client
+    # asked for it (the gateway drops the one it asked for itself).
+    frames = 21 + (ask_usage or scenario == "passthrough")
+    if scenario in ("stream", "passthrough") and out.count(b"data: ") != frames:
+        sys.exit(f"stream: {out.count(b'data: ')} frames, expected {frames}: {out[:300]!r}")
 PY
 
-count() { # $1 scenario, $2 requests → total instructions
-    local port admin dir pid
-    port=$(free_port); admin=$(free_port); dir=$TMP/$1-$2; mkdir -p "$dir/routes"
-    printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s, max_concurrency: 100000}\nhealth: {enabled: false}\nengine_metrics: false\ninclude_usage: true\n' "$ENGINE_PORT" > "$dir/routes/r.yaml"
-    printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 1\napi_keys_file: %s/none\nwatch: false\n%s' "$port" "$admin" "$dir/routes" "$dir" "${GATEWAY_EXTRA:-}" > "$dir/gateway.yaml"
-    valgrind --tool=callgrind --callgrind-out-file="$dir/cg.out" "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
-    pid=$!; PIDS+=($pid)
+# Starts target $1 under callgrind in $2 listening on $3; its pid in STARTED
+# (not echoed: a command substitution would wait for the server's stdout).
+start() {
+    local target=$1 dir=$2 port=$3 admin
+    local vg=(valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$dir/cg.out")
+    case $target in
+        gateway)
+            admin=$(free_port); mkdir -p "$dir/routes"
+            printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s, max_concurrency: 100000}\nhealth: {enabled: false}\nengine_metrics: false\ninclude_usage: true\n' "$ENGINE_PORT" > "$dir/routes/r.yaml"
+            printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 1\napi_keys_file: %s/none\nwatch: false\n%s' "$port" "$admin" "$dir/routes" "$dir" "${GATEWAY_EXTRA:-}" > "$dir/gateway.yaml"
+            "${vg[@]}" "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
+            ;;
+        bare)
+            "${vg[@]}" "$BARE_BIN" "127.0.0.1:$port" "127.0.0.1:$ENGINE_PORT" 2>"$dir/log" &
+            ;;
+        nginx)
+            # As issue 2's nginx: the route prefix stripped like the
+            # gateway's, keep-alive both sides without a request limit.
+            # The 300 KB body fits client_body_buffer_size, so nginx holds it
+            # in memory as the gateway does instead of spooling it to disk.
+            cat > "$dir/nginx.conf" <<NGINX
+master_process off;
+daemon off;
+worker_processes 1;
+error_log $dir/error.log warn;
+pid $dir/nginx.pid;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $dir/body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+    keepalive_requests 1000000;
+    client_max_body_size 10m;
+    client_body_buffer_size 1m;
+    upstream sim { server 127.0.0.1:$ENGINE_PORT; keepalive 64; keepalive_requests 1000000; }
+    server {
+        listen 127.0.0.1:$port;
+        location /r/ {
+            proxy_pass http://sim/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+    }
+}
+NGINX
+            "${vg[@]}" "$NGINX" -p "$dir" -c "$dir/nginx.conf" 2>"$dir/log" &
+            ;;
+    esac
+    STARTED=$!
+}
+
+count() { # $1 target, $2 scenario, $3 requests → total instructions
+    local port dir pid path ask_usage=1
+    port=$(free_port); dir=$TMP/$1-$2-$3; mkdir -p "$dir"
+    start "$1" "$dir" "$port" >/dev/null
+    pid=$STARTED; PIDS+=($pid)
     wait_port "$port"
-    python3 "$TMP/client.py" "$port" "$1" "$2"
-    kill -INT "$pid"; wait "$pid" 2>/dev/null || true
+    case $1 in
+        gateway) path=/r/v1/chat/completions; ask_usage=0 ;;
+        bare) path=/v1/chat/completions ;;
+        nginx) path=/r/v1/chat/completions ;;
+    esac
+    python3 "$TMP/client.py" "$port" "$path" "$2" "$3" "$ask_usage" >&2
+    # SIGINT: Pingora's fast shutdown; SIGTERM: nginx's.
+    if [ "$1" = nginx ]; then kill -TERM "$pid"; else kill -INT "$pid"; fi
+    wait "$pid" 2>/dev/null || true
+    if [ -n "${KEEP_CG:-}" ]; then mkdir -p "$KEEP_CG"; cp "$dir/cg.out" "$KEEP_CG/$1-$2-$3.out"; fi
     awk '/^summary:|^totals:/{print $2; exit}' "$dir/cg.out"
 }
 
-echo "| scenario | instructions / request |"
-echo "|---|--:|"
+declare -A PER
+header="| scenario |"; rule="|---|"
+for t in $TARGETS; do header+=" $t |"; rule+="--:|"; done
+echo "instructions per request (callgrind, N=$N and $((6 * N)) requests, difference / $((5 * N)))"
+echo
+echo "$header"
+echo "$rule"
 for s in $SCENARIOS; do
-    a=$(count "$s" "$N"); b=$(count "$s" $((6 * N)))
-    echo "| $s | $(( (b - a) / (5 * N) )) |"
+    row="| $s |"
+    for t in $TARGETS; do
+        a=$(count "$t" "$s" "$N"); b=$(count "$t" "$s" $((6 * N)))
+        PER[$t.$s]=$(( (b - a) / (5 * N) ))
+        row+=" $(printf "%'d" "${PER[$t.$s]}") |"
+    done
+    echo "$row"
+done
+for s in stream passthrough; do
+    if [[ " $SCENARIOS " == *" small "* && " $SCENARIOS " == *" $s "* ]]; then
+        row="| per SSE frame, ($s - small) / 20 |"
+        for t in $TARGETS; do
+            row+=" $(printf "%'d" $(( (PER[$t.$s] - PER[$t.small]) / 20 ))) |"
+        done
+        echo "$row"
+    fi
 done

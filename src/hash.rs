@@ -44,6 +44,16 @@ pub fn hex16(h: u64) -> String {
     format!("{h:016x}")
 }
 
+/// [`hex16`] as bytes on the stack, for a response header built per request.
+pub fn hex16_bytes(h: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = DIGITS[((h >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
+}
+
 /// Combines two 64-bit values into one well-mixed value; order matters.
 ///
 /// Used for rendezvous (highest random weight) hashing, where `a` is the
@@ -81,6 +91,16 @@ mod tests {
     #[test]
     fn hex16_is_fixed_width_lowercase() {
         assert_eq!(hex16(0), "0000000000000000");
+        for h in [
+            0,
+            1,
+            0xdead_beef,
+            u64::MAX,
+            0x0123_4567_89ab_cdef,
+            stable_hash64(b"x"),
+        ] {
+            assert_eq!(&hex16_bytes(h)[..], hex16(h).as_bytes());
+        }
         assert_eq!(hex16(0xABCDEF), "0000000000abcdef");
         assert_eq!(hex16(u64::MAX), "ffffffffffffffff");
     }

@@ -7,11 +7,13 @@
 //!
 //! Labels carry route and peer *names* only, never a session id or a key.
 
+use parking_lot::RwLock;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use std::sync::LazyLock;
+use std::borrow::Borrow;
+use std::sync::{LazyLock, OnceLock};
 
 pub struct Metrics {
     registry: Registry,
@@ -40,6 +42,7 @@ pub struct Metrics {
     pub session_store_errors: IntCounterVec,
     pub session_store_wait: HistogramVec,
     pub session_store_ops: IntCounterVec,
+    pub body_forwards: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -258,6 +261,12 @@ impl Metrics {
                 "Commands (or pipelines) sent to the shared session store, by operation",
                 &["op"],
             ),
+            body_forwards: counter(
+                &registry,
+                "llm_gateway_request_body_forwards_total",
+                "Request bodies read by the gateway and handed back to Pingora, by how: retry_buffer (up to 64 KiB) or replay",
+                &["via"],
+            ),
             api_keys_configured,
             watching,
             registry,
@@ -272,8 +281,232 @@ impl Metrics {
     }
 }
 
+/// How a pre-read request body went back to Pingora
+/// (`proxy::request::forward`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyVia {
+    RetryBuffer,
+    Replay,
+}
+
+/// Counts one forwarded body; both handles resolved once per process.
+pub fn body_forwarded(via: BodyVia) {
+    static HANDLES: LazyLock<[IntCounter; 2]> = LazyLock::new(|| {
+        let m = &metrics().body_forwards;
+        [
+            m.with_label_values(&["retry_buffer"]),
+            m.with_label_values(&["replay"]),
+        ]
+    });
+    HANDLES[via as usize].inc();
+}
+
 /// The process-wide metrics.
 pub fn metrics() -> &'static Metrics {
     static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
     &METRICS
+}
+
+/// The request path's series of one route version, each looked up by its
+/// labels once and then kept: `with_label_values` hashes every label and
+/// takes the vector's lock on each call, and a request makes half a dozen of
+/// them. Resolved on first use rather than at load, so `/metrics` shows a
+/// series only once it has counted something, as before. A reload builds
+/// the route (and so this) anew; the series themselves live on in the
+/// process-wide vectors, so a count never restarts.
+#[derive(Debug, Default)]
+pub struct RouteMetrics {
+    request_duration: OnceLock<Histogram>,
+    ttft: OnceLock<Histogram>,
+    queue_wait: OnceLock<Histogram>,
+    load_rejections: Few<&'static str, IntCounter>,
+    /// The per-peer series of requests that reached no peer (peer `"-"`).
+    pub unplaced: PeerMetrics,
+}
+
+impl RouteMetrics {
+    pub fn request_duration(&self, route: &str) -> &Histogram {
+        self.request_duration
+            .get_or_init(|| metrics().request_duration.with_label_values(&[route]))
+    }
+
+    pub fn ttft(&self, route: &str) -> &Histogram {
+        self.ttft
+            .get_or_init(|| metrics().ttft.with_label_values(&[route]))
+    }
+
+    pub fn queue_wait(&self, route: &str) -> &Histogram {
+        self.queue_wait
+            .get_or_init(|| metrics().queue_wait.with_label_values(&[route]))
+    }
+
+    pub fn load_rejections(&self, route: &str, gate: &'static str) -> IntCounter {
+        self.load_rejections.get(&gate, || {
+            metrics().load_rejections.with_label_values(&[route, gate])
+        })
+    }
+}
+
+/// The series one peer of a route version writes per request (see
+/// [`RouteMetrics`]). `route` and `peer` must be the names of the route and
+/// peer that own this.
+#[derive(Debug, Default)]
+pub struct PeerMetrics {
+    requests: Few<u16, IntCounter>,
+    placements: Few<(&'static str, &'static str), IntCounter>,
+    prompt_tokens: OnceLock<IntCounter>,
+    cached_prompt_tokens: OnceLock<IntCounter>,
+    completion_tokens: OnceLock<IntCounter>,
+    ttft_by_pool: Few<String, Histogram>,
+    decode_rate: Few<String, Histogram>,
+}
+
+impl PeerMetrics {
+    /// `requests_total` for status `code` (its label from `code_label`).
+    pub fn requests(&self, route: &str, peer: &str, code: u16, code_label: &str) -> IntCounter {
+        self.requests.get(&code, || {
+            metrics()
+                .requests
+                .with_label_values(&[route, peer, code_label])
+        })
+    }
+
+    pub fn placements(
+        &self,
+        route: &str,
+        peer: &str,
+        kind: &'static str,
+        reason: &'static str,
+    ) -> IntCounter {
+        self.placements.get(&(kind, reason), || {
+            metrics()
+                .placements
+                .with_label_values(&[route, peer, kind, reason])
+        })
+    }
+
+    pub fn prompt_tokens(&self, route: &str, peer: &str) -> &IntCounter {
+        self.prompt_tokens
+            .get_or_init(|| metrics().prompt_tokens.with_label_values(&[route, peer]))
+    }
+
+    pub fn cached_prompt_tokens(&self, route: &str, peer: &str) -> &IntCounter {
+        self.cached_prompt_tokens.get_or_init(|| {
+            metrics()
+                .cached_prompt_tokens
+                .with_label_values(&[route, peer])
+        })
+    }
+
+    pub fn completion_tokens(&self, route: &str, peer: &str) -> &IntCounter {
+        self.completion_tokens.get_or_init(|| {
+            metrics()
+                .completion_tokens
+                .with_label_values(&[route, peer])
+        })
+    }
+
+    pub fn ttft_by_pool(&self, route: &str, pool: &str, peer: &str) -> Histogram {
+        self.ttft_by_pool.get(pool, || {
+            metrics()
+                .ttft_by_pool
+                .with_label_values(&[route, pool, peer])
+        })
+    }
+
+    pub fn decode_rate(&self, route: &str, pool: &str, peer: &str) -> Histogram {
+        self.decode_rate.get(pool, || {
+            metrics()
+                .decode_rate
+                .with_label_values(&[route, pool, peer])
+        })
+    }
+}
+
+/// The few label values one metric takes for one route or peer (status
+/// codes, placement kinds, model pools: all bounded by the code or the
+/// config), each resolved once: a read lock and a short scan instead of
+/// hashing the labels.
+pub struct Few<K, M>(RwLock<Vec<(K, M)>>);
+
+impl<K, M> Default for Few<K, M> {
+    fn default() -> Self {
+        Few(RwLock::new(Vec::new()))
+    }
+}
+
+impl<K, M> std::fmt::Debug for Few<K, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Few({} series)", self.0.read().len())
+    }
+}
+
+impl<K, M: Clone> Few<K, M> {
+    /// The handle for `key`, made by `make` the first time.
+    pub fn get<Q>(&self, key: &Q, make: impl FnOnce() -> M) -> M
+    where
+        K: Borrow<Q>,
+        Q: PartialEq + ToOwned<Owned = K> + ?Sized,
+    {
+        let found = |entries: &[(K, M)]| {
+            entries
+                .iter()
+                .find(|(k, _)| k.borrow() == key)
+                .map(|(_, m)| m.clone())
+        };
+        if let Some(m) = found(&self.0.read()) {
+            return m;
+        }
+        let mut entries = self.0.write();
+        // Another request may have resolved it between the two locks.
+        if let Some(m) = found(&entries) {
+            return m;
+        }
+        let m = make();
+        entries.push((key.to_owned(), m.clone()));
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn few_resolves_each_key_once() {
+        let few: Few<String, u32> = Few::default();
+        let mut made = 0;
+        for _ in 0..3 {
+            assert_eq!(
+                few.get("a", || {
+                    made += 1;
+                    7
+                }),
+                7
+            );
+        }
+        assert_eq!(few.get("b", || 8), 8);
+        assert_eq!(made, 1);
+        assert_eq!(few.get("a", || 0), 7);
+    }
+
+    #[test]
+    fn cached_handles_count_in_the_shared_series() {
+        let route = RouteMetrics::default();
+        let peer = PeerMetrics::default();
+        let name = "metrics-cache-test";
+        peer.requests(name, "e0", 200, "200").inc();
+        peer.requests(name, "e0", 200, "200").inc();
+        peer.requests(name, "e0", 503, "503").inc();
+        route.request_duration(name).observe(0.5);
+        let m = metrics();
+        assert_eq!(m.requests.with_label_values(&[name, "e0", "200"]).get(), 2);
+        assert_eq!(m.requests.with_label_values(&[name, "e0", "503"]).get(), 1);
+        assert_eq!(
+            m.request_duration
+                .with_label_values(&[name])
+                .get_sample_count(),
+            1
+        );
+    }
 }

@@ -119,6 +119,118 @@ fn bodies_survive_a_retry_from_a_refused_peer() {
     gw.wait_idle();
 }
 
+/// Issue 13: which way a pre-read body went back to Pingora.
+fn forwards(gw: &Gateway, via: &str) -> f64 {
+    gw.metric(
+        "llm_gateway_request_body_forwards_total",
+        &[&format!("via=\"{via}\"")],
+    )
+}
+
+/// Pingora's retry buffer holds 64 KiB (pingora-core 0.9.1 BODY_BUF_LIMIT).
+const RETRY_BUFFER: usize = 64 * 1024;
+
+/// Issue 13: a body that fits Pingora's retry buffer is sent from it, with
+/// no replay: byte-identical, on one keep-alive connection, re-sent after a
+/// refused peer, and with `Expect: 100-continue` answered once and never
+/// passed to the engine.
+#[test]
+fn a_body_that_fits_the_retry_buffer_is_sent_from_it() {
+    let cluster = engines(1);
+    let dead = free_port();
+    let gw = Gateway::start(&[("chat", dead_then_live(dead, cluster.engines[0].port()))]);
+    let mut sent = 0.0;
+    let mut conn = Conn::open(gw.addr);
+    for size in [1_000, RETRY_BUFFER] {
+        for upload in ["length", "chunked"] {
+            let body = body_of_size(size, &format!("fits-{upload}-{size}"));
+            let resp = wait_for("a request that was retried", DEADLINE, || {
+                let mode = if upload == "length" {
+                    Upload::Length
+                } else {
+                    Upload::Chunked(4096)
+                };
+                conn.send(
+                    "POST",
+                    CHAT,
+                    &[("Content-Type", "application/json"), ("x-sim-echo", "1")],
+                    &body,
+                    mode,
+                );
+                let resp = conn.read_response();
+                sent += 1.0;
+                assert_eq!(resp.status(), 200, "{size} {upload}: {}", resp.text());
+                assert!(resp.body == body, "{size} {upload}: echoed body differs");
+                (resp.header("x-routed-retries") == Some("1")).then_some(resp)
+            });
+            assert_eq!(resp.header("x-routed-peer"), Some("live"));
+            assert!(last_recorded(&cluster, 0) == body);
+        }
+    }
+    let body = body_of_size(1_000, "expect");
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nx-sim-echo: 1\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    conn.send_raw(head.as_bytes());
+    assert_eq!(conn.read_head_raw_status(), 100);
+    conn.send_raw(&body);
+    let resp = conn.read_response();
+    sent += 1.0;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.body == body);
+    let recorded = cluster.engines[0].stats.recorded.lock().last().cloned();
+    let recorded = recorded.expect("engine recorded a request");
+    assert!(
+        !recorded
+            .headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("expect")),
+        "{:?}",
+        recorded.headers
+    );
+    assert_eq!(forwards(&gw, "retry_buffer"), sent);
+    assert_eq!(forwards(&gw, "replay"), 0.0);
+    gw.wait_idle();
+}
+
+/// Issue 13: one byte over the retry buffer goes through the replay, as
+/// every larger body does (`bodies_arrive_byte_identical_...` and
+/// `bodies_survive_a_retry_...` cover sizes up to 2 MB).
+#[test]
+fn a_body_over_the_retry_buffer_goes_through_the_replay() {
+    let cluster = engines(1);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let mut conn = Conn::open(gw.addr);
+    // Chunked: buffered until it overflowed; with a Content-Length over
+    // the limit: never buffered.
+    let rounds = [
+        (RETRY_BUFFER + 1, Upload::Chunked(16 * 1024)),
+        (1_000, Upload::Length),
+        (RETRY_BUFFER + 1, Upload::Length),
+    ];
+    for (round, (size, mode)) in rounds.into_iter().enumerate() {
+        let body = body_of_size(size, &format!("over-{round}"));
+        conn.send(
+            "POST",
+            CHAT,
+            &[("Content-Type", "application/json"), ("x-sim-echo", "1")],
+            &body,
+            mode,
+        );
+        let resp = conn.read_response();
+        assert_eq!(resp.status(), 200, "{size}: {}", resp.text());
+        assert!(
+            resp.body == body,
+            "{size} round {round}: echoed body differs"
+        );
+        assert!(last_recorded(&cluster, 0) == body);
+    }
+    assert_eq!(forwards(&gw, "replay"), 2.0);
+    assert_eq!(forwards(&gw, "retry_buffer"), 1.0);
+    gw.wait_idle();
+}
+
 #[test]
 fn stream_reaches_the_client_frame_by_frame() {
     let cluster = engines(1);

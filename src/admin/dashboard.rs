@@ -14,7 +14,7 @@ use super::routes;
 use crate::clock::now_ms;
 use crate::metrics::metrics;
 use crate::protect::gate::Gate;
-use crate::protect::meter::Scope;
+use crate::protect::meter::ScopeRef;
 use crate::registry::{Registry, Route};
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -191,7 +191,7 @@ fn pool_limits(route: &Route, label: &str, now: u64) -> PoolLimits {
     let reading = route
         .runtime
         .meter
-        .reading(&Scope::Pool(label.to_string()), p.meter.ttl_ms, now);
+        .reading(ScopeRef::Pool(label), p.meter.ttl_ms, now);
     let o = &route.runtime.limit_overrides;
     let model = (label != "_").then_some(label);
     let ttft = p.judge_ttft(&reading, model, o.ttft_ms.get(now));

@@ -111,9 +111,9 @@ fn refused_full(
     route.runtime.refusals.add(gate);
     // Counted with the TTFT and decode-rate gates' refusals, so one metric
     // has every load-based 429 by its gate.
-    crate::metrics::metrics()
-        .load_rejections
-        .with_label_values(&[route.name(), gate.as_str()])
+    route
+        .metrics
+        .load_rejections(route.name(), gate.as_str())
         .inc();
     Refused { error, waited }
 }

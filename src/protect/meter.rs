@@ -100,6 +100,60 @@ pub enum Scope {
     Peer(String),
 }
 
+/// A [`Scope`] by reference: what a lookup takes, so a request's gate
+/// check names its pool without building a `String`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScopeRef<'a> {
+    Pool(&'a str),
+    Peer(&'a str),
+}
+
+impl Scope {
+    pub fn as_ref(&self) -> ScopeRef<'_> {
+        match self {
+            Scope::Pool(p) => ScopeRef::Pool(p),
+            Scope::Peer(p) => ScopeRef::Peer(p),
+        }
+    }
+}
+
+/// The series by scope, one map per kind so both are looked up by `&str`.
+#[derive(Debug, Default)]
+struct SeriesMap {
+    pools: HashMap<String, Series>,
+    peers: HashMap<String, Series>,
+}
+
+impl SeriesMap {
+    fn kind<'n>(&mut self, scope: ScopeRef<'n>) -> (&mut HashMap<String, Series>, &'n str) {
+        match scope {
+            ScopeRef::Pool(name) => (&mut self.pools, name),
+            ScopeRef::Peer(name) => (&mut self.peers, name),
+        }
+    }
+
+    fn get_mut(&mut self, scope: ScopeRef<'_>) -> Option<&mut Series> {
+        let (map, name) = self.kind(scope);
+        map.get_mut(name)
+    }
+
+    /// The series of `scope`, created (and its name copied) on first use only.
+    fn get_or_insert(&mut self, scope: ScopeRef<'_>, cfg: &MeterConfig) -> &mut Series {
+        let (map, name) = self.kind(scope);
+        if !map.contains_key(name) {
+            map.insert(name.to_string(), Series::new(cfg));
+        }
+        map.get_mut(name).expect("inserted above")
+    }
+
+    fn scopes(&self) -> Vec<Scope> {
+        let pools = self.pools.keys().cloned().map(Scope::Pool);
+        pools
+            .chain(self.peers.keys().cloned().map(Scope::Peer))
+            .collect()
+    }
+}
+
 /// The EWMAs of one series now, for gates and status.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Reading {
@@ -127,10 +181,10 @@ pub struct SeriesStatus {
 
 #[derive(Debug, Default)]
 pub struct Meter {
-    series: Mutex<HashMap<Scope, Series>>,
+    series: Mutex<SeriesMap>,
     nousage: AtomicU64,
-    /// Probe budgets of the tripped gates, per pool and gate.
-    probes: Mutex<HashMap<(String, &'static str), std::sync::Arc<ProbeBudget>>>,
+    /// Probe budgets of the tripped gates, per gate and pool.
+    probes: Mutex<HashMap<&'static str, HashMap<String, std::sync::Arc<ProbeBudget>>>>,
 }
 
 impl Meter {
@@ -152,8 +206,8 @@ impl Meter {
         };
         let ttft_ms = timing.ttft.map(|d| d.as_secs_f64() * 1000.0);
         let mut series = self.series.lock();
-        for scope in [Scope::Pool(pool.to_string()), Scope::Peer(peer.to_string())] {
-            let s = series.entry(scope).or_insert_with(|| Series::new(cfg));
+        for scope in [ScopeRef::Pool(pool), ScopeRef::Peer(peer)] {
+            let s = series.get_or_insert(scope, cfg);
             if let Some(v) = ttft_ms {
                 s.ttft.add(v, now_ms);
                 s.ttft_hist.add(v);
@@ -167,7 +221,7 @@ impl Meter {
     }
 
     /// The EWMAs of `scope` now (closing windows whose time is up).
-    pub fn reading(&self, scope: &Scope, ttl_ms: u64, now_ms: u64) -> Reading {
+    pub fn reading(&self, scope: ScopeRef<'_>, ttl_ms: u64, now_ms: u64) -> Reading {
         let mut series = self.series.lock();
         let Some(s) = series.get_mut(scope) else {
             return Reading::default();
@@ -188,14 +242,14 @@ impl Meter {
     /// Every series with its reading and histograms, for `/_ttft_status`
     /// and `/_tps_status`.
     pub fn snapshot(&self, ttl_ms: u64, now_ms: u64) -> Vec<SeriesStatus> {
-        let scopes: Vec<Scope> = self.series.lock().keys().cloned().collect();
+        let scopes = self.series.lock().scopes();
         let mut out: Vec<_> = scopes
             .into_iter()
             .map(|scope| {
-                let reading = self.reading(&scope, ttl_ms, now_ms);
-                let series = self.series.lock();
+                let reading = self.reading(scope.as_ref(), ttl_ms, now_ms);
+                let mut series = self.series.lock();
                 let (ttft, tps) = series
-                    .get(&scope)
+                    .get_mut(scope.as_ref())
                     .map(|s| (s.ttft_hist.counts(), s.tps_hist.counts()))
                     .unwrap_or_default();
                 SeriesStatus {
@@ -213,7 +267,11 @@ impl Meter {
     /// The probe budget of `gate` (`ttft`, `tps`) for `pool`.
     pub fn probe_budget(&self, pool: &str, gate: &'static str) -> std::sync::Arc<ProbeBudget> {
         let mut probes = self.probes.lock();
-        std::sync::Arc::clone(probes.entry((pool.to_string(), gate)).or_default())
+        let pools = probes.entry(gate).or_default();
+        if let Some(budget) = pools.get(pool) {
+            return std::sync::Arc::clone(budget);
+        }
+        std::sync::Arc::clone(pools.entry(pool.to_string()).or_default())
     }
 
     /// Streams that ended without a usage frame (their decode rate came
@@ -270,13 +328,27 @@ mod tests {
         m.record(&cfg, "_", "e0", &timing(Some(40), 40, 2_000), 0);
         m.record(&cfg, "_", "e1", &timing(None, 40, 2_000), 1_000);
         assert_eq!(m.nousage(), 1);
-        let pool = Scope::Pool("_".into());
-        assert_eq!(m.reading(&pool, cfg.ttl_ms, 1_000).ttft_pending, 2);
-        let r = m.reading(&pool, cfg.ttl_ms, 20_000);
+        let pool = ScopeRef::Pool("_");
+        assert_eq!(m.reading(pool, cfg.ttl_ms, 1_000).ttft_pending, 2);
+        let r = m.reading(pool, cfg.ttl_ms, 20_000);
         assert_eq!(r.ttft_ms, Some(300.0));
         assert_eq!(r.tps, Some(20.0));
-        let peer = m.reading(&Scope::Peer("e0".into()), cfg.ttl_ms, 20_000);
+        let peer = m.reading(ScopeRef::Peer("e0"), cfg.ttl_ms, 20_000);
         assert_eq!(peer.tps, Some(20.0));
-        assert_eq!(m.snapshot(cfg.ttl_ms, 20_000).len(), 3);
+        // A pool and a peer of the same name are two series.
+        assert_eq!(m.reading(ScopeRef::Peer("_"), cfg.ttl_ms, 20_000).tps, None);
+        let scopes: Vec<Scope> = m
+            .snapshot(cfg.ttl_ms, 20_000)
+            .into_iter()
+            .map(|s| s.scope)
+            .collect();
+        assert_eq!(
+            scopes,
+            [
+                Scope::Pool("_".into()),
+                Scope::Peer("e0".into()),
+                Scope::Peer("e1".into())
+            ]
+        );
     }
 }

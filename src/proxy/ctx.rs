@@ -34,6 +34,9 @@ pub struct Admitted {
     /// True once a body was read, so the upstream request gets its real
     /// Content-Length even when it is 0.
     pub body_read: bool,
+    /// Pingora's retry buffer was on while the body was read, so a body
+    /// that fitted it is sent from it rather than replayed.
+    pub retry_buffered: bool,
     /// The body was read as a JSON object (an LLM request, or a body whose
     /// model picks the pool).
     pub json_object: bool,

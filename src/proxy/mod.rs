@@ -5,7 +5,8 @@
 //!                          `conn::serve_pipelined`: pipelined requests in order
 //! request_filter           `request` (route, endpoints, body) → `guards` (key,
 //!                          rules, usage, prefix) → `crate::balance` (pool, place) →
-//!                          `request::forward` (replay the body)
+//!                          `request::forward` (the body back to Pingora:
+//!                          its retry buffer, or the replay)
 //! upstream_peer            `upstream::next_peer`: the placed peer, or on a
 //!                          retry the next untried ready one
 //! fail_to_connect          `upstream::on_connect_failure`: ban, retry?
@@ -32,7 +33,6 @@ pub mod upstream;
 
 use crate::bodylog::Bodylog;
 use crate::errors;
-use crate::metrics::metrics;
 use crate::registry::Registry;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -82,7 +82,8 @@ impl Gateway {
             ctx,
         );
         let body_pending = ctx.request.body_read && !ctx.request.body.is_empty();
-        request::forward(&route, session, &rest, body_pending).await
+        let buffered = ctx.request.retry_buffered;
+        request::forward(&route, session, &rest, body_pending, buffered).await
     }
 
     /// Model pool, load gates, placement: the peer and its reserved slot,
@@ -137,14 +138,14 @@ impl Gateway {
         };
         ctx.request.queued = waited;
         record_queue_wait(route, waited);
-        metrics()
-            .placements
-            .with_label_values(&[
+        let peer = &route.peers[placed.peer];
+        peer.metrics
+            .placements(
                 route.name(),
-                &route.peers[placed.peer].config.name,
+                &peer.config.name,
                 placed.placement.kind.as_str(),
                 placed.placement.reason.map_or("none", |r| r.as_str()),
-            ])
+            )
             .inc();
         ctx.request.placement = Some(placed.placement);
         ctx.upstream.peer = Some(placed.peer);
@@ -155,9 +156,9 @@ impl Gateway {
 
 fn record_queue_wait(route: &crate::registry::Route, waited: Option<std::time::Duration>) {
     if let Some(waited) = waited {
-        metrics()
-            .queue_wait
-            .with_label_values(&[route.name()])
+        route
+            .metrics
+            .queue_wait(route.name())
             .observe(waited.as_secs_f64());
     }
 }

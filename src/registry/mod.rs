@@ -21,7 +21,7 @@ mod toggles;
 pub use keys::KeyState;
 pub use peer::{EngineSample, InFlightGuard, PeerState};
 pub use room::{QueuePlace, RoomSignal};
-pub use route::{Route, RoutePeer, RouteRuntime};
+pub use route::{host_header, Route, RoutePeer, RouteRuntime};
 pub use toggles::{Toggle, Toggles, TOGGLE_NAMES};
 
 use crate::auth::KeyFileStatus;
@@ -240,10 +240,12 @@ impl Registry {
         let peers = config
             .peers
             .iter()
-            .map(|pc| RoutePeer {
-                config: pc.clone(),
-                state: runtime.peer_state(&pc.address()),
-                addr: resolve(&pc.host, pc.port),
+            .map(|pc| {
+                RoutePeer::new(
+                    pc.clone(),
+                    runtime.peer_state(&pc.address()),
+                    resolve(&pc.host, pc.port),
+                )
             })
             .collect();
         for e in &config.reject_rule_errors {
@@ -258,6 +260,7 @@ impl Registry {
             config,
             peers,
             runtime,
+            metrics: Default::default(),
         })
     }
 }

@@ -23,6 +23,32 @@ pub struct RoutePeer {
     /// Resolved at load time so the request path never blocks on DNS; None
     /// when the host did not resolve (the peer is then never chosen).
     pub addr: Option<SocketAddr>,
+    /// This peer's request-path metric handles, resolved once.
+    pub metrics: crate::metrics::PeerMetrics,
+    /// `X-Routed-Peer` and the upstream `Host`, built at load so a request
+    /// clones them instead of formatting; `None` when the name (or host)
+    /// is no valid header value, and the request path then builds it as
+    /// before (and fails the same way).
+    pub routed_peer: Option<http::HeaderValue>,
+    pub host_header: Option<http::HeaderValue>,
+}
+
+impl RoutePeer {
+    pub fn new(config: PeerConfig, state: Arc<PeerState>, addr: Option<SocketAddr>) -> Self {
+        RoutePeer {
+            routed_peer: http::HeaderValue::from_str(&config.name).ok(),
+            host_header: http::HeaderValue::from_str(&host_header(&config)).ok(),
+            config,
+            state,
+            addr,
+            metrics: Default::default(),
+        }
+    }
+}
+
+/// The `Host` the engine receives: its own host and port.
+pub fn host_header(config: &PeerConfig) -> String {
+    format!("{}:{}", config.host, config.port)
 }
 
 /// One pool's adaptive concurrency limit.
@@ -179,6 +205,8 @@ pub struct Route {
     pub engine_auth: Option<http::HeaderValue>,
     pub peers: Vec<RoutePeer>,
     pub runtime: Arc<RouteRuntime>,
+    /// This route version's request-path metric handles, resolved once.
+    pub metrics: crate::metrics::RouteMetrics,
 }
 
 impl Route {
@@ -279,7 +307,7 @@ impl Route {
             let (max, in_flight) = self.pool_load(&pool);
             let params = cfg.params(max);
             let reading = self.runtime.meter.reading(
-                &crate::protect::meter::Scope::Pool(label.to_string()),
+                crate::protect::meter::ScopeRef::Pool(label),
                 p.meter.ttl_ms,
                 now_ms,
             );

@@ -74,6 +74,11 @@ impl SessionId {
     pub fn hex(&self) -> String {
         hex16(self.hash)
     }
+
+    /// [`hex`](Self::hex) without the formatting machinery or a `String`.
+    pub fn hex_bytes(&self) -> [u8; 16] {
+        crate::hash::hex16_bytes(self.hash)
+    }
 }
 
 impl fmt::Debug for SessionId {
@@ -119,6 +124,21 @@ impl SessionSource {
             SessionSource::BodyUserIdSessionId => "body:metadata.user_id.session_id",
             SessionSource::BodyUserId => "body:metadata.user_id",
             SessionSource::BodyUser => "body:user",
+        }
+    }
+
+    /// The label when it is a constant (body sources, built-in headers), so
+    /// a response header can carry it without a copy; `None` for a
+    /// configured header's label, which is built per request.
+    pub fn static_label(&self) -> Option<&'static str> {
+        match self {
+            SessionSource::Header(Cow::Borrowed(label)) => Some(label),
+            SessionSource::Header(Cow::Owned(_)) => None,
+            SessionSource::BodyMetadataSessionId => Some("body:metadata.session_id"),
+            SessionSource::BodyLitellmMetadataSessionId => Some("body:litellm_metadata.session_id"),
+            SessionSource::BodyUserIdSessionId => Some("body:metadata.user_id.session_id"),
+            SessionSource::BodyUserId => Some("body:metadata.user_id"),
+            SessionSource::BodyUser => Some("body:user"),
         }
     }
 

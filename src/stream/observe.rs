@@ -1,8 +1,9 @@
 //! What the gateway learns from a response without changing it: whether an
 //! SSE event carries generated output, and the engine's token usage.
 
-use super::scan::{contains, key_has_nonempty_string};
+use super::scan::{key_has_nonempty_string, Key};
 use super::usage::{self, Usage};
+use std::sync::LazyLock;
 
 /// What the proxy learns from a stream without changing it.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -17,9 +18,9 @@ pub struct StreamStats {
 ///
 /// This runs on every frame of every stream, so it avoids JSON parsing on
 /// the hot path:
-/// - usage: a frame is parsed only if the bytes `"usage"` occur in it
-///   (typically just the last frame), and then only the `usage` member is
-///   materialised.
+/// - usage: a frame is parsed only if it has a `"usage"` key whose value
+///   opens an object (typically just the last frame; `"usage": null`
+///   frames are not parsed), and then only the `usage` counts are read.
 /// - content: decided by a byte search for a `"content"`, `"text"`,
 ///   `"reasoning"`, `"reasoning_content"` or `"arguments"` key whose value
 ///   is a non-empty string. For valid JSON this cannot be fooled by string
@@ -30,24 +31,33 @@ pub struct StreamStats {
 ///   malformed frame may be counted either way. `arguments` (tool-call
 ///   deltas) is included because a tool-only answer is still generated
 ///   output, and leaving it out would make it look like an empty stream.
-pub fn observe_event(event_data: &[u8], stats: &mut StreamStats) {
+///
+/// Returns whether the event is a usage-only frame (see
+/// [`usage::is_usage_only_event`]), from the same parse.
+pub fn observe_event(event_data: &[u8], stats: &mut StreamStats) -> bool {
     if carries_content(event_data) {
         stats.content_events += 1;
     }
-    if contains(event_data, b"\"usage\"") {
-        if let Some(u) = usage::parse_usage_bytes(event_data) {
+    match usage::frame_usage(event_data) {
+        Some((u, usage_only)) => {
             stats.usage = Some(u);
+            usage_only
         }
+        None => false,
     }
 }
 
-const CONTENT_KEYS: [&[u8]; 5] = [
-    b"\"content\"",
-    b"\"text\"",
-    b"\"reasoning\"",
-    b"\"reasoning_content\"",
-    b"\"arguments\"",
-];
+/// The content keys, each searcher built once (see [`Key`]).
+static CONTENT_KEYS: LazyLock<[Key; 5]> = LazyLock::new(|| {
+    [
+        "content",
+        "text",
+        "reasoning",
+        "reasoning_content",
+        "arguments",
+    ]
+    .map(Key::new)
+});
 
 fn carries_content(data: &[u8]) -> bool {
     CONTENT_KEYS

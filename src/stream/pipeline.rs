@@ -124,14 +124,14 @@ impl ResponsePipeline {
         let (handler, drop_usage) = (self.handler, self.drop_usage_frame);
         let stats = &mut self.stats;
         let times = (&mut self.first_content_at, &mut self.last_content_at);
-        let mut out = Vec::new();
+        let mut out = Out::default();
         self.splitter.push(&chunk, |event| {
             let data = event_data(event);
-            if let Some(d) = data.as_deref() {
-                observe(d, stats, times.0, times.1);
-            }
+            let usage_only = data
+                .as_deref()
+                .is_some_and(|d| observe(d, stats, times.0, times.1));
             if rewrites {
-                transform_event(handler, drop_usage, event, data.as_deref(), &mut out);
+                transform_event(handler, drop_usage, event, usage_only, &chunk, &mut out);
             }
         });
         let runaway = self.splitter.pending_len() > MAX_PENDING_EVENT_BYTES;
@@ -140,17 +140,17 @@ impl ResponsePipeline {
             self.passthrough = runaway;
             if let Some(rest) = self.splitter.finish() {
                 if rewrites && !runaway {
-                    let data = event_data(&rest);
-                    transform_event(handler, drop_usage, &rest, data.as_deref(), &mut out);
+                    let usage_only = event_data(&rest).is_some_and(|d| is_usage_only_event(&d));
+                    transform_event(handler, drop_usage, &rest, usage_only, &chunk, &mut out);
                 } else if rewrites {
-                    out.extend_from_slice(&rest);
+                    out.built(&chunk).extend_from_slice(&rest);
                 }
             }
         }
         if !rewrites {
             Some(chunk)
         } else {
-            (!out.is_empty()).then(|| Bytes::from(out))
+            out.finish(chunk)
         }
     }
 
@@ -217,19 +217,21 @@ impl ResponsePipeline {
     }
 }
 
+/// Observes one event's data; true for a usage-only frame.
 fn observe(
     data: &[u8],
     stats: &mut StreamStats,
     first: &mut Option<Instant>,
     last: &mut Option<Instant>,
-) {
+) -> bool {
     let before = stats.content_events;
-    observe_event(data, stats);
+    let usage_only = observe_event(data, stats);
     if stats.content_events > before {
         let now = Instant::now();
         first.get_or_insert(now);
         *last = Some(now);
     }
+    usage_only
 }
 
 /// What the client gets for one SSE event.
@@ -237,16 +239,76 @@ fn transform_event(
     handler: Option<Handler>,
     drop_usage_frame: bool,
     event: &[u8],
-    data: Option<&[u8]>,
-    out: &mut Vec<u8>,
+    usage_only: bool,
+    chunk: &[u8],
+    out: &mut Out,
 ) {
-    if drop_usage_frame && data.is_some_and(is_usage_only_event) {
+    if drop_usage_frame && usage_only {
         return;
     }
     match handler {
-        Some(h) => write_event(h, event, out),
-        None => out.extend_from_slice(event),
+        Some(h) => write_event(h, event, out.built(chunk)),
+        None => out.keep(chunk, event),
     }
+}
+
+/// The bytes one chunk sends on when events may be dropped or rewritten.
+/// While every event kept is an unchanged, contiguous run of the chunk
+/// itself (a stream whose only change is the dropped usage frame, chunk
+/// after chunk), that run goes out as a slice of the chunk: no copy and no
+/// allocation per frame. Anything else (a rewritten event, an event that
+/// began in an earlier chunk, a gap left by a dropped one) is built anew.
+#[derive(Default)]
+struct Out {
+    run: Option<(usize, usize)>,
+    built: Option<Vec<u8>>,
+}
+
+impl Out {
+    /// Sends `event` unchanged.
+    fn keep(&mut self, chunk: &[u8], event: &[u8]) {
+        if self.built.is_none() {
+            if let Some(start) = offset_in(chunk, event) {
+                match &mut self.run {
+                    None => {
+                        self.run = Some((start, start + event.len()));
+                        return;
+                    }
+                    Some((_, end)) if *end == start => {
+                        *end += event.len();
+                        return;
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        self.built(chunk).extend_from_slice(event);
+    }
+
+    /// The output as bytes of its own (the run so far copied in).
+    fn built(&mut self, chunk: &[u8]) -> &mut Vec<u8> {
+        let run = &mut self.run;
+        self.built.get_or_insert_with(|| match run.take() {
+            Some((start, end)) => chunk[start..end].to_vec(),
+            None => Vec::new(),
+        })
+    }
+
+    fn finish(self, chunk: Bytes) -> Option<Bytes> {
+        match (self.built, self.run) {
+            (Some(built), _) => (!built.is_empty()).then(|| Bytes::from(built)),
+            (None, Some((0, end))) if end == chunk.len() => Some(chunk),
+            (None, Some((start, end))) => Some(chunk.slice(start..end)),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Where `part` starts inside `whole`, if it is a slice of it (the
+/// splitter hands out events either from the chunk or from its own buffer).
+fn offset_in(whole: &[u8], part: &[u8]) -> Option<usize> {
+    let (base, at) = (whole.as_ptr() as usize, part.as_ptr() as usize);
+    (at >= base && at + part.len() <= base + whole.len()).then(|| at - base)
 }
 
 #[cfg(test)]
@@ -308,6 +370,45 @@ mod tests {
             7,
             "the gateway still saw it"
         );
+    }
+
+    /// Dropping the injected usage frame costs no copy where nothing is
+    /// dropped: the chunk itself (or a slice of it) goes out.
+    #[test]
+    fn kept_events_go_out_as_the_chunk_itself() {
+        let mut p = pipeline(header("text/event-stream"), None, true).unwrap();
+        let send = |p: &mut ResponsePipeline, text: String, end: bool| {
+            let chunk = Bytes::from(text);
+            let mut body = Some(chunk.clone());
+            p.process(&mut body, end);
+            (chunk, body)
+        };
+        let (chunk, out) = send(&mut p, format!("{CONTENT}{CONTENT}"), false);
+        let out = out.unwrap();
+        assert_eq!(out, chunk);
+        assert_eq!(out.as_ptr(), chunk.as_ptr(), "the same bytes, not a copy");
+        // Usage last in the chunk: the events before it, as a slice.
+        let (chunk, out) = send(&mut p, format!("{CONTENT}{USAGE}"), false);
+        let out = out.unwrap();
+        assert_eq!(out, CONTENT.as_bytes());
+        assert_eq!(out.as_ptr(), chunk.as_ptr());
+        // Usage first: what follows it, as a slice.
+        let (chunk, out) = send(&mut p, format!("{USAGE}data: [DONE]\n\n"), false);
+        let out = out.unwrap();
+        assert_eq!(out, &b"data: [DONE]\n\n"[..]);
+        assert_eq!(out.as_ptr(), chunk[USAGE.len()..].as_ptr());
+        // A gap in the middle: built anew, in order.
+        let (_, out) = send(&mut p, format!("{CONTENT}{USAGE}{CONTENT}"), false);
+        assert_eq!(out.unwrap(), format!("{CONTENT}{CONTENT}").as_bytes());
+        // Only the usage frame: nothing to send.
+        let (_, out) = send(&mut p, USAGE.to_string(), false);
+        assert_eq!(out, None);
+        // An event begun in an earlier chunk, then one of this chunk.
+        let (_, out) = send(&mut p, CONTENT[..9].to_string(), false);
+        assert_eq!(out, None);
+        let (_, out) = send(&mut p, format!("{}{CONTENT}", &CONTENT[9..]), true);
+        assert_eq!(out.unwrap(), format!("{CONTENT}{CONTENT}").as_bytes());
+        assert_eq!(p.usage().unwrap().prompt_tokens, 7);
     }
 
     #[test]

@@ -1,26 +1,52 @@
 //! Byte-level scans over JSON text that the stream path uses instead of
 //! parsing: finding a key, skipping whitespace. Searches go through memchr.
 
-/// Is there a member `key` (given with its quotes) whose value is a string
-/// of at least one character?
-pub(crate) fn key_has_nonempty_string(data: &[u8], key: &[u8]) -> bool {
-    let mut from = 0;
-    while let Some(off) = find(&data[from..], key) {
-        let at = from + off;
-        from = at + 1;
-        if !quote_is_unescaped(data, at) {
-            continue;
-        }
-        let mut i = skip_json_ws(data, at + key.len());
-        if data.get(i) != Some(&b':') {
-            continue;
-        }
-        i = skip_json_ws(data, i + 1);
-        if data.get(i) == Some(&b'"') && data.get(i + 1).is_some_and(|&b| b != b'"') {
-            return true;
-        }
+use memchr::memmem::Finder;
+
+/// A JSON key (its quotes included) with its searcher built once: building
+/// a memmem searcher costs more than running it over an SSE frame, and the
+/// stream path looks for the same few keys in every frame.
+pub(crate) struct Key(Finder<'static>);
+
+impl Key {
+    pub(crate) fn new(name: &str) -> Self {
+        Key(Finder::new(format!("\"{name}\"").as_bytes()).into_owned())
     }
-    false
+}
+
+/// Where each value of member `key` starts (past the colon and any
+/// whitespace), for every occurrence that is a key: a match whose opening
+/// quote is escaped is inside a string, and one not followed by a colon is
+/// a value. Does not know which object a key belongs to.
+fn key_values<'a>(data: &'a [u8], key: &'a Key) -> impl Iterator<Item = usize> + 'a {
+    let len = key.0.needle().len();
+    // Overlapping matches too (the key's quotes are its own prefix and
+    // suffix), so a malformed frame reads as it always has.
+    let mut from = 0;
+    std::iter::from_fn(move || {
+        let at = from + key.0.find(data.get(from..)?)?;
+        from = at + 1;
+        Some(at)
+    })
+    .filter_map(move |at| {
+        if !quote_is_unescaped(data, at) {
+            return None;
+        }
+        let i = skip_json_ws(data, at + len);
+        (data.get(i) == Some(&b':')).then(|| skip_json_ws(data, i + 1))
+    })
+}
+
+/// Is there a member `key` whose value is a string of at least one
+/// character?
+pub(crate) fn key_has_nonempty_string(data: &[u8], key: &Key) -> bool {
+    key_values(data, key)
+        .any(|i| data.get(i) == Some(&b'"') && data.get(i + 1).is_some_and(|&b| b != b'"'))
+}
+
+/// Is there a member `key` whose value is an object?
+pub(crate) fn key_has_object(data: &[u8], key: &Key) -> bool {
+    key_values(data, key).any(|i| data.get(i) == Some(&b'{'))
 }
 
 /// A `"` preceded by an odd number of backslashes is inside a string.
@@ -71,5 +97,22 @@ mod tests {
         assert_eq!(find(hay, b"xyz\n1"), None);
         assert_eq!(find(b"ab", b"abc"), None);
         assert_eq!(find(b"ab", b""), None);
+    }
+
+    #[test]
+    fn keys_are_found_only_as_keys() {
+        let usage = Key::new("usage");
+        assert!(key_has_object(br#"{"usage" : {"a":1}}"#, &usage));
+        assert!(key_has_object(br#"{"usage":null,"usage":{}}"#, &usage));
+        assert!(!key_has_object(br#"{"usage":null}"#, &usage));
+        assert!(!key_has_object(br#"{"x":"\"usage\":{"}"#, &usage));
+        assert!(!key_has_object(br#"["usage",{}]"#, &usage));
+        let content = Key::new("content");
+        assert!(key_has_nonempty_string(br#"{"content":"x"}"#, &content));
+        assert!(!key_has_nonempty_string(br#"{"content":""}"#, &content));
+        assert!(!key_has_nonempty_string(
+            br#"{"a":"\"content\":\"y"}"#,
+            &content
+        ));
     }
 }

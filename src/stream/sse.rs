@@ -172,7 +172,7 @@ pub(crate) fn data_field_value(content: &[u8]) -> Option<&[u8]> {
 /// Borrowed in the usual single-line case, so no copy is made.
 pub fn event_data(event: &[u8]) -> Option<Cow<'_, [u8]>> {
     let mut data: Option<Cow<'_, [u8]>> = None;
-    for line in event.split_inclusive(|&b| b == b'\n') {
+    for line in lines(event) {
         let (content, _) = split_line_terminator(line);
         let Some(value) = data_field_value(content) else {
             continue;
@@ -189,10 +189,43 @@ pub fn event_data(event: &[u8]) -> Option<Cow<'_, [u8]>> {
     data
 }
 
+/// The lines of `bytes`, each with its `\n` (the last one without, when
+/// unterminated): `split_inclusive` on `\n`, found with memchr rather than
+/// byte by byte, since every frame of every stream goes through here.
+fn lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = bytes;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = memchr::memchr(b'\n', rest).map_or(rest.len(), |i| i + 1);
+        let (line, tail) = rest.split_at(end);
+        rest = tail;
+        Some(line)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::stream::scan::find;
+
+    #[test]
+    fn lines_match_split_inclusive() {
+        for text in [
+            &b""[..],
+            b"\n",
+            b"a",
+            b"a\n",
+            b"a\nb",
+            b"\n\na\r\n\nb\n",
+            b"data: x\n\n",
+        ] {
+            let ours: Vec<&[u8]> = lines(text).collect();
+            let std: Vec<&[u8]> = text.split_inclusive(|&b| b == b'\n').collect();
+            assert_eq!(ours, std, "{text:?}");
+        }
+    }
     use proptest::prelude::*;
 
     fn collect(splitter: &mut SseSplitter, chunk: &[u8]) -> Vec<Vec<u8>> {

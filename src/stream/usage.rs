@@ -9,10 +9,35 @@
 //! changes escaping or number formatting inside `messages` could change the
 //! prompt and silently cost a cache hit.
 
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::scan::{contains, find_byte, skip_json_ws};
+/// Visitor methods for the scalar JSON values, each giving `$v`.
+macro_rules! scalars_are {
+    ($v:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+    };
+}
+
+use super::scan::{find_byte, skip_json_ws};
 use crate::request_view::{member, RequestView};
 
 /// Token counts as reported by the engine.
@@ -46,11 +71,20 @@ fn usage_from_object(usage: &Value) -> Option<Usage> {
 }
 
 /// Only the members the stream path looks at. Everything else is skipped by
-/// serde without being built, which is what makes parsing a frame cheap.
+/// serde without being built, which is what makes parsing a frame cheap;
+/// `usage` is read straight into [`Usage`] (no `Value`, no key strings).
 #[derive(Deserialize)]
 struct FrameEnvelope {
     choices: Option<Vec<serde::de::IgnoredAny>>,
-    usage: Option<Value>,
+    #[serde(default)]
+    usage: UsageMember,
+}
+
+impl FrameEnvelope {
+    /// `choices` empty, null or absent, and a `usage` object present.
+    fn is_usage_only(&self) -> bool {
+        self.choices.as_ref().is_none_or(|c| c.is_empty()) && self.usage.0.is_some()
+    }
 }
 
 fn parse_envelope(json: &[u8]) -> Option<FrameEnvelope> {
@@ -67,7 +101,7 @@ fn parse_envelope(json: &[u8]) -> Option<FrameEnvelope> {
             };
             Some(FrameEnvelope {
                 choices,
-                usage: v.get("usage").cloned(),
+                usage: UsageMember(v.get("usage").and_then(usage_from_object)),
             })
         }
     }
@@ -75,7 +109,7 @@ fn parse_envelope(json: &[u8]) -> Option<FrameEnvelope> {
 
 /// [`parse_usage`] straight from bytes, without building the whole document.
 pub fn parse_usage_bytes(json: &[u8]) -> Option<Usage> {
-    usage_from_object(parse_envelope(json)?.usage.as_ref()?)
+    parse_envelope(json)?.usage.0
 }
 
 /// Is this SSE event's data a usage-only frame (`choices` empty, null or
@@ -83,13 +117,180 @@ pub fn parse_usage_bytes(json: &[u8]) -> Option<Usage> {
 /// `choices` not an array — the answer is no, because a wrong yes would
 /// drop a frame the client needs.
 pub fn is_usage_only_event(event_data: &[u8]) -> bool {
-    if !contains(event_data, b"\"usage\"") {
-        return false;
+    frame_usage(event_data).is_some_and(|(_, only)| only)
+}
+
+/// One frame's usage and whether it is a usage-only frame, parsed only when
+/// the frame can carry a usage object: a `"usage"` key whose value opens an
+/// object. A frame without one (every content frame, and `"usage": null`
+/// ones) costs one search, not a parse. Exactly what parsing every frame
+/// gives: a top-level usage object always shows as such a key, and the
+/// parse still decides (a nested or string-embedded match parses to no
+/// usage, as before).
+pub fn frame_usage(event_data: &[u8]) -> Option<(Usage, bool)> {
+    if !super::scan::key_has_object(event_data, &USAGE_KEY) {
+        return None;
     }
-    let Some(env) = parse_envelope(event_data) else {
-        return false;
-    };
-    env.choices.is_none_or(|c| c.is_empty()) && env.usage.as_ref().is_some_and(Value::is_object)
+    let env = parse_envelope(event_data)?;
+    let only = env.is_usage_only();
+    Some((env.usage.0?, only))
+}
+
+static USAGE_KEY: std::sync::LazyLock<super::scan::Key> =
+    std::sync::LazyLock::new(|| super::scan::Key::new("usage"));
+
+/// The top-level `usage` as [`usage_from_object`] reads it from a `Value`:
+/// `None` unless it is an object; in it a count that is missing or not an
+/// unsigned integer is 0, and of a repeated key the last one counts.
+#[derive(Default)]
+struct UsageMember(Option<Usage>);
+
+impl<'de> Deserialize<'de> for UsageMember {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = UsageMember;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UsageMember, A::Error> {
+                let mut u = Usage::default();
+                while let Some(key) = map.next_key::<UsageKey>()? {
+                    match key {
+                        UsageKey::Prompt => u.prompt_tokens = map.next_value::<Count>()?.0,
+                        UsageKey::Completion => u.completion_tokens = map.next_value::<Count>()?.0,
+                        UsageKey::Details => u.cached_tokens = map.next_value::<Cached>()?.0,
+                        UsageKey::Cached | UsageKey::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(UsageMember(Some(u)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<UsageMember, A::Error> {
+                drain_seq(seq).map(|()| UsageMember(None))
+            }
+            scalars_are!(UsageMember(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `Value::as_u64` of any value, or 0.
+struct Count(u64);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Count, E> {
+                Ok(Count(v))
+            }
+            // serde_json hands non-negative integers to visit_u64; a `Value`
+            // holding a negative one has no u64.
+            fn visit_i64<E>(self, v: i64) -> Result<Count, E> {
+                Ok(Count(u64::try_from(v).unwrap_or(0)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Count, A::Error> {
+                drain_map(map).map(|()| Count(0))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Count, A::Error> {
+                drain_seq(seq).map(|()| Count(0))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+            fn visit_unit<E>(self) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `prompt_tokens_details.cached_tokens` (0 unless the details are an
+/// object holding a count).
+struct Cached(u64);
+
+impl<'de> Deserialize<'de> for Cached {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Cached;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Cached, A::Error> {
+                let mut cached = 0;
+                while let Some(key) = map.next_key::<UsageKey>()? {
+                    if let UsageKey::Cached = key {
+                        cached = map.next_value::<Count>()?.0;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(Cached(cached))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Cached, A::Error> {
+                drain_seq(seq).map(|()| Cached(0))
+            }
+            scalars_are!(Cached(0));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The keys of a usage object (and of its details) the gateway reads.
+enum UsageKey {
+    Prompt,
+    Completion,
+    Details,
+    Cached,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for UsageKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = UsageKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            // Called with the decoded key, so an escaped spelling matches
+            // as it does in a `Value`.
+            fn visit_str<E>(self, key: &str) -> Result<UsageKey, E> {
+                Ok(match key {
+                    "prompt_tokens" => UsageKey::Prompt,
+                    "completion_tokens" => UsageKey::Completion,
+                    "prompt_tokens_details" => UsageKey::Details,
+                    "cached_tokens" => UsageKey::Cached,
+                    _ => UsageKey::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(V)
+    }
+}
+
+fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(())
 }
 
 const TOP_LEVEL_INSERT: &[u8] = b"\"stream_options\":{\"include_usage\":true}";
@@ -283,6 +484,41 @@ mod tests {
         // A body that is not an object has no view (the proxy answers 400).
         let parsed = RequestView::parse(raw.as_bytes()).ok()?;
         inject_include_usage(raw.as_bytes(), &parsed).map(|b| String::from_utf8(b).unwrap())
+    }
+
+    /// The typed read of `usage` gives what `parse_usage` gives on the
+    /// `Value` of the same text, for every odd shape a count can take.
+    #[test]
+    fn typed_usage_reads_as_the_value_path() {
+        let usages = [
+            r#"{"prompt_tokens":10,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":8}}"#,
+            r#"{"prompt_tokens":-3,"completion_tokens":4.0,"prompt_tokens_details":{"cached_tokens":"8"}}"#,
+            r#"{"prompt_tokens":1e3,"completion_tokens":null,"prompt_tokens_details":[1,2]}"#,
+            r#"{"prompt_tokens":{"a":[1]},"completion_tokens":[2],"prompt_tokens_details":7}"#,
+            r#"{"prompt_tokens":true,"prompt_tokens_details":{"cached_tokens":{"x":1},"audio_tokens":2}}"#,
+            r#"{"prompt_tokens":1,"prompt_tokens":2,"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":5}}"#,
+            r#"{"prompt\u005ftokens":6,"completion_tokens":18446744073709551615}"#,
+            r#"{"prompt_tokens":18446744073709551616,"completion_tokens":-0,"total_tokens":3}"#,
+            r#"{"prompt_tokens_details":null,"prompt_tokens_details":{"cached_tokens":2}}"#,
+            r#"{}"#,
+            r#"null"#,
+            r#"[1,{"prompt_tokens":1}]"#,
+            r#""usage""#,
+            r#"12"#,
+        ];
+        for usage in usages {
+            for frame in [
+                format!(r#"{{"choices":[],"usage":{usage}}}"#),
+                format!(r#"{{"usage":{usage},"choices":[{{"index":0}}],"model":"m"}}"#),
+            ] {
+                let value: Value = serde_json::from_str(&frame).unwrap();
+                assert_eq!(
+                    parse_usage_bytes(frame.as_bytes()),
+                    parse_usage(&value),
+                    "{frame}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -6,10 +6,9 @@
 
 use crate::clock::now_ms;
 use crate::errors::ErrorResponse;
-use crate::metrics::metrics;
 use crate::protect::gate::{Gate, ProbeBudget};
 use crate::protect::limits::{Direction, Judged};
-use crate::protect::meter::Scope;
+use crate::protect::meter::ScopeRef;
 use crate::protect::prio::{grade, releases_turn1_hold, Grade};
 use crate::proxy::guards::prio::TurnBucket;
 use crate::registry::Route;
@@ -46,9 +45,9 @@ pub fn check(
     if admitted_past_trip(&view, gate, &judged) || !route.trip(gate, gateway_rate_limit) {
         return Ok(());
     }
-    metrics()
-        .load_rejections
-        .with_label_values(&[route.name(), gate.as_str()])
+    route
+        .metrics
+        .load_rejections(route.name(), gate.as_str())
         .inc();
     Err(refusal(route, pool, model, healthy, gate, &judged))
 }
@@ -60,11 +59,10 @@ fn tripped(v: &View, model: Option<&str>) -> Option<(Gate, Judged)> {
     let route = v.route;
     let p = &route.config.protection;
     let t = &route.runtime.toggles;
-    let reading =
-        route
-            .runtime
-            .meter
-            .reading(&Scope::Pool(v.pool.to_string()), p.meter.ttl_ms, v.now);
+    let reading = route
+        .runtime
+        .meter
+        .reading(ScopeRef::Pool(v.pool), p.meter.ttl_ms, v.now);
     let overrides = &route.runtime.limit_overrides;
     let first_tol = match v.turn {
         Some(_) => p.session_prio.table.first().map_or(1.0, |b| b.tol),

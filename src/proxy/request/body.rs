@@ -21,6 +21,14 @@ pub async fn read(
     req: &mut Admitted,
 ) -> Result<(), Local> {
     if has_body(session) {
+        // Pingora keeps a copy of a body up to 64 KiB as it is read; such a
+        // body then goes upstream from that buffer, without the replay
+        // (`super::forward`). Not for a body declared larger: it would copy
+        // its first 64 KiB for nothing.
+        if declared_length(session).is_none_or(|n| n <= RETRY_BUFFER_BYTES) {
+            session.as_downstream_mut().enable_retry_buffering();
+            req.retry_buffered = true;
+        }
         req.body = read_body(session, route.config.max_body_size).await?;
         req.body_read = true;
     }
@@ -47,6 +55,20 @@ fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> 
     );
     req.usage_rewrite = view.and_then(|v| usage::rewrite(route, &req.body, &v));
     Ok(())
+}
+
+/// What Pingora's retry buffer holds (pingora-core 0.9.1's crate-private
+/// `BODY_BUF_LIMIT`); `tests/proxy.rs` checks both sides of it.
+pub const RETRY_BUFFER_BYTES: u64 = 64 * 1024;
+
+/// The Content-Length the client declared, when it is a valid one.
+fn declared_length(session: &Session) -> Option<u64> {
+    session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
 }
 
 /// Tokens a body's prompt is likely to be, before the engine counts them

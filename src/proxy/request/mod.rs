@@ -7,6 +7,7 @@ pub mod endpoints;
 pub mod replay;
 
 use crate::errors::ErrorResponse;
+use crate::metrics::{body_forwarded, BodyVia};
 use crate::registry::{Registry, Route};
 use pingora::proxy::Session;
 use std::sync::Arc;
@@ -144,12 +145,17 @@ pub fn refuse_upgrade(route: &Route, session: &Session) -> Result<(), Local> {
 }
 
 /// Points the request at `rest` (the route prefix stripped) and, when a
-/// body was read, hands it back to Pingora through the replay.
+/// body was read, hands it back to Pingora: a body that fitted Pingora's
+/// retry buffer (64 KiB, enabled before the read) is sent from it, as
+/// Pingora sends a retried body; a larger one goes through the replay,
+/// which costs a second session and a re-parse of the head. Either way
+/// `request_body_filter` swaps in the real (possibly rewritten) body.
 pub async fn forward(
     route: &Route,
     session: &mut Session,
     rest: &str,
     body_pending: bool,
+    retry_buffered: bool,
 ) -> Result<(), Local> {
     let uri = rest
         .parse::<http::Uri>()
@@ -167,6 +173,15 @@ pub async fn forward(
         )
         .into());
     }
+    // Answered before the body was read; the engine must not be asked, nor
+    // an interim answer of its passed on, a second time.
+    session.req_header_mut().remove_header("expect");
+    // Enabled (by `body::read`) and not truncated: the whole body is in it.
+    if retry_buffered && !session.as_downstream().retry_buffer_truncated() {
+        body_forwarded(BodyVia::RetryBuffer);
+        return Ok(());
+    }
+    body_forwarded(BodyVia::Replay);
     replay::replay_h1(session).await.map_err(|e| match e {
         replay::ReplayError::HeadTooLarge(size) => {
             log::warn!(

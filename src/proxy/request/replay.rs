@@ -2,7 +2,8 @@
 //!
 //! Pingora 0.9.1 forwards a pre-read body only through its retry buffer, which
 //! is capped at 64 KiB; larger bodies then hang. Long-context prompts are far
-//! above that. The fix uses public API only: take the TCP stream out of the
+//! above that. Bodies that fit go through the retry buffer (`super::forward`);
+//! this is for the rest. The fix uses public API only: take the TCP stream out of the
 //! downstream session and let pingora-core re-parse a synthetic request from
 //! its pipelined-prefix buffer. The synthetic request carries a 1-byte
 //! placeholder body; `request_body_filter` swaps the placeholder for the real

@@ -22,50 +22,50 @@ pub fn status_code(session: &Session, ctx: &RequestCtx) -> u16 {
 
 pub fn record(session: &Session, ctx: &RequestCtx) {
     let code = status_code(session, ctx);
-    let m = metrics();
     let route = ctx.route_name();
     let peer = ctx.peer_name();
-    m.requests
-        .with_label_values(&[route, peer, status_label(code)])
+    let elapsed = ctx.started.elapsed().as_secs_f64();
+    // The route's cached handles; a request no route took (404) has none.
+    let Some(r) = &ctx.route else {
+        let m = metrics();
+        m.requests
+            .with_label_values(&[route, peer, status_label(code)])
+            .inc();
+        m.request_duration
+            .with_label_values(&[route])
+            .observe(elapsed);
+        return;
+    };
+    let handles = ctx.peer().map_or(&r.metrics.unplaced, |(_, p)| &p.metrics);
+    handles
+        .requests(route, peer, code, status_label(code))
         .inc();
-    m.request_duration
-        .with_label_values(&[route])
-        .observe(ctx.started.elapsed().as_secs_f64());
+    r.metrics.request_duration(route).observe(elapsed);
     let Some(pipeline) = &ctx.response.pipeline else {
         return;
     };
     if let Some(u) = pipeline.usage() {
-        if let (Some(sid), Some(route)) = (&ctx.request.session, &ctx.route) {
+        if let Some(sid) = &ctx.request.session {
             // What the session now holds on its engine until its next turn.
             let context = u.prompt_tokens.saturating_add(u.completion_tokens);
             use std::sync::atomic::Ordering::Relaxed;
-            route
-                .runtime
-                .prompt_tokens
-                .fetch_add(u.prompt_tokens, Relaxed);
-            route
-                .runtime
-                .cached_tokens
-                .fetch_add(u.cached_tokens, Relaxed);
-            route
-                .runtime
+            r.runtime.prompt_tokens.fetch_add(u.prompt_tokens, Relaxed);
+            r.runtime.cached_tokens.fetch_add(u.cached_tokens, Relaxed);
+            r.runtime
                 .sessions
                 .record_tokens(sid.hash, context, now_ms());
         }
-        let labels = [route, peer];
-        m.prompt_tokens
-            .with_label_values(&labels)
-            .inc_by(u.prompt_tokens);
-        m.cached_prompt_tokens
-            .with_label_values(&labels)
+        handles.prompt_tokens(route, peer).inc_by(u.prompt_tokens);
+        handles
+            .cached_prompt_tokens(route, peer)
             .inc_by(u.cached_tokens);
-        m.completion_tokens
-            .with_label_values(&labels)
+        handles
+            .completion_tokens(route, peer)
             .inc_by(u.completion_tokens);
     }
     if let Some(first) = pipeline.first_content_at() {
-        m.ttft
-            .with_label_values(&[route])
+        r.metrics
+            .ttft(route)
             .observe(first.saturating_duration_since(ctx.started).as_secs_f64());
     }
     measure_stream(ctx, pipeline, code);
@@ -100,15 +100,16 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
         .runtime
         .meter
         .record(cfg, pool, peer, &timing, now_ms());
-    let m = metrics();
-    let labels = [route.name(), pool, peer];
+    let handles = ctx
+        .peer()
+        .map_or(&route.metrics.unplaced, |(_, p)| &p.metrics);
     if let Some(ttft) = timing.ttft {
-        m.ttft_by_pool
-            .with_label_values(&labels)
+        handles
+            .ttft_by_pool(route.name(), pool, peer)
             .observe(ttft.as_secs_f64());
     }
     if let Some(tps) = tps {
-        m.decode_rate.with_label_values(&labels).observe(tps);
+        handles.decode_rate(route.name(), pool, peer).observe(tps);
     }
 }
 

@@ -138,7 +138,10 @@ pub fn on_exchange_failure(ctx: &RequestCtx, e: &Error, reused: bool) {
 pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &mut RequestCtx) -> Result<()> {
     ctx.upstream.sent_at = Some(std::time::Instant::now());
     if let Some((route, p)) = ctx.peer() {
-        upstream.insert_header("host", format!("{}:{}", p.config.host, p.config.port))?;
+        match &p.host_header {
+            Some(host) => upstream.insert_header("host", host.clone())?,
+            None => upstream.insert_header("host", crate::registry::host_header(&p.config))?,
+        }
         if !route.config.forward_client_key {
             upstream.remove_header(&http::header::AUTHORIZATION);
             upstream.remove_header("x-api-key");
@@ -149,7 +152,10 @@ pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &mut RequestCtx) -> Resul
     }
     if ctx.request.body_read {
         upstream.remove_header("transfer-encoding");
-        upstream.insert_header("content-length", ctx.request.body.len().to_string())?;
+        upstream.insert_header(
+            "content-length",
+            http::HeaderValue::from(ctx.request.body.len()),
+        )?;
     }
     Ok(())
 }
