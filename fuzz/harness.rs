@@ -636,6 +636,7 @@ pub fn prio_header(data: &[u8]) {
         // f64 range there is fine), so only a header the tree parser also
         // takes can be compared with it.
         if let Ok(v) = serde_json::from_slice::<Value>(data) {
+            assert!(v.is_object(), "the header is an object");
             assert_eq!(v["turn"].as_u64(), Some(t));
             let id = v["session_id"].as_str().expect("session_id is a string");
             assert!(!id.trim().is_empty());
@@ -692,7 +693,7 @@ fn build_record(f: &frame::FrameRef<'_>) {
 }
 
 /// `HeadTail` with small caps (the first two bytes) over chunks of the
-/// rest (lengths cycling through the third byte's digits): the first
+/// rest (1 to 17 bytes, stepping with the third byte): the first
 /// `head` bytes, the marker with the exact count missing, the last `tail`.
 fn head_tail(data: &[u8]) {
     let [h, t, step, body @ ..] = data else {
@@ -703,7 +704,8 @@ fn head_tail(data: &[u8]) {
     let mut rest = body;
     let mut k = usize::from(*step);
     while !rest.is_empty() {
-        let len = (k % 17).min(rest.len());
+        // Never 0: an empty push would not move on.
+        let len = (1 + k % 17).min(rest.len());
         ht.push(&rest[..len]);
         rest = &rest[len..];
         k = k / 17 + usize::from(*step) + len;
