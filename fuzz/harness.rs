@@ -33,9 +33,12 @@ use serde_json::Value;
 use std::path::Path;
 use std::sync::OnceLock;
 
+/// One target's harness: panics on a finding.
+pub type Harness = fn(&[u8]);
+
 /// Every target, by name (the directory names under `fuzz/corpus/` and
 /// `fuzz/regressions/`).
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Harness)] = &[
     ("config_route", config_route),
     ("config_gateway", config_gateway),
     ("request_body", request_body),
