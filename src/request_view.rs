@@ -33,7 +33,34 @@ impl<'a> RequestView<'a> {
         let mut de = serde_json::Deserializer::from_slice(body);
         let view = de.deserialize_map(TopLevel)?;
         de.end()?;
+        // serde_json takes a `RawValue` by its bounds alone: a lone
+        // surrogate escape, a number out of range or nesting past the limit
+        // inside a kept member would pass here and fail the reject rules'
+        // full parse, which then skips the rules. So the kept members (small,
+        // as a rule) are read once more, as a full parse reads them.
+        if let Err(e) = view.check_kept() {
+            // Only a body that is not valid JSON gets here; the error of a
+            // checking pass over all of it names its place in the body.
+            return Err(check_whole(body).err().unwrap_or(e));
+        }
         Ok(view)
+    }
+
+    fn check_kept(&self) -> Result<(), serde_json::Error> {
+        let kept = [
+            self.model,
+            self.stream,
+            self.stream_options,
+            self.metadata,
+            self.litellm_metadata,
+            self.user,
+        ];
+        for value in kept.into_iter().flatten() {
+            let mut de = serde_json::Deserializer::from_str(value.get());
+            de::DeserializeSeed::deserialize(Checked(MEMBER_DEPTH), &mut de)?;
+            de.end()?;
+        }
+        Ok(())
     }
 
     /// `model` when it is a string.
@@ -113,6 +140,79 @@ impl<'de> Visitor<'de> for OneMember<'_> {
             }
         }
         Ok(found)
+    }
+}
+
+/// The whole body skipped value by value, as a full parse reads it.
+fn check_whole(body: &[u8]) -> Result<(), serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    <Skip as de::Deserialize>::deserialize(&mut de)?;
+    de.end()
+}
+
+/// Containers a top-level member may nest, itself included: serde_json
+/// refuses a 128th level (its recursion limit), and the body's own object
+/// is the first.
+const MEMBER_DEPTH: usize = 126;
+
+/// Reads one value as [`Skip`] does, but with its own depth budget: a kept
+/// member is checked on a deserializer of its own, which would otherwise
+/// allow it the body object's level too.
+struct Checked(usize);
+
+impl<'de> de::DeserializeSeed<'de> for Checked {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let inner = self.nested()?;
+        while seq.next_element_seed(Checked(inner))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let inner = self.nested()?;
+        while map.next_key::<IgnoredAny>()?.is_some() {
+            map.next_value_seed(Checked(inner))?;
+        }
+        Ok(())
+    }
+}
+
+impl Checked {
+    /// The budget inside a container that starts here.
+    fn nested<E: de::Error>(self) -> Result<usize, E> {
+        self.0
+            .checked_sub(1)
+            .ok_or_else(|| E::custom("recursion limit exceeded"))
     }
 }
 
@@ -219,6 +319,47 @@ mod tests {
                 full,
                 "depth {n}"
             );
+        }
+    }
+
+    /// Found by the `request_body` fuzz target: the members the view keeps
+    /// whole were taken by their bounds alone, so a body whose `metadata`
+    /// held a lone surrogate escape (or a number out of range, or nesting
+    /// past the limit) passed the view while the reject rules' full parse
+    /// refused it, and the rules were skipped for that request.
+    #[test]
+    fn kept_members_are_checked_like_a_full_parse() {
+        for body in [
+            r#"{"metadata":{"\ude00user_id":"x"}}"#,
+            r#"{"user":"\udc00"}"#,
+            r#"{"model":"\ud800x"}"#,
+            r#"{"stream_options":{"include_usage":1e400}}"#,
+            r#"{"litellm_metadata":[-1e999]}"#,
+            r#"{"stream":1e400}"#,
+        ] {
+            let full = serde_json::from_str::<serde_json::Value>(body).unwrap_err();
+            let view = RequestView::parse(body.as_bytes()).expect_err(body);
+            // The same class and place, so the 400 says the same.
+            assert_eq!(view.classify(), full.classify(), "{body}");
+            assert_eq!((view.line(), view.column()), (full.line(), full.column()));
+        }
+        let fine = r#"{"user":"\ud83d\ude00","metadata":{"a":[1e308,-0,{"b":null}]}}"#;
+        let v = RequestView::parse(fine.as_bytes()).unwrap();
+        assert_eq!(v.user.map(RawValue::get), Some(r#""\ud83d\ude00""#));
+    }
+
+    #[test]
+    fn kept_members_nest_no_deeper_than_a_full_parse() {
+        for member in ["metadata", "user", "stream_options"] {
+            for n in [1, 100, 125, 126, 127, 128, 1000] {
+                let body = format!("{{\"{member}\":{}{}}}", "[".repeat(n), "]".repeat(n));
+                let full = serde_json::from_str::<serde_json::Value>(&body).is_ok();
+                assert_eq!(
+                    RequestView::parse(body.as_bytes()).is_ok(),
+                    full,
+                    "{member} at depth {n}"
+                );
+            }
         }
     }
 

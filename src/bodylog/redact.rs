@@ -7,7 +7,7 @@
 //! received it. Pure.
 
 use crate::request_view::{member, RequestView};
-use crate::session::extract::hash_value;
+use crate::session::extract::{hash_id, hash_user_id};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 
@@ -18,9 +18,11 @@ pub fn redact_session_ids(body: &[u8]) -> Cow<'_, [u8]> {
         return Cow::Borrowed(body);
     };
     let mut spans: Vec<(usize, usize, String)> = Vec::new();
-    let mut push = |value: Option<&RawValue>| {
+    // Each member hashed as `extract_session` hashes it there: only
+    // `user_id` can embed the id as JSON.
+    let mut push = |value: Option<&RawValue>, hash: fn(&RawValue) -> Option<u64>| {
         if let Some((start, end)) = value.and_then(|v| span_of(body, v)) {
-            let replacement = match value.and_then(hash_value) {
+            let replacement = match value.and_then(hash) {
                 Some(hash) => format!("\"sid:{hash:016x}\""),
                 None => "\"sid:redacted\"".to_string(),
             };
@@ -28,13 +30,13 @@ pub fn redact_session_ids(body: &[u8]) -> Cow<'_, [u8]> {
         }
     };
     if let Some(metadata) = view.metadata {
-        push(member(metadata, "session_id"));
-        push(member(metadata, "user_id"));
+        push(member(metadata, "session_id"), hash_id);
+        push(member(metadata, "user_id"), hash_user_id);
     }
     if let Some(litellm) = view.litellm_metadata {
-        push(member(litellm, "session_id"));
+        push(member(litellm, "session_id"), hash_id);
     }
-    push(view.user);
+    push(view.user, hash_id);
     if spans.is_empty() {
         return Cow::Borrowed(body);
     }
@@ -99,6 +101,39 @@ mod tests {
         assert!(
             out.contains(&format!("sid:{:016x}", stable_hash64(b"17"))),
             "{out}"
+        );
+    }
+
+    /// Found by the `request_body` fuzz harness's redaction property (on
+    /// an input written for it: the fuzz runs had not reached it). Only
+    /// `metadata.user_id` may hold an id as embedded JSON; a `user` or a
+    /// `session_id` string that looks like one is the id itself, hashed
+    /// whole by `extract_session`, so its `sid:` must be that hash or the
+    /// record no longer matches its session.
+    #[test]
+    fn only_user_id_is_read_as_embedded_json() {
+        let id = r#"{\"session_id\":\"x\"}"#;
+        let whole = format!("sid:{:016x}", stable_hash64(br#"{"session_id":"x"}"#));
+        for (body, want) in [
+            (
+                format!(r#"{{"user":"{id}"}}"#),
+                format!(r#"{{"user":"{whole}"}}"#),
+            ),
+            (
+                format!(r#"{{"metadata":{{"session_id":"{id}"}}}}"#),
+                format!(r#"{{"metadata":{{"session_id":"{whole}"}}}}"#),
+            ),
+            (
+                format!(r#"{{"litellm_metadata":{{"session_id":"{id}"}}}}"#),
+                format!(r#"{{"litellm_metadata":{{"session_id":"{whole}"}}}}"#),
+            ),
+        ] {
+            assert_eq!(redacted(&body), want);
+        }
+        let embedded = format!("sid:{:016x}", stable_hash64(b"x"));
+        assert_eq!(
+            redacted(&format!(r#"{{"metadata":{{"user_id":"{id}"}}}}"#)),
+            format!(r#"{{"metadata":{{"user_id":"{embedded}"}}}}"#)
         );
     }
 

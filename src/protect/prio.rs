@@ -44,6 +44,14 @@ pub fn parse_header(value: Option<&[u8]>) -> Turn {
     let Some(value) = value else {
         return Turn::Unusable;
     };
+    // serde reads a struct from a JSON array as well (`["s", 3]`); the
+    // header is an object, anything else is a client that does not speak it.
+    let first = value
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+    if first != Some(&b'{') {
+        return Turn::Unusable;
+    }
     let Ok(parsed) = serde_json::from_slice::<HeaderValue>(value) else {
         return Turn::Unusable;
     };
@@ -297,6 +305,18 @@ mod tests {
         assert_eq!(p(&long), Turn::Unusable);
         let ok = format!(r#"{{"session_id":"{}","turn":3}}"#, "x".repeat(256));
         assert_eq!(p(&ok), Turn::Known(3));
+    }
+
+    /// Found by the `prio_header` fuzz target: serde reads a struct from a
+    /// JSON array too, so `["s", 3]` counted as a usable header (turn 3)
+    /// rather than as one without the documented object.
+    #[test]
+    fn only_an_object_is_a_header() {
+        let p = |s: &str| parse_header(Some(s.as_bytes()));
+        for bad in [r#"["s",3]"#, "[\n\"da\",1\n]", r#" ["s", 3] "#] {
+            assert_eq!(p(bad), Turn::Unusable, "{bad}");
+        }
+        assert_eq!(p(r#" {"turn":3,"session_id":"s"} "#), Turn::Known(3));
     }
 
     #[test]

@@ -215,14 +215,21 @@ fn extract_from_body(body: &RequestView) -> Option<SessionId> {
     None
 }
 
-/// `metadata.user_id.session_id` for both shapes of `user_id`.
-/// The hash a session-id member's value stands for: the session id inside
-/// an embedded `user_id`, else the value itself (as `extract_session` hashes
-/// it), so a redacted body log still matches its `session_hash`.
-pub fn hash_value(value: &RawValue) -> Option<u64> {
+/// The hash `metadata.user_id`'s value stands for: the session id inside
+/// it when it embeds one, else the value itself, as `extract_session`
+/// hashes it, so a redacted body log still matches its `session_hash`.
+pub fn hash_user_id(value: &RawValue) -> Option<u64> {
     hash_embedded_session_id(value).or_else(|| hash_scalar(value))
 }
 
+/// The hash of a `session_id` member's or `user`'s value, as
+/// `extract_session` hashes it: the value itself, never read as embedded
+/// JSON (only `user_id` is).
+pub fn hash_id(value: &RawValue) -> Option<u64> {
+    hash_scalar(value)
+}
+
+/// `metadata.user_id.session_id` for both shapes of `user_id`.
 fn hash_embedded_session_id(user_id: &RawValue) -> Option<u64> {
     if user_id.get().starts_with('{') {
         return member(user_id, "session_id").and_then(hash_scalar);

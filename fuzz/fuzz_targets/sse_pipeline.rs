@@ -1,0 +1,9 @@
+#![no_main]
+//! Fuzz target `sse_pipeline`: the harness function of the same name in
+//! `fuzz/harness.rs`, which `tests/fuzz_corpus.rs` also runs over the
+//! committed corpus and regressions.
+
+#[path = "../harness.rs"]
+mod harness;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::sse_pipeline(data));
