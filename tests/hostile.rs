@@ -316,7 +316,11 @@ fn a_head_that_outgrows_pingoras_cap_when_replayed_is_a_431() {
     let r = conn.read_response();
     assert_eq!(r.status(), 431, "{}", r.text());
     assert_eq!(r.json()["error"]["type"], "request_header_fields_too_large");
-    assert_eq!(engine.heads.lock().len(), 1, "the engine got the replayed request");
+    assert_eq!(
+        engine.heads.lock().len(),
+        1,
+        "the engine got the replayed request"
+    );
     wait_for("the 431 in the log", DEADLINE, || {
         gw.log().contains("answered 431").then_some(())
     });
