@@ -91,6 +91,44 @@ pub fn member<'a>(object: &'a RawValue, name: &str) -> Option<&'a RawValue> {
     de.deserialize_map(OneMember(name)).ok().flatten()
 }
 
+/// Every member of an object value whose name is in `names`, in the order
+/// written, duplicates included: what must be found wherever it occurs (the
+/// body log's redaction), where [`member`] answers what an engine reads.
+/// Not an object, or not valid JSON: none.
+pub fn members_named<'a>(
+    object: &'a RawValue,
+    names: &'static [&'static str],
+) -> Vec<(&'static str, &'a RawValue)> {
+    if !object.get().starts_with('{') {
+        return Vec::new();
+    }
+    let mut de = serde_json::Deserializer::from_str(object.get());
+    de.deserialize_map(AllMembers(names)).unwrap_or_default()
+}
+
+struct AllMembers(&'static [&'static str]);
+
+impl<'de> Visitor<'de> for AllMembers {
+    type Value = Vec<(&'static str, &'de RawValue)>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = Vec::new();
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match self.0.iter().find(|name| **name == key.as_ref()) {
+                Some(name) => found.push((*name, map.next_value::<&'de RawValue>()?)),
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
 struct TopLevel;
 
 impl<'de> Visitor<'de> for TopLevel {

@@ -6,7 +6,7 @@
 //! correlates with its session. Every other byte is kept as the engine
 //! received it. Pure.
 
-use crate::request_view::{member, RequestView};
+use crate::request_view::{members_named, RequestView};
 use crate::session::extract::{hash_id, hash_user_id};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -14,29 +14,50 @@ use std::borrow::Cow;
 /// `body` with its session-id members replaced; borrowed when it has none
 /// (or is not a JSON object, which then carries no member to find).
 pub fn redact_session_ids(body: &[u8]) -> Cow<'_, [u8]> {
-    let Ok(view) = RequestView::parse(body) else {
+    // The view only proves the body is one valid JSON object; the members
+    // are then found wherever they occur, since a member written twice
+    // keeps only its last value in the view but both copies in the bytes.
+    if RequestView::parse(body).is_err() {
+        return Cow::Borrowed(body);
+    }
+    let Ok(whole) = serde_json::from_slice::<&RawValue>(body) else {
         return Cow::Borrowed(body);
     };
     let mut spans: Vec<(usize, usize, String)> = Vec::new();
     // Each member hashed as `extract_session` hashes it there: only
     // `user_id` can embed the id as JSON.
-    let mut push = |value: Option<&RawValue>, hash: fn(&RawValue) -> Option<u64>| {
-        if let Some((start, end)) = value.and_then(|v| span_of(body, v)) {
-            let replacement = match value.and_then(hash) {
+    let mut push = |value: &RawValue, hash: fn(&RawValue) -> Option<u64>| {
+        if let Some((start, end)) = span_of(body, value) {
+            let replacement = match hash(value) {
                 Some(hash) => format!("\"sid:{hash:016x}\""),
                 None => "\"sid:redacted\"".to_string(),
             };
             spans.push((start, end, replacement));
         }
     };
-    if let Some(metadata) = view.metadata {
-        push(member(metadata, "session_id"), hash_id);
-        push(member(metadata, "user_id"), hash_user_id);
+    const TOP: &[&str] = &["metadata", "litellm_metadata", "user"];
+    for (name, value) in members_named(whole, TOP) {
+        match name {
+            "user" => push(value, hash_id),
+            "metadata" => {
+                for (inner, id) in members_named(value, &["session_id", "user_id"]) {
+                    push(
+                        id,
+                        if inner == "user_id" {
+                            hash_user_id
+                        } else {
+                            hash_id
+                        },
+                    );
+                }
+            }
+            _ => {
+                for (_, id) in members_named(value, &["session_id"]) {
+                    push(id, hash_id);
+                }
+            }
+        }
     }
-    if let Some(litellm) = view.litellm_metadata {
-        push(member(litellm, "session_id"), hash_id);
-    }
-    push(view.user, hash_id);
     if spans.is_empty() {
         return Cow::Borrowed(body);
     }
@@ -135,6 +156,32 @@ mod tests {
             redacted(&format!(r#"{{"metadata":{{"user_id":"{id}"}}}}"#)),
             format!(r#"{{"metadata":{{"user_id":"{embedded}"}}}}"#)
         );
+    }
+
+    #[test]
+    fn a_member_written_twice_is_redacted_in_both_copies() {
+        for body in [
+            r#"{"metadata":{"session_id":"first-raw"},"metadata":{"session_id":"second-raw"}}"#,
+            r#"{"metadata":{"session_id":"first-raw","session_id":"second-raw"}}"#,
+            r#"{"user":"first-raw","user":"second-raw"}"#,
+            r#"{"litellm_metadata":{"session_id":"first-raw"},"litellm_metadata":{"session_id":"second-raw"}}"#,
+            r#"{"metadata":{"user_id":"{\"session_id\":\"first-raw\"}","user_id":"second-raw"}}"#,
+        ] {
+            let out = redacted(body);
+            assert!(
+                !out.contains("first-raw") && !out.contains("second-raw"),
+                "{out}"
+            );
+            assert_eq!(out.matches("sid:").count(), 2, "{out}");
+            serde_json::from_str::<serde_json::Value>(&out).expect("still JSON");
+        }
+        // Control: the second copy is the one the engine (and the view) reads.
+        let body =
+            r#"{"metadata":{"session_id":"first-raw"},"metadata":{"session_id":"second-raw"}}"#;
+        let view = RequestView::parse(body.as_bytes()).expect("a JSON object");
+        assert!(view
+            .metadata
+            .is_some_and(|m| m.get().contains("second-raw")));
     }
 
     #[test]
