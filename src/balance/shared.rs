@@ -34,6 +34,11 @@ pub async fn place_agreed(
     store: &Arc<SessionStore>,
     demand: &super::Demand<'_>,
 ) -> Result<super::Granted, super::Refused> {
+    // The local store (the default) agrees with nobody: no clock read, no
+    // agreement, straight to the table.
+    if store.redis().is_none() {
+        return super::place_or_wait(route, demand).await;
+    }
     let waited = std::time::Instant::now();
     let agreement = agree_before(route, store, demand.pool, demand.session).await;
     if agreement.active {

@@ -119,7 +119,7 @@ impl Gateway {
             share: turn.map_or(1.0, |t| t.share),
         };
         let store = self.registry.store();
-        let waiting = crate::balance::shared::place_agreed(route, &store, &demand);
+        let waiting = crate::balance::shared::place_agreed(route, store, &demand);
         let outcome = tokio::select! {
             outcome = waiting => outcome,
             // A client that hangs up while queued leaves the queue at once.

@@ -85,11 +85,10 @@ impl Registry {
     }
 
     /// The session store in force (`local` unless one was set at start).
-    pub fn store(&self) -> Arc<crate::store::SessionStore> {
-        Arc::clone(
-            self.store
-                .get_or_init(|| Arc::new(crate::store::SessionStore::local())),
-        )
+    /// Borrowed, not cloned: every request reads it.
+    pub fn store(&self) -> &Arc<crate::store::SessionStore> {
+        self.store
+            .get_or_init(|| Arc::new(crate::store::SessionStore::local()))
     }
 
     /// Sets the session store; only the first call counts.
