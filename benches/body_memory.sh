@@ -13,13 +13,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 GATEWAY_BIN=${GATEWAY_BIN:-$ROOT/target/release/llm-gateway}
 SIM_BIN=${SIM_BIN:-$ROOT/target/release/llm-gateway}
 if [ "${SKIP_BUILD:-0}" != 1 ]; then (cd "$ROOT" && cargo build --release --quiet); fi
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 1 200); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+. "$ROOT/benches/lib.sh"
+bench_init body-memory
 
 python3 - "$TMP/body.json" <<'PY'
 import sys

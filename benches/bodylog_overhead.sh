@@ -10,16 +10,13 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${GATEWAY_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/llm-gateway}
 export N=${N:-100} SCENARIOS=${SCENARIOS:-"small stream"} TARGETS=${TARGETS:-gateway}
-TMP=$(mktemp -d)
-pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$TMP"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$ROOT/benches/lib.sh"
+bench_init bodylog-overhead
 
 UP=$(free_port); DOWN=$(free_port)
 "$BIN" bodylog-listen --listen "127.0.0.1:$UP" --dir "$TMP/logs" >/dev/null 2>&1 &
-pid=$!
-for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$UP") 2>/dev/null && break; sleep 0.1; done
+PIDS+=($!)
+wait_port "$UP"
 
 run() { # label extra
   echo "### $1"

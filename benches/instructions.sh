@@ -59,12 +59,8 @@ for t in $TARGETS; do
         *) echo "unknown target $t (gateway, bare, nginx)" >&2; exit 1 ;;
     esac
 done
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 1 600); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+. "$ROOT/benches/lib.sh"
+bench_init instructions
 
 ENGINE_PORT=$(free_port)
 "$SIM_BIN" sim --engines 1 --port "$ENGINE_PORT" --max-running 64 >/dev/null 2>&1 &
@@ -162,7 +158,7 @@ count() { # $1 target, $2 scenario, $3 requests → total instructions
     port=$(free_port); dir=$TMP/$1-$2-$3; mkdir -p "$dir"
     start "$1" "$dir" "$port" >/dev/null
     pid=$STARTED; PIDS+=($pid)
-    wait_port "$port"
+    wait_port "$port" 60 # a gateway under callgrind starts slowly
     case $1 in
         gateway) path=/r/v1/chat/completions; ask_usage=0 ;;
         bare) path=/v1/chat/completions ;;

@@ -54,8 +54,7 @@ NGINX_PORT=$((BASE_PORT + 70))
 GW_PORT=$((BASE_PORT + 80))
 ADMIN_PORT=$((BASE_PORT + 90))
 
-log() { printf '%s %s\n' "$(date +%T)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+. "$ROOT/benches/lib.sh"
 
 for tool in "$NGINX" python3 curl; do
     command -v "$tool" >/dev/null || die "$tool not found"
@@ -67,41 +66,8 @@ need=$((2 * N + 1024))
 ulimit -n "$need" 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 [ "$(ulimit -n)" -ge "$need" ] || die "ulimit -n is $(ulimit -n), need $need for N=$N (raise the hard limit)"
 
-TMP=$(mktemp -d -t scale-streams.XXXXXX)
-PIDS=()
-cleanup() {
-    local rc=$? pid i
-    trap - EXIT INT TERM
-    # nginx workers are children of the master; collect them so nothing is left.
-    for pid in "${PIDS[@]}"; do
-        PIDS+=($(cat "/proc/$pid/task/$pid/children" 2>/dev/null || true))
-    done
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for i in $(seq 50); do
-        local alive=0
-        for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-        [ $alive = 0 ] && break
-        sleep 0.1
-    done
-    for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    if [ "${KEEP_TMP:-0}" = 1 ] || [ $rc -ne 0 ]; then
-        log "temporary files kept in $TMP"
-    else
-        rm -rf "$TMP"
-    fi
-    exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_init scale-streams
 
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() {
-    local i
-    for i in $(seq 200); do port_in_use "$1" && return 0; sleep 0.05; done
-    die "nothing listens on port $1 (logs in $TMP)"
-}
 for p in $SIM_PORT $NGINX_PORT $GW_PORT $ADMIN_PORT; do
     port_in_use "$p" && die "port $p is in use (set BASE_PORT)"
 done

@@ -18,17 +18,14 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DURATION=${DURATION:-10s}
 BIN=${GATEWAY_BIN:-$ROOT/target/release/llm-gateway}
 [ "${SKIP_BUILD:-0}" = 1 ] || (cd "$ROOT" && cargo build --release --quiet)
-TMP=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$ROOT/benches/lib.sh"
+bench_init session-store-overhead
 
 RP=$(free_port); EP=$(free_port)
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$TMP" >/dev/null &
-pids+=($!)
+PIDS+=($!)
 "$BIN" sim --engines 1 --port "$EP" --max-running 64 >/dev/null 2>&1 &
-pids+=($!)
+PIDS+=($!)
 start_gateway() { # name
   local dir=$TMP/$1 port admin
   mkdir -p "$dir/routes"
@@ -37,7 +34,7 @@ start_gateway() { # name
   printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s/routes\nthreads: 1\napi_keys_file: /nonexistent\nwatch: false\nsession_store:\n  kind: redis\n  url: redis://127.0.0.1:%s/0\n' \
     "$port" "$admin" "$dir" "$RP" > "$dir/gateway.yaml"
   RUST_LOG=warn "$BIN" --config "$dir/gateway.yaml" >"$dir/log" 2>&1 &
-  pids+=($!)
+  PIDS+=($!)
   for _ in $(seq 100); do curl -fs "http://127.0.0.1:$admin/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
   echo "$port $admin"
 }
@@ -105,10 +102,10 @@ for w in new cycle; do
   # B takes every other turn of the cycled sessions, as a Service would.
   if [ "$w" = cycle ]; then
     wrk -t1 -c1 -d"$DURATION" -s "$TMP/cycle.lua" "http://127.0.0.1:$B_PORT" >/dev/null &
-    pids+=($!)
+    PIDS+=($!)
   fi
   wrk -t1 -c1 -d"$DURATION" -s "$TMP/$w.lua" "http://127.0.0.1:$A_PORT" >/dev/null
-  [ "$w" = cycle ] && { wait "${pids[-1]}" 2>/dev/null || true; }
+  [ "$w" = cycle ] && { wait "${PIDS[-1]}" 2>/dev/null || true; }
   buckets "$A_ADMIN" > "$TMP/after"
   ops=$(metric "$A_ADMIN" llm_gateway_session_store_ops_total "")
   req=$(metric "$A_ADMIN" llm_gateway_session_store_wait_seconds_count "")
