@@ -23,33 +23,28 @@ impl Canned {
     /// Serves `content_type` with `parts` as separate chunks (chunked
     /// encoding), or as one Content-Length body when `chunked` is false.
     pub fn start(content_type: &'static str, parts: Vec<Vec<u8>>, chunked: bool) -> Canned {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind canned engine");
-        let addr = listener.local_addr().expect("addr");
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let heads = Arc::new(Mutex::new(Vec::new()));
-        let rec = Recorder {
-            bodies: Arc::clone(&received),
-            heads: Arc::clone(&heads),
-        };
         let parts = Arc::new(parts);
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let rec = rec.clone();
-                let parts = Arc::clone(&parts);
-                std::thread::spawn(move || serve(stream, content_type, &parts, chunked, &rec));
-            }
-        });
-        Canned {
-            addr,
-            received,
-            heads,
-        }
+        Canned::accepting(move |stream, rec| serve(stream, content_type, &parts, chunked, rec))
     }
 
     /// After reading each request, hands the connection to `reply`, which
     /// writes whatever bytes it likes (or none) and may keep, close or reset
     /// the connection; the connection is dropped when `reply` returns.
     pub fn raw(reply: impl Fn(&mut TcpStream) + Send + Sync + 'static) -> Canned {
+        Canned::accepting(move |stream, rec| {
+            stream.set_nodelay(true).ok();
+            let Ok(mut writer) = stream.try_clone() else {
+                return;
+            };
+            let mut reader = BufReader::new(stream);
+            if read_request(&mut reader, rec) {
+                reply(&mut writer);
+            }
+        })
+    }
+
+    /// Binds a port and runs `handle` on a thread per accepted connection.
+    fn accepting(handle: impl Fn(TcpStream, &Recorder) + Send + Sync + 'static) -> Canned {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind canned engine");
         let addr = listener.local_addr().expect("addr");
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -58,21 +53,11 @@ impl Canned {
             bodies: Arc::clone(&received),
             heads: Arc::clone(&heads),
         };
-        let reply = Arc::new(reply);
+        let handle = Arc::new(handle);
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let rec = rec.clone();
-                let reply = Arc::clone(&reply);
-                std::thread::spawn(move || {
-                    stream.set_nodelay(true).ok();
-                    let Ok(mut writer) = stream.try_clone() else {
-                        return;
-                    };
-                    let mut reader = BufReader::new(stream);
-                    if read_request(&mut reader, &rec) {
-                        reply(&mut writer);
-                    }
-                });
+                let (rec, handle) = (rec.clone(), Arc::clone(&handle));
+                std::thread::spawn(move || handle(stream, &rec));
             }
         });
         Canned {

@@ -7,13 +7,15 @@
 pub mod bodylog;
 pub mod canned;
 pub mod http;
+pub mod process;
 pub mod redis;
 pub mod simproc;
 pub mod volume;
 
+use process::Proc;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub use llm_gateway_sim::{spawn_engines, EngineConfig, SimCluster};
@@ -66,7 +68,7 @@ pub fn route_yaml(ports: &[u16], extra: &str) -> String {
 }
 
 pub struct Gateway {
-    child: Option<Child>,
+    child: Proc,
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     pub dir: tempfile::TempDir,
@@ -138,22 +140,17 @@ impl Gateway {
         )
         .expect("gateway.yaml");
         let log_path = dir.path().join("gateway.log");
-        let log = std::fs::File::create(&log_path).expect("log file");
         let mut cmd = Command::new(gateway_bin());
         cmd.arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info")
             .env_remove("LLM_GATEWAY_API_KEYS_FILE")
-            .env_remove("BODYLOG_LISTENER_HOST")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log));
+            .env_remove("BODYLOG_LISTENER_HOST");
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("spawn llm-gateway");
         let mut gw = Gateway {
-            child: Some(child),
+            child: Proc::spawn_logged(&mut cmd, &log_path, "llm-gateway"),
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
             dir,
@@ -167,10 +164,8 @@ impl Gateway {
     fn wait_healthy(&mut self) {
         let start = Instant::now();
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("gateway exited at startup ({status}):\n{}", self.log());
-                }
+            if let Some(status) = self.child.exited() {
+                panic!("gateway exited at startup ({status}):\n{}", self.log());
             }
             let admin_ok = std::net::TcpStream::connect(self.admin).is_ok()
                 && http::get(self.admin, "/healthz").status() == 200;
@@ -185,7 +180,7 @@ impl Gateway {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).expect("running")
+        self.child.pid()
     }
 
     /// The process's resident memory in KiB (VmRSS).
@@ -209,9 +204,7 @@ impl Gateway {
 
     /// Still running (not exited, not a zombie waiting to be reaped).
     pub fn is_alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child.is_alive()
     }
 
     pub fn log(&self) -> String {
@@ -219,12 +212,7 @@ impl Gateway {
     }
 
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([format!("-{sig}"), self.pid().to_string()])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "kill -{sig} failed");
+        self.child.signal(sig)
     }
 
     pub fn write_route(&self, name: &str, body: &str) {
@@ -258,18 +246,7 @@ impl Gateway {
 
     /// Waits for the process to exit and returns its exit code.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let child = self.child.as_mut()?;
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return status.code();
-            }
-            if start.elapsed() > timeout {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.child.wait_exit(timeout)
     }
 
     pub fn in_flight_total(&self) -> f64 {
@@ -281,15 +258,6 @@ impl Gateway {
         wait_for("in-flight to return to 0", DEADLINE, || {
             (self.in_flight_total() == 0.0).then_some(())
         });
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 

@@ -2,12 +2,13 @@
 //! and temp dir, no persistence, stopped (SIGKILL) when dropped. The
 //! Debian package provides the binary (`.ci/run` installs it).
 
-use std::process::{Child, Command, Stdio};
+use super::process::Proc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 pub struct Redis {
     pub port: u16,
-    child: Option<Child>,
+    child: Proc,
     _dir: tempfile::TempDir,
 }
 
@@ -19,19 +20,17 @@ impl Redis {
     /// On a given port: a restart keeps the address the gateways know.
     pub fn start_on(port: u16) -> Redis {
         let dir = tempfile::tempdir().expect("tempdir");
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (apt install redis-server)");
+            .stderr(Stdio::null());
         let redis = Redis {
             port,
-            child: Some(child),
+            child: Proc::spawn(&mut cmd, "redis-server (apt install redis-server)"),
             _dir: dir,
         };
         super::wait_for("redis-server to answer PING", super::DEADLINE, || {
@@ -45,10 +44,7 @@ impl Redis {
     }
 
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.child.kill()
     }
 
     fn conn(&self) -> ::redis::RedisResult<::redis::Connection> {
@@ -106,11 +102,5 @@ impl Redis {
             out.push_str(&format!("{key} = {}\n", value.join(" ")));
         }
         out
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
     }
 }

@@ -4,11 +4,12 @@
 
 #![allow(dead_code)]
 
+use super::process::Proc;
 use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 
 pub struct SimProc {
-    child: Option<Child>,
+    child: Proc,
     pub port: u16,
     /// Kept open: the engine's stdout is a pipe it may still write to.
     _stdout: BufReader<ChildStdout>,
@@ -38,27 +39,18 @@ impl SimProc {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no port in the sim's banner {line:?}"));
         SimProc {
-            child: Some(child),
+            child: Proc::from(child),
             port,
             _stdout: stdout,
         }
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(Child::id).expect("running")
+        self.child.pid()
     }
 
     /// SIGKILL, then reaps the process: its sockets are gone when this returns.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("SIGKILL the sim");
-            child.wait().expect("reap the sim");
-        }
-    }
-}
-
-impl Drop for SimProc {
-    fn drop(&mut self) {
-        self.kill();
+        self.child.kill()
     }
 }
