@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::bodylog::{encode_frame, FrameSink, Listener};
+use common::bodylog::{encode_frame, FrameSink, Listener, ReservedPort};
 use common::canned::{canned_route, Canned};
 use common::http::{self, Conn};
 use common::*;
@@ -210,7 +210,8 @@ fn a_3_mb_response_keeps_its_head_a_marker_and_its_tail() {
 #[test]
 fn an_absent_listener_drops_and_counts_then_a_late_one_gets_the_queue() {
     let cluster = engines(1);
-    let port = free_port();
+    let reserved = ReservedPort::new();
+    let port = reserved.port();
     let gw = gateway(
         &[("chat", route_yaml(&ports(&cluster), ""))],
         format!("bodylog:\n  listener: 127.0.0.1:{port}\n  queue_frames: 2\n"),
@@ -232,7 +233,7 @@ fn an_absent_listener_drops_and_counts_then_a_late_one_gets_the_queue() {
 
     // Control: once the listener is there the queue goes out, and so does
     // every later frame.
-    let sink = FrameSink::on_port(port);
+    let sink = FrameSink::on_reserved(reserved);
     sink.wait_frames(2);
     for i in 0..3 {
         chat(&gw, &format!("listener up {i}"));

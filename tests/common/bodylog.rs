@@ -5,13 +5,14 @@
 
 #![allow(dead_code)]
 
+use super::process::Proc;
 use super::{free_port, http, wait_for, DEADLINE};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,31 @@ pub struct Captured {
 /// `[u32 len][u16 meta_len][meta][u32 req_len][req][u32 resp_len][resp]`,
 /// big-endian, `len` excluding itself. A frame whose sections do not add up
 /// to `len` panics the reader thread, and `frames` then reports it.
+/// A port bound but not listening: connecting to it is refused, as to a
+/// listener that is not up yet, and no other test can take it meanwhile
+/// (a port that was merely free a moment ago sometimes was, under the whole
+/// suite, and the "absent" listener then answered).
+pub struct ReservedPort(socket2::Socket);
+
+impl ReservedPort {
+    pub fn new() -> ReservedPort {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        let any: SocketAddr = ([127, 0, 0, 1], 0).into();
+        socket.bind(&any.into()).expect("bind a reserved port");
+        ReservedPort(socket)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.0
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| a.port())
+            .expect("a bound port")
+    }
+}
+
 pub struct FrameSink {
     pub addr: SocketAddr,
     frames: Arc<Mutex<Vec<Captured>>>,
@@ -40,9 +66,10 @@ impl FrameSink {
         Self::on(TcpListener::bind("127.0.0.1:0").expect("bind frame sink"))
     }
 
-    /// On a given port (one the gateway was already told about).
-    pub fn on_port(port: u16) -> FrameSink {
-        Self::on(TcpListener::bind(("127.0.0.1", port)).expect("bind frame sink port"))
+    /// On a port reserved earlier (one the gateway was already told about).
+    pub fn on_reserved(port: ReservedPort) -> FrameSink {
+        port.0.listen(16).expect("listen on the reserved port");
+        Self::on(port.0.into())
     }
 
     fn on(listener: TcpListener) -> FrameSink {
@@ -148,7 +175,7 @@ pub fn encode_frame(meta: &Value, req: &[u8], resp: &[u8]) -> Vec<u8> {
 
 /// `llm-gateway bodylog-listen` on ephemeral ports, writing into a temp dir.
 pub struct Listener {
-    child: Option<Child>,
+    child: Proc,
     pub addr: SocketAddr,
     pub metrics: SocketAddr,
     pub dir: tempfile::TempDir,
@@ -160,21 +187,15 @@ impl Listener {
         let dir = tempfile::tempdir().expect("tempdir");
         let (port, metrics_port) = (free_port(), free_port());
         let log_path = dir.path().join("listener.log");
-        let log = std::fs::File::create(&log_path).expect("log file");
-        let child = Command::new(super::gateway_bin())
-            .arg("bodylog-listen")
+        let mut cmd = Command::new(super::gateway_bin());
+        cmd.arg("bodylog-listen")
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--dir")
             .arg(dir.path().join("records"))
             .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn bodylog-listen");
+            .env("RUST_LOG", "info");
         let mut l = Listener {
-            child: Some(child),
+            child: Proc::spawn_logged(&mut cmd, &log_path, "bodylog-listen"),
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             metrics: SocketAddr::from(([127, 0, 0, 1], metrics_port)),
             dir,
@@ -187,7 +208,7 @@ impl Listener {
     fn wait_ready(&mut self) {
         let start = Instant::now();
         loop {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+            if let Some(status) = self.child.exited() {
                 panic!(
                     "bodylog-listen exited at startup ({status}):\n{}",
                     self.log()
@@ -244,27 +265,11 @@ impl Listener {
     }
 
     pub fn signal(&self, sig: &str) {
-        let pid = self.child.as_ref().expect("running").id();
-        let ok = Command::new("kill")
-            .args([format!("-{sig}"), pid.to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill -{sig} failed");
+        self.child.signal(sig)
     }
 
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let child = self.child.as_mut()?;
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return status.code();
-            }
-            if start.elapsed() > timeout {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.child.wait_exit(timeout)
     }
 }
 
@@ -278,13 +283,4 @@ fn read_records(dir: &Path, files: &[String]) -> Vec<Value> {
         }
     }
     out
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
