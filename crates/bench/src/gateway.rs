@@ -75,14 +75,38 @@ pub fn routes_list(body: &[u8], route: &str) -> bool {
         })
 }
 
-/// Appends `extra` (`--route-extra`) verbatim, on lines of its own.
-pub fn append_extra(route: &mut String, extra: &str) {
-    if !route.ends_with('\n') {
-        route.push('\n');
+/// The route file with `extra` (`--route-extra`, YAML) merged in: a
+/// mapping merges into the bench's own mapping of that name (so
+/// `balancing: {session_affinity: {live_window: 3s}}` keeps the cell's
+/// mode), anything else replaces what the bench wrote.
+pub fn merge_extra(route: &str, extra: &str) -> Result<String, String> {
+    let parse = |text: &str, what: &str| {
+        serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| format!("{what}: {e}"))
+    };
+    let mut base = parse(route, "the bench's route file")?;
+    let extra = parse(extra, "--route-extra")?;
+    if !extra.is_mapping() {
+        return Err(
+            "--route-extra: expected YAML mapping lines such as `queue_timeout: 30s`".into(),
+        );
     }
-    route.push_str(extra);
-    if !extra.ends_with('\n') {
-        route.push('\n');
+    merge_into(&mut base, extra);
+    serde_yaml::to_string(&base).map_err(|e| format!("writing the route file: {e}"))
+}
+
+fn merge_into(base: &mut serde_yaml::Value, extra: serde_yaml::Value) {
+    match (base, extra) {
+        (serde_yaml::Value::Mapping(base), serde_yaml::Value::Mapping(extra)) => {
+            for (key, value) in extra {
+                match base.get_mut(&key) {
+                    Some(slot) => merge_into(slot, value),
+                    None => {
+                        base.insert(key, value);
+                    }
+                }
+            }
+        }
+        (slot, value) => *slot = value,
     }
 }
 
@@ -314,12 +338,35 @@ mod tests {
     }
 
     #[test]
-    fn route_extra_is_appended_verbatim_on_its_own_lines() {
-        let mut y = "a: 1\n".to_string();
-        append_extra(&mut y, "queue_timeout: 30s");
-        assert_eq!(y, "a: 1\nqueue_timeout: 30s\n");
-        let mut y = "a: 1".to_string();
-        append_extra(&mut y, "b:\n  c: 2\n");
-        assert_eq!(y, "a: 1\nb:\n  c: 2\n");
+    fn route_extra_merges_into_the_bench_route() {
+        let base = route_yaml(&RouteSpec {
+            mode: "load_aware",
+            engines: &["127.0.0.1:4001".parse().expect("addr")],
+            max_concurrency: 256,
+        });
+        let merged = merge_extra(
+            &base,
+            "queue_timeout: 30s\nbalancing:\n  session_affinity: {live_window: 3s}\n",
+        )
+        .expect("valid YAML");
+        let v: serde_yaml::Value = serde_yaml::from_str(&merged).expect("YAML");
+        assert_eq!(v["queue_timeout"].as_str(), Some("30s"));
+        assert_eq!(
+            v["balancing"]["mode"].as_str(),
+            Some("load_aware"),
+            "{merged}"
+        );
+        assert_eq!(
+            v["balancing"]["session_affinity"]["live_window"].as_str(),
+            Some("3s")
+        );
+        assert_eq!(v["peers"][0]["port"].as_u64(), Some(4001));
+        // A scalar replaces the bench's own value.
+        let v: serde_yaml::Value =
+            serde_yaml::from_str(&merge_extra(&base, "balancing: {mode: hash}").expect("YAML"))
+                .expect("YAML");
+        assert_eq!(v["balancing"]["mode"].as_str(), Some("hash"));
+        assert!(merge_extra(&base, "- a list").is_err());
+        assert!(merge_extra(&base, "a: [").is_err());
     }
 }

@@ -245,6 +245,8 @@ pub struct Record {
     /// the client's own choice in the reference cell.
     pub engine: Option<usize>,
     pub routed_mode: Option<String>,
+    /// Time the gateway held it in its admission queue (`x-routed-queued-ms`).
+    pub queued_ms: Option<u64>,
     /// The first request of its session: a new-session placement.
     pub first_of_session: bool,
     /// For a later request: whether it landed on another peer than the
@@ -524,7 +526,7 @@ async fn run_mode(
             max_concurrency: 256,
         });
         if let Some(extra) = &plan.opts.route_extra {
-            gateway::append_extra(&mut route, extra);
+            route = gateway::merge_extra(&route, extra)?;
         }
         for r in 0..plan.opts.replicas {
             let own = dir.0.join(format!("replica-{r}"));
@@ -841,6 +843,9 @@ async fn run_slot(ctx: &Ctx, slot: u32, route: &mut Route) {
                 if let Some(head) = &ex.head {
                     record.peer = head.header("x-routed-peer").map(str::to_string);
                     record.routed_mode = head.header("x-routed-mode").map(str::to_string);
+                    record.queued_ms = head
+                        .header("x-routed-queued-ms")
+                        .and_then(|v| v.trim().parse().ok());
                 }
                 if matches!(ctx.target, Target::Direct { .. }) {
                     record.peer = engine.map(|e| format!("e{e}"));
@@ -913,6 +918,7 @@ fn write_records(
             "peer": r.peer,
             "engine": r.engine,
             "routed_mode": r.routed_mode,
+            "queued_ms": r.queued_ms,
             "first_of_session": r.first_of_session,
             "switched_peer": r.switched_peer,
         });

@@ -134,8 +134,9 @@ pub struct BenchArgs {
     /// long as it reads the route file (see --route-extra)
     #[arg(long, value_name = "PATH", help_heading = "Gateway")]
     pub gateway: Option<PathBuf>,
-    /// YAML appended verbatim to the generated route file of every gateway
-    /// cell, e.g. 'queue_timeout: 30s' (newlines as in the shell: $'a: 1\nb: 2')
+    /// YAML merged into the generated route file of every gateway cell,
+    /// e.g. 'queue_timeout: 30s'; a mapping merges with the bench's own, so
+    /// 'balancing: {session_affinity: {live_window: 3s}}' keeps each cell's mode
     #[arg(long, value_name = "YAML", help_heading = "Gateway")]
     pub route_extra: Option<String>,
     /// Gateway replicas behind a front that sends each request to one of
