@@ -2,8 +2,9 @@
 //! the pool busy, or a new session that fits no engine's KV) waits for room
 //! up to the route's `queue_timeout` instead of being refused at once. A 429
 //! loses an agent's whole session (and its cache); a short wait loses
-//! nothing. Warm turns (sessions already bound to an engine) go before new
-//! sessions. Waiters wake whenever a slot is released, a session leaves its
+//! nothing. Warm turns (sessions already bound to an engine, or parked off
+//! an engine over its KV) go before new sessions, and new sessions go in
+//! arrival order. Waiters wake whenever a slot is released, a session leaves its
 //! engine's live window, or the process starts draining.
 
 use super::{place_with, Demand, Placed, Refusal};
@@ -56,14 +57,13 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let signal = &route.runtime.queue;
-    let _place = signal.enter(warm);
+    let place = signal.enter(warm);
     loop {
         let notified = signal.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let (warm_waiting, _) = signal.waiting();
-        // A new session lets waiting warm turns go first.
-        if warm || warm_waiting == 0 {
+        // Warm turns go first; new sessions in arrival order.
+        if place.may_try() {
             match place_with(route, demand, true) {
                 Ok(placed) => {
                     return Ok(Granted {

@@ -136,9 +136,9 @@ pub(super) fn best_home(
     sid: u64,
     peers: &[PeerLoad],
     incoming: super::Incoming,
-    admit_permille: u32,
+    room: super::KvRoom,
 ) -> Option<&PeerLoad> {
-    let fits = |p: &PeerLoad| p.fits(incoming.tokens, admit_permille);
+    let fits = |p: &PeerLoad| p.fits(incoming.tokens, room);
     if let Some(home) = least_bound(sid, peers, |p| p.ready && !p.kv_full && fits(p)) {
         return Some(home);
     }

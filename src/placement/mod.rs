@@ -74,6 +74,31 @@ pub struct PeerLoad {
     pub kv_capacity_tokens: Option<u64>,
 }
 
+/// What KV admission measures a peer against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvRoom {
+    /// Share of the capacity (per mille) live sessions may fill.
+    pub admit_permille: u32,
+    /// Context a live session is expected to hold: the mean of the pool's
+    /// live sessions (0 while none is known).
+    pub expected_session: u64,
+}
+
+impl KvRoom {
+    pub fn of_pool(peers: &[PeerLoad], admit_permille: u32) -> KvRoom {
+        let (sessions, tokens) = peers.iter().fold((0u64, 0u64), |(s, t), p| {
+            (
+                s + u64::from(p.bound.sessions),
+                t.saturating_add(p.bound.tokens),
+            )
+        });
+        KvRoom {
+            admit_permille,
+            expected_session: tokens.checked_div(sessions).unwrap_or(0),
+        }
+    }
+}
+
 /// Live sessions bound to a peer and their context tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Bound {
@@ -97,17 +122,33 @@ impl PeerLoad {
     }
 
     /// Whether a session of `tokens` more fits the engine's KV with what it
-    /// holds already, at `admit_permille` of its capacity. What it holds is
-    /// the larger of the live sessions bound here by this gateway and what
-    /// the engine reports in use (which also sees other gateways' traffic,
-    /// but not idle cached prefixes). Unknown capacity always fits.
-    pub fn fits(&self, tokens: u64, admit_permille: u32) -> bool {
+    /// holds already, by `room`'s measure. What it holds is the largest of
+    /// the live sessions bound here by this gateway, what the engine reports
+    /// in use (which also sees other gateways' traffic, but not idle cached
+    /// prefixes), and its live sessions each at the expected size: a young
+    /// session is small now but grows every turn, and admitting by today's
+    /// size alone fills an engine with sessions that outgrow its KV
+    /// together. The newcomer is counted at the expected size too. Unknown
+    /// capacity always fits.
+    pub fn fits(&self, tokens: u64, room: KvRoom) -> bool {
         self.kv_capacity_tokens.is_none_or(|cap| {
             let reported = self.engine.map_or(0.0, |e| e.kv_usage.clamp(0.0, 1.0));
-            let held = self.bound.tokens.max((reported * cap as f64) as u64);
-            let room = cap.saturating_mul(u64::from(admit_permille)) / 1000;
-            held.saturating_add(tokens) <= room
+            let projected = u64::from(self.bound.sessions).saturating_mul(room.expected_session);
+            let held = self
+                .bound
+                .tokens
+                .max((reported * cap as f64) as u64)
+                .max(projected);
+            let line = cap.saturating_mul(u64::from(room.admit_permille)) / 1000;
+            held.saturating_add(tokens.max(room.expected_session)) <= line
         })
+    }
+
+    /// The live sessions bound here hold more context than the engine's KV
+    /// (when known): it is evicting some of their prefixes between turns.
+    pub fn overcommitted(&self) -> bool {
+        self.kv_capacity_tokens
+            .is_some_and(|cap| self.bound.tokens > cap)
     }
 
     /// Requests this peer carries: `max(in_flight, running + waiting)` with
@@ -183,6 +224,8 @@ pub enum Reason {
     Waiting,
     /// The peer's KV cache was full while it had requests queued.
     KvFull,
+    /// The live sessions bound to the peer held more context than its KV.
+    KvOvercommit,
     /// The peer is banned, failing probes or no longer configured.
     NotReady,
     /// The session table had no room for the chosen peer.
@@ -196,6 +239,7 @@ impl Reason {
         match self {
             Reason::Waiting => "waiting",
             Reason::KvFull => "kv_full",
+            Reason::KvOvercommit => "kv_overcommit",
             Reason::NotReady => "not_ready",
             Reason::TableFull => "table_full",
             Reason::Saturated => "saturated",

@@ -4,8 +4,8 @@
 //! Kept apart from the table so that the table owns storage, locking and time,
 //! and these rules can be read (and reasoned about) on one screen.
 
-use super::load::{best_home, least_loaded};
-use super::{Incoming, PeerId, PeerLoad, Reason};
+use super::load::{best_home, least_bound, least_loaded};
+use super::{Incoming, KvRoom, PeerId, PeerLoad, Reason};
 
 /// The tunables the rules read, copied out of the table config per call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +47,11 @@ pub(super) enum Verdict {
         from: PeerId,
         to: PeerId,
     },
+    /// A known session whose home is over its KV and that fits nowhere
+    /// else: it lets go of its binding and waits for room like a new one.
+    Park {
+        from: PeerId,
+    },
 }
 
 /// The remembered peer's state, kept for the explanation.
@@ -87,6 +92,10 @@ pub(super) enum Why {
         home: HomeState,
         target_load: u32,
     },
+    Overcommitted {
+        held: u64,
+        capacity: u64,
+    },
     NotBackedUp {
         home: HomeState,
         target_load: u32,
@@ -101,7 +110,7 @@ pub(super) fn decide(
     limits: Limits,
     incoming: Incoming,
 ) -> (Verdict, Why) {
-    let admit = limits.kv_admit_permille;
+    let admit = KvRoom::of_pool(peers, limits.kv_admit_permille);
     let Some(remembered) = remembered else {
         return match best_home(sid, peers, incoming, admit) {
             Some(to) => (
@@ -145,6 +154,32 @@ pub(super) fn decide(
         if since_move_ms < limits.cooldown_ms {
             let left_ms = limits.cooldown_ms - since_move_ms;
             return (stay, Why::Cooldown { left_ms });
+        }
+    }
+
+    // Over its KV, the home is evicting someone's prefix between turns, and
+    // by LRU that is the session idle longest: most likely the one arriving
+    // now. Its prefill is paid wherever it goes, so it goes where it fits,
+    // or (with a queue) waits for room unbound, which brings the home back
+    // inside its KV for the sessions that stay. Without this an over-full
+    // engine misses on nearly every turn until sessions end.
+    if home.overcommitted() {
+        let why = Why::Overcommitted {
+            held: home.bound.tokens,
+            capacity: home.kv_capacity_tokens.unwrap_or(0),
+        };
+        let fits_elsewhere =
+            |p: &PeerLoad| p.ready && p.id != from && !p.kv_full && p.fits(incoming.tokens, admit);
+        if let Some(to) = least_bound(sid, peers, fits_elsewhere) {
+            let spill = Verdict::Spill {
+                from,
+                to: to.id,
+                reason: Reason::KvOvercommit,
+            };
+            return (spill, why);
+        }
+        if incoming.may_wait {
+            return (Verdict::Park { from }, why);
         }
     }
 
@@ -241,6 +276,12 @@ pub(super) fn explain(verdict: Verdict, why: Why) -> String {
         (Verdict::Spill { to, .. }, Why::KvFullShed { home, target_load }) => format!(
             "{}; KV-full and queuing, peer {to} has KV room and is no busier (load {target_load}): spills",
             describe(home)
+        ),
+        (Verdict::Spill { to, .. }, Why::Overcommitted { held, capacity }) => format!(
+            "remembered peer's live sessions hold {held} tokens, past its KV of {capacity}: moves to peer {to}, which holds the least and has room"
+        ),
+        (Verdict::Park { .. }, Why::Overcommitted { held, capacity }) => format!(
+            "remembered peer's live sessions hold {held} tokens, past its KV of {capacity}, and no other peer has room: lets go of its binding and waits for room"
         ),
         (_, Why::NotBackedUp { home, target_load, margin }) => {
             let threshold = target_load.saturating_add(margin);

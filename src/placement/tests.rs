@@ -557,6 +557,7 @@ fn labels() {
         (Reason::KvFull, "kv_full"),
         (Reason::NotReady, "not_ready"),
         (Reason::TableFull, "table_full"),
+        (Reason::KvOvercommit, "kv_overcommit"),
     ];
     for (reason, label) in reasons {
         assert_eq!(reason.as_str(), label);
@@ -619,9 +620,11 @@ fn a_new_session_avoids_the_engine_holding_more_even_when_in_flight_favours_it()
 #[test]
 fn an_engine_whose_working_set_would_pass_its_kv_gets_no_new_session_while_another_has_room() {
     let t = table();
-    // 90% of 100k is the admission line: 85k + 8k passes it, 40k + 8k does not.
-    let full = with_capacity(holding(blind(1, 0), 3, 85_000), 100_000);
-    let roomy = with_capacity(holding(blind(2, 5), 9, 40_000), 100_000);
+    // 80 % of 200k is the admission line. Peer 1 holds fewer sessions and
+    // nothing in flight, but already 170k; peer 2's 3 sessions counted at
+    // the pool's mean (38k) with the newcomer at that size make 152k.
+    let full = with_capacity(holding(blind(1, 0), 2, 170_000), 200_000);
+    let roomy = with_capacity(holding(blind(2, 5), 3, 20_000), 200_000);
     assert_eq!(
         t.place_session(20, incoming(8_000, false), &[full, roomy], T0),
         Admission::Placed(Placement {
@@ -641,6 +644,29 @@ fn an_engine_whose_working_set_would_pass_its_kv_gets_no_new_session_while_anoth
             reason: None
         })
     );
+}
+
+#[test]
+fn young_sessions_count_at_the_pools_mean_size() {
+    let t = table();
+    // Peers 1 and 2 each hold 10 young sessions (2k tokens each, 20k in
+    // all); peer 3 holds 2 sessions of 90k. The pool's mean live session is
+    // 10k, so 10 sessions will soon hold 100k: past 80 % of peer 1's and
+    // 2's 100k, though their 20k today leaves plenty.
+    let young = |id| with_capacity(holding(blind(id, 0), 10, 20_000), 100_000);
+    let grown = with_capacity(holding(blind(3, 0), 2, 180_000), 200_000);
+    assert_eq!(
+        t.place_session(70, incoming(3_000, true), &[young(1), young(2), grown], T0),
+        Admission::NoKvRoom
+    );
+    // Control: among young sessions alone the mean is 2k, and they fit.
+    assert!(matches!(
+        t.place_session(70, incoming(3_000, true), &[young(1), young(2)], T0),
+        Admission::Placed(Placement {
+            kind: PlacementKind::New,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -670,6 +696,99 @@ fn a_new_session_that_fits_nowhere_waits_when_it_may_and_is_placed_when_it_may_n
         t.place_session(31, incoming(5_000, true), &unknown, T0),
         Admission::Placed(_)
     ));
+}
+
+#[test]
+fn a_warm_turn_on_an_engine_over_its_kv_moves_where_it_fits() {
+    let t = table();
+    bind(&t, 50, 1, &[1, 2], T0);
+    // Peer 1's live sessions hold 120k against a KV of 100k: it is evicting.
+    let over = with_capacity(holding(blind(1, 0), 6, 120_000), 100_000);
+    let roomy = with_capacity(holding(blind(2, 5), 3, 40_000), 100_000);
+    assert_eq!(
+        t.place_session(50, incoming(20_000, false), &[over, roomy], T0 + SECOND),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::Spill,
+            reason: Some(Reason::KvOvercommit)
+        })
+    );
+    // Control: the same engine inside its KV keeps the session, even with
+    // the other idler.
+    let t = table();
+    bind(&t, 51, 1, &[1, 2], T0);
+    let inside = with_capacity(holding(blind(1, 0), 6, 95_000), 100_000);
+    assert_eq!(
+        t.place_session(51, incoming(20_000, false), &[inside, roomy], T0 + SECOND),
+        Admission::Placed(Placement {
+            peer: 1,
+            kind: PlacementKind::Sticky,
+            reason: None
+        })
+    );
+    // Nor does it move within the cooldown of an earlier move.
+    let t = table();
+    bind(&t, 52, 1, &[1, 2], T0);
+    let moved = t.place_session(52, incoming(20_000, false), &[over, roomy], T0 + SECOND);
+    assert!(matches!(moved, Admission::Placed(p) if p.peer == 2));
+    let over_2 = with_capacity(holding(blind(2, 0), 6, 120_000), 100_000);
+    let roomy_1 = with_capacity(holding(blind(1, 5), 3, 40_000), 100_000);
+    assert_eq!(
+        t.place_session(
+            52,
+            incoming(20_000, false),
+            &[roomy_1, over_2],
+            T0 + 2 * SECOND
+        ),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::Sticky,
+            reason: None
+        })
+    );
+}
+
+#[test]
+fn a_warm_turn_over_kv_with_no_room_anywhere_lets_go_and_waits_only_with_a_queue() {
+    let t = table();
+    bind(&t, 60, 1, &[1, 2], T0);
+    t.record_tokens(60, 20_000, T0);
+    let peers = [
+        with_capacity(holding(blind(1, 0), 6, 120_000), 100_000),
+        with_capacity(holding(blind(2, 0), 6, 95_000), 100_000),
+    ];
+    // Without a queue moving gains nothing: it stays.
+    assert_eq!(
+        t.place_session(60, incoming(20_000, false), &peers, T0 + SECOND),
+        Admission::Placed(Placement {
+            peer: 1,
+            kind: PlacementKind::Sticky,
+            reason: None
+        })
+    );
+    let before = t.live_of(1);
+    // With one it lets go of its binding, and its tokens stop counting.
+    assert_eq!(
+        t.place_session(60, incoming(20_000, true), &peers, T0 + 2 * SECOND),
+        Admission::NoKvRoom
+    );
+    assert!(!t.is_bound(60, T0 + 2 * SECOND));
+    let after = t.live_of(1);
+    assert_eq!(after.sessions + 1, before.sessions);
+    assert_eq!(after.tokens + 20_000, before.tokens);
+    // Once room frees it is placed as a new session where it fits.
+    let roomy = [
+        with_capacity(holding(blind(1, 0), 5, 100_000), 100_000),
+        with_capacity(holding(blind(2, 0), 2, 50_000), 100_000),
+    ];
+    assert_eq!(
+        t.place_session(60, incoming(20_000, true), &roomy, T0 + 3 * SECOND),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::New,
+            reason: None
+        })
+    );
 }
 
 #[test]

@@ -4,7 +4,9 @@
 //! on it; the request path pays one atomic load per released slot when
 //! nobody waits.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::Notify;
 
 #[derive(Debug, Default)]
@@ -13,6 +15,14 @@ pub struct RoomSignal {
     /// for a new session; warm turns are placed first.
     waiting_warm: AtomicUsize,
     waiting_new: AtomicUsize,
+    /// Tickets of the new sessions waiting, oldest first: they are placed
+    /// in arrival order. New sessions all ask for about the same room (a
+    /// newcomer is counted at the pool's mean session size), so one in
+    /// front never blocks a smaller one behind it for long; left to race on
+    /// each wake-up instead, some won every time and others waited out the
+    /// whole timeout and were then placed without room.
+    new_tickets: Mutex<BTreeSet<u64>>,
+    next_ticket: AtomicU64,
     notify: Notify,
 }
 
@@ -41,7 +51,16 @@ impl RoomSignal {
     /// (placed, timed out, or the client went away).
     pub fn enter(&self, warm: bool) -> QueuePlace<'_> {
         self.counter(warm).fetch_add(1, Ordering::AcqRel);
-        QueuePlace { signal: self, warm }
+        let ticket = (!warm).then(|| {
+            let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+            self.new_tickets.lock().insert(ticket);
+            ticket
+        });
+        QueuePlace {
+            signal: self,
+            warm,
+            ticket,
+        }
     }
 
     fn counter(&self, warm: bool) -> &AtomicUsize {
@@ -58,14 +77,56 @@ impl RoomSignal {
 pub struct QueuePlace<'a> {
     signal: &'a RoomSignal,
     warm: bool,
+    ticket: Option<u64>,
+}
+
+impl QueuePlace<'_> {
+    /// Whether this waiter may try for room now: a warm turn always, a new
+    /// session when no warm turn waits and it arrived before every other
+    /// new session still waiting.
+    pub fn may_try(&self) -> bool {
+        let Some(ticket) = self.ticket else {
+            return true;
+        };
+        self.signal.waiting_warm.load(Ordering::Acquire) == 0
+            && self.signal.new_tickets.lock().first() == Some(&ticket)
+    }
 }
 
 impl Drop for QueuePlace<'_> {
     fn drop(&mut self) {
+        if let Some(ticket) = self.ticket {
+            self.signal.new_tickets.lock().remove(&ticket);
+        }
         self.signal
             .counter(self.warm)
             .fetch_sub(1, Ordering::AcqRel);
         // A new session holding back behind this warm turn may go now.
         self.signal.room_may_have_freed();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_sessions_try_in_arrival_order_and_after_every_warm_turn() {
+        let signal = RoomSignal::default();
+        let first = signal.enter(false);
+        let second = signal.enter(false);
+        assert!(first.may_try());
+        assert!(!second.may_try(), "the later new session waits its turn");
+        let warm = signal.enter(true);
+        assert!(warm.may_try());
+        assert!(!first.may_try(), "a warm turn goes before any new session");
+        drop(warm);
+        assert!(first.may_try());
+        // Leaving the queue (placed, timed out, hung up) hands the turn on.
+        drop(first);
+        assert!(second.may_try());
+        assert_eq!(signal.waiting(), (0, 1));
+        drop(second);
+        assert_eq!(signal.waiting(), (0, 0));
     }
 }
