@@ -378,6 +378,8 @@ fn route_state(route: &Route, registry: &Registry) -> Value {
         "mode": c.balancing.mode.as_str(),
         "cross_tier_fallback": c.balancing.cross_tier_fallback,
         "idle_timeout_s": c.balancing.idle_timeout.as_secs(),
+        // Configured, or learned from the clients' think time if shorter.
+        "live_window_ms": route.runtime.sessions.live_window_ms(),
         "toggles": toggles_json(route),
         "queue": queue_json(route),
         "session_store": store_json(registry),

@@ -191,6 +191,9 @@ fn agree_after(
     }
     let expected = match placement.kind {
         PlacementKind::New if claimed_here => return,
+        // A session let go by an engine over its KV comes back new: for the
+        // cluster that is a move from where it was bound.
+        PlacementKind::New if agreement.prior.is_some() => agreement.prior.clone(),
         PlacementKind::New => agreement.claimed.clone(),
         PlacementKind::Spill | PlacementKind::Migrated => agreement.prior.clone(),
         PlacementKind::Sticky => {

@@ -98,7 +98,7 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     opt("balancing.mode", "Balancing mode", "balancing", Kind::Choice(&["load_aware", "hash", "least_conn", "round_robin"]), L("load_aware"), "how a peer is chosen"),
     opt("balancing.session_affinity.headers", "Session headers", "balancing", Kind::List, N("none"), "extra headers that carry a session id, checked first"),
     opt("balancing.session_affinity.idle_timeout", "Session idle timeout", "balancing", Kind::Duration, L("30m"), "a session unseen this long is forgotten (1m .. 24h)"),
-    hidden(opt("balancing.session_affinity.live_window", "Live window", "balancing", Kind::Duration, L("10s"), "a session used this recently counts as holding KV on its engine")),
+    hidden(opt("balancing.session_affinity.live_window", "Live window", "balancing", Kind::Duration, L("10s"), "longest a session counts as holding KV on its engine after an answer; shorter when its clients think less (twice their 90th-percentile gap)")),
     opt("balancing.cross_tier_fallback", "Cross-tier fallback", "balancing", Kind::Bool, L("false"), "spill to a higher tier when the primary tier is full, not only when it is down"),
     opt("health.enabled", "Health checks", "health", Kind::Bool, L("true"), "probe each peer"),
     opt("health.interval", "Probe interval", "health", Kind::Duration, L("5s"), "time between probes"),

@@ -107,12 +107,14 @@ pub fn hash_place(sid: u64, peers: &[PeerLoad], rand: u64) -> Option<Placement> 
 }
 
 /// The peer passing `eligible` that holds the least: fewest live bound
-/// sessions, then their context tokens, then requests (load as in
-/// [`PeerLoad::load`]). What an engine is holding between turns matters as
-/// much as what is in flight: by requests alone a new session can land on an
-/// engine whose idle sessions will all be back in a second. Sessions come
-/// first because each brings about the same request rate (what queues
-/// build from); tokens, which fill the KV, are what admission checks.
+/// sessions plus requests (load as in [`PeerLoad::load`]), then context
+/// tokens. What an engine is holding between turns matters as much as what
+/// is in flight: by requests alone a new session can land on an engine
+/// whose idle sessions will all be back in a second. Requests still count
+/// on top: a slow engine keeps each turn in flight longer, so it carries
+/// more at any moment for the same sessions and gets fewer new ones.
+/// Tokens, which fill the KV, are what admission checks; here they break
+/// ties.
 pub(super) fn least_bound(
     sid: u64,
     peers: &[PeerLoad],
@@ -120,9 +122,8 @@ pub(super) fn least_bound(
 ) -> Option<&PeerLoad> {
     peers.iter().filter(|p| eligible(p)).min_by_key(|p| {
         (
-            p.bound.sessions,
+            p.bound.sessions.saturating_add(p.load()),
             p.bound.tokens,
-            p.load(),
             Reverse(rendezvous_weight(sid, p.id)),
         )
     })

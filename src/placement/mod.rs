@@ -79,24 +79,11 @@ pub struct PeerLoad {
 pub struct KvRoom {
     /// Share of the capacity (per mille) live sessions may fill.
     pub admit_permille: u32,
-    /// Context a live session is expected to hold: the mean of the pool's
-    /// live sessions (0 while none is known).
+    /// Context a live session is expected to hold: the median of the
+    /// route's live sessions (0 while none is known). The median, not the
+    /// mean: a few long agent contexts among many short chats would make
+    /// every chat look like a tenth of an agent.
     pub expected_session: u64,
-}
-
-impl KvRoom {
-    pub fn of_pool(peers: &[PeerLoad], admit_permille: u32) -> KvRoom {
-        let (sessions, tokens) = peers.iter().fold((0u64, 0u64), |(s, t), p| {
-            (
-                s + u64::from(p.bound.sessions),
-                t.saturating_add(p.bound.tokens),
-            )
-        });
-        KvRoom {
-            admit_permille,
-            expected_session: tokens.checked_div(sessions).unwrap_or(0),
-        }
-    }
 }
 
 /// Live sessions bound to a peer and their context tokens.
@@ -122,25 +109,23 @@ impl PeerLoad {
     }
 
     /// Whether a session of `tokens` more fits the engine's KV with what it
-    /// holds already, by `room`'s measure. What it holds is the largest of
-    /// the live sessions bound here by this gateway, what the engine reports
-    /// in use (which also sees other gateways' traffic, but not idle cached
-    /// prefixes), and its live sessions each at the expected size: a young
-    /// session is small now but grows every turn, and admitting by today's
-    /// size alone fills an engine with sessions that outgrow its KV
-    /// together. The newcomer is counted at the expected size too. Unknown
-    /// capacity always fits.
+    /// holds already, by `room`'s measure, counted two ways that must both
+    /// stay within the line: what is there now (the live sessions bound here
+    /// by this gateway, or what the engine reports in use if more: it also
+    /// sees other gateways' traffic, but not idle cached prefixes) plus the
+    /// newcomer; and every live session, the newcomer included, at the
+    /// expected size. A young session is small today but grows every turn,
+    /// and admitting by today's sizes alone fills an engine with sessions
+    /// that outgrow its KV together. Unknown capacity always fits.
     pub fn fits(&self, tokens: u64, room: KvRoom) -> bool {
         self.kv_capacity_tokens.is_none_or(|cap| {
             let reported = self.engine.map_or(0.0, |e| e.kv_usage.clamp(0.0, 1.0));
-            let projected = u64::from(self.bound.sessions).saturating_mul(room.expected_session);
-            let held = self
-                .bound
-                .tokens
-                .max((reported * cap as f64) as u64)
-                .max(projected);
+            let now = self.bound.tokens.max((reported * cap as f64) as u64);
+            let projected = u64::from(self.bound.sessions)
+                .saturating_add(1)
+                .saturating_mul(room.expected_session);
             let line = cap.saturating_mul(u64::from(room.admit_permille)) / 1000;
-            held.saturating_add(tokens.max(room.expected_session)) <= line
+            now.saturating_add(tokens).max(projected) <= line
         })
     }
 

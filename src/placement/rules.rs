@@ -13,9 +13,8 @@ pub(super) struct Limits {
     pub spill_margin: u32,
     pub spill_margin_blind: u32,
     pub cooldown_ms: u64,
-    /// Share of a peer's KV capacity (per mille) that live sessions may fill
-    /// before it takes no new session.
-    pub kv_admit_permille: u32,
+    /// What KV admission measures a peer against.
+    pub room: KvRoom,
 }
 
 /// What the table remembers about a live session.
@@ -110,7 +109,7 @@ pub(super) fn decide(
     limits: Limits,
     incoming: Incoming,
 ) -> (Verdict, Why) {
-    let admit = KvRoom::of_pool(peers, limits.kv_admit_permille);
+    let admit = limits.room;
     let Some(remembered) = remembered else {
         return match best_home(sid, peers, incoming, admit) {
             Some(to) => (
@@ -213,7 +212,8 @@ pub(super) fn decide(
     } else {
         (limits.spill_margin_blind, true)
     };
-    if queued && home_state.load >= target_load.saturating_add(margin) {
+    let backed_up = queued && home_state.load >= target_load.saturating_add(margin);
+    if backed_up {
         let why = Why::BackedUp {
             home: home_state,
             target_load,

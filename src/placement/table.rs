@@ -1,7 +1,7 @@
 //! The per-route session table: which peer each live session is bound to.
 //!
 //! Storage: `SHARD_COUNT` shards, each a `parking_lot::Mutex` around a hash map
-//! from the session hash to a 12-byte [`Binding`]. A session's shard is chosen
+//! from the session hash to a 20-byte [`Binding`]. A session's shard is chosen
 //! by a per-process keyed hash of its id, and every map uses its own keyed
 //! hasher too: session hashes are public (`X-Routed-Session`) and unkeyed, so
 //! a client could otherwise craft ids that pile into one shard or one probe
@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use super::load::rendezvous;
 use super::rules::{self, Limits, Remembered, Verdict};
-use super::{Bound, PeerId, PeerLoad, Placement, PlacementKind, Reason};
+use super::{Bound, KvRoom, PeerId, PeerLoad, Placement, PlacementKind, Reason};
 
 /// Enough shards that worker threads (a few dozen at most) rarely meet on one
 /// lock, few enough that a scan's per-shard fixed costs stay negligible.
@@ -67,15 +67,14 @@ pub struct TableConfig {
     /// above it (wider, as in-flight counts alone cannot see a queue).
     pub spill_margin_blind: u32,
     /// A bound session counts as live on its peer (holding KV there between
-    /// turns) while used within this long.
+    /// turns) while a turn is in flight and for this long after its last
+    /// answer at most: the table learns how long its clients think between
+    /// turns and uses twice their 90th percentile when that is shorter (see
+    /// [`ThinkGaps`]).
     pub live_window_ms: u64,
     /// A peer takes a new session only while its live sessions' tokens plus
-    /// the newcomer's stay within this share (per mille) of its KV capacity.
-    /// 80 %: the live sessions of an engine at its line, counted at the
-    /// pool's mean size, still grow past it at random (sessions of every age
-    /// share an engine); at 90 % they passed its KV often enough on the
-    /// overload bench that one in three waits was a warm turn let go by an
-    /// engine over its KV rather than a new session.
+    /// the newcomer's stay within this share (per mille) of its KV capacity
+    /// (and so do its live sessions counted at the pool's mean size).
     pub kv_admit_permille: u32,
 }
 
@@ -88,7 +87,7 @@ impl Default for TableConfig {
             spill_margin: 4,
             spill_margin_blind: 8,
             live_window_ms: 10_000,
-            kv_admit_permille: 800,
+            kv_admit_permille: 900,
         }
     }
 }
@@ -113,20 +112,33 @@ pub enum Admission {
     NoKvRoom,
 }
 
-/// One remembered session, 16 bytes.
+/// One remembered session, 20 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Binding {
     peer: PeerId,
+    /// Tick of its last turn's start or end, whichever is later.
     last_seen: u32,
     /// Tick of the last move plus one; 0 when the session never moved.
     moved_at_plus_one: u32,
     /// The session's context tokens as last seen (its prompt plus the reply).
     tokens: u32,
+    /// Tick its last turn ended plus one; 0 before any turn ended.
+    answered_plus_one: u32,
 }
 
 impl Binding {
     fn moved_at(&self) -> Option<u32> {
         self.moved_at_plus_one.checked_sub(1)
+    }
+
+    fn answered_at(&self) -> Option<u32> {
+        self.answered_plus_one.checked_sub(1)
+    }
+
+    /// A turn started after the last one ended (or none has ended yet).
+    fn in_flight(&self) -> bool {
+        self.answered_at()
+            .is_none_or(|answered| self.last_seen > answered)
     }
 }
 
@@ -143,12 +155,15 @@ struct Shard {
 }
 
 impl TableConfig {
-    fn limits(&self) -> Limits {
+    fn limits(&self, expected_session: u64) -> Limits {
         Limits {
             spill_margin: self.spill_margin,
             spill_margin_blind: self.spill_margin_blind,
             cooldown_ms: self.cooldown_ms,
-            kv_admit_permille: self.kv_admit_permille,
+            room: KvRoom {
+                admit_permille: self.kv_admit_permille,
+                expected_session,
+            },
         }
     }
 }
@@ -171,6 +186,93 @@ pub struct SessionTable {
     /// placement, recounted exactly by [`SessionTable::refresh_live`] (which
     /// also ages out sessions that left the live window).
     live: RwLock<HashMap<PeerId, LiveCounts>>,
+    think: ThinkGaps,
+    /// Median context of the live sessions at the last recount: the size a
+    /// young session is expected to grow to (KV admission).
+    median_live_tokens: AtomicU64,
+}
+
+/// How long sessions of this route stay away between an answer and their
+/// next turn, as a histogram of recent gaps. A session that ended never
+/// comes back, yet a fixed live window keeps counting it for the whole
+/// window: on an engine whose sessions turn over quickly those phantoms
+/// held a fifth of the KV that admission and the over-KV check saw. A
+/// window of twice the 90th percentile of real gaps lets an ended session
+/// go within a few seconds and still keeps one that is thinking.
+#[derive(Debug, Default)]
+pub struct ThinkGaps {
+    counts: [AtomicU32; GAP_BUCKETS.len()],
+    samples: AtomicU32,
+    /// The learned window in ticks; 0 until enough gaps were seen.
+    window_ticks: AtomicU32,
+}
+
+/// Upper bounds (ticks of 100 ms) of the gap buckets; the last is open.
+const GAP_BUCKETS: [u32; 16] = [
+    1,
+    2,
+    3,
+    5,
+    7,
+    10,
+    15,
+    20,
+    30,
+    50,
+    70,
+    100,
+    150,
+    200,
+    300,
+    u32::MAX,
+];
+/// Gaps before the learned window is used; halved each time it is reached,
+/// so the histogram follows the clients as they change.
+const GAP_SAMPLES: u32 = 256;
+/// Shortest learned window: one second, ten ticks.
+const MIN_WINDOW_TICKS: u32 = 10;
+
+impl ThinkGaps {
+    fn record(&self, gap_ticks: u32) {
+        let bucket = GAP_BUCKETS
+            .iter()
+            .position(|&bound| gap_ticks <= bound)
+            .unwrap_or(GAP_BUCKETS.len() - 1);
+        self.counts[bucket].fetch_add(1, Relaxed);
+        if self.samples.fetch_add(1, Relaxed) + 1 >= 2 * GAP_SAMPLES {
+            // Decay: older gaps weigh half. Racing recorders may each halve;
+            // the histogram only needs its shape.
+            for c in &self.counts {
+                let _ = c.fetch_update(Relaxed, Relaxed, |n| Some(n / 2));
+            }
+            self.samples.store(GAP_SAMPLES, Relaxed);
+        }
+    }
+
+    /// Recomputes the window from the histogram (the sweeper, every second).
+    fn update(&self) {
+        let counts: Vec<u32> = self.counts.iter().map(|c| c.load(Relaxed)).collect();
+        let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+        if total < u64::from(GAP_SAMPLES) {
+            return;
+        }
+        let mut seen = 0u64;
+        let p90 = counts
+            .iter()
+            .zip(GAP_BUCKETS)
+            .find_map(|(&c, bound)| {
+                seen += u64::from(c);
+                (seen * 10 >= total * 9).then_some(bound)
+            })
+            .unwrap_or(u32::MAX);
+        let window = p90.saturating_mul(2).max(MIN_WINDOW_TICKS);
+        self.window_ticks.store(window, Relaxed);
+    }
+
+    /// The learned window in ticks, if there is one.
+    fn window(&self) -> Option<u32> {
+        Some(self.window_ticks.load(Relaxed)).filter(|&w| w > 0)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -203,6 +305,8 @@ impl SessionTable {
             total: AtomicUsize::new(0),
             shard_scans: AtomicU64::new(0),
             live: RwLock::new(HashMap::new()),
+            think: ThinkGaps::default(),
+            median_live_tokens: AtomicU64::new(0),
         }
     }
 
@@ -262,11 +366,18 @@ impl SessionTable {
         let mut map = shard.map.lock();
         let remembered = self.live_binding(&mut map, sid, now);
         let known = map.get(&sid).copied();
-        let was_live = known.is_some_and(|b| self.is_live(b.last_seen, now));
+        let was_live = known.is_some_and(|b| self.is_live(&b, now));
+        if let Some(answered) = known
+            .filter(|b| !b.in_flight())
+            .and_then(|b| b.answered_at())
+        {
+            self.think.record(now.saturating_sub(answered));
+        }
         let tokens = known.map_or(incoming.tokens, |b| u64::from(b.tokens));
         let config = self.config.load();
         let sized = Incoming { tokens, ..incoming };
-        let (verdict, _) = rules::decide(sid, remembered, peers, config.limits(), sized);
+        let limits = config.limits(self.median_live_tokens.load(Relaxed));
+        let (verdict, _) = rules::decide(sid, remembered, peers, limits, sized);
         let cap = config.max_sessions_per_peer;
         let placed =
             |peer, kind, reason| Attempt::Done(Admission::Placed(Placement { peer, kind, reason }));
@@ -287,6 +398,7 @@ impl SessionTable {
                         last_seen: now,
                         moved_at_plus_one: 0,
                         tokens: saturate_u32(tokens),
+                        answered_plus_one: 0,
                     };
                     self.live_add(to, 1, tokens as i64);
                     map.insert(sid, binding);
@@ -366,7 +478,7 @@ impl SessionTable {
             }
             Some(b) => {
                 let (from, tokens) = (b.peer, u64::from(b.tokens));
-                let was_live = self.is_live(b.last_seen, now);
+                let was_live = self.is_live(b, now);
                 b.peer = peer;
                 b.moved_at_plus_one = moved_plus_one;
                 self.release(from, 1);
@@ -383,6 +495,7 @@ impl SessionTable {
                         last_seen: now,
                         moved_at_plus_one: moved_plus_one,
                         tokens: 0,
+                        answered_plus_one: 0,
                     },
                 );
                 self.total.fetch_add(1, Relaxed);
@@ -395,18 +508,23 @@ impl SessionTable {
         }
     }
 
-    /// The session's context after a turn (its prompt plus the reply, from
-    /// the engine's usage): what it holds on its peer until the next turn.
-    pub fn record_tokens(&self, sid: u64, tokens: u64, now_ms: u64) {
+    /// A turn of the session ended, with its context (its prompt plus the
+    /// reply, from the engine's usage) when the answer carried one: what it
+    /// holds on its peer until the next turn. Every placed request ends
+    /// here, answered or not, so that "in flight" ends with it.
+    pub fn turn_ended(&self, sid: u64, tokens: Option<u64>, now_ms: u64) {
         let now = self.tick(now_ms);
         let mut map = self.shard(sid).map.lock();
         let Some(binding) = map.get_mut(&sid) else {
             return;
         };
-        let was_live = self.is_live(binding.last_seen, now);
+        let was_live = self.is_live(binding, now);
         let old = i64::from(binding.tokens);
-        binding.tokens = saturate_u32(tokens);
+        if let Some(tokens) = tokens {
+            binding.tokens = saturate_u32(tokens);
+        }
         binding.last_seen = binding.last_seen.max(now);
+        binding.answered_plus_one = binding.last_seen.saturating_add(1);
         let (peer, new) = (binding.peer, i64::from(binding.tokens));
         drop(map);
         if was_live {
@@ -417,19 +535,31 @@ impl SessionTable {
     }
 
     /// Recounts the live sessions and tokens of every peer exactly, so that
-    /// sessions that left the live window stop counting. O(n), one shard
+    /// sessions that left the live window stop counting, and takes their
+    /// median size and the learned live window afresh. O(n), one shard
     /// lock at a time; the route's sweeper calls it every second.
     pub fn refresh_live(&self, now_ms: u64) {
         let now = self.tick(now_ms);
         let mut counts: HashMap<PeerId, (u32, u64)> = HashMap::new();
+        let mut sizes: Vec<u32> = Vec::new();
+        self.think.update();
         for shard in self.shards.iter() {
             let map = shard.map.lock();
-            for binding in map.values().filter(|b| self.is_live(b.last_seen, now)) {
+            for binding in map.values().filter(|b| self.is_live(b, now)) {
                 let entry = counts.entry(binding.peer).or_default();
                 entry.0 += 1;
                 entry.1 += u64::from(binding.tokens);
+                // Adopted from another replica and not yet served here: size unknown.
+                if binding.tokens > 0 {
+                    sizes.push(binding.tokens);
+                }
             }
         }
+        let median = match sizes.len() {
+            0 => 0,
+            n => *sizes.select_nth_unstable(n / 2).1,
+        };
+        self.median_live_tokens.store(u64::from(median), Relaxed);
         let mut live = self.live.write();
         for (peer, c) in live.iter() {
             let (sessions, tokens) = counts.remove(peer).unwrap_or_default();
@@ -457,7 +587,7 @@ impl SessionTable {
             let map = shard.map.lock();
             out.extend(
                 map.iter()
-                    .filter(|(_, b)| self.is_live(b.last_seen, now))
+                    .filter(|(_, b)| self.is_live(b, now))
                     .map(|(sid, b)| (b.peer, *sid, b.tokens)),
             );
         }
@@ -494,9 +624,31 @@ impl SessionTable {
         out
     }
 
-    fn is_live(&self, last_seen: u32, now: u32) -> bool {
-        let window = self.config.load().live_window_ms;
-        u64::from(now.saturating_sub(last_seen)) * TICK_MS < window
+    /// In flight (a turn started and has not ended), or answered within
+    /// the live window: the configured one, or the learned one if shorter.
+    fn is_live(&self, binding: &Binding, now: u32) -> bool {
+        let config = self.config.load();
+        let configured = config.live_window_ms / TICK_MS;
+        let since = |t: u32| u64::from(now.saturating_sub(t));
+        match binding.answered_at() {
+            Some(answered) if !binding.in_flight() => {
+                let learned = self.think.window().map_or(u64::MAX, u64::from);
+                since(answered) < configured.min(learned)
+            }
+            // A turn in flight holds its KV however long it runs; the idle
+            // timeout bounds one whose end was never seen.
+            Some(_) => since(binding.last_seen) * TICK_MS < config.idle_timeout_ms,
+            // The first turn: before its answer, the configured window.
+            None => since(binding.last_seen) < configured,
+        }
+    }
+
+    /// The live window in force, in milliseconds: learned or configured.
+    pub fn live_window_ms(&self) -> u64 {
+        let configured = self.config.load().live_window_ms;
+        self.think
+            .window()
+            .map_or(configured, |w| configured.min(u64::from(w) * TICK_MS))
     }
 
     fn live_add(&self, peer: PeerId, sessions: i32, tokens: i64) {
@@ -538,7 +690,8 @@ impl SessionTable {
             may_wait: false,
         };
         let config = self.config.load();
-        let (verdict, why) = rules::decide(sid, remembered, peers, config.limits(), incoming);
+        let limits = config.limits(self.median_live_tokens.load(Relaxed));
+        let (verdict, why) = rules::decide(sid, remembered, peers, limits, incoming);
         let mut explanation = rules::explain(verdict, why);
         let cap = config.max_sessions_per_peer;
         let placement = |peer, kind, reason| Placement { peer, kind, reason };
@@ -864,7 +1017,7 @@ fn table_full(sid: u64, peers: &[PeerLoad]) -> Option<Placement> {
 const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<SessionTable>();
-    assert!(std::mem::size_of::<Binding>() == 16);
+    assert!(std::mem::size_of::<Binding>() == 20);
     assert!(SHARD_COUNT.is_power_of_two());
 };
 

@@ -620,10 +620,9 @@ fn a_new_session_avoids_the_engine_holding_more_even_when_in_flight_favours_it()
 #[test]
 fn an_engine_whose_working_set_would_pass_its_kv_gets_no_new_session_while_another_has_room() {
     let t = table();
-    // 80 % of 200k is the admission line. Peer 1 holds fewer sessions and
-    // nothing in flight, but already 170k; peer 2's 3 sessions counted at
-    // the pool's mean (38k) with the newcomer at that size make 152k.
-    let full = with_capacity(holding(blind(1, 0), 2, 170_000), 200_000);
+    // 90 % of 200k is the admission line. Peer 1 holds fewer sessions and
+    // nothing in flight, but already 175k (183k with the newcomer).
+    let full = with_capacity(holding(blind(1, 0), 2, 175_000), 200_000);
     let roomy = with_capacity(holding(blind(2, 5), 3, 20_000), 200_000);
     assert_eq!(
         t.place_session(20, incoming(8_000, false), &[full, roomy], T0),
@@ -646,22 +645,36 @@ fn an_engine_whose_working_set_would_pass_its_kv_gets_no_new_session_while_anoth
     );
 }
 
-#[test]
-fn young_sessions_count_at_the_pools_mean_size() {
+/// A table whose live sessions (on a peer outside the test's pool) hold
+/// `tokens` each: their median is what a young session is expected to
+/// grow to.
+fn table_with_live_sessions_of(tokens: u64) -> SessionTable {
     let t = table();
-    // Peers 1 and 2 each hold 10 young sessions (2k tokens each, 20k in
-    // all); peer 3 holds 2 sessions of 90k. The pool's mean live session is
-    // 10k, so 10 sessions will soon hold 100k: past 80 % of peer 1's and
-    // 2's 100k, though their 20k today leaves plenty.
+    let elsewhere = [blind(9, 0)];
+    for sid in 1_000..1_031u64 {
+        t.place(sid, &elsewhere, T0);
+        t.turn_ended(sid, Some(tokens), T0);
+    }
+    t.refresh_live(T0);
+    t
+}
+
+#[test]
+fn young_sessions_count_at_the_routes_median_size() {
+    // The route's live sessions hold 10k each. Peers 1 and 2 each hold 10
+    // young ones (20k in all today), so with the newcomer they will soon
+    // hold 110k: past 90 % of their 100k. Peer 3 is full already.
+    let t = table_with_live_sessions_of(10_000);
     let young = |id| with_capacity(holding(blind(id, 0), 10, 20_000), 100_000);
-    let grown = with_capacity(holding(blind(3, 0), 2, 180_000), 200_000);
+    let full = with_capacity(holding(blind(3, 0), 2, 180_000), 200_000);
     assert_eq!(
-        t.place_session(70, incoming(3_000, true), &[young(1), young(2), grown], T0),
+        t.place_session(70, incoming(3_000, true), &[young(1), young(2), full], T0),
         Admission::NoKvRoom
     );
-    // Control: among young sessions alone the mean is 2k, and they fit.
+    // Control: where live sessions hold 2k, the same young peers have room.
+    let t = table_with_live_sessions_of(2_000);
     assert!(matches!(
-        t.place_session(70, incoming(3_000, true), &[young(1), young(2)], T0),
+        t.place_session(70, incoming(3_000, true), &[young(1), young(2), full], T0),
         Admission::Placed(Placement {
             kind: PlacementKind::New,
             ..
@@ -752,7 +765,7 @@ fn a_warm_turn_on_an_engine_over_its_kv_moves_where_it_fits() {
 fn a_warm_turn_over_kv_with_no_room_anywhere_lets_go_and_waits_only_with_a_queue() {
     let t = table();
     bind(&t, 60, 1, &[1, 2], T0);
-    t.record_tokens(60, 20_000, T0);
+    t.turn_ended(60, Some(20_000), T0);
     let peers = [
         with_capacity(holding(blind(1, 0), 6, 120_000), 100_000),
         with_capacity(holding(blind(2, 0), 6, 95_000), 100_000),
@@ -832,7 +845,7 @@ fn live_sessions_and_tokens_follow_placements_turns_and_the_live_window() {
         )]
     );
     // The engine's usage after the turn replaces the estimate.
-    t.record_tokens(50, 3_500, T0 + SECOND);
+    t.turn_ended(50, Some(3_500), T0 + SECOND);
     assert_eq!(
         live(&t),
         vec![(
@@ -912,4 +925,55 @@ fn kv_in_use_that_the_engine_reports_counts_against_admission_too() {
             reason: None
         })
     );
+}
+
+#[test]
+fn the_live_window_follows_the_clients_think_time_and_a_turn_in_flight_stays_live() {
+    let t = SessionTable::new(TableConfig {
+        live_window_ms: 10 * SECOND,
+        ..TableConfig::default()
+    });
+    let peers = [blind(1, 0)];
+    // 300 sessions each think 1 s between an answer and their next turn.
+    for sid in 0..300u64 {
+        t.place(sid, &peers, T0);
+        t.turn_ended(sid, Some(1_000), T0);
+        t.place(sid, &peers, T0 + SECOND);
+        t.turn_ended(sid, Some(1_000), T0 + SECOND);
+    }
+    t.refresh_live(T0 + SECOND);
+    assert_eq!(t.live_window_ms(), 2 * SECOND, "twice the 90th percentile");
+    let start = T0 + 100 * SECOND;
+    let live_at = |now: u64| {
+        t.refresh_live(now);
+        t.live_of(1).sessions
+    };
+    // 1000 is answered at once; 1001's turn is still running.
+    t.place(1_000, &peers, start);
+    t.turn_ended(1_000, Some(5_000), start);
+    t.place(1_001, &peers, start - 2 * SECOND);
+    t.turn_ended(1_001, Some(5_000), start - 2 * SECOND);
+    t.place(1_001, &peers, start);
+    assert_eq!(live_at(start + 1_500), 2);
+    assert_eq!(live_at(start + 2_500), 1, "answered 2.5 s ago: gone");
+    assert_eq!(
+        live_at(start + 15 * SECOND),
+        1,
+        "a turn in flight holds its KV past the configured window too"
+    );
+    t.turn_ended(1_001, Some(6_000), start + 15 * SECOND);
+    assert_eq!(live_at(start + 18 * SECOND), 0);
+
+    // Control: before enough gaps are seen, the configured window holds.
+    let fresh = SessionTable::new(TableConfig {
+        live_window_ms: 10 * SECOND,
+        ..TableConfig::default()
+    });
+    fresh.place(7, &peers, T0);
+    fresh.turn_ended(7, Some(5_000), T0);
+    assert_eq!(fresh.live_window_ms(), 10 * SECOND);
+    fresh.refresh_live(T0 + 9 * SECOND);
+    assert_eq!(fresh.live_of(1).sessions, 1);
+    fresh.refresh_live(T0 + 11 * SECOND);
+    assert_eq!(fresh.live_of(1).sessions, 0);
 }

@@ -41,19 +41,21 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
         .requests(route, peer, code, status_label(code))
         .inc();
     r.metrics.request_duration(route).observe(elapsed);
+    let usage = ctx.response.pipeline.as_ref().and_then(|p| p.usage());
+    if let (Some(sid), Some(_)) = (&ctx.request.session, ctx.request.placement) {
+        // The turn is over, answered or not; with usage, what the session
+        // now holds on its engine until its next turn.
+        let context = usage.map(|u| u.prompt_tokens.saturating_add(u.completion_tokens));
+        r.runtime.sessions.turn_ended(sid.hash, context, now_ms());
+    }
     let Some(pipeline) = &ctx.response.pipeline else {
         return;
     };
-    if let Some(u) = pipeline.usage() {
-        if let Some(sid) = &ctx.request.session {
-            // What the session now holds on its engine until its next turn.
-            let context = u.prompt_tokens.saturating_add(u.completion_tokens);
+    if let Some(u) = usage {
+        if ctx.request.session.is_some() {
             use std::sync::atomic::Ordering::Relaxed;
             r.runtime.prompt_tokens.fetch_add(u.prompt_tokens, Relaxed);
             r.runtime.cached_tokens.fetch_add(u.cached_tokens, Relaxed);
-            r.runtime
-                .sessions
-                .record_tokens(sid.hash, context, now_ms());
         }
         handles.prompt_tokens(route, peer).inc_by(u.prompt_tokens);
         handles
