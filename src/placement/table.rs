@@ -195,8 +195,9 @@ pub struct SessionTable {
 /// How long sessions of this route stay away between an answer and their
 /// next turn, as a histogram of recent gaps. A session that ended never
 /// comes back, yet a fixed live window keeps counting it for the whole
-/// window: on an engine whose sessions turn over quickly those phantoms
-/// held a fifth of the KV that admission and the over-KV check saw. A
+/// window: on the overload bench a session ends every ~2 s, so a 10 s
+/// window counted ~5 ended sessions of up to 60k tokens each against the
+/// KV that admission and the over-KV check see. A
 /// window of twice the 90th percentile of real gaps lets an ended session
 /// go within a few seconds and still keeps one that is thinking.
 #[derive(Debug, Default)]
