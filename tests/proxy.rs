@@ -43,38 +43,48 @@ fn last_recorded(cluster: &SimCluster, engine: usize) -> Vec<u8> {
         .expect("engine recorded a request")
 }
 
+/// Sends `body` as an echo request (the sim answers with the body it got)
+/// on `conn` and reads the answer.
+fn echo(conn: &mut Conn, body: &[u8], mode: Upload) -> http::Response {
+    conn.send(
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json"), ("x-sim-echo", "1")],
+        body,
+        mode,
+    );
+    conn.read_response()
+}
+
+/// `length` → a Content-Length upload; anything else chunked in `chunk` bytes.
+fn upload(kind: &str, chunk: usize) -> Upload {
+    if kind == "length" {
+        Upload::Length
+    } else {
+        Upload::Chunked(chunk)
+    }
+}
+
 #[test]
 fn bodies_arrive_byte_identical_over_one_keepalive_connection() {
     let cluster = engines(1);
     let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
-    for upload in ["length", "chunked"] {
+    for kind in ["length", "chunked"] {
         // big → small → big on one connection: the 2nd and 3rd requests ride
         // the same client connection as the first.
         let mut conn = Conn::open(gw.addr);
         for size in SIZES {
             for (round, s) in [size, 1_000, size].into_iter().enumerate() {
-                let body = body_of_size(s, &format!("{upload}-{size}-{round}"));
-                let mode = if upload == "length" {
-                    Upload::Length
-                } else {
-                    Upload::Chunked(16 * 1024)
-                };
-                conn.send(
-                    "POST",
-                    CHAT,
-                    &[("Content-Type", "application/json"), ("x-sim-echo", "1")],
-                    &body,
-                    mode,
-                );
-                let resp = conn.read_response();
-                assert_eq!(resp.status(), 200, "{upload} {s}: {}", resp.text());
+                let body = body_of_size(s, &format!("{kind}-{size}-{round}"));
+                let resp = echo(&mut conn, &body, upload(kind, 16 * 1024));
+                assert_eq!(resp.status(), 200, "{kind} {s}: {}", resp.text());
                 assert!(
                     resp.body == body,
-                    "{upload} {s} round {round}: echoed body differs"
+                    "{kind} {s} round {round}: echoed body differs"
                 );
                 assert!(
                     last_recorded(&cluster, 0) == body,
-                    "{upload} {s} round {round}: engine saw a different body"
+                    "{kind} {s} round {round}: engine saw a different body"
                 );
             }
         }
@@ -91,25 +101,13 @@ fn bodies_survive_a_retry_from_a_refused_peer() {
     let route = dead_then_live(dead, cluster.engines[0].port());
     let gw = Gateway::start(&[("chat", route)]);
     for size in SIZES {
-        for upload in ["length", "chunked"] {
-            let body = body_of_size(size, &format!("retry-{upload}-{size}"));
+        for kind in ["length", "chunked"] {
+            let body = body_of_size(size, &format!("retry-{kind}-{size}"));
             let resp = wait_for("a request that was retried", DEADLINE, || {
                 let mut conn = Conn::open(gw.addr);
-                let mode = if upload == "length" {
-                    Upload::Length
-                } else {
-                    Upload::Chunked(64 * 1024)
-                };
-                conn.send(
-                    "POST",
-                    CHAT,
-                    &[("Content-Type", "application/json"), ("x-sim-echo", "1")],
-                    &body,
-                    mode,
-                );
-                let resp = conn.read_response();
+                let resp = echo(&mut conn, &body, upload(kind, 64 * 1024));
                 assert_eq!(resp.status(), 200, "{}", resp.text());
-                assert!(resp.body == body, "{size} {upload}: body differs");
+                assert!(resp.body == body, "{size} {kind}: body differs");
                 (resp.header("x-routed-retries") == Some("1")).then_some(resp)
             });
             assert_eq!(resp.header("x-routed-peer"), Some("live"));
@@ -142,25 +140,13 @@ fn a_body_that_fits_the_retry_buffer_is_sent_from_it() {
     let mut sent = 0.0;
     let mut conn = Conn::open(gw.addr);
     for size in [1_000, RETRY_BUFFER] {
-        for upload in ["length", "chunked"] {
-            let body = body_of_size(size, &format!("fits-{upload}-{size}"));
+        for kind in ["length", "chunked"] {
+            let body = body_of_size(size, &format!("fits-{kind}-{size}"));
             let resp = wait_for("a request that was retried", DEADLINE, || {
-                let mode = if upload == "length" {
-                    Upload::Length
-                } else {
-                    Upload::Chunked(4096)
-                };
-                conn.send(
-                    "POST",
-                    CHAT,
-                    &[("Content-Type", "application/json"), ("x-sim-echo", "1")],
-                    &body,
-                    mode,
-                );
-                let resp = conn.read_response();
+                let resp = echo(&mut conn, &body, upload(kind, 4096));
                 sent += 1.0;
-                assert_eq!(resp.status(), 200, "{size} {upload}: {}", resp.text());
-                assert!(resp.body == body, "{size} {upload}: echoed body differs");
+                assert_eq!(resp.status(), 200, "{size} {kind}: {}", resp.text());
+                assert!(resp.body == body, "{size} {kind}: echoed body differs");
                 (resp.header("x-routed-retries") == Some("1")).then_some(resp)
             });
             assert_eq!(resp.header("x-routed-peer"), Some("live"));
@@ -211,14 +197,7 @@ fn a_body_over_the_retry_buffer_goes_through_the_replay() {
     ];
     for (round, (size, mode)) in rounds.into_iter().enumerate() {
         let body = body_of_size(size, &format!("over-{round}"));
-        conn.send(
-            "POST",
-            CHAT,
-            &[("Content-Type", "application/json"), ("x-sim-echo", "1")],
-            &body,
-            mode,
-        );
-        let resp = conn.read_response();
+        let resp = echo(&mut conn, &body, mode);
         assert_eq!(resp.status(), 200, "{size}: {}", resp.text());
         assert!(
             resp.body == body,
