@@ -70,7 +70,7 @@ pub struct TableConfig {
     /// turns) while a turn is in flight and for this long after its last
     /// answer at most: the table learns how long its clients think between
     /// turns and uses twice their 90th percentile when that is shorter (see
-    /// [`ThinkGaps`]).
+    /// `ThinkGaps`).
     pub live_window_ms: u64,
     /// A peer takes a new session only while its live sessions' tokens plus
     /// the newcomer's stay within this share (per mille) of its KV capacity
@@ -201,7 +201,7 @@ pub struct SessionTable {
 /// window of twice the 90th percentile of real gaps lets an ended session
 /// go within a few seconds and still keeps one that is thinking.
 #[derive(Debug, Default)]
-pub struct ThinkGaps {
+struct ThinkGaps {
     counts: [AtomicU32; GAP_BUCKETS.len()],
     samples: AtomicU32,
     /// The learned window in ticks; 0 until enough gaps were seen.
@@ -273,6 +273,29 @@ impl ThinkGaps {
     /// The learned window in ticks, if there is one.
     fn window(&self) -> Option<u32> {
         Some(self.window_ticks.load(Relaxed)).filter(|&w| w > 0)
+    }
+}
+
+/// When a session counts as live on its peer, in ticks.
+#[derive(Debug, Clone, Copy)]
+struct LiveRule {
+    /// Before its first answer: the configured window since the turn began.
+    configured_ticks: u64,
+    /// After an answer: the configured window, or the learned one if shorter.
+    after_answer_ticks: u64,
+    /// A turn in flight holds its KV however long it runs; the idle timeout
+    /// bounds one whose end was never seen.
+    in_flight_ticks: u64,
+}
+
+impl LiveRule {
+    fn holds(&self, binding: &Binding, now: u32) -> bool {
+        let since = |t: u32| u64::from(now.saturating_sub(t));
+        match binding.answered_at() {
+            Some(answered) if !binding.in_flight() => since(answered) < self.after_answer_ticks,
+            Some(_) => since(binding.last_seen) < self.in_flight_ticks,
+            None => since(binding.last_seen) < self.configured_ticks,
+        }
     }
 }
 
@@ -544,9 +567,10 @@ impl SessionTable {
         let mut counts: HashMap<PeerId, (u32, u64)> = HashMap::new();
         let mut sizes: Vec<u32> = Vec::new();
         self.think.update();
+        let rule = self.live_rule();
         for shard in self.shards.iter() {
             let map = shard.map.lock();
-            for binding in map.values().filter(|b| self.is_live(b, now)) {
+            for binding in map.values().filter(|b| rule.holds(b, now)) {
                 let entry = counts.entry(binding.peer).or_default();
                 entry.0 += 1;
                 entry.1 += u64::from(binding.tokens);
@@ -583,12 +607,13 @@ impl SessionTable {
     /// this replica holds.
     pub fn live_sessions(&self, now_ms: u64) -> Vec<(PeerId, u64, u32)> {
         let now = self.tick(now_ms);
+        let rule = self.live_rule();
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let map = shard.map.lock();
             out.extend(
                 map.iter()
-                    .filter(|(_, b)| self.is_live(b, now))
+                    .filter(|(_, b)| rule.holds(b, now))
                     .map(|(sid, b)| (b.peer, *sid, b.tokens)),
             );
         }
@@ -625,23 +650,20 @@ impl SessionTable {
         out
     }
 
-    /// In flight (a turn started and has not ended), or answered within
-    /// the live window: the configured one, or the learned one if shorter.
-    fn is_live(&self, binding: &Binding, now: u32) -> bool {
+    /// The liveness rule in force now (read once per scan, not per binding).
+    fn live_rule(&self) -> LiveRule {
         let config = self.config.load();
         let configured = config.live_window_ms / TICK_MS;
-        let since = |t: u32| u64::from(now.saturating_sub(t));
-        match binding.answered_at() {
-            Some(answered) if !binding.in_flight() => {
-                let learned = self.think.window().map_or(u64::MAX, u64::from);
-                since(answered) < configured.min(learned)
-            }
-            // A turn in flight holds its KV however long it runs; the idle
-            // timeout bounds one whose end was never seen.
-            Some(_) => since(binding.last_seen) * TICK_MS < config.idle_timeout_ms,
-            // The first turn: before its answer, the configured window.
-            None => since(binding.last_seen) < configured,
+        let learned = self.think.window().map_or(u64::MAX, u64::from);
+        LiveRule {
+            configured_ticks: configured,
+            after_answer_ticks: configured.min(learned),
+            in_flight_ticks: config.idle_timeout_ms / TICK_MS,
         }
+    }
+
+    fn is_live(&self, binding: &Binding, now: u32) -> bool {
+        self.live_rule().holds(binding, now)
     }
 
     /// The live window in force, in milliseconds: learned or configured.

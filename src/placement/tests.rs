@@ -618,6 +618,25 @@ fn a_new_session_avoids_the_engine_holding_more_even_when_in_flight_favours_it()
 }
 
 #[test]
+fn a_new_session_avoids_the_engine_carrying_more_requests_for_its_sessions() {
+    let t = table();
+    // Peer 1 has one session fewer but keeps every one of its turns in
+    // flight (a slow engine); peer 2's sessions are between turns.
+    let slow = holding(blind(1, 4), 4, 40_000);
+    let idle = holding(blind(2, 0), 5, 50_000);
+    assert_eq!(
+        t.place(90, &[slow, idle], T0),
+        at(2, PlacementKind::New, None)
+    );
+    // Control: with nothing in flight, the fewer sessions win.
+    let quiet = holding(blind(1, 0), 4, 40_000);
+    assert_eq!(
+        t.place(91, &[quiet, idle], T0),
+        at(1, PlacementKind::New, None)
+    );
+}
+
+#[test]
 fn an_engine_whose_working_set_would_pass_its_kv_gets_no_new_session_while_another_has_room() {
     let t = table();
     // 90 % of 200k is the admission line. Peer 1 holds fewer sessions and
