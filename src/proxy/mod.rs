@@ -42,6 +42,7 @@ use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, Result};
 use request::Local;
+use response::headers::Origin;
 use std::sync::Arc;
 
 pub struct Gateway {
@@ -250,10 +251,12 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.upstream.responded = true;
-        response::headers::refuse_switch(resp, ctx)?;
+        response::headers::refuse_switch(resp.status, ctx)?;
         response::bodylog::response_head(ctx, &resp.headers);
-        response::headers::prepare_pipeline(resp, ctx)?;
-        response::headers::insert_routed(resp, ctx, response::headers::Origin::Upstream)
+        response::headers::edit_plain(resp, |head| {
+            response::headers::prepare_pipeline(head, ctx)?;
+            response::headers::insert_routed(&mut head.headers, ctx, Origin::Upstream)
+        })
     }
 
     fn response_body_filter(

@@ -1,11 +1,13 @@
 //! Responses the gateway writes itself: refusals and endpoint answers from
 //! `request_filter`, and the error after a failed upstream attempt.
 
-use super::headers::{insert_routed, Origin};
+use super::headers::{insert, insert_routed, plain_head, Origin};
 use crate::errors;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::request::{body::has_body, Local};
 use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::HeaderValue;
 use pingora::http::ResponseHeader;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{Error, Result};
@@ -87,13 +89,19 @@ async fn write_json(
     body: Bytes,
     retry_after: Option<u32>,
 ) -> Result<()> {
-    let mut resp = ResponseHeader::build(status, Some(8))?;
-    insert_routed(&mut resp, ctx, origin)?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
+    let mut head = plain_head(status)?;
+    let headers = &mut head.headers;
+    insert_routed(headers, ctx, origin)?;
+    insert(
+        headers,
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )?;
+    insert(headers, CONTENT_LENGTH, HeaderValue::from(body.len()))?;
     if let Some(secs) = retry_after {
-        resp.insert_header("retry-after", secs.to_string())?;
+        insert(headers, RETRY_AFTER, HeaderValue::from(secs))?;
     }
+    let resp = ResponseHeader::from(head);
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
 }
