@@ -79,7 +79,37 @@ pub fn as_str(value: &RawValue) -> Option<Cow<'_, str>> {
     if !value.get().starts_with('"') {
         return None;
     }
-    serde_json::from_str::<Cow<'_, str>>(value.get()).ok()
+    serde_json::from_str::<JsonStr<'_>>(value.get())
+        .ok()
+        .map(|s| s.0)
+}
+
+/// A JSON string borrowed from the text unless it has escapes. serde's own
+/// `Cow<str>` always deserializes into a `String` (an allocation for every
+/// key of every body); this takes the borrowed form when serde_json offers
+/// it.
+pub(crate) struct JsonStr<'de>(pub(crate) Cow<'de, str>);
+
+impl<'de> de::Deserialize<'de> for JsonStr<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = JsonStr<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(JsonStr(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(JsonStr(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(JsonStr(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 /// Member `name` of an object value (the last one, if written twice).
@@ -117,7 +147,7 @@ impl<'de> Visitor<'de> for AllMembers {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut found = Vec::new();
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(key) = map.next_key::<JsonStr<'de>>()?.map(|k| k.0) {
             match self.0.iter().find(|name| **name == key.as_ref()) {
                 Some(name) => found.push((*name, map.next_value::<&'de RawValue>()?)),
                 None => {
@@ -140,7 +170,7 @@ impl<'de> Visitor<'de> for TopLevel {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut view = RequestView::default();
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(key) = map.next_key::<JsonStr<'de>>()?.map(|k| k.0) {
             let slot = match key.as_ref() {
                 "model" => &mut view.model,
                 "stream" => &mut view.stream,
@@ -170,7 +200,7 @@ impl<'de> Visitor<'de> for OneMember<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut found = None;
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(key) = map.next_key::<JsonStr<'de>>()?.map(|k| k.0) {
             if key == self.0 {
                 found = Some(map.next_value::<&'de RawValue>()?);
             } else {
@@ -302,6 +332,19 @@ impl<'de> Visitor<'de> for Skip {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn strings_borrow_unless_escaped() {
+        let plain: &RawValue = serde_json::from_str(r#""gpt-4o""#).unwrap();
+        assert!(matches!(as_str(plain), Some(Cow::Borrowed("gpt-4o"))));
+        let escaped: &RawValue = serde_json::from_str(r#""a\nb""#).unwrap();
+        assert!(matches!(as_str(escaped), Some(Cow::Owned(s)) if s == "a\nb"));
+        let number: &RawValue = serde_json::from_str("1").unwrap();
+        assert!(as_str(number).is_none());
+        // An escaped key is still the key it spells.
+        let view = RequestView::parse(br#"{"mod\u0065l":"m"}"#).unwrap();
+        assert_eq!(view.model().as_deref(), Some("m"));
+    }
+
     use super::*;
 
     #[test]

@@ -132,7 +132,11 @@ pub struct HeadDeadline {
     epoch: AtomicU32,
     /// The epoch the running deadline belongs to.
     armed_epoch: u32,
-    /// Started at the first byte of the current head.
+    /// When the first byte of the current head came.
+    head_since: Option<tokio::time::Instant>,
+    /// The deadline's timer, built only once a head is left incomplete (a
+    /// read returns pending mid-head): most heads arrive in one read and
+    /// need none, which saves a timer and an allocation per request.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
@@ -144,6 +148,7 @@ impl HeadDeadline {
             waiting_head: AtomicBool::new(true),
             epoch: AtomicU32::new(0),
             armed_epoch: 0,
+            head_since: None,
             deadline: None,
         }
     }
@@ -164,22 +169,28 @@ impl AsyncRead for HeadDeadline {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if !this.waiting_head.load(Ordering::Acquire) {
+            this.head_since = None;
             this.deadline = None;
             return Pin::new(&mut this.inner).poll_read(cx, buf);
         }
         let epoch = this.epoch.load(Ordering::Acquire);
         if epoch != this.armed_epoch {
             this.armed_epoch = epoch;
+            this.head_since = None;
             this.deadline = None;
         }
         let before = buf.filled().len();
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
         match &read {
-            Poll::Ready(Ok(())) if buf.filled().len() > before && this.deadline.is_none() => {
-                this.deadline = Some(Box::pin(tokio::time::sleep(this.limit)));
+            Poll::Ready(Ok(())) if buf.filled().len() > before && this.head_since.is_none() => {
+                this.head_since = Some(tokio::time::Instant::now());
             }
             Poll::Pending => {
-                if let Some(deadline) = this.deadline.as_mut() {
+                if let Some(since) = this.head_since {
+                    let limit = this.limit;
+                    let deadline = this
+                        .deadline
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(since + limit)));
                     if deadline.as_mut().poll(cx).is_ready() {
                         log::debug!(
                             "closing client {}: request head not complete within {:?} (client_header_timeout)",

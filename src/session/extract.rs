@@ -43,20 +43,28 @@ pub const MAX_SESSION_VALUE_BYTES: usize = 1024;
 const MAX_EMBEDDED_USER_ID_JSON_BYTES: usize = 16 * 1024;
 
 /// Headers checked after the configured ones, with their source labels.
-const BUILTIN_HEADERS: [(&str, &str); 3] = [
-    ("x-litellm-session-id", "header:x-litellm-session-id"),
+// Names parsed once: a lookup by `&str` parses the name on every request.
+const BUILTIN_HEADERS: [(HeaderName, &str); 3] = [
     (
-        "x-claude-code-session-id",
+        HeaderName::from_static("x-litellm-session-id"),
+        "header:x-litellm-session-id",
+    ),
+    (
+        HeaderName::from_static("x-claude-code-session-id"),
         "header:x-claude-code-session-id",
     ),
-    ("x-session-id", "header:x-session-id"),
+    (
+        HeaderName::from_static("x-session-id"),
+        "header:x-session-id",
+    ),
 ];
 
 /// Whether a request header (lowercase name) is one a session id is read
 /// from: the route's `configured` ones and the built-in ones. Whoever copies
 /// request headers somewhere (the body log) leaves these out.
 pub fn is_session_header(name: &str, configured: &[HeaderName]) -> bool {
-    configured.iter().any(|h| h.as_str() == name) || BUILTIN_HEADERS.iter().any(|(h, _)| *h == name)
+    configured.iter().any(|h| h.as_str() == name)
+        || BUILTIN_HEADERS.iter().any(|(h, _)| h.as_str() == name)
 }
 
 /// A request's session: the stable hash of its id and where the id was found.
@@ -168,14 +176,14 @@ pub fn extract_session(
     body: Option<&RequestView>,
 ) -> Option<SessionId> {
     for name in configured {
-        if let Some(hash) = hash_header(headers, name.as_str()) {
+        if let Some(hash) = hash_header(headers, name) {
             return Some(SessionId {
                 hash,
                 source: SessionSource::header(name),
             });
         }
     }
-    for (name, label) in BUILTIN_HEADERS {
+    for (name, label) in &BUILTIN_HEADERS {
         if let Some(hash) = hash_header(headers, name) {
             return Some(SessionId {
                 hash,
@@ -246,7 +254,7 @@ fn hash_embedded_session_id(user_id: &RawValue) -> Option<u64> {
 }
 
 /// First usable value among the header's (possibly repeated) values.
-fn hash_header(headers: &HeaderMap, name: &str) -> Option<u64> {
+fn hash_header(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
     headers
         .get_all(name)
         .iter()

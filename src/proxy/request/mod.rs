@@ -63,6 +63,11 @@ pub fn refuse_dot_segments(session: &Session) -> Result<(), Local> {
 /// Whether the percent-decoded `path`, split at `/` and `\`, has a `.` or
 /// `..` segment.
 pub fn has_dot_segment(path: &[u8]) -> bool {
+    // A dot segment needs a `.`, plain or percent-encoded: most paths have
+    // neither and need no decoding.
+    if memchr::memchr2(b'.', b'%', path).is_none() {
+        return false;
+    }
     let mut decoded = Vec::with_capacity(path.len());
     let mut i = 0;
     while i < path.len() {

@@ -192,7 +192,8 @@ mod tests {
     fn a_plain_edit_keeps_the_engine_head() {
         let mut resp = ResponseHeader::build(429, Some(2)).unwrap();
         resp.append_header("X-Engine-Id", "e7").unwrap();
-        resp.append_header("Content-Type", "application/json").unwrap();
+        resp.append_header("Content-Type", "application/json")
+            .unwrap();
         resp.set_reason_phrase(Some("Slow Down")).unwrap();
         edit_plain(&mut resp, |head| {
             insert(
@@ -211,7 +212,10 @@ mod tests {
         resp.header_to_h1_wire(&mut wire);
         let wire = String::from_utf8(wire).unwrap();
         assert!(wire.contains("x-engine-id: e7\r\n"), "{wire}");
-        assert!(wire.contains("Content-Type: application/json\r\n"), "{wire}");
+        assert!(
+            wire.contains("Content-Type: application/json\r\n"),
+            "{wire}"
+        );
         assert!(wire.contains("x-routed-mode: sticky\r\n"), "{wire}");
         // Control: a canonical reason phrase stays the canonical one.
         let mut ok = ResponseHeader::build(200, None).unwrap();

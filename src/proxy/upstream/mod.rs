@@ -7,6 +7,7 @@ use crate::balance;
 use crate::clock::now_ms;
 use crate::proxy::ctx::RequestCtx;
 use bytes::Bytes;
+use http::header::{HeaderName, AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use pingora::http::RequestHeader;
 use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
@@ -132,6 +133,8 @@ pub fn on_exchange_failure(ctx: &RequestCtx, e: &Error, reused: bool) {
     );
 }
 
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 /// The head the engine receives: its own Host, the engine's credential
 /// rather than the client's, and the real Content-Length of the pre-read
 /// body (the replayed request carries a placeholder).
@@ -139,23 +142,29 @@ pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &mut RequestCtx) -> Resul
     ctx.upstream.sent_at = Some(std::time::Instant::now());
     if let Some((route, p)) = ctx.peer() {
         match &p.host_header {
-            Some(host) => upstream.insert_header("host", host.clone())?,
-            None => upstream.insert_header("host", crate::registry::host_header(&p.config))?,
+            Some(host) => upstream.insert_header(HOST, host.clone())?,
+            None => upstream.insert_header(HOST, crate::registry::host_header(&p.config))?,
         }
         if !route.config.forward_client_key {
-            upstream.remove_header(&http::header::AUTHORIZATION);
-            upstream.remove_header("x-api-key");
+            upstream.remove_header(&AUTHORIZATION);
+            upstream.remove_header(&X_API_KEY);
         }
         if let Some(key) = &route.engine_auth {
-            upstream.insert_header(http::header::AUTHORIZATION, key.clone())?;
+            upstream.insert_header(AUTHORIZATION, key.clone())?;
         }
     }
     if ctx.request.body_read {
-        upstream.remove_header("transfer-encoding");
-        upstream.insert_header(
-            "content-length",
-            http::HeaderValue::from(ctx.request.body.len()),
-        )?;
+        upstream.remove_header(&TRANSFER_ENCODING);
+        let length = ctx.request.body.len();
+        // Most bodies were sent with their true length: the header stays.
+        let mut text = itoa::Buffer::new();
+        let text = text.format(length).as_bytes();
+        let mut declared = upstream.headers.get_all(CONTENT_LENGTH).iter();
+        let declared_once =
+            declared.next().is_some_and(|v| v.as_bytes() == text) && declared.next().is_none();
+        if !declared_once {
+            upstream.insert_header(CONTENT_LENGTH, http::HeaderValue::from(length))?;
+        }
     }
     Ok(())
 }
