@@ -12,7 +12,7 @@
 use super::observe::{observe_event, StreamStats};
 use super::postprocess::{write_event, Handler, MAX_HELD_JSON_BYTES, MAX_PENDING_EVENT_BYTES};
 use super::sse::{event_data, SseSplitter};
-use super::usage::{is_usage_only_event, parse_usage_bytes, Usage};
+use super::usage::{answer_usage, is_usage_only_event, Usage};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use std::time::Instant;
@@ -29,13 +29,59 @@ pub enum BodyKind {
     Json,
 }
 
+/// A JSON body passed through, as far as the usage read needs it. Most
+/// answers arrive in one chunk, which is read where it is: a copy is made
+/// only once a second chunk comes.
+#[derive(Default)]
+enum Observed {
+    #[default]
+    Nothing,
+    One(Bytes),
+    Joined(Vec<u8>),
+    /// Past MAX_OBSERVED_JSON: not read.
+    TooLarge,
+}
+
+impl Observed {
+    fn add(&mut self, chunk: &Bytes) {
+        if chunk.is_empty() {
+            return;
+        }
+        *self = match std::mem::take(self) {
+            Observed::Nothing if chunk.len() <= MAX_OBSERVED_JSON => Observed::One(chunk.clone()),
+            Observed::One(first) if first.len() + chunk.len() <= MAX_OBSERVED_JSON => {
+                Observed::Joined([&first[..], &chunk[..]].concat())
+            }
+            Observed::Joined(mut buf) if buf.len() + chunk.len() <= MAX_OBSERVED_JSON => {
+                buf.extend_from_slice(chunk);
+                Observed::Joined(buf)
+            }
+            _ => Observed::TooLarge,
+        };
+    }
+
+    fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Observed::One(b) => Some(b),
+            Observed::Joined(b) => Some(b),
+            Observed::Nothing | Observed::TooLarge => None,
+        }
+    }
+}
+
+fn starts_with_ignore_case(value: &[u8], prefix: &[u8]) -> bool {
+    value
+        .get(..prefix.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+}
+
 pub struct ResponsePipeline {
     kind: BodyKind,
     splitter: SseSplitter,
-    /// JSON: the body so far. Held for the rewrite when one is due (up to
-    /// MAX_HELD_JSON_BYTES), else a copy for usage (up to MAX_OBSERVED_JSON);
-    /// `None` once it outgrew its cap.
+    /// JSON with a rewrite due: the body so far (up to MAX_HELD_JSON_BYTES).
     held: Option<Vec<u8>>,
+    /// JSON passed through: what the usage read needs of it.
+    observed: Observed,
     /// A cap was passed: stop interpreting, pass bytes through.
     passthrough: bool,
     stats: StreamStats,
@@ -57,21 +103,16 @@ impl ResponsePipeline {
         if !status.is_success() {
             return None;
         }
-        let header = |name: http::header::HeaderName| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_ascii_lowercase()
-        };
+        let header =
+            |name: http::header::HeaderName| headers.get(name).map_or(&b""[..], |v| v.as_bytes());
         let encoding = header(http::header::CONTENT_ENCODING);
-        if !(encoding.is_empty() || encoding == "identity") {
+        if !(encoding.is_empty() || encoding.eq_ignore_ascii_case(b"identity")) {
             return None;
         }
         let ct = header(http::header::CONTENT_TYPE);
-        let kind = if ct.starts_with("text/event-stream") {
+        let kind = if starts_with_ignore_case(ct, b"text/event-stream") {
             BodyKind::Sse
-        } else if ct.starts_with("application/json") {
+        } else if starts_with_ignore_case(ct, b"application/json") {
             BodyKind::Json
         } else {
             return None;
@@ -83,7 +124,8 @@ impl ResponsePipeline {
         ResponsePipeline {
             kind,
             splitter: SseSplitter::new(),
-            held: (kind == BodyKind::Json).then(Vec::new),
+            held: None,
+            observed: Observed::Nothing,
             passthrough: false,
             stats: StreamStats::default(),
             first_content_at: None,
@@ -156,16 +198,9 @@ impl ResponsePipeline {
 
     fn push_json(&mut self, chunk: Bytes, end_of_stream: bool) -> Option<Bytes> {
         let Some(handler) = self.handler else {
-            // Pass through, keeping a bounded copy for the usage read.
-            if let Some(buf) = &mut self.held {
-                if buf.len() + chunk.len() <= MAX_OBSERVED_JSON {
-                    buf.extend_from_slice(&chunk);
-                } else {
-                    self.held = None;
-                }
-            }
+            self.observed.add(&chunk);
             if end_of_stream {
-                self.read_json_usage();
+                self.stats.usage = self.observed.bytes().and_then(answer_usage);
             }
             return Some(chunk);
         };
@@ -188,9 +223,11 @@ impl ResponsePipeline {
         })
     }
 
+    /// The held body's usage (a rewrite reads the engine's bytes, before
+    /// they change).
     fn read_json_usage(&mut self) {
         if let Some(buf) = self.held.as_deref().filter(|b| !b.is_empty()) {
-            self.stats.usage = parse_usage_bytes(buf);
+            self.stats.usage = answer_usage(buf);
         }
     }
 
@@ -440,6 +477,32 @@ mod tests {
             "{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}"
         );
         assert_eq!(p.usage().unwrap().prompt_tokens, 3);
+    }
+
+    /// A passed-through answer's usage is read however it is chunked, the
+    /// bytes go out untouched, and one past the observation cap is not read.
+    #[test]
+    fn json_usage_is_read_in_one_chunk_or_many() {
+        let body = "{\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}";
+        for cuts in [vec![], vec![10], vec![5, 30], vec![1, 2, 3, 40]] {
+            let mut p = pipeline(header("application/json"), None, false).unwrap();
+            let mut parts = Vec::new();
+            let mut from = 0;
+            for cut in cuts.iter().copied().chain([body.len()]) {
+                parts.push(&body[from..cut]);
+                from = cut;
+            }
+            assert_eq!(run(&mut p, &parts), body, "{cuts:?}");
+            assert_eq!(p.usage().map(|u| u.prompt_tokens), Some(7), "{cuts:?}");
+        }
+        let mut big = pipeline(header("Application/JSON; charset=utf-8"), None, false).unwrap();
+        let padding = " ".repeat(MAX_OBSERVED_JSON);
+        run(&mut big, &[&padding, body]);
+        assert_eq!(big.usage(), None);
+        // Control: the same padding within the cap is read.
+        let mut fits = pipeline(header("application/json"), None, false).unwrap();
+        run(&mut fits, &[&padding[..1000], body]);
+        assert_eq!(fits.usage().map(|u| u.prompt_tokens), Some(7));
     }
 
     #[test]

@@ -1,17 +1,39 @@
 //! Byte-level scans over JSON text that the stream path uses instead of
 //! parsing: finding a key, skipping whitespace. Searches go through memchr.
 
-use memchr::memmem::Finder;
+use memchr::memmem::{Finder, FinderRev};
 
-/// A JSON key (its quotes included) with its searcher built once: building
+/// A JSON key (its quotes included) with its searchers built once: building
 /// a memmem searcher costs more than running it over an SSE frame, and the
 /// stream path looks for the same few keys in every frame.
-pub(crate) struct Key(Finder<'static>);
+pub(crate) struct Key(Finder<'static>, FinderRev<'static>);
 
 impl Key {
     pub(crate) fn new(name: &str) -> Self {
-        Key(Finder::new(format!("\"{name}\"").as_bytes()).into_owned())
+        let quoted = format!("\"{name}\"");
+        Key(
+            Finder::new(quoted.as_bytes()).into_owned(),
+            FinderRev::new(quoted.as_bytes()).into_owned(),
+        )
     }
+}
+
+/// Where the value of the last member `key` starts (as [`key_values`]
+/// reads members), searched from the end.
+pub(crate) fn last_key_value(data: &[u8], key: &Key) -> Option<usize> {
+    let len = key.1.needle().len();
+    let mut end = data.len();
+    while let Some(at) = key.1.rfind(&data[..end]) {
+        if quote_is_unescaped(data, at) {
+            let i = skip_json_ws(data, at + len);
+            if data.get(i) == Some(&b':') {
+                return Some(skip_json_ws(data, i + 1));
+            }
+        }
+        // Overlapping matches too, as forwards.
+        end = at + len - 1;
+    }
+    None
 }
 
 /// Where each value of member `key` starts (past the colon and any

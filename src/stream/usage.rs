@@ -112,6 +112,67 @@ pub fn parse_usage_bytes(json: &[u8]) -> Option<Usage> {
     parse_envelope(json)?.usage.0
 }
 
+/// The top-level `usage` of a whole JSON answer, as [`parse_usage_bytes`]
+/// reads it, without reading the answer's content.
+///
+/// Engines write `usage` after `choices`, near the end. The last `"usage"`
+/// key is found from the end and only its object and the members after it
+/// are parsed; they must close the answer's object exactly, which puts the
+/// member at its top level (a nested one is followed by more closing
+/// brackets). Any other shape takes the whole parse. On valid JSON the two
+/// read the same; an answer broken before its usage now counts that usage
+/// (its tokens were spent), where the whole parse read none.
+pub fn answer_usage(json: &[u8]) -> Option<Usage> {
+    match trailing_usage(json) {
+        Some(usage) => Some(usage),
+        None => parse_usage_bytes(json),
+    }
+}
+
+fn trailing_usage(json: &[u8]) -> Option<Usage> {
+    if json.get(skip_json_ws(json, 0)) != Some(&b'{') {
+        return None;
+    }
+    let at = super::scan::last_key_value(json, &USAGE_KEY)?;
+    if json.get(at) != Some(&b'{') {
+        return None;
+    }
+    let mut values = serde_json::Deserializer::from_slice(&json[at..]).into_iter::<UsageMember>();
+    let usage = values.next()?.ok()?.0?;
+    let tail = &json[at + values.byte_offset()..];
+    members_close_the_object(tail).then_some(usage)
+}
+
+/// `tail` is `(, "key": value)* }` and whitespace, with no member spelling
+/// `usage` (a later one, however escaped, would be the one that counts).
+fn members_close_the_object(tail: &[u8]) -> bool {
+    let mut i = skip_json_ws(tail, 0);
+    loop {
+        match tail.get(i) {
+            Some(b'}') => return skip_json_ws(tail, i + 1) == tail.len(),
+            Some(b',') => {}
+            _ => return false,
+        }
+        i = skip_json_ws(tail, i + 1);
+        let mut key = serde_json::Deserializer::from_slice(&tail[i..])
+            .into_iter::<crate::request_view::JsonStr>();
+        match key.next() {
+            Some(Ok(k)) if k.0 != "usage" => i += key.byte_offset(),
+            _ => return false,
+        }
+        i = skip_json_ws(tail, i);
+        if tail.get(i) != Some(&b':') {
+            return false;
+        }
+        i = skip_json_ws(tail, i + 1);
+        let mut value = serde_json::Deserializer::from_slice(&tail[i..]).into_iter::<IgnoredAny>();
+        match value.next() {
+            Some(Ok(_)) => i += value.byte_offset(),
+            _ => return false,
+        }
+    }
+}
+
 /// Is this SSE event's data a usage-only frame (`choices` empty, null or
 /// absent, and a `usage` object present)? When unsure — unparsable data,
 /// `choices` not an array — the answer is no, because a wrong yes would
@@ -476,6 +537,53 @@ fn skip_value(raw: &[u8], at: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+
+    /// On valid JSON the search from the end reads what the whole parse
+    /// reads, whatever the shape around the usage.
+    #[test]
+    fn an_answer_usage_reads_as_the_whole_parse() {
+        let u = r#"{"prompt_tokens":4,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":2}}"#;
+        let answers = [
+            format!(r#"{{"id":"a","choices":[{{"message":{{"content":"hi"}}}}],"usage":{u}}}"#),
+            format!(r#"{{"choices":[],"usage":{u},"prompt_logprobs":null,"kv_transfer_params":null}}"#),
+            format!(r#"{{"usage":{u},"x":[1,{{"a":"}}"}}],"y":-1.5e3, "z" : true }}"#),
+            format!(r#"{{"usage":{{"prompt_tokens":9}},"usage":{u}}}"#),
+            format!(r#"{{"usage":{u},"usage":null}}"#),
+            format!(r#"{{"usage":{u},"us\u0061ge":null}}"#),
+            format!(r#"{{"a":{{"usage":{u}}}}}"#),
+            format!(r#"{{"a":[{{"usage":{u}}}]}}"#),
+            format!(r#"{{"a":{{"usage":{u}}},"b":1}}"#),
+            format!(r#"{{"usage":{u},"a":{{"usage":{{"prompt_tokens":9}}}}}}"#),
+            format!(r#"{{"c":"\"usage\":{u}"}}"#),
+            format!(r#"[{{"usage":{u}}}]"#),
+            format!(r#"{{"usage":[{u}]}}"#),
+            format!(r#"{{"usage":{u} }}   "#),
+            format!(r#"  {{"usage" : {u}}}"#),
+            r#"{"usage":{"prompt_tokens":"x","completion_tokens":-1}}"#.to_string(),
+            r#"{"choices":[]}"#.to_string(),
+        ];
+        for answer in &answers {
+            let whole = parse_usage_bytes(answer.as_bytes());
+            assert_eq!(answer_usage(answer.as_bytes()), whole, "{answer}");
+        }
+        assert_eq!(
+            answer_usage(answers[1].as_bytes()).map(|u| u.cached_tokens),
+            Some(2)
+        );
+    }
+
+    /// The search from the end does not read the content: an answer broken
+    /// before its usage still counts it (control: the whole parse does
+    /// not), but not one broken after it.
+    #[test]
+    fn an_answer_usage_is_read_from_the_end() {
+        let broken_before = br#"{"choices":[{"content":"\x"}],"usage":{"prompt_tokens":3}}"#;
+        assert_eq!(parse_usage_bytes(broken_before), None);
+        assert_eq!(answer_usage(broken_before).map(|u| u.prompt_tokens), Some(3));
+        let broken_after = br#"{"usage":{"prompt_tokens":3},"x":tru}"#;
+        assert_eq!(answer_usage(broken_after), None);
+    }
+
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
