@@ -66,15 +66,17 @@ pub fn candidates(route: &Route, pool: &[usize], now: u64) -> Vec<usize> {
         .filter(|&i| usable(route, i, now))
         .collect();
     ready.sort_by_key(|&i| route.peers[i].config.priority);
-    let mut out = Vec::with_capacity(ready.len());
+    // The tiers kept are a prefix of the sorted list: cut it in place.
+    let mut kept = 0;
     for tier in
         ready.chunk_by(|&a, &b| route.peers[a].config.priority == route.peers[b].config.priority)
     {
-        out.extend_from_slice(tier);
+        kept += tier.len();
         let tier_full = tier.iter().all(|&i| !has_room(route, i));
         if !(route.config.balancing.cross_tier_fallback && tier_full) {
             break;
         }
     }
-    out
+    ready.truncate(kept);
+    ready
 }

@@ -133,15 +133,30 @@ pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Local
         Some(Some(n)) => n as usize,
         _ => 16 * 1024,
     };
-    let mut buf = BytesMut::with_capacity(capacity);
+    // A body that comes in one chunk (most small ones) is kept as that
+    // chunk; only a second chunk starts a joined copy.
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
     loop {
         match session.read_request_body().await {
             Ok(Some(chunk)) => {
-                if (buf.len() + chunk.len()) as u64 > limit {
+                let so_far = first.as_ref().map_or(0, Bytes::len) + buf.len();
+                if (so_far + chunk.len()) as u64 > limit {
                     session.set_keepalive(None);
                     return Err(ErrorResponse::body_too_large(limit).into());
                 }
-                buf.extend_from_slice(&chunk);
+                match first.take() {
+                    None if buf.is_empty() => first = Some(chunk),
+                    held => {
+                        if buf.is_empty() {
+                            buf.reserve(capacity.max(so_far + chunk.len()));
+                        }
+                        if let Some(held) = held {
+                            buf.extend_from_slice(&held);
+                        }
+                        buf.extend_from_slice(&chunk);
+                    }
+                }
             }
             Ok(None) => break,
             Err(e) => {
@@ -154,7 +169,7 @@ pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Local
             }
         }
     }
-    Ok(buf.freeze())
+    Ok(first.unwrap_or_else(|| buf.freeze()))
 }
 
 /// Views an LLM request body; anything but a JSON object is a client error.
