@@ -1,6 +1,6 @@
 //! The floor the gateway is measured against (issue 13): a Pingora proxy with
 //! no hooks but `upstream_peer`, built from the same pingora version and
-//! Cargo.lock as the gateway, so `benches/instructions_compare.sh` measures
+//! Cargo.lock as the gateway, so `benches/instructions.sh` measures
 //! what Pingora itself costs instead of quoting it. A Cargo example, not part
 //! of the library:
 //!
@@ -10,23 +10,39 @@
 //! Runtime settings (issue 13, item 3) come from the environment so the same
 //! binary can be measured with each: BARE_THREADS (1), BARE_WORK_STEALING
 //! (1), BARE_POOL (upstream keep-alive pool size, Pingora's default 128).
+//! BARE_TIMEOUTS=1 sets the timeouts the gateway sets by default (peer
+//! connect 5 s, read 600 s, pooled idle 60 s; client keep-alive 60 s):
+//! Pingora arms a timer for each read they bound, which a proxy without
+//! them does not pay.
 
 use async_trait::async_trait;
 use pingora::prelude::*;
 use pingora::server::configuration::ServerConf;
+use std::time::Duration;
 
-struct Bare(String);
+struct Bare {
+    upstream: String,
+    timeouts: bool,
+}
 
 #[async_trait]
 impl ProxyHttp for Bare {
     type CTX = ();
     fn new_ctx(&self) {}
+    async fn request_filter(&self, session: &mut Session, _: &mut ()) -> Result<bool> {
+        if self.timeouts && session.get_keepalive().is_some() {
+            session.set_keepalive(Some(60));
+        }
+        Ok(false)
+    }
     async fn upstream_peer(&self, _: &mut Session, _: &mut ()) -> Result<Box<HttpPeer>> {
-        Ok(Box::new(HttpPeer::new(
-            self.0.as_str(),
-            false,
-            String::new(),
-        )))
+        let mut peer = HttpPeer::new(self.upstream.as_str(), false, String::new());
+        if self.timeouts {
+            peer.options.connection_timeout = Some(Duration::from_secs(5));
+            peer.options.read_timeout = Some(Duration::from_secs(600));
+            peer.options.idle_timeout = Some(Duration::from_secs(60));
+        }
+        Ok(Box::new(peer))
     }
 }
 
@@ -55,7 +71,11 @@ fn main() {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let mut svc = http_proxy_service(&server.configuration, Bare(upstream.clone()));
+    let bare = Bare {
+        upstream: upstream.clone(),
+        timeouts: env_or::<u8>("BARE_TIMEOUTS", 0) != 0,
+    };
+    let mut svc = http_proxy_service(&server.configuration, bare);
     svc.add_tcp(listen);
     server.add_service(svc);
     server.run_forever();

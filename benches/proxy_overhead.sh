@@ -10,7 +10,9 @@
 #   stream      "stream": true, x-sim-max-tokens: 20, x-sim-frame-delay-ms: 0 (20 SSE frames + [DONE])
 # Targets: direct (engine), llm-gateway (threads: 1), nginx (1 worker, upstream
 # keepalive, proxy_http_version 1.1, Connection "", proxy_buffering off for the
-# stream, access_log off). Load: wrk -t1 -c32 and -c1, REPS runs per target,
+# stream, access_log off), bare (benches/bare_proxy.rs: Pingora with only
+# `upstream_peer`, same pingora and Cargo.lock, 1 thread; one process per
+# engine; BARE_TIMEOUTS=1 gives it the gateway's timeouts). Load: wrk -t1 -c32 and -c1, REPS runs per target,
 # targets alternated within each repetition; the tables give the median and
 # the min-max spread.
 #
@@ -61,6 +63,8 @@ WRK=${WRK:-/usr/bin/wrk}
 SIM_PORT=$((BASE_PORT + 1))
 STUB_PORT=$((BASE_PORT + 2))
 NGINX_PORT=$((BASE_PORT + 70))
+BARE_SIM_PORT=$((BASE_PORT + 60))
+BARE_STUB_PORT=$((BASE_PORT + 61))
 GW_PORT=$((BASE_PORT + 80))
 ADMIN_PORT=$((BASE_PORT + 90))
 TCK=$(getconf CLK_TCK)
@@ -74,16 +78,19 @@ done
 
 bench_init proxy-overhead
 
-for p in $SIM_PORT $STUB_PORT $NGINX_PORT $GW_PORT $ADMIN_PORT; do
+for p in $SIM_PORT $STUB_PORT $NGINX_PORT $GW_PORT $ADMIN_PORT $BARE_SIM_PORT $BARE_STUB_PORT; do
     port_in_use "$p" && die "port $p is in use (set BASE_PORT)"
 done
 
 # ---------------------------------------------------------------- build
 if [ "$SKIP_BUILD" != 1 ]; then
     log "cargo build --release"
-    (cd "$ROOT" && cargo build --release --quiet) || die "cargo build --release failed"
+    (cd "$ROOT" && cargo build --release --quiet --bin llm-gateway --example bare_proxy) || die "cargo build --release failed"
 fi
 [ -x "$GATEWAY_BIN" ] || die "$GATEWAY_BIN missing"
+BARE_BIN=${BARE_BIN:-$(dirname "$GATEWAY_BIN")/examples/bare_proxy}
+[ -x "$BARE_BIN" ] || die "$BARE_BIN missing (cargo build --release --example bare_proxy)"
+cp "$BARE_BIN" "$TMP/bare"
 # A private copy: a parallel rebuild must not swap the binary under a run. Its
 # name avoids "llm-gateway" so that test clean-ups elsewhere on a shared machine
 # that kill by name (pkill llm-gateway) do not hit the benchmark's processes.
@@ -310,6 +317,8 @@ start sim "$TMP/gwbench" sim --engines 1 --port "$SIM_PORT"
 [ "$STUB" = 1 ] && start stub "$TMP/stub" "$STUB_PORT"
 start llm-gateway "$TMP/gwbench" --config "$TMP/proxy.yaml"
 start nginx "$NGINX" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf"
+start bare-sim "$TMP/bare" "127.0.0.1:$BARE_SIM_PORT" "127.0.0.1:$SIM_PORT"
+[ "$STUB" = 1 ] && start bare-stub "$TMP/bare" "127.0.0.1:$BARE_STUB_PORT" "127.0.0.1:$STUB_PORT"
 
 url() { # engine scenario target
     local prefix=bench port
@@ -320,10 +329,12 @@ url() { # engine scenario target
         llm-gateway) echo "http://127.0.0.1:$GW_PORT/$prefix/v1/chat/completions" ;;
         nginx) [ "$2" = stream ] && prefix=$prefix-stream
                echo "http://127.0.0.1:$NGINX_PORT/$prefix/v1/chat/completions" ;;
+        bare) port=$BARE_SIM_PORT; [ "$1" = stub ] && port=$BARE_STUB_PORT
+              echo "http://127.0.0.1:$port/v1/chat/completions" ;;
     esac
 }
 ENGINES="sim"; [ "$STUB" = 1 ] && ENGINES="sim stub"
-TARGETS=(direct llm-gateway nginx)
+TARGETS=(direct llm-gateway nginx bare)
 
 # Readiness, then one correct response through every path.
 for i in $(seq 100); do
@@ -392,6 +403,7 @@ FAILED=0
 run_one() { # engine scenario conns target rep duration
     local e=$1 s=$2 c=$3 t=$4 rep=$5 d=$6 attempt proxy=none
     [ "$t" = direct ] || proxy=$t
+    [ "$t" = bare ] && proxy=bare-$e
     for attempt in $(seq "$MAX_RETRIES"); do
         wait_quiet
         local b0 st0 s0 w0 e0 p0 b1 st1 s1 w1 e1 p1
@@ -441,8 +453,8 @@ for e in $ENGINES; do
         done
         for c in $CONNS; do
             for rep in $(seq "$REPS"); do
-                for k in 0 1 2; do # rotate the order: direct/gw/nginx, gw/nginx/direct, ...
-                    run_one "$e" "$s" "$c" "${TARGETS[$(((rep - 1 + k) % 3))]}" "$rep" "$d"
+                for k in "${!TARGETS[@]}"; do # rotate the order: direct/gw/nginx/bare, gw/nginx/bare/direct, ...
+                    run_one "$e" "$s" "$c" "${TARGETS[$(((rep - 1 + k) % ${#TARGETS[@]}))]}" "$rep" "$d"
                 done
             done
         done
@@ -475,7 +487,7 @@ fi
              val[k, "rps", n] = $6; val[k, "p50", n] = $7; val[k, "p99", n] = $8; val[k, "pcpu", n] = $14; err[k] += $9
              if (!(($1, $2, $3) in seen)) { seen[$1, $2, $3] = 1; order[++groups] = $1 SUBSEP $2 SUBSEP $3 } }
     END {
-        split("direct llm-gateway nginx", T, " ")
+        nt = split("direct llm-gateway nginx bare", T, " ")
         for (g = 1; g <= groups; g++) {
             split(order[g], p, SUBSEP)
             printf "#### %s, %s, wrk -t1 -c%s\n\n", p[2] == "stream" ? "20-frame stream" : "Non-stream (1 token)",
@@ -483,9 +495,9 @@ fi
             print "| target | req/s | p50 (us) | p99 (us) | added p50 (us) | added p99 (us) | proxy CPU/req (us) | errors |"
             print "|---|---|---|---|---|---|---|---|"
             d = order[g] SUBSEP "direct"
-            for (i = 1; i <= 3; i++) { k = order[g] SUBSEP T[i]; if (!(k in cnt)) continue
+            for (i = 1; i <= nt; i++) { k = order[g] SUBSEP T[i]; if (!(k in cnt)) continue
                 stat(k, "rps"); stat(k, "p50"); stat(k, "p99"); stat(k, "pcpu") }
-            for (i = 1; i <= 3; i++) { k = order[g] SUBSEP T[i]; if (!(k in cnt)) continue
+            for (i = 1; i <= nt; i++) { k = order[g] SUBSEP T[i]; if (!(k in cnt)) continue
                 if (T[i] == "direct" || !(d in cnt)) { x = "-"; y = "-"; c = "-" }
                 else { x = sgn(m[k, "p50"] - m[d, "p50"]); y = sgn(m[k, "p99"] - m[d, "p99"]); c = cell(k, "pcpu", "%.1f") }
                 printf "| %s | %s | %s | %s | %s | %s | %s | %d |\n", T[i], cell(k, "rps", "%d"), cell(k, "p50", "%d"), cell(k, "p99", "%d"), x, y, c, err[k] }
