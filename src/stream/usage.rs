@@ -545,7 +545,9 @@ mod tests {
         let u = r#"{"prompt_tokens":4,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":2}}"#;
         let answers = [
             format!(r#"{{"id":"a","choices":[{{"message":{{"content":"hi"}}}}],"usage":{u}}}"#),
-            format!(r#"{{"choices":[],"usage":{u},"prompt_logprobs":null,"kv_transfer_params":null}}"#),
+            format!(
+                r#"{{"choices":[],"usage":{u},"prompt_logprobs":null,"kv_transfer_params":null}}"#
+            ),
             format!(r#"{{"usage":{u},"x":[1,{{"a":"}}"}}],"y":-1.5e3, "z" : true }}"#),
             format!(r#"{{"usage":{{"prompt_tokens":9}},"usage":{u}}}"#),
             format!(r#"{{"usage":{u},"usage":null}}"#),
@@ -579,7 +581,10 @@ mod tests {
     fn an_answer_usage_is_read_from_the_end() {
         let broken_before = br#"{"choices":[{"content":"\x"}],"usage":{"prompt_tokens":3}}"#;
         assert_eq!(parse_usage_bytes(broken_before), None);
-        assert_eq!(answer_usage(broken_before).map(|u| u.prompt_tokens), Some(3));
+        assert_eq!(
+            answer_usage(broken_before).map(|u| u.prompt_tokens),
+            Some(3)
+        );
         let broken_after = br#"{"usage":{"prompt_tokens":3},"x":tru}"#;
         assert_eq!(answer_usage(broken_after), None);
     }
