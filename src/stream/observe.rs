@@ -1,7 +1,7 @@
 //! What the gateway learns from a response without changing it: whether an
 //! SSE event carries generated output, and the engine's token usage.
 
-use super::scan::{key_has_nonempty_string, Key};
+use super::scan::{first_nonempty_string, nonempty_string_at, Key};
 use super::usage::{self, Usage};
 use std::sync::LazyLock;
 
@@ -35,7 +35,24 @@ pub struct StreamStats {
 /// Returns whether the event is a usage-only frame (see
 /// [`usage::is_usage_only_event`]), from the same parse.
 pub fn observe_event(event_data: &[u8], stats: &mut StreamStats) -> bool {
-    if carries_content(event_data) {
+    observe_event_hinted(event_data, stats, &mut ContentHint::default())
+}
+
+/// Where the last frame's content key was found. A stream's frames share
+/// one shape (the same id, model and nesting), so the next frame's key is
+/// usually at the same offset: it is checked there first, with one
+/// comparison instead of up to five searches. The answer is the one the
+/// searches give: a key found at the hint is one they would find.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ContentHint(Option<(usize, usize)>);
+
+/// [`observe_event`] for the frames of one stream, sharing a hint.
+pub fn observe_event_hinted(
+    event_data: &[u8],
+    stats: &mut StreamStats,
+    hint: &mut ContentHint,
+) -> bool {
+    if carries_content(event_data, hint) {
         stats.content_events += 1;
     }
     match usage::frame_usage(event_data) {
@@ -59,14 +76,58 @@ static CONTENT_KEYS: LazyLock<[Key; 5]> = LazyLock::new(|| {
     .map(Key::new)
 });
 
-fn carries_content(data: &[u8]) -> bool {
-    CONTENT_KEYS
-        .iter()
-        .any(|key| key_has_nonempty_string(data, key))
+fn carries_content(data: &[u8], hint: &mut ContentHint) -> bool {
+    if let Some((at, k)) = hint.0 {
+        if nonempty_string_at(data, at, &CONTENT_KEYS[k]) {
+            return true;
+        }
+    }
+    for (k, key) in CONTENT_KEYS.iter().enumerate() {
+        if let Some(at) = first_nonempty_string(data, key) {
+            hint.0 = Some((at, k));
+            return true;
+        }
+    }
+    false
 }
 
 #[cfg(test)]
 mod tests {
+
+    /// With a hint from earlier frames, every frame is judged as without
+    /// one: a hint that points at the key, at another key, past the end, or
+    /// inside a string value.
+    #[test]
+    fn a_hint_never_changes_the_answer() {
+        let frames: [&[u8]; 9] = [
+            br#"{"id":"a","choices":[{"delta":{"content":"Hi"}}]}"#,
+            br#"{"id":"a","choices":[{"delta":{"content":"yo"}}]}"#,
+            br#"{"id":"a","choices":[{"delta":{"content":""}}]}"#,
+            br#"{"id":"ab","choices":[{"delta":{"content":"x"}}]}"#,
+            br#"{"id":"a","choices":[{"delta":{"reasoning_content":"r"}}]}"#,
+            br#"{"id":"a","choices":[{"delta":{"x":"\"content\":\"y"}}]}"#,
+            br#"{"choices":[{"delta":{"content":null}}]}"#,
+            br#"{"a":1}"#,
+            br#"{"id":"a","choices":[{"text":"t"}]}"#,
+        ];
+        for first in frames {
+            for then in frames {
+                let mut hint = ContentHint::default();
+                let mut hinted = StreamStats::default();
+                observe_event_hinted(first, &mut hinted, &mut hint);
+                let before = hinted.content_events;
+                observe_event_hinted(then, &mut hinted, &mut hint);
+                let mut alone = StreamStats::default();
+                observe_event(then, &mut alone);
+                assert_eq!(hinted.content_events - before, alone.content_events);
+            }
+        }
+        // Control: the hint is taken (a second identical frame is found at it).
+        let mut hint = ContentHint::default();
+        observe_event_hinted(frames[0], &mut StreamStats::default(), &mut hint);
+        assert!(hint.0.is_some());
+    }
+
     use super::*;
 
     #[test]

@@ -9,7 +9,7 @@
 //! JSON body is held once, for rewriting up to `MAX_HELD_JSON_BYTES`, then
 //! passes unchanged. The proptests of `postprocess` drive this engine.
 
-use super::observe::{observe_event, StreamStats};
+use super::observe::{observe_event_hinted, ContentHint, StreamStats};
 use super::postprocess::{write_event, Handler, MAX_HELD_JSON_BYTES, MAX_PENDING_EVENT_BYTES};
 use super::sse::{event_data, SseSplitter};
 use super::usage::{answer_usage, is_usage_only_event, Usage};
@@ -85,6 +85,7 @@ pub struct ResponsePipeline {
     /// A cap was passed: stop interpreting, pass bytes through.
     passthrough: bool,
     stats: StreamStats,
+    content_hint: ContentHint,
     first_content_at: Option<Instant>,
     last_content_at: Option<Instant>,
     handler: Option<Handler>,
@@ -128,6 +129,7 @@ impl ResponsePipeline {
             observed: Observed::Nothing,
             passthrough: false,
             stats: StreamStats::default(),
+            content_hint: ContentHint::default(),
             first_content_at: None,
             last_content_at: None,
             handler,
@@ -164,14 +166,14 @@ impl ResponsePipeline {
     fn push_sse(&mut self, chunk: Bytes, end_of_stream: bool) -> Option<Bytes> {
         let rewrites = self.rewrites();
         let (handler, drop_usage) = (self.handler, self.drop_usage_frame);
-        let stats = &mut self.stats;
+        let stats = (&mut self.stats, &mut self.content_hint);
         let times = (&mut self.first_content_at, &mut self.last_content_at);
         let mut out = Out::default();
         self.splitter.push(&chunk, |event| {
             let data = event_data(event);
             let usage_only = data
                 .as_deref()
-                .is_some_and(|d| observe(d, stats, times.0, times.1));
+                .is_some_and(|d| observe(d, stats.0, stats.1, times.0, times.1));
             if rewrites {
                 transform_event(handler, drop_usage, event, usage_only, &chunk, &mut out);
             }
@@ -258,11 +260,12 @@ impl ResponsePipeline {
 fn observe(
     data: &[u8],
     stats: &mut StreamStats,
+    hint: &mut ContentHint,
     first: &mut Option<Instant>,
     last: &mut Option<Instant>,
 ) -> bool {
     let before = stats.content_events;
-    let usage_only = observe_event(data, stats);
+    let usage_only = observe_event_hinted(data, stats, hint);
     if stats.content_events > before {
         let now = Instant::now();
         first.get_or_insert(now);

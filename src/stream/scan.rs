@@ -36,12 +36,11 @@ pub(crate) fn last_key_value(data: &[u8], key: &Key) -> Option<usize> {
     None
 }
 
-/// Where each value of member `key` starts (past the colon and any
-/// whitespace), for every occurrence that is a key: a match whose opening
+/// For every occurrence of `key` that is a key, where it is and where its
+/// value starts (past the colon and any whitespace): a match whose opening
 /// quote is escaped is inside a string, and one not followed by a colon is
 /// a value. Does not know which object a key belongs to.
-fn key_values<'a>(data: &'a [u8], key: &'a Key) -> impl Iterator<Item = usize> + 'a {
-    let len = key.0.needle().len();
+fn key_values<'a>(data: &'a [u8], key: &'a Key) -> impl Iterator<Item = (usize, usize)> + 'a {
     // Overlapping matches too (the key's quotes are its own prefix and
     // suffix), so a malformed frame reads as it always has.
     let mut from = 0;
@@ -50,25 +49,40 @@ fn key_values<'a>(data: &'a [u8], key: &'a Key) -> impl Iterator<Item = usize> +
         from = at + 1;
         Some(at)
     })
-    .filter_map(move |at| {
-        if !quote_is_unescaped(data, at) {
-            return None;
-        }
-        let i = skip_json_ws(data, at + len);
-        (data.get(i) == Some(&b':')).then(|| skip_json_ws(data, i + 1))
-    })
+    .filter_map(move |at| Some((at, value_after_key(data, at, key)?)))
 }
 
-/// Is there a member `key` whose value is a string of at least one
-/// character?
-pub(crate) fn key_has_nonempty_string(data: &[u8], key: &Key) -> bool {
+/// Where the value starts when the match of `key` at `at` is a key.
+fn value_after_key(data: &[u8], at: usize, key: &Key) -> Option<usize> {
+    if !quote_is_unescaped(data, at) {
+        return None;
+    }
+    let i = skip_json_ws(data, at + key.0.needle().len());
+    (data.get(i) == Some(&b':')).then(|| skip_json_ws(data, i + 1))
+}
+
+fn is_nonempty_string(data: &[u8], i: usize) -> bool {
+    data.get(i) == Some(&b'"') && data.get(i + 1).is_some_and(|&b| b != b'"')
+}
+
+/// Where the first member `key` whose value is a non-empty string is.
+pub(crate) fn first_nonempty_string(data: &[u8], key: &Key) -> Option<usize> {
     key_values(data, key)
-        .any(|i| data.get(i) == Some(&b'"') && data.get(i + 1).is_some_and(|&b| b != b'"'))
+        .find(|&(_, i)| is_nonempty_string(data, i))
+        .map(|(at, _)| at)
+}
+
+/// Whether the bytes at `at` are member `key` with a non-empty string
+/// value: the check [`first_nonempty_string`] makes, at one place.
+pub(crate) fn nonempty_string_at(data: &[u8], at: usize, key: &Key) -> bool {
+    data.get(at..)
+        .is_some_and(|rest| rest.starts_with(key.0.needle()))
+        && value_after_key(data, at, key).is_some_and(|i| is_nonempty_string(data, i))
 }
 
 /// Is there a member `key` whose value is an object?
 pub(crate) fn key_has_object(data: &[u8], key: &Key) -> bool {
-    key_values(data, key).any(|i| data.get(i) == Some(&b'{'))
+    key_values(data, key).any(|(_, i)| data.get(i) == Some(&b'{'))
 }
 
 /// A `"` preceded by an odd number of backslashes is inside a string.
@@ -104,6 +118,10 @@ pub(crate) fn contains(hay: &[u8], needle: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    fn has_nonempty_string(data: &[u8], key: &Key) -> bool {
+        first_nonempty_string(data, key).is_some()
+    }
+
     #[test]
     fn find_helpers_match_naive() {
         let hay = b"abcdefghij\nklmnopqrstuvwxyz\n0123456789";
@@ -130,9 +148,9 @@ mod tests {
         assert!(!key_has_object(br#"{"x":"\"usage\":{"}"#, &usage));
         assert!(!key_has_object(br#"["usage",{}]"#, &usage));
         let content = Key::new("content");
-        assert!(key_has_nonempty_string(br#"{"content":"x"}"#, &content));
-        assert!(!key_has_nonempty_string(br#"{"content":""}"#, &content));
-        assert!(!key_has_nonempty_string(
+        assert!(has_nonempty_string(br#"{"content":"x"}"#, &content));
+        assert!(!has_nonempty_string(br#"{"content":""}"#, &content));
+        assert!(!has_nonempty_string(
             br#"{"a":"\"content\":\"y"}"#,
             &content
         ));

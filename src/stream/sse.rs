@@ -171,6 +171,14 @@ pub(crate) fn data_field_value(content: &[u8]) -> Option<&[u8]> {
 /// optional space after the colon stripped. `None` if there is no data line.
 /// Borrowed in the usual single-line case, so no copy is made.
 pub fn event_data(event: &[u8]) -> Option<Cow<'_, [u8]>> {
+    match single_data_line(event) {
+        Some(value) => Some(Cow::Borrowed(value)),
+        None => data_lines(event),
+    }
+}
+
+/// [`event_data`] line by line, for any shape of event.
+fn data_lines(event: &[u8]) -> Option<Cow<'_, [u8]>> {
     let mut data: Option<Cow<'_, [u8]>> = None;
     for line in lines(event) {
         let (content, _) = split_line_terminator(line);
@@ -187,6 +195,19 @@ pub fn event_data(event: &[u8]) -> Option<Cow<'_, [u8]>> {
         }
     }
     data
+}
+
+/// The usual event, `data: VALUE` and the blank line, read without
+/// walking its lines (every frame of every stream comes here): the value,
+/// or `None` for any other shape.
+fn single_data_line(event: &[u8]) -> Option<&[u8]> {
+    let rest = event.strip_prefix(b"data: ")?;
+    let nl = memchr::memchr(b'\n', rest)?;
+    if !matches!(&rest[nl + 1..], b"\n" | b"\r\n") {
+        return None;
+    }
+    let line = &rest[..nl];
+    Some(line.strip_suffix(b"\r").unwrap_or(line))
 }
 
 /// The lines of `bytes`, each with its `\n` (the last one without, when
@@ -209,6 +230,40 @@ fn lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
 mod tests {
     use super::*;
     use crate::stream::scan::find;
+
+    /// The one-line shortcut reads what the line walk reads, and is taken
+    /// only for the shape it knows.
+    #[test]
+    fn a_single_data_line_reads_as_the_line_walk() {
+        let events: [&[u8]; 12] = [
+            b"data: {\"a\":1}\n\n",
+            b"data: {\"a\":1}\r\n\r\n",
+            b"data: {\"a\":1}\r\n\n",
+            b"data: a\rb\n\n",
+            b"data:  two spaces\n\n",
+            b"data:nospace\n\n",
+            b"data: a\ndata: b\n\n",
+            b"event: x\ndata: y\n\n",
+            b"data: \n\n",
+            b"data: x\n",
+            b": comment\n\n",
+            b"data: x\n\r\n",
+        ];
+        for event in events {
+            let walked = data_lines(event);
+            assert_eq!(
+                event_data(event),
+                walked,
+                "{:?}",
+                String::from_utf8_lossy(event)
+            );
+            if let Some(short) = single_data_line(event) {
+                assert_eq!(Some(Cow::Borrowed(short)), walked);
+            }
+        }
+        assert!(single_data_line(b"data: x\n\n").is_some());
+        assert!(single_data_line(b"data: a\ndata: b\n\n").is_none());
+    }
 
     #[test]
     fn lines_match_split_inclusive() {
