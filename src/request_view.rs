@@ -332,6 +332,8 @@ impl<'de> Visitor<'de> for Skip {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn strings_borrow_unless_escaped() {
         let plain: &RawValue = serde_json::from_str(r#""gpt-4o""#).unwrap();
@@ -344,8 +346,6 @@ mod tests {
         let view = RequestView::parse(br#"{"mod\u0065l":"m"}"#).unwrap();
         assert_eq!(view.model().as_deref(), Some("m"));
     }
-
-    use super::*;
 
     #[test]
     fn reads_the_members_it_needs_and_skips_the_rest() {

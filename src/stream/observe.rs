@@ -93,6 +93,7 @@ fn carries_content(data: &[u8], hint: &mut ContentHint) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     /// With a hint from earlier frames, every frame is judged as without
     /// one: a hint that points at the key, at another key, past the end, or
@@ -127,8 +128,6 @@ mod tests {
         observe_event_hinted(frames[0], &mut StreamStats::default(), &mut hint);
         assert!(hint.0.is_some());
     }
-
-    use super::*;
 
     #[test]
     fn observe_counts_content_and_captures_usage() {

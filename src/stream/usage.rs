@@ -537,6 +537,9 @@ fn skip_value(raw: &[u8], at: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
 
     /// On valid JSON the search from the end reads what the whole parse
     /// reads, whatever the shape around the usage.
@@ -588,10 +591,6 @@ mod tests {
         let broken_after = br#"{"usage":{"prompt_tokens":3},"x":tru}"#;
         assert_eq!(answer_usage(broken_after), None);
     }
-
-    use super::*;
-    use proptest::prelude::*;
-    use serde_json::json;
 
     fn inject(raw: &str) -> Option<String> {
         // A body that is not an object has no view (the proxy answers 400).
