@@ -297,15 +297,25 @@ async fn scrape(addr: SocketAddr) -> Vec<Sample> {
     }
 }
 
-/// `gateway`: its admin address and pid, for a gateway cell.
-async fn snapshot(gateway: Option<(SocketAddr, u32)>, engines: &[SocketAddr]) -> Snapshot {
+/// `gateways`: each replica's admin address and pid, for a gateway cell.
+/// The placement counters of every replica are kept apart by a `replica`
+/// label, so a window's difference is taken per replica and then summed;
+/// the CPU is the replicas' together.
+async fn snapshot(gateways: &[(SocketAddr, u32)], engines: &[SocketAddr]) -> Snapshot {
     let at = Instant::now();
-    let gateway_cpu = gateway.and_then(|(_, pid)| stats::cpu_seconds(pid));
+    let cpus: Vec<f64> = gateways
+        .iter()
+        .filter_map(|&(_, pid)| stats::cpu_seconds(pid))
+        .collect();
+    let gateway_cpu = (!cpus.is_empty()).then(|| cpus.iter().sum());
     let bench_cpu = stats::cpu_seconds(std::process::id());
-    let placements = match gateway {
-        Some((admin, _)) => scrape(admin).await,
-        None => Vec::new(),
-    };
+    let mut placements = Vec::new();
+    for (i, &(admin, _)) in gateways.iter().enumerate() {
+        placements.extend(scrape(admin).await.into_iter().map(|mut s| {
+            s.labels.push(("replica".to_string(), i.to_string()));
+            s
+        }));
+    }
     let mut per_engine = Vec::with_capacity(engines.len());
     for &e in engines {
         per_engine.push(scrape(e).await);
@@ -554,8 +564,7 @@ async fn run_mode(
             placer: Placer::new(engine_addrs.len()),
         },
     };
-    // Gateway-side counters come from the first replica.
-    let gw_probe = replicas.first().map(|g| (g.admin, g.pid));
+    let gw_probe: Vec<(SocketAddr, u32)> = replicas.iter().map(|g| (g.admin, g.pid)).collect();
 
     let start = Instant::now();
     let warm = start + plan.warmup;
@@ -589,7 +598,7 @@ async fn run_mode(
     let lag_probe = tokio::spawn(probe_lag(warm, end));
     let kv_sampler = tokio::spawn(sample_kv(engine_addrs.clone(), warm, end));
     sleep_until(warm).await;
-    let before = snapshot(gw_probe, &engine_addrs).await;
+    let before = snapshot(&gw_probe, &engine_addrs).await;
     let mut retired = Vec::new();
     if let Some(f) = plan.failover {
         let i = f.engine;
@@ -609,7 +618,7 @@ async fn run_mode(
         eprintln!("   {label}: e{i} back, with an empty cache");
     }
     sleep_until(end).await;
-    let after = snapshot(gw_probe, &engine_addrs).await;
+    let after = snapshot(&gw_probe, &engine_addrs).await;
     let load = sampler.await.unwrap_or_default();
     let lag = lag_probe.await.unwrap_or_default();
     let kv_committed = kv_sampler.await.unwrap_or_default();

@@ -394,7 +394,8 @@ pub fn markdown(scenarios: &[ScenarioResult], elapsed: Duration) -> String {
          another engine than the session's previous turn; new sessions per peer = engine of \
          each session's first request (e0/e1/...), whole cell; engine load and queue = requests \
          in each engine and queued beyond max_running, sampled every 100 ms; gateway CPU from \
-         /proc/<pid>/stat over the window. The reference cell runs no gateway: the client sends \
+         /proc/<pid>/stat over the window. With several replicas, moves, placements and \
+         gateway CPU are every replica's together. The reference cell runs no gateway: the client sends \
          a session's first turn to the engine with the fewest of its requests in flight (ties: \
          fewest sessions) and later turns to the same engine, re-placing a session whose engine \
          refuses connections.\n",
