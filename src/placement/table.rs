@@ -73,8 +73,9 @@ pub struct TableConfig {
     /// `ThinkGaps`).
     pub live_window_ms: u64,
     /// A peer takes a new session only while its live sessions' tokens plus
-    /// the newcomer's stay within this share (per mille) of its KV capacity
-    /// (and so do its live sessions counted at the pool's mean size).
+    /// the newcomer's stay within this share (per mille) of its KV capacity,
+    /// and so do its live sessions, the newcomer included, counted at the
+    /// median size of the route's live sessions (`PeerLoad::fits`).
     pub kv_admit_permille: u32,
 }
 
@@ -666,12 +667,10 @@ impl SessionTable {
         self.live_rule().holds(binding, now)
     }
 
-    /// The live window in force, in milliseconds: learned or configured.
+    /// The live window in force after an answer, in milliseconds: learned
+    /// or configured.
     pub fn live_window_ms(&self) -> u64 {
-        let configured = self.config.load().live_window_ms;
-        self.think
-            .window()
-            .map_or(configured, |w| configured.min(u64::from(w) * TICK_MS))
+        self.live_rule().after_answer_ticks.saturating_mul(TICK_MS)
     }
 
     fn live_add(&self, peer: PeerId, sessions: i32, tokens: i64) {

@@ -31,27 +31,12 @@ pub struct StreamStats {
 ///   malformed frame may be counted either way. `arguments` (tool-call
 ///   deltas) is included because a tool-only answer is still generated
 ///   output, and leaving it out would make it look like an empty stream.
+/// - `hint` is where the previous frame of the same stream had its content
+///   key (see [`ContentHint`]); a fresh one for a lone frame.
 ///
 /// Returns whether the event is a usage-only frame (see
 /// [`usage::is_usage_only_event`]), from the same parse.
-pub fn observe_event(event_data: &[u8], stats: &mut StreamStats) -> bool {
-    observe_event_hinted(event_data, stats, &mut ContentHint::default())
-}
-
-/// Where the last frame's content key was found. A stream's frames share
-/// one shape (the same id, model and nesting), so the next frame's key is
-/// usually at the same offset: it is checked there first, with one
-/// comparison instead of up to five searches. The answer is the one the
-/// searches give: a key found at the hint is one they would find.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ContentHint(Option<(usize, usize)>);
-
-/// [`observe_event`] for the frames of one stream, sharing a hint.
-pub fn observe_event_hinted(
-    event_data: &[u8],
-    stats: &mut StreamStats,
-    hint: &mut ContentHint,
-) -> bool {
+pub fn observe_event(event_data: &[u8], stats: &mut StreamStats, hint: &mut ContentHint) -> bool {
     if carries_content(event_data, hint) {
         stats.content_events += 1;
     }
@@ -63,6 +48,14 @@ pub fn observe_event_hinted(
         None => false,
     }
 }
+
+/// Where the last frame's content key was found. A stream's frames share
+/// one shape (the same id, model and nesting), so the next frame's key is
+/// usually at the same offset: it is checked there first, with one
+/// comparison instead of up to five searches. The answer is the one the
+/// searches give: a key found at the hint is one they would find.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ContentHint(Option<(usize, usize)>);
 
 /// The content keys, each searcher built once (see [`Key`]).
 static CONTENT_KEYS: LazyLock<[Key; 5]> = LazyLock::new(|| {
@@ -95,6 +88,11 @@ fn carries_content(data: &[u8], hint: &mut ContentHint) -> bool {
 mod tests {
     use super::*;
 
+    /// One frame on its own, without a stream's hint.
+    fn observe_alone(data: &[u8], stats: &mut StreamStats) -> bool {
+        observe_event(data, stats, &mut ContentHint::default())
+    }
+
     /// With a hint from earlier frames, every frame is judged as without
     /// one: a hint that points at the key, at another key, past the end, or
     /// inside a string value.
@@ -115,17 +113,17 @@ mod tests {
             for then in frames {
                 let mut hint = ContentHint::default();
                 let mut hinted = StreamStats::default();
-                observe_event_hinted(first, &mut hinted, &mut hint);
+                observe_event(first, &mut hinted, &mut hint);
                 let before = hinted.content_events;
-                observe_event_hinted(then, &mut hinted, &mut hint);
+                observe_event(then, &mut hinted, &mut hint);
                 let mut alone = StreamStats::default();
-                observe_event(then, &mut alone);
+                observe_alone(then, &mut alone);
                 assert_eq!(hinted.content_events - before, alone.content_events);
             }
         }
         // Control: the hint is taken (a second identical frame is found at it).
         let mut hint = ContentHint::default();
-        observe_event_hinted(frames[0], &mut StreamStats::default(), &mut hint);
+        observe_event(frames[0], &mut StreamStats::default(), &mut hint);
         assert!(hint.0.is_some());
     }
 
@@ -143,7 +141,7 @@ mod tests {
             b"[DONE]",
         ];
         for f in frames {
-            observe_event(f, &mut stats);
+            observe_alone(f, &mut stats);
         }
         assert_eq!(stats.content_events, 4);
         assert_eq!(
@@ -160,16 +158,16 @@ mod tests {
     fn observe_is_not_fooled_by_string_contents() {
         let mut stats = StreamStats::default();
         // The needle appears only inside a string value (escaped quotes).
-        observe_event(
+        observe_alone(
             br#"{"choices":[{"delta":{"content":""},"x":"\"content\":\"y"}]}"#,
             &mut stats,
         );
         // A key containing an escaped quote right before the needle.
-        observe_event(br#"{"choices":[],"a\"content":"y"}"#, &mut stats);
-        observe_event(br#"{"note":"the \"usage\" word","usage":null}"#, &mut stats);
+        observe_alone(br#"{"choices":[],"a\"content":"y"}"#, &mut stats);
+        observe_alone(br#"{"note":"the \"usage\" word","usage":null}"#, &mut stats);
         assert_eq!(stats, StreamStats::default());
         // Tool-call argument deltas are generated output too.
-        observe_event(
+        observe_alone(
             br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\""}}]}}]}"#,
             &mut stats,
         );

@@ -9,7 +9,7 @@
 //! JSON body is held once, for rewriting up to `MAX_HELD_JSON_BYTES`, then
 //! passes unchanged. The proptests of `postprocess` drive this engine.
 
-use super::observe::{observe_event_hinted, ContentHint, StreamStats};
+use super::observe::{observe_event, ContentHint, StreamStats};
 use super::postprocess::{write_event, Handler, MAX_HELD_JSON_BYTES, MAX_PENDING_EVENT_BYTES};
 use super::sse::{event_data, SseSplitter};
 use super::usage::{answer_usage, is_usage_only_event, Usage};
@@ -265,7 +265,7 @@ fn observe(
     last: &mut Option<Instant>,
 ) -> bool {
     let before = stats.content_events;
-    let usage_only = observe_event_hinted(data, stats, hint);
+    let usage_only = observe_event(data, stats, hint);
     if stats.content_events > before {
         let now = Instant::now();
         first.get_or_insert(now);

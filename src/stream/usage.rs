@@ -145,6 +145,9 @@ fn trailing_usage(json: &[u8]) -> Option<Usage> {
 
 /// `tail` is `(, "key": value)* }` and whitespace, with no member spelling
 /// `usage` (a later one, however escaped, would be the one that counts).
+/// Not `find_member`'s walk: it skips values by their brackets without
+/// checking them, and here what follows the usage must be valid JSON for
+/// the shortcut to read what the whole parse reads.
 fn members_close_the_object(tail: &[u8]) -> bool {
     let mut i = skip_json_ws(tail, 0);
     loop {
