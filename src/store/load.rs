@@ -1,13 +1,20 @@
 //! The shared store's background task: keeps the connections open,
 //! publishes this replica's in-flight per peer and reads the others'
-//! (every `PUBLISH_MS`; a replica's numbers expire `LOAD_TTL_MS` after its
-//! last publish, so a replica that died stops counting within that bound),
+//! (every `IN_FLIGHT_MS`), publishes and reads the live sessions (every
+//! `SESSIONS_MS`; a replica's numbers expire `LOAD_TTL_MS` after its last
+//! publish, so a replica that died stops counting within that bound),
 //! writes back the sessions placed while Redis was away, and sweeps old
 //! sync times.
 //!
-//! Staleness: another replica's in-flight is at most `PUBLISH_MS` old when
-//! published plus one `PUBLISH_MS` until it is read here, so placement's
-//! cluster view lags by at most ~0.5 s.
+//! Staleness: another replica's in-flight is at most `IN_FLIGHT_MS` old
+//! when published plus one `IN_FLIGHT_MS` until it is read here, so
+//! placement's cluster in-flight lags by at most ~0.1 s; its live sessions
+//! by at most ~0.5 s. In-flight goes at the faster pace because it is what
+//! a spill weighs, turn by turn: at 250 ms, two replicas' TTFT p95 on the
+//! agent replay was 12-16 % over one replica's, at 50 ms level with it
+//! (BENCHMARKS.md, issue 11). Sessions change only at a session's first
+//! turn or a move, and their list grows with the cluster, so they keep the
+//! slower pace.
 
 use super::binding::{live_key, load_key, replicas_key, StoredBinding};
 use super::{RedisStore, SessionStore};
@@ -19,7 +26,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub const PUBLISH_MS: u64 = 250;
+pub const IN_FLIGHT_MS: u64 = 50;
+/// Live sessions go out every this many in-flight publishes (250 ms).
+const SESSIONS_EVERY: u64 = 5;
 pub const LOAD_TTL_MS: u64 = 1_500;
 /// Placement falls back to this replica's own live counts when the cluster
 /// view is older than this (Redis away).
@@ -27,6 +36,8 @@ pub const CLUSTER_VIEW_MAX_AGE_MS: u64 = 2 * LOAD_TTL_MS;
 /// Past this many live sessions a replica publishes none (the others then
 /// see only its in-flight): the list would cost more than it tells.
 const MAX_PUBLISHED_SESSIONS: usize = 50_000;
+/// Sync times are swept every this many publishes (10 s).
+const SWEEP_EVERY: u64 = 200;
 
 pub struct StoreService {
     pub store: Arc<SessionStore>,
@@ -39,7 +50,8 @@ impl BackgroundService for StoreService {
         let Some(redis) = self.store.redis() else {
             return;
         };
-        let mut tick = tokio::time::interval(Duration::from_millis(PUBLISH_MS));
+        let mut tick = tokio::time::interval(Duration::from_millis(IN_FLIGHT_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks = 0u64;
         loop {
             tokio::select! {
@@ -51,8 +63,9 @@ impl BackgroundService for StoreService {
             let was_up = redis.is_up();
             let now = now_ms();
             let snapshot = self.registry.snapshot();
+            let sessions = ticks % SESSIONS_EVERY == 1;
             for route in snapshot.values() {
-                exchange_load(redis, route, now).await;
+                exchange_load(redis, route, now, sessions).await;
             }
             if redis.is_up() {
                 write_back(redis, &self.registry, now).await;
@@ -65,7 +78,7 @@ impl BackgroundService for StoreService {
                     }
                 }
             }
-            if ticks.is_multiple_of(40) {
+            if ticks.is_multiple_of(SWEEP_EVERY) {
                 // Sync times outlive the trust window only to pace TTL
                 // refreshes; a day-old one paces nothing.
                 redis.sweep_synced(now, 24 * 3_600_000);
@@ -74,34 +87,41 @@ impl BackgroundService for StoreService {
     }
 }
 
-/// Publishes this replica's in-flight per peer of `route` and its live
-/// sessions, and sums the other live replicas' into each peer's
-/// `remote_in_flight` and cluster-wide bound sessions. A session live on
-/// several replicas (its turns went through each) counts once: the union
-/// of the published session hashes is what is bound.
-async fn exchange_load(redis: &RedisStore, route: &Route, now: u64) {
+/// Publishes this replica's in-flight per peer of `route` and (with
+/// `sessions`) its live sessions, and sums the other live replicas' into
+/// each peer's `remote_in_flight` and (with `sessions`) cluster-wide bound
+/// sessions. A session live on several replicas (its turns went through
+/// each) counts once: the union of the published session hashes is what is
+/// bound.
+async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bool) {
     let prefix = redis.prefix();
     let name = route.name();
     let mine = load_key(prefix, name, &redis.replica);
     let replicas = replicas_key(prefix, name);
     let table = &route.runtime.sessions;
-    let live = table.live_sessions(now);
+    let live = if sessions {
+        table.live_sessions(now)
+    } else {
+        Vec::new()
+    };
     let addr_of = |id| route.peer_by_id(id).map(|(_, p)| p.state.address.as_str());
-    let mut blob = String::new();
-    if live.len() <= MAX_PUBLISHED_SESSIONS {
-        for (peer, sid, tokens) in &live {
-            if let Some(addr) = addr_of(*peer) {
-                blob.push_str(&format!("{sid:016x} {addr} {tokens}\n"));
+    let mut pipe = redis::pipe();
+    if sessions {
+        let mut blob = String::new();
+        if live.len() <= MAX_PUBLISHED_SESSIONS {
+            for (peer, sid, tokens) in &live {
+                if let Some(addr) = addr_of(*peer) {
+                    blob.push_str(&format!("{sid:016x} {addr} {tokens}\n"));
+                }
             }
         }
+        pipe.cmd("SET")
+            .arg(live_key(prefix, name, &redis.replica))
+            .arg(&blob)
+            .arg("PX")
+            .arg(LOAD_TTL_MS)
+            .ignore();
     }
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
-        .arg(live_key(prefix, name, &redis.replica))
-        .arg(&blob)
-        .arg("PX")
-        .arg(LOAD_TTL_MS)
-        .ignore();
     let hset = pipe.cmd("HSET").arg(&mine);
     for p in &route.peers {
         hset.arg(&p.state.address).arg(p.state.in_flight());
@@ -146,25 +166,38 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64) {
         let mut read = redis::pipe();
         for other in &others {
             read.cmd("HGETALL").arg(load_key(prefix, name, other));
-            read.cmd("GET").arg(live_key(prefix, name, other));
+            if sessions {
+                read.cmd("GET").arg(live_key(prefix, name, other));
+            }
         }
         let Some(replies): Option<Vec<redis::Value>> = redis.pipeline("load_read", &read).await
         else {
             return;
         };
         let mut replies = replies.into_iter();
-        while let (Some(load), sessions) = (replies.next(), replies.next()) {
+        while let Some(load) = replies.next() {
             let load: HashMap<String, u32> =
                 redis::FromRedisValue::from_redis_value(load).unwrap_or_default();
             for (addr, n) in load {
                 *sums.entry(addr).or_default() += n;
             }
-            let sessions: Option<String> =
-                sessions.and_then(|v| redis::FromRedisValue::from_redis_value(v).ok());
-            for (sid, addr, tokens) in sessions.iter().flat_map(|s| parse_live(s)) {
+            if !sessions {
+                continue;
+            }
+            let published: Option<String> = replies
+                .next()
+                .and_then(|v| redis::FromRedisValue::from_redis_value(v).ok());
+            for (sid, addr, tokens) in published.iter().flat_map(|s| parse_live(s)) {
                 bound.entry(sid).or_insert((addr, tokens));
             }
         }
+    }
+    for p in &route.peers {
+        p.state
+            .set_remote_in_flight(sums.get(&p.state.address).copied().unwrap_or(0));
+    }
+    if !sessions {
+        return;
     }
     let mut per_peer: HashMap<&str, crate::placement::Bound> = HashMap::new();
     for (addr, tokens) in bound.values() {
@@ -173,8 +206,6 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64) {
         b.tokens += tokens;
     }
     for p in &route.peers {
-        p.state
-            .set_remote_in_flight(sums.get(&p.state.address).copied().unwrap_or(0));
         let cluster = per_peer
             .get(p.state.address.as_str())
             .copied()
