@@ -1,6 +1,7 @@
 //! The response on its way to the client, as pure byte processing: SSE
 //! framing (`sse`), byte scans (`scan`), what the gateway observes
-//! (`observe`, `usage`), what it rewrites (`postprocess`), and the one
+//! (`observe`, `usage`, with `usage_object` for the usual shape of a usage
+//! object), what it rewrites (`postprocess`), and the one
 //! per-response engine that runs them in order (`pipeline`). Nothing here
 //! knows about Pingora; the proxy feeds it chunks.
 //!
@@ -14,5 +15,6 @@ pub mod postprocess;
 pub mod scan;
 pub mod sse;
 pub mod usage;
+mod usage_object;
 
 pub use pipeline::{BodyKind, ResponsePipeline};

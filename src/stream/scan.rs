@@ -40,7 +40,10 @@ pub(crate) fn last_key_value(data: &[u8], key: &Key) -> Option<usize> {
 /// value starts (past the colon and any whitespace): a match whose opening
 /// quote is escaped is inside a string, and one not followed by a colon is
 /// a value. Does not know which object a key belongs to.
-fn key_values<'a>(data: &'a [u8], key: &'a Key) -> impl Iterator<Item = (usize, usize)> + 'a {
+pub(crate) fn key_values<'a>(
+    data: &'a [u8],
+    key: &'a Key,
+) -> impl Iterator<Item = (usize, usize)> + 'a {
     // Overlapping matches too (the key's quotes are its own prefix and
     // suffix), so a malformed frame reads as it always has.
     let mut from = 0;

@@ -137,10 +137,15 @@ fn trailing_usage(json: &[u8]) -> Option<Usage> {
     if json.get(at) != Some(&b'{') {
         return None;
     }
-    let mut values = serde_json::Deserializer::from_slice(&json[at..]).into_iter::<UsageMember>();
-    let usage = values.next()?.ok()?.0?;
-    let tail = &json[at + values.byte_offset()..];
-    members_close_the_object(tail).then_some(usage)
+    let (usage, len) = match super::usage_object::read(&json[at..]) {
+        Some(read) => read,
+        None => {
+            let mut values =
+                serde_json::Deserializer::from_slice(&json[at..]).into_iter::<UsageMember>();
+            (values.next()?.ok()?.0?, values.byte_offset())
+        }
+    };
+    members_close_the_object(&json[at + len..]).then_some(usage)
 }
 
 /// `tail` is `(, "key": value)* }` and whitespace, with no member spelling
@@ -179,7 +184,8 @@ fn members_close_the_object(tail: &[u8]) -> bool {
 /// Is this SSE event's data a usage-only frame (`choices` empty, null or
 /// absent, and a `usage` object present)? When unsure — unparsable data,
 /// `choices` not an array — the answer is no, because a wrong yes would
-/// drop a frame the client needs.
+/// drop a frame the client needs. (Data broken before a usage object that
+/// closes it, with empty `choices`, is a usage frame: see [`frame_usage`].)
 pub fn is_usage_only_event(event_data: &[u8]) -> bool {
     frame_usage(event_data).is_some_and(|(_, only)| only)
 }
@@ -188,12 +194,23 @@ pub fn is_usage_only_event(event_data: &[u8]) -> bool {
 /// the frame can carry a usage object: a `"usage"` key whose value opens an
 /// object. A frame without one (every content frame, and `"usage": null`
 /// ones) costs one search, not a parse. Exactly what parsing every frame
-/// gives: a top-level usage object always shows as such a key, and the
-/// parse still decides (a nested or string-embedded match parses to no
-/// usage, as before).
+/// gives: a top-level usage object always shows as such a key (unless the
+/// key is spelled with escapes, which no engine does), and the parse still
+/// decides (a nested or string-embedded match parses to no usage).
+///
+/// The usage frame itself (once per stream) is read as an answer is, from
+/// the end ([`answer_usage`]), and its `choices` from their keys
+/// ([`choices_say_usage_only`]); only a frame those cannot judge takes the
+/// whole parse. So, as for answers, a frame broken before its usage counts
+/// that usage, and counts as usage-only when its `choices` say so.
 pub fn frame_usage(event_data: &[u8]) -> Option<(Usage, bool)> {
     if !super::scan::key_has_object(event_data, &USAGE_KEY) {
         return None;
+    }
+    if let Some(usage) = trailing_usage(event_data) {
+        if let Some(only) = choices_say_usage_only(event_data) {
+            return Some((usage, only));
+        }
     }
     let env = parse_envelope(event_data)?;
     let only = env.is_usage_only();
@@ -202,6 +219,36 @@ pub fn frame_usage(event_data: &[u8]) -> Option<(Usage, bool)> {
 
 static USAGE_KEY: std::sync::LazyLock<super::scan::Key> =
     std::sync::LazyLock::new(|| super::scan::Key::new("usage"));
+static CHOICES_KEY: std::sync::LazyLock<super::scan::Key> =
+    std::sync::LazyLock::new(|| super::scan::Key::new("choices"));
+
+/// Whether a frame with a top-level usage object is usage-only, judged by
+/// its `"choices"` keys alone: with none, `choices` is absent (yes); with
+/// one whose value is `[]` or `null`, it is empty or null if that key is
+/// the top-level one, and absent if it is nested (yes either way). Several,
+/// or one holding anything else, may or may not be the top-level one:
+/// `None`, the whole parse decides. So does a frame with a backslash: an
+/// escaped spelling of `choices` is a key no byte search sees (a usage
+/// frame has no text that needs escapes).
+fn choices_say_usage_only(data: &[u8]) -> Option<bool> {
+    if super::scan::find_byte(data, b'\\').is_some() {
+        return None;
+    }
+    let mut keys = super::scan::key_values(data, &CHOICES_KEY);
+    let Some((_, value)) = keys.next() else {
+        return Some(true);
+    };
+    if keys.next().is_some() {
+        return None;
+    }
+    let rest = &data[value..];
+    let empty = match rest.first() {
+        Some(b'[') => rest.get(skip_json_ws(rest, 1)) == Some(&b']'),
+        Some(b'n') => rest.starts_with(b"null"),
+        _ => false,
+    };
+    empty.then_some(true)
+}
 
 /// The top-level `usage` as [`usage_from_object`] reads it from a `Value`:
 /// `None` unless it is an object; in it a count that is missing or not an
@@ -752,6 +799,39 @@ mod tests {
         );
     }
 
+    /// The whole parse of a frame, as `frame_usage` read every usage
+    /// frame before its shortcut (after the same key search).
+    fn whole_frame_usage(data: &[u8]) -> Option<(Usage, bool)> {
+        if !super::super::scan::key_has_object(data, &USAGE_KEY) {
+            return None;
+        }
+        let env = parse_envelope(data)?;
+        let only = env.is_usage_only();
+        Some((env.usage.0?, only))
+    }
+
+    /// The usage frames engines send take the shortcut (control for the
+    /// proptest below, which only checks that the two agree).
+    #[test]
+    fn engine_usage_frames_are_read_without_the_whole_parse() {
+        let frames = [
+            r#"{"id":"c-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5,"prompt_tokens_details":{"cached_tokens":1}}}"#,
+            r#"{"id":"c-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[ ],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}"#,
+            r#"{"id":"c-1","choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":2,"completion_tokens":3}}"#,
+        ];
+        let expect = [Some(true), Some(true), None];
+        for (frame, only) in frames.iter().zip(expect) {
+            let f = frame.as_bytes();
+            assert!(trailing_usage(f).is_some(), "{frame}");
+            assert_eq!(choices_say_usage_only(f), only, "{frame}");
+            assert_eq!(frame_usage(f), whole_frame_usage(f), "{frame}");
+        }
+        assert_eq!(
+            frame_usage(frames[0].as_bytes()).map(|(u, _)| u.cached_tokens),
+            Some(1)
+        );
+    }
+
     // ---- property test: random JSON with random formatting ----
 
     fn value_strategy() -> impl Strategy<Value = Value> {
@@ -901,8 +981,70 @@ mod tests {
             })
     }
 
+    fn usage_key_strategy() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("prompt_tokens".to_string()),
+            Just("completion_tokens".to_string()),
+            Just("prompt_tokens_details".to_string()),
+            Just("cached_tokens".to_string()),
+            Just("choices".to_string()),
+            Just("usage".to_string()),
+            "[a-z_]{0,8}",
+        ]
+    }
+
+    /// Usage-like values: the usage keys at every level, counts and
+    /// objects more often than the general strategy gives them.
+    fn usage_value_strategy() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            4 => (0u64..100_000).prop_map(|n| json!(n)),
+            1 => value_strategy(),
+            1 => Just(json!([])),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            proptest::collection::vec((usage_key_strategy(), inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect()))
+        })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        /// Wherever the byte walk reads a usage object, it reads serde's.
+        #[test]
+        fn prop_the_usage_walk_reads_as_serde(usage in usage_value_strategy(), seed in 1u64..) {
+            let mut w = Writer { out: String::new(), seed };
+            w.value(&usage);
+            let raw = w.out.into_bytes();
+            let serde_read = serde_json::from_slice::<UsageMember>(&raw).ok().and_then(|u| u.0);
+            if let Some((walked, len)) = super::super::usage_object::read(&raw) {
+                prop_assert_eq!(Some(walked), serde_read);
+                prop_assert_eq!(len, raw.len());
+            }
+        }
+
+        /// A frame's usage and usage-only verdict, with the shortcuts, are
+        /// the whole parse's on valid JSON.
+        #[test]
+        fn prop_frame_usage_reads_as_the_whole_parse(
+            members in proptest::collection::vec((usage_key_strategy(), usage_value_strategy()), 0..6),
+            seed in 1u64..,
+        ) {
+            let frame = Value::Object(members.into_iter().collect());
+            let mut w = Writer { out: String::new(), seed };
+            w.value(&frame);
+            let raw = w.out.into_bytes();
+            prop_assert_eq!(frame_usage(&raw), whole_frame_usage(&raw));
+            // From the end an answer's usage is read whatever its `choices`
+            // hold, as the `Value` path reads it; the typed envelope, which
+            // the search falls back to, gives up on a `choices` that is not
+            // an array.
+            let answer = answer_usage(&raw);
+            prop_assert!(
+                answer == parse_usage_bytes(&raw) || answer == parse_usage(&frame),
+                "{:?}", String::from_utf8_lossy(&raw)
+            );
+        }
+
         #[test]
         fn prop_inject_is_surgical(body in body_strategy(), seed in 1u64..) {
             let mut w = Writer { out: String::new(), seed };
