@@ -169,13 +169,20 @@ impl ResponsePipeline {
         let stats = (&mut self.stats, &mut self.content_hint);
         let times = (&mut self.first_content_at, &mut self.last_content_at);
         let mut out = Out::default();
-        self.splitter.push(&chunk, |event| {
-            let data = event_data(event);
+        self.splitter.push_events(&chunk, |event| {
+            let data = event.data();
             let usage_only = data
                 .as_deref()
                 .is_some_and(|d| observe(d, stats.0, stats.1, times.0, times.1));
             if rewrites {
-                transform_event(handler, drop_usage, event, usage_only, &chunk, &mut out);
+                transform_event(
+                    handler,
+                    drop_usage,
+                    event.bytes,
+                    usage_only,
+                    &chunk,
+                    &mut out,
+                );
             }
         });
         let runaway = self.splitter.pending_len() > MAX_PENDING_EVENT_BYTES;

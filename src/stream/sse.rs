@@ -55,12 +55,22 @@ impl SseSplitter {
     /// with its exact bytes including the terminating blank line. The bytes
     /// of an unfinished event stay buffered until a later chunk ends it.
     pub fn push(&mut self, chunk: &[u8], mut on_event: impl FnMut(&[u8])) {
+        self.push_events(chunk, |event| on_event(event.bytes));
+    }
+
+    /// [`push`](Self::push), each event with what the scan learnt of its
+    /// lines (see [`Event::data`]).
+    pub fn push_events(&mut self, chunk: &[u8], mut on_event: impl FnMut(Event<'_>)) {
         let mut rest = chunk;
         if !self.pending.is_empty() {
-            match scan_event_end(rest, &mut self.state) {
+            let mut lines = 0;
+            match scan_event_end(rest, &mut self.state, &mut lines) {
                 Some(end) => {
                     self.pending.extend_from_slice(&rest[..end]);
-                    on_event(&self.pending);
+                    on_event(Event {
+                        bytes: &self.pending,
+                        one_line: false,
+                    });
                     self.reset_pending();
                     rest = &rest[end..];
                 }
@@ -74,9 +84,13 @@ impl SseSplitter {
         // the final partial one is copied.
         loop {
             let mut state = LineState::LineStart;
-            match scan_event_end(rest, &mut state) {
+            let mut lines = 0;
+            match scan_event_end(rest, &mut state, &mut lines) {
                 Some(end) => {
-                    on_event(&rest[..end]);
+                    on_event(Event {
+                        bytes: &rest[..end],
+                        one_line: lines == 1,
+                    });
                     rest = &rest[end..];
                 }
                 None => {
@@ -114,9 +128,34 @@ impl SseSplitter {
     }
 }
 
+/// One complete event out of the splitter.
+#[derive(Debug, Clone, Copy)]
+pub struct Event<'a> {
+    /// Its exact bytes, the blank line that ends it included.
+    pub bytes: &'a [u8],
+    /// The scan saw it start and found one line before the blank one.
+    one_line: bool,
+}
+
+impl<'a> Event<'a> {
+    /// [`event_data`], without looking for line breaks the splitter has
+    /// already found: every frame of every stream comes here.
+    pub fn data(&self) -> Option<Cow<'a, [u8]>> {
+        if self.one_line {
+            if let Some(value) = self.bytes.strip_prefix(b"data: ") {
+                let (line, _) = split_line_terminator(value);
+                let (line, _) = split_line_terminator(line);
+                return Some(Cow::Borrowed(line));
+            }
+        }
+        event_data(self.bytes)
+    }
+}
+
 /// Advances `state` over `bytes`; returns the index just past the first
 /// event terminator, or `None` (with `state` describing the end of `bytes`).
-fn scan_event_end(bytes: &[u8], state: &mut LineState) -> Option<usize> {
+/// `lines` counts the lines with content it entered.
+fn scan_event_end(bytes: &[u8], state: &mut LineState, lines: &mut u32) -> Option<usize> {
     let mut i = 0;
     while i < bytes.len() {
         match *state {
@@ -137,6 +176,7 @@ fn scan_event_end(bytes: &[u8], state: &mut LineState) -> Option<usize> {
                 *state = if b == b'\r' && *state == LineState::LineStart {
                     LineState::LineStartCr
                 } else {
+                    *lines += 1;
                     LineState::InLine
                 };
             }
@@ -263,6 +303,47 @@ mod tests {
         }
         assert!(single_data_line(b"data: x\n\n").is_some());
         assert!(single_data_line(b"data: a\ndata: b\n\n").is_none());
+    }
+
+    /// An event the splitter marks as one line reads as the line walk, in
+    /// one chunk (marked) and cut in two (read the long way).
+    #[test]
+    fn a_split_event_reads_as_the_line_walk() {
+        let events: [&[u8]; 10] = [
+            b"data: {\"a\":1}\n\n",
+            b"data: {\"a\":1}\r\n\r\n",
+            b"data: {\"a\":1}\r\n\n",
+            b"data: x\n\r\n",
+            b"data: a\rb\n\n",
+            b"data: x\r\r\n\n",
+            b"data:nospace\n\n",
+            b"data: a\ndata: b\n\n",
+            b"\rdata: x\n\n",
+            b": comment\n\n",
+        ];
+        for event in events {
+            let walked = data_lines(event);
+            for cut in [event.len(), 3] {
+                let mut splitter = SseSplitter::new();
+                let mut seen = Vec::new();
+                for part in [&event[..cut], &event[cut..]] {
+                    splitter.push_events(part, |ev| {
+                        seen.push((ev.data().map(|d| d.into_owned()), ev.one_line))
+                    });
+                }
+                assert_eq!(seen.len(), 1);
+                let (data, one_line) = &seen[0];
+                assert_eq!(
+                    data.as_deref(),
+                    walked.as_deref(),
+                    "{:?}",
+                    String::from_utf8_lossy(event)
+                );
+                // Control: the single-line reading is the one taken here.
+                let two_lines = event == b"data: a\ndata: b\n\n";
+                assert_eq!(*one_line, cut == event.len() && !two_lines);
+            }
+        }
     }
 
     #[test]
@@ -455,9 +536,10 @@ mod tests {
             let mut got = Vec::new();
             let mut concat = Vec::new();
             for c in chunk_at(&input, &cuts) {
-                s.push(&c, |ev| {
-                    got.push(ev.to_vec());
-                    concat.extend_from_slice(ev);
+                s.push_events(&c, |ev| {
+                    assert_eq!(ev.data(), event_data(ev.bytes));
+                    got.push(ev.bytes.to_vec());
+                    concat.extend_from_slice(ev.bytes);
                 });
             }
             let rest = s.finish();
