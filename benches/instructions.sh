@@ -23,6 +23,9 @@
 #   BARE_WORK_STEALING=0 BARE_POOL=16 TARGETS=bare bash benches/instructions.sh
 #                                 # Pingora runtime settings (benches/bare_proxy.rs)
 #   SKIP_BUILD=0 bash benches/instructions.sh          # cargo build first
+#   CALLGRIND_ARGS='--toggle-collect=*ResponsePipeline::process*' \
+#       TARGETS=gateway bash benches/instructions.sh   # one function's cost
+#                                 # (inclusive) per request, nothing else
 #   KEEP_CG=/tmp/cg bash benches/instructions.sh       # keep the profiles for
 #                                 # callgrind_annotate (TARGET-SCENARIO-REQUESTS.out)
 #
@@ -102,7 +105,8 @@ PY
 # (not echoed: a command substitution would wait for the server's stdout).
 start() {
     local target=$1 dir=$2 port=$3 admin
-    local vg=(valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$dir/cg.out")
+    # shellcheck disable=SC2206 # CALLGRIND_ARGS is split on purpose
+    local vg=(valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$dir/cg.out" ${CALLGRIND_ARGS:-})
     case $target in
         gateway)
             admin=$(free_port); mkdir -p "$dir/routes"
