@@ -114,4 +114,4 @@ for w in new cycle; do
   echo "| $w | $n | $(delta_quantile "$TMP/before" "$TMP/after" 0.5) | $(delta_quantile "$TMP/before" "$TMP/after" 0.99) | $per |"
 done
 echo
-echo "(bucket bounds of A's wait histogram over each workload; commands include the 4/s load publication)"
+echo "(bucket bounds of A's wait histogram over each workload; commands include the load exchange: in-flight 20/s, live sessions 4/s)"
