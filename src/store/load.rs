@@ -1,8 +1,9 @@
 //! The shared store's background task: keeps the connections open,
 //! publishes this replica's in-flight per peer and reads the others'
 //! (every `IN_FLIGHT_MS`), publishes and reads the live sessions (every
-//! `SESSIONS_MS`; a replica's numbers expire `LOAD_TTL_MS` after its last
-//! publish, so a replica that died stops counting within that bound),
+//! `SESSIONS_EVERY`-th time, 250 ms; a replica's numbers expire
+//! `LOAD_TTL_MS` after its last publish, so a replica that died stops
+//! counting within that bound),
 //! writes back the sessions placed while Redis was away, and sweeps old
 //! sync times.
 //!
@@ -59,11 +60,16 @@ impl BackgroundService for StoreService {
                 _ = shutdown.changed() => return,
             }
             ticks += 1;
+            let sessions = ticks % SESSIONS_EVERY == 1;
+            // Redis away: reconnect and retry at the slower pace, so an
+            // outage costs what it cost before the in-flight got faster.
+            if !sessions && !redis.is_up() {
+                continue;
+            }
             redis.ensure_connected().await;
             let was_up = redis.is_up();
             let now = now_ms();
             let snapshot = self.registry.snapshot();
-            let sessions = ticks % SESSIONS_EVERY == 1;
             for route in snapshot.values() {
                 exchange_load(redis, route, now, sessions).await;
             }
