@@ -16,6 +16,8 @@ use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt;
 
+mod skim;
+
 /// The members of a request body the gateway reads; `None` when absent.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RequestView<'a> {
@@ -27,9 +29,47 @@ pub struct RequestView<'a> {
     pub user: Option<&'a RawValue>,
 }
 
+/// The members [`RequestView`] keeps, in the order of its fields.
+const KEPT: [&str; 6] = [
+    "model",
+    "stream",
+    "stream_options",
+    "metadata",
+    "litellm_metadata",
+    "user",
+];
+
 impl<'a> RequestView<'a> {
     /// The view of `body`, which must be one JSON object.
     pub fn parse(body: &'a [u8]) -> Result<Self, serde_json::Error> {
+        match skim::skim(body).and_then(Self::from_skim) {
+            Some(view) => Ok(view),
+            None => Self::parse_with_serde(body),
+        }
+    }
+
+    /// The view of a body the skim accepted. It accepts only bodies the
+    /// serde path accepts, kept members included, so the checks of
+    /// [`Self::check_kept`] have nothing left to find.
+    fn from_skim(found: skim::Found<'a>) -> Option<Self> {
+        let mut raw = found.into_iter().map(|value| match value {
+            None => Some(None),
+            Some(bytes) => serde_json::from_slice::<&RawValue>(bytes).ok().map(Some),
+        });
+        let mut next = || raw.next().flatten();
+        Some(RequestView {
+            model: next()?,
+            stream: next()?,
+            stream_options: next()?,
+            metadata: next()?,
+            litellm_metadata: next()?,
+            user: next()?,
+        })
+    }
+
+    /// serde_json's reading, which decides every body the skim gives up on
+    /// and words the error of a body that is not a JSON object.
+    fn parse_with_serde(body: &'a [u8]) -> Result<Self, serde_json::Error> {
         let mut de = serde_json::Deserializer::from_slice(body);
         let view = de.deserialize_map(TopLevel)?;
         de.end()?;

@@ -1,0 +1,443 @@
+//! A fast first reading of a request body: checks that it is one JSON
+//! object and finds the top-level members the view keeps, at a fraction of
+//! serde_json's cost on long strings.
+//!
+//! Why by hand: serde_json skips a string 8 bytes at a time and then
+//! validates its UTF-8 separately (about 2.8 instructions a byte, 850 k for
+//! a 300 KB prompt, most of the gateway's cost on such a body); this finds a
+//! string's end with `memchr2` (vectorised) and checks each run between
+//! escapes with one vectorisable fold (about 0.3 a byte). No crate offers
+//! what the view needs, which is serde_json's verdict exactly: a faster
+//! parser (simd-json, sonic-rs) draws its own lines on numbers, surrogates
+//! and nesting.
+//!
+//! So this reading only ever says "valid, and here are the members" for a
+//! body serde_json also accepts, and gives up (`None`) on anything it is
+//! not sure of, leaving the verdict (and the error message) to the serde
+//! path of [`super::RequestView::parse`]: escaped top-level keys, `\u`
+//! escapes of surrogates, numbers that could leave f64's range, nesting
+//! past [`MAX_DEPTH`], and every malformed body. `prop_the_skim_agrees_with_serde`
+//! and the `request_body` fuzz target hold it to that.
+
+use memchr::memchr2;
+
+/// The members the view keeps, in this order (see [`super::KEPT`]).
+pub(super) type Found<'a> = [Option<&'a [u8]>; super::KEPT.len()];
+
+/// Containers deep, the body's own object included, past which the serde
+/// path decides (serde_json refuses the 128th level).
+pub(super) const MAX_DEPTH: usize = 100;
+
+/// The kept members' raw values (the last of a repeated one), or `None`
+/// when the serde path must decide.
+pub(super) fn skim(body: &[u8]) -> Option<Found<'_>> {
+    let mut r = Reader { body, at: 0 };
+    let mut found: Found = [None; super::KEPT.len()];
+    r.ws();
+    r.eat(b'{')?;
+    r.ws();
+    if r.peek()? == b'}' {
+        r.at += 1;
+    } else {
+        loop {
+            r.eat(b'"')?;
+            let key_start = r.at;
+            r.string()?;
+            let key = &body[key_start..r.at - 1];
+            // An escaped key spells a name only once decoded.
+            if memchr::memchr(b'\\', key).is_some() {
+                return None;
+            }
+            r.ws();
+            r.eat(b':')?;
+            r.ws();
+            let value_start = r.at;
+            r.value(2)?;
+            if let Some(slot) = super::KEPT.iter().position(|name| name.as_bytes() == key) {
+                found[slot] = Some(&body[value_start..r.at]);
+            }
+            r.ws();
+            match r.next()? {
+                b',' => r.ws(),
+                b'}' => break,
+                _ => return None,
+            }
+        }
+    }
+    r.ws();
+    (r.at == body.len()).then_some(found)
+}
+
+struct Reader<'a> {
+    body: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.body.get(self.at).copied()
+    }
+
+    fn next(&mut self) -> Option<u8> {
+        let b = self.peek()?;
+        self.at += 1;
+        Some(b)
+    }
+
+    fn eat(&mut self, want: u8) -> Option<()> {
+        (self.next()? == want).then_some(())
+    }
+
+    /// JSON's four whitespace bytes, as serde_json skips them.
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
+            self.at += 1;
+        }
+    }
+
+    /// One value at `depth` (containers it opens are one deeper).
+    fn value(&mut self, depth: usize) -> Option<()> {
+        match self.next()? {
+            b'"' => self.string(),
+            b'{' => self.object(depth),
+            b'[' => self.array(depth),
+            b't' => self.literal(b"rue"),
+            b'f' => self.literal(b"alse"),
+            b'n' => self.literal(b"ull"),
+            b'-' | b'0'..=b'9' => {
+                self.at -= 1;
+                self.number()
+            }
+            _ => None,
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Option<()> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.ws();
+        if self.peek()? == b'}' {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            self.eat(b'"')?;
+            self.string()?;
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            self.value(depth + 1)?;
+            self.ws();
+            match self.next()? {
+                b',' => self.ws(),
+                b'}' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Option<()> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.ws();
+        if self.peek()? == b']' {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            self.value(depth + 1)?;
+            self.ws();
+            match self.next()? {
+                b',' => self.ws(),
+                b']' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    fn literal(&mut self, rest: &[u8]) -> Option<()> {
+        let end = self.at + rest.len();
+        (self.body.get(self.at..end)? == rest).then(|| self.at = end)
+    }
+
+    /// The rest of a string whose opening quote was read; `at` ends past
+    /// its closing quote. Runs between escapes must hold no control byte
+    /// and be valid UTF-8 (a multi-byte sequence never holds `"` or `\`,
+    /// so cutting at those keeps every sequence whole).
+    fn string(&mut self) -> Option<()> {
+        loop {
+            let rest = &self.body[self.at..];
+            let end = memchr2(b'"', b'\\', rest)?;
+            let run = &rest[..end];
+            // min/max over the run (vectorised); most runs are plain ASCII.
+            let (low, high) = run
+                .iter()
+                .fold((u8::MAX, 0u8), |(lo, hi), &b| (lo.min(b), hi.max(b)));
+            if low < 0x20 || (high >= 0x80 && std::str::from_utf8(run).is_err()) {
+                return None;
+            }
+            self.at += end + 1;
+            if rest[end] == b'"' {
+                return Some(());
+            }
+            match self.next()? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                b'u' => {
+                    let hex = self.body.get(self.at..self.at + 4)?;
+                    let unit = hex.iter().try_fold(0u32, |unit, &b| {
+                        Some(unit << 4 | char::from(b).to_digit(16)?)
+                    })?;
+                    // A surrogate must pair with the next escape: serde's call.
+                    if (0xD800..=0xDFFF).contains(&unit) {
+                        return None;
+                    }
+                    self.at += 4;
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// A number in JSON's grammar whose value stays well inside f64's range
+    /// (at most 17 integer digits and a two-digit exponent), so that
+    /// serde_json, which refuses a number out of range, reads it too.
+    fn number(&mut self) -> Option<()> {
+        if self.peek() == Some(b'-') {
+            self.at += 1;
+        }
+        let int_digits = self.digits();
+        match int_digits {
+            0 => return None,
+            1 => {}
+            _ if self.body[self.at - int_digits] == b'0' => return None,
+            n if n > 17 => return None,
+            _ => {}
+        }
+        if self.peek() == Some(b'.') {
+            self.at += 1;
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.at += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.at += 1;
+            }
+            if !(1..=2).contains(&self.digits()) {
+                return None;
+            }
+        }
+        Some(())
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.at;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.at += 1;
+        }
+        self.at - start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::RequestView;
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn raw_members(view: &RequestView) -> [Option<String>; 6] {
+        [
+            view.model,
+            view.stream,
+            view.stream_options,
+            view.metadata,
+            view.litellm_metadata,
+            view.user,
+        ]
+        .map(|v| v.map(|v| v.get().to_string()))
+    }
+
+    fn as_text(found: Found) -> [Option<String>; 6] {
+        found.map(|v| v.map(|v| String::from_utf8(v.to_vec()).unwrap()))
+    }
+
+    /// The bodies clients send, engines' and agents' shapes: the skim reads
+    /// them (control for the fallback tests below: without the skim the
+    /// gateway would pay serde's cost on every one), as serde reads them.
+    #[test]
+    fn ordinary_bodies_take_the_skim() {
+        let long_prompt =
+            "line one\n\ttabbed \"quoted\" caf\u{e9} \u{1f600} \\ slash / ".repeat(500);
+        let bodies = [
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+            json!({"model": "sim-model", "messages": [{"role": "user", "content": "x ".repeat(1000)}]}),
+            json!({
+                "model": "qwen", "stream": true, "stream_options": {"include_usage": true},
+                "temperature": 0.7, "top_p": 1, "seed": -42, "presence_penalty": -1.5e-3,
+                "messages": [
+                    {"role": "system", "content": long_prompt},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "read", "arguments": "{\"path\": \"/a\"}"}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "\u{7}\u{1f}"}
+                ],
+                "tools": [{"type": "function", "function": {"parameters": {"type": "object", "properties": {}}}}],
+                "metadata": {"session_id": "s-1", "user_id": "{\"session_id\": \"x\"}"},
+                "litellm_metadata": {"session_id": 12345},
+                "user": "u"
+            }),
+        ];
+        for body in bodies {
+            for text in [
+                body.to_string(),
+                serde_json::to_string_pretty(&body).unwrap(),
+            ] {
+                let found =
+                    skim(text.as_bytes()).unwrap_or_else(|| panic!("skim gave up: {text:.200}"));
+                let serde = RequestView::parse_with_serde(text.as_bytes()).unwrap();
+                assert_eq!(as_text(found), raw_members(&serde));
+            }
+        }
+        let spaced = b" \r\n{ \"model\" :\t\"m\" , \"user\":\"\\ud7ff\\ue000\" }\n ";
+        assert_eq!(as_text(skim(spaced).unwrap())[0].as_deref(), Some("\"m\""));
+    }
+
+    /// What the skim leaves to serde: the cases serde words or decides on
+    /// its own terms. Each is a body serde accepts or refuses; the skim
+    /// says neither.
+    #[test]
+    fn gives_up_where_serde_must_decide() {
+        let deep = |n: usize| format!("{{\"messages\":{}{}}}", "[".repeat(n), "]".repeat(n));
+        for body in [
+            r#"{"mod\u0065l":"m"}"#.to_string(),
+            r#"{"user":"\ud83d\ude00"}"#.to_string(),
+            r#"{"x":"\udc00"}"#.to_string(),
+            r#"{"x":1e400}"#.to_string(),
+            r#"{"x":123456789012345678}"#.to_string(),
+            r#"{"x":1e100}"#.to_string(),
+            deep(MAX_DEPTH),
+            r#"{"a":1,}"#.to_string(),
+            r#"{"a":01}"#.to_string(),
+            r#"{"a":"\x"}"#.to_string(),
+            "{\"a\":\"\u{1}\"}".to_string(),
+            r#"{"a":1} x"#.to_string(),
+            r#"[1]"#.to_string(),
+            r#"{"a":tru}"#.to_string(),
+        ] {
+            assert!(skim(body.as_bytes()).is_none(), "{body}");
+        }
+        // Control: just inside each limit the skim reads it.
+        for body in [
+            r#"{"x":12345678901234567}"#.to_string(),
+            r#"{"x":-1.5E-99}"#.to_string(),
+            r#"{"user":"\ud7ff"}"#.to_string(),
+            deep(MAX_DEPTH - 1),
+        ] {
+            assert!(skim(body.as_bytes()).is_some(), "{body}");
+        }
+        assert!(skim(b"{\"a\":\"\xff\"}").is_none());
+        assert!(skim(b"{\"a\":\"\xc3\"}").is_none());
+    }
+
+    /// JSON values with the kept names, escapes, non-ASCII text and numbers
+    /// at the edges of what the skim reads.
+    fn value_strategy() -> impl Strategy<Value = Value> {
+        let text = prop_oneof![
+            Just("plain".to_string()),
+            Just("a\"b\\c/d\n\t\r\u{8}\u{c}".to_string()),
+            Just("caf\u{e9} \u{1f600} \u{7f}".to_string()),
+            Just("\u{1}\u{1f}".to_string()),
+            "[a-z]{0,6}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<u64>().prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
+            text.clone().prop_map(Value::String),
+        ];
+        let key = prop_oneof![
+            Just("model".to_string()),
+            Just("stream".to_string()),
+            Just("user".to_string()),
+            Just("metadata".to_string()),
+            Just("messages".to_string()),
+            text,
+        ];
+        leaf.prop_recursive(4, 24, 5, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::vec((key.clone(), inner), 0..5)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Bytes a mutation writes: structure, escapes, numbers past the
+    /// limits, broken UTF-8, control bytes, the kept names.
+    const SPLICES: [&[u8]; 17] = [
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b",",
+        b":",
+        b"\"",
+        b"\\",
+        b"\\u",
+        b"\\ud800",
+        b"\\udc00",
+        b"1e999",
+        b"-",
+        b"\xc3",
+        b"\x01",
+        b"\"model\":",
+        b" ",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+        /// Wherever the skim answers, the body is one the serde path
+        /// accepts, with the same members.
+        #[test]
+        fn prop_the_skim_agrees_with_serde(
+            members in proptest::collection::vec(
+                (prop_oneof![
+                    Just("model".to_string()), Just("stream".to_string()),
+                    Just("stream_options".to_string()), Just("metadata".to_string()),
+                    Just("litellm_metadata".to_string()), Just("user".to_string()),
+                    "[a-z]{0,4}",
+                ], value_strategy()),
+                0..6,
+            ),
+            pretty in any::<bool>(),
+            cuts in proptest::collection::vec((any::<prop::sample::Index>(), 0..SPLICES.len(), 0usize..3), 0..3),
+        ) {
+            let object = Value::Object(members.into_iter().collect());
+            let mut body = if pretty {
+                serde_json::to_vec_pretty(&object).unwrap()
+            } else {
+                serde_json::to_vec(&object).unwrap()
+            };
+            for (at, splice, removed) in cuts {
+                let at = at.index(body.len() + 1);
+                let end = (at + removed).min(body.len());
+                body.splice(at..end, SPLICES[splice].iter().copied());
+            }
+            let serde = RequestView::parse_with_serde(&body);
+            if let Some(found) = skim(&body) {
+                let serde = serde.expect("the skim accepted a body serde refuses");
+                prop_assert_eq!(as_text(found), raw_members(&serde));
+                let view = RequestView::parse(&body).unwrap();
+                prop_assert_eq!(raw_members(&view), raw_members(&serde));
+            }
+        }
+    }
+}
