@@ -20,16 +20,21 @@ pub async fn read(
     rest: &str,
     req: &mut Admitted,
 ) -> Result<(), Local> {
-    if has_body(session) {
+    let framing = Framing::of(session);
+    if framing.has_body() {
         // Pingora keeps a copy of a body up to 64 KiB as it is read; such a
         // body then goes upstream from that buffer, without the replay
         // (`super::forward`). Not for a body declared larger: it would copy
         // its first 64 KiB for nothing.
-        if declared_length(session).is_none_or(|n| n <= RETRY_BUFFER_BYTES) {
+        if framing
+            .length
+            .flatten()
+            .is_none_or(|n| n <= RETRY_BUFFER_BYTES)
+        {
             session.as_downstream_mut().enable_retry_buffering();
             req.retry_buffered = true;
         }
-        req.body = read_body(session, route.config.max_body_size).await?;
+        req.body = read_framed(session, framing, route.config.max_body_size).await?;
         req.body_read = true;
     }
     inspect(session, route, rest, req)
@@ -61,14 +66,28 @@ fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> 
 /// `BODY_BUF_LIMIT`); `tests/proxy.rs` checks both sides of it.
 pub const RETRY_BUFFER_BYTES: u64 = 64 * 1024;
 
-/// The Content-Length the client declared, when it is a valid one.
-fn declared_length(session: &Session) -> Option<u64> {
-    session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
+/// What the request head says of its body, read once per request.
+#[derive(Debug, Clone, Copy)]
+struct Framing {
+    /// Content-Length: `None` when absent, `Some(None)` when not a number.
+    length: Option<Option<u64>>,
+    chunked: bool,
+}
+
+impl Framing {
+    fn of(session: &Session) -> Self {
+        let h = &session.req_header().headers;
+        Framing {
+            length: h
+                .get(http::header::CONTENT_LENGTH)
+                .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok())),
+            chunked: h.contains_key(http::header::TRANSFER_ENCODING),
+        }
+    }
+
+    fn has_body(&self) -> bool {
+        self.chunked || self.length.flatten().is_some_and(|n| n > 0)
+    }
 }
 
 /// Tokens a body's prompt is likely to be, before the engine counts them
@@ -85,29 +104,19 @@ pub fn is_llm_endpoint(path: &str) -> bool {
 
 /// Whether the request carries a body at all (by its framing headers).
 pub fn has_body(session: &Session) -> bool {
-    let h = &session.req_header().headers;
-    if h.contains_key(http::header::TRANSFER_ENCODING) {
-        return true;
-    }
-    match h
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-    {
-        Some(n) => n > 0,
-        None => false,
-    }
+    Framing::of(session).has_body()
 }
 
 /// Reads the whole body, refusing (before reading, when Content-Length says
 /// so) anything over `limit`. A refused body is left unread, so the
 /// connection cannot be reused afterwards.
 pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Local> {
-    let declared = session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()));
+    let framing = Framing::of(session);
+    read_framed(session, framing, limit).await
+}
+
+async fn read_framed(session: &mut Session, framing: Framing, limit: u64) -> Result<Bytes, Local> {
+    let declared = framing.length;
     match declared {
         Some(None) => return Err(ErrorResponse::bad_request("invalid Content-Length").into()),
         Some(Some(n)) if n > limit => {
