@@ -99,8 +99,8 @@ impl Reader<'_> {
     fn value(&mut self, depth: usize) -> Option<()> {
         match self.next()? {
             b'"' => self.string(),
-            b'{' => self.object(depth),
-            b'[' => self.array(depth),
+            b'{' => self.container(depth, b'}'),
+            b'[' => self.container(depth, b']'),
             b't' => self.literal(b"rue"),
             b'f' => self.literal(b"alse"),
             b'n' => self.literal(b"ull"),
@@ -112,46 +112,30 @@ impl Reader<'_> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Option<()> {
+    /// An object or an array, whose opening byte was read; `close` is
+    /// the byte that ends it. Containers it holds are one deeper.
+    fn container(&mut self, depth: usize, close: u8) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
         self.ws();
-        if self.peek()? == b'}' {
+        if self.peek()? == close {
             self.at += 1;
             return Some(());
         }
         loop {
-            self.eat(b'"')?;
-            self.string()?;
-            self.ws();
-            self.eat(b':')?;
-            self.ws();
-            self.value(depth + 1)?;
-            self.ws();
-            match self.next()? {
-                b',' => self.ws(),
-                b'}' => return Some(()),
-                _ => return None,
+            if close == b'}' {
+                self.eat(b'"')?;
+                self.string()?;
+                self.ws();
+                self.eat(b':')?;
+                self.ws();
             }
-        }
-    }
-
-    fn array(&mut self, depth: usize) -> Option<()> {
-        if depth > MAX_DEPTH {
-            return None;
-        }
-        self.ws();
-        if self.peek()? == b']' {
-            self.at += 1;
-            return Some(());
-        }
-        loop {
             self.value(depth + 1)?;
             self.ws();
             match self.next()? {
                 b',' => self.ws(),
-                b']' => return Some(()),
+                b if b == close => return Some(()),
                 _ => return None,
             }
         }
