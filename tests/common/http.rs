@@ -132,18 +132,19 @@ impl Conn {
                 self.writer.write_all(&out).expect("write request");
             }
             Upload::Chunked(size) => {
+                // One write, as for a length: written a chunk at a time, a
+                // body the gateway refuses part way (413 past
+                // `max_body_size`, then close) could meet a broken pipe
+                // before the client reads the answer.
                 head.push_str("Transfer-Encoding: chunked\r\n\r\n");
-                self.writer.write_all(head.as_bytes()).expect("write head");
+                let mut out = head.into_bytes();
                 for chunk in body.chunks(size.max(1)) {
-                    self.writer
-                        .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
-                        .expect("write chunk size");
-                    self.writer.write_all(chunk).expect("write chunk");
-                    self.writer.write_all(b"\r\n").expect("write chunk end");
+                    out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+                    out.extend_from_slice(chunk);
+                    out.extend_from_slice(b"\r\n");
                 }
-                self.writer
-                    .write_all(b"0\r\n\r\n")
-                    .expect("write last chunk");
+                out.extend_from_slice(b"0\r\n\r\n");
+                self.writer.write_all(&out).expect("write request");
             }
         }
     }
