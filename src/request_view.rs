@@ -54,7 +54,9 @@ impl<'a> RequestView<'a> {
 
     /// The view of a body the skim accepted. It accepts only bodies the
     /// serde path accepts, kept members included, so the checks of
-    /// [`Self::check_kept`] have nothing left to find.
+    /// [`Self::check_kept`] have nothing left to find. Each kept member
+    /// (small, as a rule) is read once more: serde_json hands out a
+    /// borrowed `RawValue` only from its own read.
     fn from_skim(found: skim::Found<'a>) -> Option<Self> {
         let mut raw = found.into_iter().map(|value| match value {
             None => Some(None),

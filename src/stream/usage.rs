@@ -212,6 +212,11 @@ pub fn frame_usage(event_data: &[u8]) -> Option<(Usage, bool)> {
             return Some((usage, only));
         }
     }
+    parsed_frame_usage(event_data)
+}
+
+/// A frame's usage and usage-only verdict from the whole parse.
+fn parsed_frame_usage(event_data: &[u8]) -> Option<(Usage, bool)> {
     let env = parse_envelope(event_data)?;
     let only = env.is_usage_only();
     Some((env.usage.0?, only))
@@ -805,9 +810,7 @@ mod tests {
         if !super::super::scan::key_has_object(data, &USAGE_KEY) {
             return None;
         }
-        let env = parse_envelope(data)?;
-        let only = env.is_usage_only();
-        Some((env.usage.0?, only))
+        parsed_frame_usage(data)
     }
 
     /// The usage frames engines send take the shortcut (control for the
