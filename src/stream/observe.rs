@@ -37,6 +37,11 @@ pub struct StreamStats {
 /// Returns whether the event is a usage-only frame (see
 /// [`usage::is_usage_only_event`]), from the same parse.
 pub fn observe_event(event_data: &[u8], stats: &mut StreamStats, hint: &mut ContentHint) -> bool {
+    // The end marker holds no key, so every search below would miss; it
+    // ends every OpenAI stream, so they are not run for it.
+    if event_data == DONE {
+        return false;
+    }
     if carries_content(event_data, hint) {
         stats.content_events += 1;
     }
@@ -48,6 +53,9 @@ pub fn observe_event(event_data: &[u8], stats: &mut StreamStats, hint: &mut Cont
         None => false,
     }
 }
+
+/// The data of the event that ends an OpenAI-style stream.
+const DONE: &[u8] = b"[DONE]";
 
 /// Where the last frame's content key was found. A stream's frames share
 /// one shape (the same id, model and nesting), so the next frame's key is

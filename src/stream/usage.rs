@@ -424,6 +424,15 @@ pub fn inject_include_usage(raw: &[u8], parsed: &RequestView) -> Option<Vec<u8>>
         return None;
     }
     let open = skip_json_ws(raw, 0);
+    // The common case, a client that sets no stream_options: the view has
+    // no such member in any spelling (a top-level key is decoded before it
+    // is compared) and at least one member (`stream`), so the walk below
+    // would answer `Missing { empty: false }`. Skipping it saves a walk of
+    // the whole body. Only for a view read from `raw` itself: its members
+    // borrow from the bytes they were read from.
+    if parsed.stream_options.is_none() && view_of(raw, parsed) && raw.get(open) == Some(&b'{') {
+        return Some(insert_at(raw, open + 1, TOP_LEVEL_INSERT, true));
+    }
     match find_member(raw, open, "stream_options")? {
         Member::Missing { empty } => {
             if parsed.stream_options.is_some() {
@@ -464,6 +473,12 @@ pub fn inject_include_usage(raw: &[u8], parsed: &RequestView) -> Option<Vec<u8>>
             }
         }
     }
+}
+
+/// Whether `view` was read from `raw`: its `stream` member lies in it.
+fn view_of(raw: &[u8], view: &RequestView) -> bool {
+    view.stream
+        .is_some_and(|v| raw.as_ptr_range().contains(&v.get().as_ptr()))
 }
 
 fn insert_at(raw: &[u8], at: usize, text: &[u8], comma: bool) -> Vec<u8> {
