@@ -18,6 +18,7 @@
 #   TARGETS=gateway bash benches/instructions.sh       # the gateway only
 #   GATEWAY_BIN=/path/to/other/llm-gateway bash benches/instructions.sh
 #   N=200 SCENARIOS="small stream" bash benches/instructions.sh
+#   FRAME_DELAY_MS=0 SCENARIOS=stream bash benches/instructions.sh  # frames in a burst
 #   GATEWAY_EXTRA=$'bodylog:\n  listener: 127.0.0.1:9999\n' bash benches/instructions.sh
 #                                 # appended to gateway.yaml (body logging on)
 #   BARE_WORK_STEALING=0 BARE_POOL=16 TARGETS=bare bash benches/instructions.sh
@@ -35,6 +36,12 @@
 # three the same 21 frames), passthrough (the same stream with the client
 # asking for usage itself: the gateway only observes and passes every byte
 # on), body300k (300 KB non-stream body).
+# The engine paces a stream's frames FRAME_DELAY_MS apart (default 2), so
+# each frame reaches the proxy in a read of its own, as an engine decoding
+# one token per step sends them. FRAME_DELAY_MS=0 sends them back to back:
+# how many frames one read then carries depends on how fast the proxy
+# under valgrind drains the socket, and the stream count moved by ~5 k
+# from run to run (the paced count by under 1 k).
 # With small and stream both run, a last row estimates the cost per SSE
 # frame as (stream - small) / 20: an estimate, since the two responses also
 # differ in their head and framing (chunked SSE vs one JSON body).
@@ -71,10 +78,10 @@ PIDS+=($!)
 wait_port "$ENGINE_PORT"
 
 cat > "$TMP/client.py" <<'PY'
-import http.client, json, sys
+import http.client, json, os, sys
 port, path, scenario, n, ask_usage = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
 msg = {"role": "user", "content": "Say hello to the gateway benchmark, please."}
-headers = {"content-type": "application/json", "x-session-id": "bench-session-1", "x-sim-frame-delay-ms": "0"}
+headers = {"content-type": "application/json", "x-session-id": "bench-session-1", "x-sim-frame-delay-ms": os.environ.get("FRAME_DELAY_MS", "2")}
 if scenario == "small":
     body = {"model": "sim-model", "messages": [msg], "max_tokens": 1}
     headers["x-sim-max-tokens"] = "1"
