@@ -185,7 +185,7 @@ pub enum PlacementKind {
 }
 
 impl PlacementKind {
-    pub const fn as_str(&self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             PlacementKind::New => "new",
             PlacementKind::Sticky => "sticky",

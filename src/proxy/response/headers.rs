@@ -1,7 +1,6 @@
 //! A proxied response's head: the stream pipeline it gets (and so whether
 //! Content-Length must go), and the X-Routed-* headers.
 
-use crate::placement::PlacementKind;
 use crate::proxy::ctx::RequestCtx;
 use crate::stream::ResponsePipeline;
 use http::header::{HeaderName, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -155,7 +154,11 @@ pub fn insert_routed(headers: &mut HeaderMap, ctx: &RequestCtx, origin: Origin) 
     let Some(placement) = placement else {
         return insert(headers, X_ROUTED_MODE, HeaderValue::from_static("local"));
     };
-    insert(headers, X_ROUTED_MODE, mode_value(placement.kind))?;
+    insert(
+        headers,
+        X_ROUTED_MODE,
+        HeaderValue::from_static(placement.kind.as_str()),
+    )?;
     let peer = match ctx.peer().and_then(|(_, p)| p.routed_peer.clone()) {
         Some(name) => name,
         None => HeaderValue::from_str(ctx.peer_name())
@@ -166,31 +169,6 @@ pub fn insert_routed(headers: &mut HeaderMap, ctx: &RequestCtx, origin: Origin) 
         headers,
         X_ROUTED_RETRIES,
         count_value(ctx.upstream.count.saturating_sub(1)),
-    )
-}
-
-/// The X-Routed-Mode value of a placement, checked at compile time:
-/// `HeaderValue::from_static` on a string known only at run time checks
-/// every byte on every response.
-fn mode_value(kind: PlacementKind) -> HeaderValue {
-    macro_rules! by_kind {
-        ($($kind:ident),*) => {
-            match kind {
-                $(PlacementKind::$kind => const { HeaderValue::from_static(PlacementKind::$kind.as_str()) },)*
-            }
-        };
-    }
-    by_kind!(
-        New,
-        Sticky,
-        Spill,
-        Migrated,
-        TableFull,
-        Hash,
-        HashFallback,
-        LeastConn,
-        RoundRobin,
-        Overflow
     )
 }
 
