@@ -215,12 +215,17 @@ fn with_redis_gone_requests_are_placed_locally_and_bindings_converge_when_it_ret
 
 /// The live sessions `gw` counts on its peers (placement's view).
 fn live_sessions(gw: &Gateway) -> u64 {
+    peers_sum(gw, "live_sessions") as u64
+}
+
+/// `field` of `/_route_state`, summed over the route's peers.
+fn peers_sum(gw: &Gateway, field: &str) -> f64 {
     let state = http::get(gw.addr, "/chat/_route_state").json();
     state["peers"]
         .as_array()
         .expect("peers")
         .iter()
-        .filter_map(|p| p["live_sessions"].as_u64())
+        .filter_map(|p| p[field].as_f64())
         .sum()
 }
 
@@ -237,6 +242,8 @@ fn a_replica_counts_the_sessions_another_replica_holds_on_each_engine() {
         (live_sessions(&b) == 6).then_some(())
     });
     assert_eq!(live_sessions(&a), 6, "counted once, not once per replica");
+    // B cannot know when A's sessions last answered: they weigh whole.
+    assert_eq!(peers_sum(&b, "returning_sessions"), 6.0);
     // Control: with local tables B sees none of them.
     let (la, lb) = replicas(&cluster, "");
     for i in 0..6 {

@@ -402,6 +402,10 @@ fn route_state(route: &Route, registry: &Registry) -> Value {
             "sessions": sessions[i],
             "live_sessions": loads[i].bound.sessions,
             "live_tokens": loads[i].bound.tokens,
+            // Each live session weighted by its chance of coming back: what
+            // placement ranks by and KV admission protects.
+            "returning_sessions": loads[i].bound.returning_milli as f64 / f64::from(crate::placement::WHOLE),
+            "returning_tokens": loads[i].bound.returning_tokens,
             "kv_capacity_tokens": loads[i].kv_capacity_tokens,
         })).collect::<Vec<_>>(),
     })

@@ -107,14 +107,15 @@ pub fn hash_place(sid: u64, peers: &[PeerLoad], rand: u64) -> Option<Placement> 
 }
 
 /// The peer passing `eligible` that holds the least: fewest live bound
-/// sessions plus requests (load as in [`PeerLoad::load`]), then context
-/// tokens. What an engine is holding between turns matters as much as what
-/// is in flight: by requests alone a new session can land on an engine
-/// whose idle sessions will all be back in a second. Requests still count
-/// on top: a slow engine keeps each turn in flight longer, so it carries
-/// more at any moment for the same sessions and gets fewer new ones.
-/// Tokens, which fill the KV, are what admission checks; here they break
-/// ties.
+/// sessions (each weighted by its chance of coming back, see
+/// [`Bound::returning_milli`]) plus requests (load as in
+/// [`PeerLoad::load`]), then context tokens. What an engine is holding
+/// between turns matters as much as what is in flight: by requests alone a
+/// new session can land on an engine whose idle sessions will all be back
+/// in a second. Requests still count on top: a slow engine keeps each turn
+/// in flight longer, so it carries more at any moment for the same
+/// sessions and gets fewer new ones. Tokens, which fill the KV, are what
+/// admission checks; here they break ties.
 pub(super) fn least_bound(
     sid: u64,
     peers: &[PeerLoad],
@@ -122,7 +123,9 @@ pub(super) fn least_bound(
 ) -> Option<&PeerLoad> {
     peers.iter().filter(|p| eligible(p)).min_by_key(|p| {
         (
-            p.bound.sessions.saturating_add(p.load()),
+            p.bound
+                .returning_milli
+                .saturating_add(u64::from(p.load()) * u64::from(super::WHOLE)),
             p.bound.tokens,
             Reverse(rendezvous_weight(sid, p.id)),
         )

@@ -86,11 +86,33 @@ pub struct KvRoom {
     pub expected_session: u64,
 }
 
+/// A session certain to come back, in the thousandths
+/// [`Bound::returning_milli`] counts.
+pub const WHOLE: u32 = 1000;
+
 /// Live sessions bound to a peer and their context tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Bound {
     pub sessions: u32,
+    /// The same sessions, each weighted (in thousandths) by its chance of
+    /// coming back: what placement ranks peers by.
+    pub returning_milli: u64,
     pub tokens: u64,
+    /// Their tokens, each session's weighted by its chance of coming back:
+    /// the working set KV admission protects.
+    pub returning_tokens: u64,
+}
+
+impl Bound {
+    /// `sessions` certain to come back (another replica's, a test's).
+    pub fn whole(sessions: u32, tokens: u64) -> Self {
+        Bound {
+            sessions,
+            returning_milli: u64::from(sessions) * u64::from(WHOLE),
+            tokens,
+            returning_tokens: tokens,
+        }
+    }
 }
 
 impl PeerLoad {
@@ -110,30 +132,40 @@ impl PeerLoad {
 
     /// Whether a session of `tokens` more fits the engine's KV with what it
     /// holds already, by `room`'s measure, counted two ways that must both
-    /// stay within the line: what is there now (the live sessions bound here
-    /// by this gateway, or what the engine reports in use if more: it also
-    /// sees other gateways' traffic, but not idle cached prefixes) plus the
-    /// newcomer; and every live session, the newcomer included, at the
-    /// expected size. A young session is small today but grows every turn,
-    /// and admitting by today's sizes alone fills an engine with sessions
-    /// that outgrow its KV together. Unknown capacity always fits.
+    /// stay within the line: the working set now (the live sessions bound
+    /// here by this gateway, each by its chance of coming back, or what the
+    /// engine reports in use if more: it also sees other gateways' traffic,
+    /// but not idle cached prefixes) plus the newcomer; and the live
+    /// sessions likely to come back, the newcomer included, at the expected
+    /// size. A young session is small today but grows every turn, and
+    /// admitting by today's sizes alone fills an engine with sessions that
+    /// outgrow its KV together. A session that has likely ended weighs
+    /// little: the engine's LRU evicts its prefix first, at no one's cost.
+    /// Unknown capacity always fits.
     pub fn fits(&self, tokens: u64, room: KvRoom) -> bool {
         self.kv_capacity_tokens.is_none_or(|cap| {
             let reported = self.engine.map_or(0.0, |e| e.kv_usage.clamp(0.0, 1.0));
-            let now = self.bound.tokens.max((reported * cap as f64) as u64);
-            let projected = u64::from(self.bound.sessions)
-                .saturating_add(1)
-                .saturating_mul(room.expected_session);
+            let now = self
+                .bound
+                .returning_tokens
+                .max((reported * cap as f64) as u64);
+            let projected = self
+                .bound
+                .returning_milli
+                .saturating_add(u64::from(WHOLE))
+                .saturating_mul(room.expected_session)
+                / u64::from(WHOLE);
             let line = cap.saturating_mul(u64::from(room.admit_permille)) / 1000;
             now.saturating_add(tokens).max(projected) <= line
         })
     }
 
-    /// The live sessions bound here hold more context than the engine's KV
-    /// (when known): it is evicting some of their prefixes between turns.
+    /// The live sessions likely to come back hold more context than the
+    /// engine's KV (when known): it is evicting some of their prefixes
+    /// between turns.
     pub fn overcommitted(&self) -> bool {
         self.kv_capacity_tokens
-            .is_some_and(|cap| self.bound.tokens > cap)
+            .is_some_and(|cap| self.bound.returning_tokens > cap)
     }
 
     /// Requests this peer carries: `max(in_flight, running + waiting)` with

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use super::load::rendezvous;
 use super::rules::{self, Limits, Remembered, Verdict};
-use super::{Bound, KvRoom, PeerId, PeerLoad, Placement, PlacementKind, Reason};
+use super::{Bound, KvRoom, PeerId, PeerLoad, Placement, PlacementKind, Reason, WHOLE};
 
 /// Enough shards that worker threads (a few dozen at most) rarely meet on one
 /// lock, few enough that a scan's per-shard fixed costs stay negligible.
@@ -207,6 +207,13 @@ struct ThinkGaps {
     samples: AtomicU32,
     /// The learned window in ticks; 0 until enough gaps were seen.
     window_ticks: AtomicU32,
+    /// Answers given, decayed with `counts`: those never followed by a gap
+    /// are the sessions that ended.
+    answers: AtomicU32,
+    /// Per gap bucket, the chance (thousandths) that a session idle for a
+    /// time in that bucket since its answer comes back (see `update`).
+    /// Valid while `window_ticks` is set.
+    returning_milli: [AtomicU32; GAP_BUCKETS.len()],
 }
 
 /// Upper bounds (ticks of 100 ms) of the gap buckets; the last is open.
@@ -244,7 +251,7 @@ impl ThinkGaps {
         if self.samples.fetch_add(1, Relaxed) + 1 >= 2 * GAP_SAMPLES {
             // Decay: older gaps weigh half. Racing recorders may each halve;
             // the histogram only needs its shape.
-            for c in &self.counts {
+            for c in self.counts.iter().chain([&self.answers]) {
                 let _ = c.fetch_update(Relaxed, Relaxed, |n| Some(n / 2));
             }
             self.samples.store(GAP_SAMPLES, Relaxed);
@@ -268,7 +275,44 @@ impl ThinkGaps {
             })
             .unwrap_or(u32::MAX);
         let window = p90.saturating_mul(2).max(MIN_WINDOW_TICKS);
+        // Of the answers, `total` were followed by a gap and `ended` were
+        // not. A session idle for x came back later with weight
+        // `total * S(x)` (S: the share of gaps longer than x) or ended with
+        // weight `ended`, so it comes back with chance
+        // total*S(x) / (total*S(x) + ended). Where x falls inside a bucket
+        // half of that bucket's gaps count as longer (2 * total * S(x) =
+        // 2 * longer + in_bucket), as the histogram does not say where in
+        // the bucket they fell. Answers still inside their think time count
+        // as ended until their gap is recorded: a bias towards "gone" of
+        // the sessions thinking now against the hundreds of answers counted.
+        let ended = u64::from(self.answers.load(Relaxed)).saturating_sub(total);
+        let mut longer = total;
+        for (chance, &c) in self.returning_milli.iter().zip(&counts) {
+            longer -= u64::from(c);
+            let back = longer * 2 + u64::from(c);
+            let milli = (back * u64::from(WHOLE))
+                .checked_div(back + 2 * ended)
+                .map_or(WHOLE, |m| u32::try_from(m).unwrap_or(WHOLE));
+            chance.store(milli, Relaxed);
+        }
         self.window_ticks.store(window, Relaxed);
+    }
+
+    fn record_answer(&self) {
+        self.answers.fetch_add(1, Relaxed);
+    }
+
+    /// The chance (thousandths) that a session idle for `idle_ticks` since
+    /// its answer comes back: whole until the gaps are learned.
+    fn returning_milli(&self, idle_ticks: u32) -> u32 {
+        if self.window().is_none() {
+            return WHOLE;
+        }
+        let bucket = GAP_BUCKETS
+            .iter()
+            .position(|&bound| idle_ticks <= bound)
+            .unwrap_or(GAP_BUCKETS.len() - 1);
+        self.returning_milli[bucket].load(Relaxed)
     }
 
     /// The learned window in ticks, if there is one.
@@ -300,10 +344,80 @@ impl LiveRule {
     }
 }
 
+/// A peer's [`Bound`], in atomics: placements add to it as they go, the
+/// recount stores it whole.
 #[derive(Debug, Default)]
 struct LiveCounts {
     sessions: AtomicU32,
+    returning_milli: AtomicU64,
     tokens: AtomicU64,
+    returning_tokens: AtomicU64,
+}
+
+impl LiveCounts {
+    fn load(&self) -> Bound {
+        Bound {
+            sessions: self.sessions.load(Relaxed),
+            returning_milli: self.returning_milli.load(Relaxed),
+            tokens: self.tokens.load(Relaxed),
+            returning_tokens: self.returning_tokens.load(Relaxed),
+        }
+    }
+
+    fn store(&self, bound: Bound) {
+        self.sessions.store(bound.sessions, Relaxed);
+        self.returning_milli.store(bound.returning_milli, Relaxed);
+        self.tokens.store(bound.tokens, Relaxed);
+        self.returning_tokens.store(bound.returning_tokens, Relaxed);
+    }
+
+    /// Replaces one session's `was` share with `is` (racing placements
+    /// may interleave; the recount corrects any drift every second).
+    fn change(&self, was: Share, is: Share) {
+        let shift = |c: &AtomicU64, was: u64, is: u64| {
+            if was != is {
+                let _ = c.fetch_update(Relaxed, Relaxed, |n| {
+                    Some(n.saturating_add(is).saturating_sub(was))
+                });
+            }
+        };
+        if was.sessions != is.sessions {
+            let _ = self.sessions.fetch_update(Relaxed, Relaxed, |n| {
+                Some(n.saturating_add(is.sessions).saturating_sub(was.sessions))
+            });
+        }
+        let milli = |s: Share| u64::from(s.returning_milli);
+        shift(&self.returning_milli, milli(was), milli(is));
+        let tokens = |s: Share| u64::from(s.tokens);
+        shift(&self.tokens, tokens(was), tokens(is));
+        shift(
+            &self.returning_tokens,
+            was.returning_tokens(),
+            is.returning_tokens(),
+        );
+    }
+}
+
+/// What one session adds to its peer's [`Bound`]; all zero when it is not live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Share {
+    sessions: u32,
+    /// Its chance of coming back, in thousandths (see `returning_if_live`).
+    returning_milli: u32,
+    tokens: u32,
+}
+
+impl Share {
+    fn returning_tokens(&self) -> u64 {
+        u64::from(self.tokens) * u64::from(self.returning_milli) / u64::from(WHOLE)
+    }
+
+    fn add_to(&self, bound: &mut Bound) {
+        bound.sessions = bound.sessions.saturating_add(self.sessions);
+        bound.returning_milli += u64::from(self.returning_milli);
+        bound.tokens += u64::from(self.tokens);
+        bound.returning_tokens += self.returning_tokens();
+    }
 }
 
 /// What `peek` and `place` need from one locked look at the session's shard.
@@ -391,7 +505,7 @@ impl SessionTable {
         let mut map = shard.map.lock();
         let remembered = self.live_binding(&mut map, sid, now);
         let known = map.get(&sid).copied();
-        let was_live = known.is_some_and(|b| self.is_live(&b, now));
+        let was = known.map_or(Share::default(), |b| self.share_of(&b, now));
         if let Some(answered) = known
             .filter(|b| !b.in_flight())
             .and_then(|b| b.answered_at())
@@ -411,9 +525,7 @@ impl SessionTable {
             Verdict::NoRoom => Attempt::Done(Admission::NoKvRoom),
             Verdict::Stay { on } => {
                 touch(&mut map, sid, now);
-                if !was_live {
-                    self.live_add(on, 1, tokens as i64);
-                }
+                self.live_change(on, was, self.share_in(&map, sid, now));
                 placed(on, PlacementKind::Sticky, None)
             }
             Verdict::New { to } => {
@@ -425,7 +537,7 @@ impl SessionTable {
                         tokens: saturate_u32(tokens),
                         answered_plus_one: 0,
                     };
-                    self.live_add(to, 1, tokens as i64);
+                    self.live_change(to, Share::default(), self.share_of(&binding, now));
                     map.insert(sid, binding);
                     self.total.fetch_add(1, Relaxed);
                     if now < shard.oldest_bound.load(Relaxed) {
@@ -443,23 +555,21 @@ impl SessionTable {
                 // peer's cap though, and staying is still a valid answer.
                 if self.reserve(to, cap) {
                     self.rebind(&mut map, sid, from, to, now);
-                    self.live_move(from, to, was_live, tokens);
+                    self.live_move(from, was, to, self.share_in(&map, sid, now));
                     return placed(to, PlacementKind::Spill, Some(reason));
                 }
                 touch(&mut map, sid, now);
-                if !was_live {
-                    self.live_add(from, 1, tokens as i64);
-                }
+                self.live_change(from, was, self.share_in(&map, sid, now));
                 placed(from, PlacementKind::Sticky, None)
             }
             Verdict::Park { from } => {
-                self.forget(&mut map, sid, from, was_live, tokens);
+                self.forget(&mut map, sid, from, was);
                 Attempt::Done(Admission::NoKvRoom)
             }
             Verdict::Migrate { from, to } => {
                 if self.reserve(to, cap) {
                     self.rebind(&mut map, sid, from, to, now);
-                    self.live_move(from, to, was_live, tokens);
+                    self.live_move(from, was, to, self.share_in(&map, sid, now));
                     return placed(to, PlacementKind::Migrated, Some(Reason::NotReady));
                 }
                 if may_sweep && self.may_hold_expired(now) {
@@ -467,7 +577,7 @@ impl SessionTable {
                 }
                 // Its peer is gone and there is no room elsewhere: forget it,
                 // so it is not counted against a peer it no longer uses.
-                self.forget(&mut map, sid, from, was_live, tokens);
+                self.forget(&mut map, sid, from, was);
                 Attempt::Done(full(sid, peers))
             }
         }
@@ -502,15 +612,14 @@ impl SessionTable {
                 b.moved_at_plus_one = b.moved_at_plus_one.max(moved_plus_one);
             }
             Some(b) => {
-                let (from, tokens) = (b.peer, u64::from(b.tokens));
-                let was_live = self.is_live(b, now);
+                let from = b.peer;
+                let was = self.share_of(b, now);
                 b.peer = peer;
                 b.moved_at_plus_one = moved_plus_one;
                 self.release(from, 1);
                 self.force_reserve(peer);
-                if was_live {
-                    self.live_move(from, peer, true, tokens);
-                }
+                // Only a live session counts on its new peer too.
+                self.live_move(from, was, peer, was);
             }
             None => {
                 map.insert(
@@ -525,7 +634,7 @@ impl SessionTable {
                 );
                 self.total.fetch_add(1, Relaxed);
                 self.force_reserve(peer);
-                self.live_add(peer, 1, 0);
+                self.live_change(peer, Share::default(), self.share_in(&map, sid, now));
                 if now < shard.oldest_bound.load(Relaxed) {
                     shard.oldest_bound.store(now, Relaxed);
                 }
@@ -543,20 +652,16 @@ impl SessionTable {
         let Some(binding) = map.get_mut(&sid) else {
             return;
         };
-        let was_live = self.is_live(binding, now);
-        let old = i64::from(binding.tokens);
+        let was = self.share_of(binding, now);
+        self.think.record_answer();
         if let Some(tokens) = tokens {
             binding.tokens = saturate_u32(tokens);
         }
         binding.last_seen = binding.last_seen.max(now);
         binding.answered_plus_one = binding.last_seen.saturating_add(1);
-        let (peer, new) = (binding.peer, i64::from(binding.tokens));
+        let (peer, is) = (binding.peer, self.share_of(binding, now));
         drop(map);
-        if was_live {
-            self.live_add(peer, 0, new - old);
-        } else {
-            self.live_add(peer, 1, new);
-        }
+        self.live_change(peer, was, is);
     }
 
     /// Recounts the live sessions and tokens of every peer exactly, so that
@@ -565,16 +670,19 @@ impl SessionTable {
     /// lock at a time; the route's sweeper calls it every second.
     pub fn refresh_live(&self, now_ms: u64) {
         let now = self.tick(now_ms);
-        let mut counts: HashMap<PeerId, (u32, u64)> = HashMap::new();
+        let mut counts: HashMap<PeerId, Bound> = HashMap::new();
         let mut sizes: Vec<u32> = Vec::new();
         self.think.update();
         let rule = self.live_rule();
         for shard in self.shards.iter() {
             let map = shard.map.lock();
             for binding in map.values().filter(|b| rule.holds(b, now)) {
-                let entry = counts.entry(binding.peer).or_default();
-                entry.0 += 1;
-                entry.1 += u64::from(binding.tokens);
+                let share = Share {
+                    sessions: 1,
+                    returning_milli: self.returning_if_live(binding, now),
+                    tokens: binding.tokens,
+                };
+                share.add_to(counts.entry(binding.peer).or_default());
                 // Adopted from another replica and not yet served here: size unknown.
                 if binding.tokens > 0 {
                     sizes.push(binding.tokens);
@@ -588,18 +696,12 @@ impl SessionTable {
         self.median_live_tokens.store(u64::from(median), Relaxed);
         let mut live = self.live.write();
         for (peer, c) in live.iter() {
-            let (sessions, tokens) = counts.remove(peer).unwrap_or_default();
-            c.sessions.store(sessions, Relaxed);
-            c.tokens.store(tokens, Relaxed);
+            c.store(counts.remove(peer).unwrap_or_default());
         }
-        for (peer, (sessions, tokens)) in counts {
-            live.insert(
-                peer,
-                LiveCounts {
-                    sessions: AtomicU32::new(sessions),
-                    tokens: AtomicU64::new(tokens),
-                },
-            );
+        for (peer, bound) in counts {
+            let c = LiveCounts::default();
+            c.store(bound);
+            live.insert(peer, c);
         }
     }
 
@@ -626,10 +728,7 @@ impl SessionTable {
         self.live
             .read()
             .get(&peer)
-            .map_or(Bound::default(), |c| Bound {
-                sessions: c.sessions.load(Relaxed),
-                tokens: c.tokens.load(Relaxed),
-            })
+            .map_or(Bound::default(), LiveCounts::load)
     }
 
     /// Live sessions and their tokens, per peer the table has seen (the
@@ -637,16 +736,8 @@ impl SessionTable {
     #[cfg(test)]
     pub fn live_per_peer(&self) -> Vec<(PeerId, Bound)> {
         let live = self.live.read();
-        let mut out: Vec<(PeerId, Bound)> = live
-            .iter()
-            .map(|(peer, c)| {
-                let bound = Bound {
-                    sessions: c.sessions.load(Relaxed),
-                    tokens: c.tokens.load(Relaxed),
-                };
-                (*peer, bound)
-            })
-            .collect();
+        let mut out: Vec<(PeerId, Bound)> =
+            live.iter().map(|(peer, c)| (*peer, c.load())).collect();
         out.sort_unstable_by_key(|(peer, _)| *peer);
         out
     }
@@ -667,32 +758,62 @@ impl SessionTable {
         self.live_rule().holds(binding, now)
     }
 
+    /// A live session's chance of coming back, in thousandths: whole while a
+    /// turn is in flight or before its first answer; after an answer, the
+    /// share of the route's recorded gaps longer than its idle time. The
+    /// live window keeps a session that ended for up to twice the 90th
+    /// percentile of gaps (its KV is still there, so admission must count
+    /// it); for choosing where a new session goes, a chat that ended a few
+    /// seconds ago should weigh little and one answered a moment ago nearly
+    /// whole. Measured on the skewed replay: with whole counts, engines
+    /// where chats had just ended looked as full as ever, and new sessions
+    /// went to an engine truly holding 11 sessions while another held 4.
+    fn returning_if_live(&self, binding: &Binding, now: u32) -> u32 {
+        match binding.answered_at() {
+            Some(answered) if !binding.in_flight() => {
+                self.think.returning_milli(now.saturating_sub(answered))
+            }
+            _ => WHOLE,
+        }
+    }
+
     /// The live window in force after an answer, in milliseconds: learned
     /// or configured.
     pub fn live_window_ms(&self) -> u64 {
         self.live_rule().after_answer_ticks.saturating_mul(TICK_MS)
     }
 
-    fn live_add(&self, peer: PeerId, sessions: i32, tokens: i64) {
-        let apply = |c: &LiveCounts| {
-            let _ = c.sessions.fetch_update(Relaxed, Relaxed, |n| {
-                Some(n.saturating_add_signed(sessions))
-            });
-            let _ = c
-                .tokens
-                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_add_signed(tokens)));
-        };
-        if let Some(c) = self.live.read().get(&peer) {
-            return apply(c);
+    /// What `binding` adds to its peer's counts now.
+    fn share_of(&self, binding: &Binding, now: u32) -> Share {
+        if !self.is_live(binding, now) {
+            return Share::default();
         }
-        apply(self.live.write().entry(peer).or_default());
+        Share {
+            sessions: 1,
+            returning_milli: self.returning_if_live(binding, now),
+            tokens: binding.tokens,
+        }
     }
 
-    fn live_move(&self, from: PeerId, to: PeerId, was_live: bool, tokens: u64) {
-        if was_live {
-            self.live_add(from, -1, -(tokens as i64));
+    fn share_in(&self, map: &ShardMap, sid: u64, now: u32) -> Share {
+        map.get(&sid)
+            .map_or(Share::default(), |b| self.share_of(b, now))
+    }
+
+    /// One session's share of `peer`'s counts went from `was` to `is`.
+    fn live_change(&self, peer: PeerId, was: Share, is: Share) {
+        if was == is {
+            return;
         }
-        self.live_add(to, 1, tokens as i64);
+        if let Some(c) = self.live.read().get(&peer) {
+            return c.change(was, is);
+        }
+        self.live.write().entry(peer).or_default().change(was, is);
+    }
+
+    fn live_move(&self, from: PeerId, was: Share, to: PeerId, is: Share) {
+        self.live_change(from, was, Share::default());
+        self.live_change(to, Share::default(), is);
     }
 
     /// The verdict `place` would make now, and why, changing nothing. When
@@ -942,13 +1063,11 @@ impl SessionTable {
     }
 
     /// Drops `sid`'s binding to `from` and what it counted there.
-    fn forget(&self, map: &mut ShardMap, sid: u64, from: PeerId, was_live: bool, tokens: u64) {
+    fn forget(&self, map: &mut ShardMap, sid: u64, from: PeerId, was: Share) {
         if map.remove(&sid).is_some() {
             self.total.fetch_sub(1, Relaxed);
             self.release(from, 1);
-            if was_live {
-                self.live_add(from, -1, -(tokens as i64));
-            }
+            self.live_change(from, was, Share::default());
         }
     }
 

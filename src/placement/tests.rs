@@ -568,9 +568,171 @@ fn labels() {
 
 fn holding(peer: PeerLoad, sessions: u32, tokens: u64) -> PeerLoad {
     PeerLoad {
-        bound: Bound { sessions, tokens },
+        bound: Bound::whole(sessions, tokens),
         ..peer
     }
+}
+
+/// A table that has learned its clients think 1 s between turns: 300 gaps
+/// from sessions of `turns` turns each, whose last answers (one per
+/// session) were never followed by a turn. The sessions are on peer 9 and
+/// long out of the live window by `T0 + 100 s`.
+fn table_thinking_one_second(turns: u64) -> SessionTable {
+    let t = SessionTable::new(TableConfig {
+        live_window_ms: 10 * SECOND,
+        ..TableConfig::default()
+    });
+    let peers = [blind(9, 0)];
+    let sessions = 300 / (turns - 1);
+    for sid in 100_000..100_000 + sessions {
+        for turn in 0..turns {
+            let at = T0 + turn * SECOND;
+            t.place(sid, &peers, at);
+            t.turn_ended(sid, Some(1_000), at);
+        }
+    }
+    t.refresh_live(T0 + turns * SECOND);
+    assert_eq!(t.live_window_ms(), 2 * SECOND);
+    t
+}
+
+#[test]
+fn a_session_idle_past_its_clients_usual_think_time_weighs_less_until_it_returns() {
+    // Sessions of 4 turns: 100 of 400 answers ended a session.
+    let t = table_thinking_one_second(4);
+    let peers = [blind(1, 0)];
+    let start = T0 + 100 * SECOND;
+    for sid in [1, 2, 3, 4] {
+        t.place(sid, &peers, start);
+    }
+    t.turn_ended(1, Some(4_000), start);
+    t.turn_ended(2, Some(4_000), start + 500);
+    t.turn_ended(3, Some(4_000), start + 1_500);
+    // 4's turn is still running.
+    let now = start + 1_500;
+    t.refresh_live(now);
+    let bound = t.live_of(1);
+    assert_eq!(bound.sessions, 4, "all four are inside the live window");
+    assert_eq!(
+        bound.tokens,
+        3 * 4_000,
+        "4's size is unknown until it answers"
+    );
+    // Of 403 answers, 300 were followed by a turn and 103 were not (the 100
+    // sessions that ended and the three just answered). 1 has been idle
+    // 1.5 s, longer than every gap seen: gone. 2 has been idle 1 s, the
+    // usual gap, and half the bucket counts as longer: 150 / (150 + 103).
+    // 3 has just answered: 300 / (300 + 103). 4 is in flight: whole.
+    assert_eq!(bound.returning_milli, 592 + 744 + 1_000);
+    assert_eq!(bound.returning_tokens, 2_368 + 2_976);
+    // 1 returns after all: it counts whole again at once, not at the next
+    // recount.
+    assert_eq!(t.place(1, &peers, now), sticky(1));
+    assert_eq!(t.live_of(1).returning_milli, 1_000 + 592 + 744 + 1_000);
+
+    // Where sessions seldom end (11 turns: 31 of 331 answers not followed
+    // by a turn), the same idle time weighs more: 150 / (150 + 31).
+    let t = table_thinking_one_second(11);
+    t.place(2, &peers, start);
+    t.turn_ended(2, Some(4_000), start + 500);
+    t.refresh_live(now);
+    assert_eq!(t.live_of(1).returning_milli, 828);
+
+    // Control: before the table has learned any gaps, every live session
+    // counts whole.
+    let fresh = table();
+    for sid in [1, 2] {
+        fresh.place(sid, &peers, T0);
+        fresh.turn_ended(sid, Some(4_000), T0);
+    }
+    fresh.refresh_live(T0 + 5 * SECOND);
+    assert_eq!(fresh.live_of(1), Bound::whole(2, 8_000));
+}
+
+#[test]
+fn a_new_session_goes_where_the_bound_sessions_are_likely_gone() {
+    let start = T0 + 100 * SECOND;
+    let only = |id| [blind(id, 0)];
+    let view = |t: &SessionTable| {
+        t.refresh_live(start + 1_500);
+        [1, 2].map(|id| PeerLoad {
+            bound: t.live_of(id),
+            ..blind(id, 0)
+        })
+    };
+    // Peer 1: five sessions answered 1.5 s ago (longer than any gap seen);
+    // peer 2: three answered just now.
+    let t = table_thinking_one_second(4);
+    for (sid, peer, answered) in [(1, 1, start), (11, 2, start + 1_500)] {
+        let count = if peer == 1 { 5 } else { 3 };
+        for sid in sid..sid + count {
+            t.place(sid, &only(peer), answered);
+            t.turn_ended(sid, Some(4_000), answered);
+        }
+    }
+    let peers = view(&t);
+    assert_eq!((peers[0].bound.sessions, peers[1].bound.sessions), (5, 3));
+    assert_eq!(
+        t.place(50, &peers, start + 1_500),
+        at(1, PlacementKind::New, None)
+    );
+    // Control: with peer 1's sessions answered as recently as peer 2's,
+    // the peer with fewer sessions gets the newcomer.
+    let t = table_thinking_one_second(4);
+    for (sid, peer) in [(1, 1), (11, 2)] {
+        let count = if peer == 1 { 5 } else { 3 };
+        for sid in sid..sid + count {
+            t.place(sid, &only(peer), start + 1_500);
+            t.turn_ended(sid, Some(4_000), start + 1_500);
+        }
+    }
+    assert_eq!(
+        t.place(50, &view(&t), start + 1_500),
+        at(2, PlacementKind::New, None)
+    );
+}
+
+#[test]
+fn sessions_likely_gone_leave_room_in_the_kv_a_newcomer_may_take() {
+    let start = T0 + 100 * SECOND;
+    let engine = || with_capacity(blind(1, 0), 100_000);
+    // Six sessions of 20k on an engine of 100k (admission line 90k).
+    let filled = |answered: u64| {
+        let t = table_thinking_one_second(4);
+        for sid in 1..=6 {
+            t.place(sid, &[engine()], answered);
+            t.turn_ended(sid, Some(20_000), answered);
+        }
+        t.refresh_live(start + 1_500);
+        let peer = PeerLoad {
+            bound: t.live_of(1),
+            ..engine()
+        };
+        (t, peer)
+    };
+    // Answered 1.5 s ago, longer than any gap the clients leave: likely
+    // ended, and the engine's LRU will evict them first. They still count
+    // as live (their prefixes are there), but the newcomer fits.
+    let (t, peer) = filled(start);
+    assert_eq!(peer.bound.sessions, 6);
+    assert_eq!(peer.bound.returning_tokens, 0);
+    assert_eq!(
+        t.place_session(50, incoming(12_000, true), &[peer], start + 1_500),
+        Admission::Placed(Placement {
+            peer: 1,
+            kind: PlacementKind::New,
+            reason: None
+        })
+    );
+    // Control: answered just now, each comes back with chance
+    // 300 / (300 + 106) (the six answers are not yet followed by a turn),
+    // 88.6k of returning context: the newcomer waits for room.
+    let (t, peer) = filled(start + 1_500);
+    assert_eq!(peer.bound.returning_tokens, 6 * 14_760);
+    assert_eq!(
+        t.place_session(50, incoming(12_000, true), &[peer], start + 1_500),
+        Admission::NoKvRoom
+    );
 }
 
 fn with_capacity(peer: PeerLoad, tokens: u64) -> PeerLoad {
@@ -853,28 +1015,10 @@ fn live_sessions_and_tokens_follow_placements_turns_and_the_live_window() {
         panic!("placed")
     };
     let live = |t: &SessionTable| t.live_per_peer();
-    assert_eq!(
-        live(&t),
-        vec![(
-            first.peer,
-            Bound {
-                sessions: 1,
-                tokens: 1_000
-            }
-        )]
-    );
+    assert_eq!(live(&t), vec![(first.peer, Bound::whole(1, 1_000))]);
     // The engine's usage after the turn replaces the estimate.
     t.turn_ended(50, Some(3_500), T0 + SECOND);
-    assert_eq!(
-        live(&t),
-        vec![(
-            first.peer,
-            Bound {
-                sessions: 1,
-                tokens: 3_500
-            }
-        )]
-    );
+    assert_eq!(live(&t), vec![(first.peer, Bound::whole(1, 3_500))]);
     // Still live within the window, not after it.
     t.refresh_live(T0 + 10 * SECOND);
     assert_eq!(live(&t)[0].1.sessions, 1);
@@ -882,16 +1026,7 @@ fn live_sessions_and_tokens_follow_placements_turns_and_the_live_window() {
     assert_eq!(live(&t), vec![(first.peer, Bound::default())]);
     // Its next turn makes it live again, with what it held.
     assert_eq!(t.place(50, &peers, T0 + 13 * SECOND), sticky(first.peer));
-    assert_eq!(
-        live(&t),
-        vec![(
-            first.peer,
-            Bound {
-                sessions: 1,
-                tokens: 3_500
-            }
-        )]
-    );
+    assert_eq!(live(&t), vec![(first.peer, Bound::whole(1, 3_500))]);
     // A move carries its weight to the new peer.
     let down = [not_ready(blind(first.peer, 0)), blind(3 - first.peer, 0)];
     assert_eq!(
@@ -901,13 +1036,7 @@ fn live_sessions_and_tokens_follow_placements_turns_and_the_live_window() {
     let moved = live(&t);
     assert!(moved.contains(&(first.peer, Bound::default())), "{moved:?}");
     assert!(
-        moved.contains(&(
-            3 - first.peer,
-            Bound {
-                sessions: 1,
-                tokens: 3_500
-            }
-        )),
+        moved.contains(&(3 - first.peer, Bound::whole(1, 3_500))),
         "{moved:?}"
     );
 }

@@ -143,11 +143,21 @@ impl PeerState {
         let then_t = self.local_tokens_then.load(Ordering::Relaxed);
         let delta_s = i64::from(local.sessions) - i64::from(then_s);
         let delta_t = local.tokens as i64 - then_t as i64;
-        let sessions = i64::from(self.cluster_sessions.load(Ordering::Relaxed)) + delta_s;
-        let tokens = self.cluster_tokens.load(Ordering::Relaxed) as i64 + delta_t;
+        let cluster_s = i64::from(self.cluster_sessions.load(Ordering::Relaxed));
+        let cluster_t = self.cluster_tokens.load(Ordering::Relaxed) as i64;
+        let sessions = cluster_s + delta_s;
+        let tokens = cluster_t + delta_t;
+        // Only this replica knows when its own sessions last answered; the
+        // other replicas' count whole.
+        let others = (cluster_s - i64::from(then_s)).max(0);
+        let others_tokens = (cluster_t - then_t as i64).max(0);
+        let whole = i64::from(crate::placement::WHOLE);
+        let to_u64 = |n: i64| u64::try_from(n.max(0)).unwrap_or(0);
         crate::placement::Bound {
             sessions: u32::try_from(sessions.max(0)).unwrap_or(u32::MAX),
-            tokens: u64::try_from(tokens.max(0)).unwrap_or(0),
+            returning_milli: to_u64(local.returning_milli as i64 + others * whole),
+            tokens: to_u64(tokens),
+            returning_tokens: to_u64(local.returning_tokens as i64 + others_tokens),
         }
     }
 

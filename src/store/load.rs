@@ -208,8 +208,7 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
     let mut per_peer: HashMap<&str, crate::placement::Bound> = HashMap::new();
     for (addr, tokens) in bound.values() {
         let b = per_peer.entry(addr.as_str()).or_default();
-        b.sessions += 1;
-        b.tokens += tokens;
+        *b = crate::placement::Bound::whole(b.sessions + 1, b.tokens + tokens);
     }
     for p in &route.peers {
         let cluster = per_peer
@@ -299,7 +298,7 @@ mod tests {
     fn the_cluster_view_adds_what_changed_here_since_and_ages_out() {
         use crate::placement::Bound;
         let state = crate::registry::PeerState::for_tests("h:1");
-        let local = |sessions, tokens| Bound { sessions, tokens };
+        let local = Bound::whole;
         // No cluster view yet: the local count.
         assert_eq!(state.bound(local(2, 20), 1_000, 3_000), local(2, 20));
         // 10 sessions across the cluster, 2 of them here at the exchange;
