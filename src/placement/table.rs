@@ -249,8 +249,9 @@ impl ThinkGaps {
             .unwrap_or(GAP_BUCKETS.len() - 1);
         self.counts[bucket].fetch_add(1, Relaxed);
         if self.samples.fetch_add(1, Relaxed) + 1 >= 2 * GAP_SAMPLES {
-            // Decay: older gaps weigh half. Racing recorders may each halve;
-            // the histogram only needs its shape.
+            // Decay: older gaps and answers weigh half. Racing recorders may
+            // each halve; every halving covers gaps and answers alike, and
+            // only their proportions are read.
             for c in self.counts.iter().chain([&self.answers]) {
                 let _ = c.fetch_update(Relaxed, Relaxed, |n| Some(n / 2));
             }
