@@ -177,7 +177,14 @@ pub(super) fn decide(
             };
             return (spill, why);
         }
-        if incoming.may_wait {
+        // A session holding half the engine's KV or more stays instead: to
+        // wait unbound costs it the wait and its whole prefill (an 89k-token
+        // agent context parked on the skewed replay waited 2 s, then took
+        // 8 s to prefill cold), more than any eviction it suffers by
+        // staying, while the light sessions that follow it clear the excess
+        // for a fraction of that.
+        let holds_half = |cap: u64| incoming.tokens.saturating_mul(2) >= cap;
+        if incoming.may_wait && !home.kv_capacity_tokens.is_some_and(holds_half) {
             return (Verdict::Park { from }, why);
         }
     }

@@ -986,6 +986,33 @@ fn a_warm_turn_over_kv_with_no_room_anywhere_lets_go_and_waits_only_with_a_queue
 }
 
 #[test]
+fn a_session_holding_half_its_engines_kv_stays_rather_than_wait_unbound() {
+    let t = table();
+    bind(&t, 61, 1, &[1, 2], T0);
+    t.turn_ended(61, Some(50_000), T0);
+    let peers = [
+        with_capacity(holding(blind(1, 0), 6, 120_000), 100_000),
+        with_capacity(holding(blind(2, 0), 6, 95_000), 100_000),
+    ];
+    assert_eq!(
+        t.place_session(61, incoming(50_000, true), &peers, T0 + SECOND),
+        Admission::Placed(Placement {
+            peer: 1,
+            kind: PlacementKind::Sticky,
+            reason: None
+        })
+    );
+    assert!(t.is_bound(61, T0 + SECOND));
+    // Control: just under half, it lets go and waits.
+    bind(&t, 62, 1, &[1, 2], T0);
+    t.turn_ended(62, Some(49_999), T0);
+    assert_eq!(
+        t.place_session(62, incoming(49_999, true), &peers, T0 + SECOND),
+        Admission::NoKvRoom
+    );
+}
+
+#[test]
 fn a_known_session_is_never_left_waiting_for_kv_room() {
     let t = table();
     bind(&t, 40, 1, &[1, 2], T0);
