@@ -164,7 +164,7 @@ pub(super) fn decide(
     // engine misses on nearly every turn until sessions end.
     if home.overcommitted() {
         let why = Why::Overcommitted {
-            held: home.bound.tokens,
+            held: home.bound.returning_tokens,
             capacity: home.kv_capacity_tokens.unwrap_or(0),
         };
         let fits_elsewhere =
@@ -285,10 +285,10 @@ pub(super) fn explain(verdict: Verdict, why: Why) -> String {
             describe(home)
         ),
         (Verdict::Spill { to, .. }, Why::Overcommitted { held, capacity }) => format!(
-            "remembered peer's live sessions hold {held} tokens, past its KV of {capacity}: moves to peer {to}, which holds the least and has room"
+            "remembered peer's live sessions likely to return hold {held} tokens, past its KV of {capacity}: moves to peer {to}, which holds the least and has room"
         ),
         (Verdict::Park { .. }, Why::Overcommitted { held, capacity }) => format!(
-            "remembered peer's live sessions hold {held} tokens, past its KV of {capacity}, and no other peer has room: lets go of its binding and waits for room"
+            "remembered peer's live sessions likely to return hold {held} tokens, past its KV of {capacity}, and no other peer has room: lets go of its binding and waits for room"
         ),
         (_, Why::NotBackedUp { home, target_load, margin }) => {
             let threshold = target_load.saturating_add(margin);
