@@ -200,7 +200,9 @@ pub struct SessionTable {
 /// window counted ~5 ended sessions of up to 60k tokens each against the
 /// KV that admission and the over-KV check see. A
 /// window of twice the 90th percentile of real gaps lets an ended session
-/// go within a few seconds and still keeps one that is thinking.
+/// go within a few seconds and still keeps one that is thinking. The same
+/// gaps, with the answers never followed by one, give a session inside the
+/// window its chance of coming back (`returning_milli`).
 #[derive(Debug, Default)]
 struct ThinkGaps {
     counts: [AtomicU32; GAP_BUCKETS.len()],
@@ -403,7 +405,7 @@ impl LiveCounts {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Share {
     sessions: u32,
-    /// Its chance of coming back, in thousandths (see `returning_if_live`).
+    /// Its chance of coming back, in thousandths (see `live_share`).
     returning_milli: u32,
     tokens: u32,
 }
@@ -678,12 +680,8 @@ impl SessionTable {
         for shard in self.shards.iter() {
             let map = shard.map.lock();
             for binding in map.values().filter(|b| rule.holds(b, now)) {
-                let share = Share {
-                    sessions: 1,
-                    returning_milli: self.returning_if_live(binding, now),
-                    tokens: binding.tokens,
-                };
-                share.add_to(counts.entry(binding.peer).or_default());
+                self.live_share(binding, now)
+                    .add_to(counts.entry(binding.peer).or_default());
                 // Adopted from another replica and not yet served here: size unknown.
                 if binding.tokens > 0 {
                     sizes.push(binding.tokens);
@@ -759,22 +757,28 @@ impl SessionTable {
         self.live_rule().holds(binding, now)
     }
 
-    /// A live session's chance of coming back, in thousandths: whole while a
-    /// turn is in flight or before its first answer; after an answer, the
-    /// share of the route's recorded gaps longer than its idle time. The
-    /// live window keeps a session that ended for up to twice the 90th
-    /// percentile of gaps (its KV is still there, so admission must count
-    /// it); for choosing where a new session goes, a chat that ended a few
-    /// seconds ago should weigh little and one answered a moment ago nearly
-    /// whole. Measured on the skewed replay: with whole counts, engines
-    /// where chats had just ended looked as full as ever, and new sessions
-    /// went to an engine truly holding 11 sessions while another held 4.
-    fn returning_if_live(&self, binding: &Binding, now: u32) -> u32 {
-        match binding.answered_at() {
+    /// What a session known to be live adds to its peer's counts: one
+    /// session, its tokens, and its chance of coming back, in thousandths:
+    /// whole while a turn is in flight or before its first answer; after an
+    /// answer, what the route's answers say of sessions idle that long
+    /// (`ThinkGaps::update`). The live window keeps a session that ended
+    /// for up to twice the 90th percentile of gaps; weighed by its chance,
+    /// a chat that ended a few seconds ago counts little and one answered a
+    /// moment ago nearly whole. Measured on the skewed replay: with whole
+    /// counts, engines where chats had just ended looked as full as ever,
+    /// and new sessions went to an engine truly holding 11 sessions while
+    /// another held 4.
+    fn live_share(&self, binding: &Binding, now: u32) -> Share {
+        let returning_milli = match binding.answered_at() {
             Some(answered) if !binding.in_flight() => {
                 self.think.returning_milli(now.saturating_sub(answered))
             }
             _ => WHOLE,
+        };
+        Share {
+            sessions: 1,
+            returning_milli,
+            tokens: binding.tokens,
         }
     }
 
@@ -789,11 +793,7 @@ impl SessionTable {
         if !self.is_live(binding, now) {
             return Share::default();
         }
-        Share {
-            sessions: 1,
-            returning_milli: self.returning_if_live(binding, now),
-            tokens: binding.tokens,
-        }
+        self.live_share(binding, now)
     }
 
     fn share_in(&self, map: &ShardMap, sid: u64, now: u32) -> Share {

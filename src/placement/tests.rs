@@ -60,6 +60,14 @@ fn sticky(peer: PeerId) -> Option<Placement> {
 }
 
 /// Binds `sid` to `peer` as a new session by making it the only idle one.
+fn admitted(peer: PeerId, kind: PlacementKind) -> Admission {
+    Admission::Placed(Placement {
+        peer,
+        kind,
+        reason: None,
+    })
+}
+
 fn bind(table: &SessionTable, sid: u64, peer: PeerId, ids: &[PeerId], now: u64) {
     let peers: Vec<PeerLoad> = ids
         .iter()
@@ -718,11 +726,7 @@ fn sessions_likely_gone_leave_room_in_the_kv_a_newcomer_may_take() {
     assert_eq!(peer.bound.returning_tokens, 0);
     assert_eq!(
         t.place_session(50, incoming(12_000, true), &[peer], start + 1_500),
-        Admission::Placed(Placement {
-            peer: 1,
-            kind: PlacementKind::New,
-            reason: None
-        })
+        admitted(1, PlacementKind::New)
     );
     // Control: answered just now, each comes back with chance
     // 300 / (300 + 106) (the six answers are not yet followed by a turn),
@@ -942,23 +946,24 @@ fn a_warm_turn_on_an_engine_over_its_kv_moves_where_it_fits() {
     );
 }
 
+/// Peer 1 holds 120k against a KV of 100k; peer 2 has no room either.
+fn over_full_with_no_room_elsewhere() -> [PeerLoad; 2] {
+    [
+        with_capacity(holding(blind(1, 0), 6, 120_000), 100_000),
+        with_capacity(holding(blind(2, 0), 6, 95_000), 100_000),
+    ]
+}
+
 #[test]
 fn a_warm_turn_over_kv_with_no_room_anywhere_lets_go_and_waits_only_with_a_queue() {
     let t = table();
     bind(&t, 60, 1, &[1, 2], T0);
     t.turn_ended(60, Some(20_000), T0);
-    let peers = [
-        with_capacity(holding(blind(1, 0), 6, 120_000), 100_000),
-        with_capacity(holding(blind(2, 0), 6, 95_000), 100_000),
-    ];
+    let peers = over_full_with_no_room_elsewhere();
     // Without a queue moving gains nothing: it stays.
     assert_eq!(
         t.place_session(60, incoming(20_000, false), &peers, T0 + SECOND),
-        Admission::Placed(Placement {
-            peer: 1,
-            kind: PlacementKind::Sticky,
-            reason: None
-        })
+        admitted(1, PlacementKind::Sticky)
     );
     let before = t.live_of(1);
     // With one it lets go of its binding, and its tokens stop counting.
@@ -977,11 +982,7 @@ fn a_warm_turn_over_kv_with_no_room_anywhere_lets_go_and_waits_only_with_a_queue
     ];
     assert_eq!(
         t.place_session(60, incoming(20_000, true), &roomy, T0 + 3 * SECOND),
-        Admission::Placed(Placement {
-            peer: 2,
-            kind: PlacementKind::New,
-            reason: None
-        })
+        admitted(2, PlacementKind::New)
     );
 }
 
@@ -990,17 +991,10 @@ fn a_session_holding_half_its_engines_kv_stays_rather_than_wait_unbound() {
     let t = table();
     bind(&t, 61, 1, &[1, 2], T0);
     t.turn_ended(61, Some(50_000), T0);
-    let peers = [
-        with_capacity(holding(blind(1, 0), 6, 120_000), 100_000),
-        with_capacity(holding(blind(2, 0), 6, 95_000), 100_000),
-    ];
+    let peers = over_full_with_no_room_elsewhere();
     assert_eq!(
         t.place_session(61, incoming(50_000, true), &peers, T0 + SECOND),
-        Admission::Placed(Placement {
-            peer: 1,
-            kind: PlacementKind::Sticky,
-            reason: None
-        })
+        admitted(1, PlacementKind::Sticky)
     );
     assert!(t.is_bound(61, T0 + SECOND));
     // Control: just under half, it lets go and waits.
