@@ -15,6 +15,7 @@
 //! Reject rules, which may look at any path, parse the whole body
 //! themselves, and only when a route has rules switched on.
 
+use bytes::Bytes;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -46,10 +47,18 @@ const KEPT: [&str; 6] = [
 impl<'a> RequestView<'a> {
     /// The view of `body`, which must be one JSON object.
     pub fn parse(body: &'a [u8]) -> Result<Self, serde_json::Error> {
-        match skim::skim(body).and_then(Self::from_skim) {
+        match skim::skim_pieces(body, &[]).and_then(Self::from_skim) {
             Some(view) => Ok(view),
             None => Self::parse_with_serde(body),
         }
+    }
+
+    /// The view of the body made of `pieces`, when the skim reads it in
+    /// them; `None` leaves the verdict to [`Self::parse`] of the pieces
+    /// joined (an invalid body, or a key or kept member cut by a boundary).
+    pub fn parse_pieces(pieces: &'a [Bytes]) -> Option<Self> {
+        let (first, rest) = pieces.split_first()?;
+        skim::skim_pieces(first, rest).and_then(Self::from_skim)
     }
 
     /// The view of a body the skim accepted. It accepts only bodies the

@@ -5,10 +5,10 @@
 use crate::bodylog::capture::Capture;
 use crate::lifecycle::ActiveRequest;
 use crate::placement::Placement;
+use crate::proxy::request::pieces::RequestBody;
 use crate::registry::{InFlightGuard, Route, RoutePeer};
 use crate::session::SessionId;
 use crate::stream::ResponsePipeline;
-use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,8 +29,9 @@ pub struct RequestCtx {
 /// Written by `request_filter`: what the request is and where it may go.
 #[derive(Default)]
 pub struct Admitted {
-    /// The whole request body as the engine will receive it.
-    pub body: Bytes,
+    /// The whole request body as the engine will receive it, in the
+    /// pieces it was read in.
+    pub body: RequestBody,
     /// True once a body was read, so the upstream request gets its real
     /// Content-Length even when it is 0.
     pub body_read: bool,
@@ -44,7 +45,7 @@ pub struct Admitted {
     pub model: Option<String>,
     /// The body with `stream_options.include_usage` added, waiting for the
     /// content guards to pass (they judge what the client sent).
-    pub usage_rewrite: Option<Bytes>,
+    pub usage_rewrite: Option<RequestBody>,
     /// Indices into `route.peers` this request may use (model pool).
     pub pool: Vec<usize>,
     /// The request's session (hash and source only, never the raw value).
@@ -73,9 +74,9 @@ pub struct Attempt {
     pub tried: Vec<usize>,
     /// Upstream attempts started.
     pub count: u32,
-    /// The replayed request carries a placeholder body; whether the real
-    /// body already went out in this attempt.
-    pub body_sent: bool,
+    /// The replayed request carries a placeholder chunk per piece of the
+    /// body; how many pieces went out in this attempt.
+    pub pieces_sent: usize,
     /// Why the last attempt failed, for the log line of the final 502.
     pub last_error: Option<String>,
     /// When the current attempt's request head went upstream (TTFT starts).

@@ -82,9 +82,7 @@ impl Gateway {
             session,
             ctx,
         );
-        let body_pending = ctx.request.body_read && !ctx.request.body.is_empty();
-        let buffered = ctx.request.retry_buffered;
-        request::forward(&route, session, &rest, body_pending, buffered).await
+        request::forward(&route, session, &rest, &mut ctx.request).await
     }
 
     /// Model pool, load gates, placement: the peer and its reserved slot,
@@ -237,10 +235,10 @@ impl ProxyHttp for Gateway {
         &self,
         _: &mut Session,
         body: &mut Option<Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        upstream::swap_body(body, ctx);
+        upstream::swap_body(body, end_of_stream, ctx);
         Ok(())
     }
 

@@ -9,16 +9,21 @@
 //! escapes with one vectorisable fold (about 0.3 a byte). No crate offers
 //! what the view needs, which is serde_json's verdict exactly: a faster
 //! parser (simd-json, sonic-rs) draws its own lines on numbers, surrogates
-//! and nesting.
+//! and nesting. And it reads a body in the pieces it was received in, so a
+//! long prompt is never joined into one buffer just to be read.
 //!
 //! So this reading only ever says "valid, and here are the members" for a
 //! body serde_json also accepts, and gives up (`None`) on anything it is
 //! not sure of, leaving the verdict (and the error message) to the serde
 //! path of [`super::RequestView::parse`]: escaped top-level keys, `\u`
 //! escapes of surrogates, numbers that could leave f64's range, nesting
-//! past [`MAX_DEPTH`], and every malformed body. `prop_the_skim_agrees_with_serde`
-//! and the `request_body` fuzz target hold it to that.
+//! past [`MAX_DEPTH`], every malformed body, and a top-level key or kept
+//! member cut by a piece boundary (the caller joins the pieces and reads
+//! again). `prop_the_skim_agrees_with_serde` and the `request_body` fuzz
+//! target hold it to that; `prop_pieces_read_as_the_whole` holds a body
+//! cut anywhere to the reading of the whole.
 
+use bytes::Bytes;
 use memchr::memchr2;
 
 /// The members the view keeps, in this order (see [`super::KEPT`]).
@@ -30,8 +35,19 @@ pub(super) const MAX_DEPTH: usize = 100;
 
 /// The kept members' raw values (the last of a repeated one), or `None`
 /// when the serde path must decide.
+#[cfg(test)]
 pub(super) fn skim(body: &[u8]) -> Option<Found<'_>> {
-    let mut r = Reader { body, at: 0 };
+    skim_pieces(body, &[])
+}
+
+/// [`skim`] of the body made of `first` followed by `rest`.
+pub(super) fn skim_pieces<'a>(first: &'a [u8], rest: &'a [Bytes]) -> Option<Found<'a>> {
+    let mut r = Reader {
+        cur: first,
+        rest,
+        at: 0,
+        piece: 0,
+    };
     let mut found: Found = [None; super::KEPT.len()];
     r.ws();
     r.eat(b'{')?;
@@ -41,9 +57,10 @@ pub(super) fn skim(body: &[u8]) -> Option<Found<'_>> {
     } else {
         loop {
             r.eat(b'"')?;
-            let key_start = r.at;
+            r.peek()?;
+            let key_start = r.mark();
             r.string()?;
-            let key = &body[key_start..r.at - 1];
+            let key = r.since(key_start, 1)?;
             // An escaped key spells a name only once decoded.
             if memchr::memchr(b'\\', key).is_some() {
                 return None;
@@ -51,10 +68,11 @@ pub(super) fn skim(body: &[u8]) -> Option<Found<'_>> {
             r.ws();
             r.eat(b':')?;
             r.ws();
-            let value_start = r.at;
+            r.peek()?;
+            let value_start = r.mark();
             r.value(2)?;
             if let Some(slot) = super::KEPT.iter().position(|name| name.as_bytes() == key) {
-                found[slot] = Some(&body[value_start..r.at]);
+                found[slot] = Some(r.since(value_start, 0)?);
             }
             r.ws();
             match r.next()? {
@@ -65,17 +83,50 @@ pub(super) fn skim(body: &[u8]) -> Option<Found<'_>> {
         }
     }
     r.ws();
-    (r.at == body.len()).then_some(found)
+    r.peek().is_none().then_some(found)
 }
 
-struct Reader<'a> {
-    body: &'a [u8],
+/// Where a token started: the piece (counted from the first) and the
+/// offset in it.
+#[derive(Clone, Copy)]
+struct Mark {
+    piece: usize,
     at: usize,
 }
 
-impl Reader<'_> {
-    fn peek(&self) -> Option<u8> {
-        self.body.get(self.at).copied()
+struct Reader<'a> {
+    /// The piece being read, and the pieces after it.
+    cur: &'a [u8],
+    rest: &'a [Bytes],
+    at: usize,
+    piece: usize,
+}
+
+impl<'a> Reader<'a> {
+    #[inline]
+    fn peek(&mut self) -> Option<u8> {
+        match self.cur.get(self.at) {
+            Some(&b) => Some(b),
+            None => self.peek_in_next_piece(),
+        }
+    }
+
+    /// Past the end of a piece, the next one that holds a byte.
+    #[cold]
+    fn peek_in_next_piece(&mut self) -> Option<u8> {
+        while self.at == self.cur.len() {
+            self.next_piece()?;
+        }
+        self.cur.get(self.at).copied()
+    }
+
+    fn next_piece(&mut self) -> Option<()> {
+        let (next, rest) = self.rest.split_first()?;
+        self.cur = next;
+        self.rest = rest;
+        self.at = 0;
+        self.piece += 1;
+        Some(())
     }
 
     fn next(&mut self) -> Option<u8> {
@@ -86,6 +137,23 @@ impl Reader<'_> {
 
     fn eat(&mut self, want: u8) -> Option<()> {
         (self.next()? == want).then_some(())
+    }
+
+    /// The position of the next byte; call after `peek`, which moves past
+    /// a piece's end.
+    fn mark(&self) -> Mark {
+        Mark {
+            piece: self.piece,
+            at: self.at,
+        }
+    }
+
+    /// The bytes from `start` to here, less the last `less` (a closing
+    /// quote); `None` when a piece boundary cuts them.
+    fn since(&self, start: Mark, less: usize) -> Option<&'a [u8]> {
+        let end = self.at.checked_sub(less)?;
+        let cur: &'a [u8] = self.cur;
+        (start.piece == self.piece).then(|| &cur[start.at..end])
     }
 
     /// JSON's four whitespace bytes, as serde_json skips them.
@@ -104,10 +172,7 @@ impl Reader<'_> {
             b't' => self.literal(b"rue"),
             b'f' => self.literal(b"alse"),
             b'n' => self.literal(b"ull"),
-            b'-' | b'0'..=b'9' => {
-                self.at -= 1;
-                self.number()
-            }
+            first @ (b'-' | b'0'..=b'9') => self.number(first),
             _ => None,
         }
     }
@@ -142,26 +207,30 @@ impl Reader<'_> {
     }
 
     fn literal(&mut self, rest: &[u8]) -> Option<()> {
-        let end = self.at + rest.len();
-        (self.body.get(self.at..end)? == rest).then(|| self.at = end)
+        for &want in rest {
+            self.eat(want)?;
+        }
+        Some(())
     }
 
     /// The rest of a string whose opening quote was read; `at` ends past
     /// its closing quote. Runs between escapes must hold no control byte
     /// and be valid UTF-8 (a multi-byte sequence never holds `"` or `\`,
-    /// so cutting at those keeps every sequence whole).
+    /// so cutting at those keeps every sequence whole; one cut by a piece
+    /// boundary is put together from both sides).
     fn string(&mut self) -> Option<()> {
         loop {
-            let rest = &self.body[self.at..];
-            let end = memchr2(b'"', b'\\', rest)?;
-            let run = &rest[..end];
-            // min/max over the run (vectorised); most runs are plain ASCII.
-            let (low, high) = run
-                .iter()
-                .fold((u8::MAX, 0u8), |(lo, hi), &b| (lo.min(b), hi.max(b)));
-            if low < 0x20 || (high >= 0x80 && std::str::from_utf8(run).is_err()) {
-                return None;
-            }
+            let rest = &self.cur[self.at..];
+            let Some(end) = memchr2(b'"', b'\\', rest) else {
+                let cut = check_run(rest, true)?;
+                self.at = self.cur.len();
+                if !cut.is_empty() {
+                    self.finish_char(cut)?;
+                }
+                self.peek()?;
+                continue;
+            };
+            check_run(&rest[..end], false)?;
             self.at += end + 1;
             if rest[end] == b'"' {
                 return Some(());
@@ -169,33 +238,51 @@ impl Reader<'_> {
             match self.next()? {
                 b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
                 b'u' => {
-                    let hex = self.body.get(self.at..self.at + 4)?;
-                    let unit = hex.iter().try_fold(0u32, |unit, &b| {
-                        Some(unit << 4 | char::from(b).to_digit(16)?)
-                    })?;
+                    let mut unit = 0u32;
+                    for _ in 0..4 {
+                        unit = unit << 4 | char::from(self.next()?).to_digit(16)?;
+                    }
                     // A surrogate must pair with the next escape: serde's call.
                     if (0xD800..=0xDFFF).contains(&unit) {
                         return None;
                     }
-                    self.at += 4;
                 }
                 _ => return None,
             }
         }
     }
 
+    /// Completes a character whose first bytes, `cut`, ended a piece, from
+    /// the pieces after it.
+    #[cold]
+    fn finish_char(&mut self, cut: &[u8]) -> Option<()> {
+        let mut char_bytes = [0u8; 4];
+        let width = match cut[0] {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            _ => 4,
+        };
+        char_bytes[..cut.len()].copy_from_slice(cut);
+        for slot in &mut char_bytes[cut.len()..width] {
+            *slot = self.next()?;
+        }
+        std::str::from_utf8(&char_bytes[..width]).ok().map(drop)
+    }
+
     /// A number in JSON's grammar whose value stays well inside f64's range
     /// (at most 17 integer digits and a two-digit exponent), so that
     /// serde_json, which refuses a number out of range, reads it too.
-    fn number(&mut self) -> Option<()> {
-        if self.peek() == Some(b'-') {
-            self.at += 1;
-        }
-        let int_digits = self.digits();
+    /// `first` (a sign or a digit) was read.
+    fn number(&mut self, first: u8) -> Option<()> {
+        let (leading, int_digits) = if first == b'-' {
+            (self.peek(), self.digits())
+        } else {
+            (Some(first), 1 + self.digits())
+        };
         match int_digits {
             0 => return None,
             1 => {}
-            _ if self.body[self.at - int_digits] == b'0' => return None,
+            _ if leading == Some(b'0') => return None,
             n if n > 17 => return None,
             _ => {}
         }
@@ -218,11 +305,36 @@ impl Reader<'_> {
     }
 
     fn digits(&mut self) -> usize {
-        let start = self.at;
+        let mut count = 0;
         while let Some(b'0'..=b'9') = self.peek() {
             self.at += 1;
+            count += 1;
         }
-        self.at - start
+        count
+    }
+}
+
+/// Checks a run of string bytes between escapes: no control byte, valid
+/// UTF-8. A run that ends its piece (`at_piece_end`) may end in the first
+/// bytes of a character the next piece completes: those are returned, for
+/// [`Reader::finish_char`]; otherwise the result is empty.
+#[inline]
+fn check_run(run: &[u8], at_piece_end: bool) -> Option<&[u8]> {
+    // min/max over the run (vectorised); most runs are plain ASCII.
+    let (low, high) = run
+        .iter()
+        .fold((u8::MAX, 0u8), |(lo, hi), &b| (lo.min(b), hi.max(b)));
+    if low < 0x20 {
+        return None;
+    }
+    if high < 0x80 {
+        return Some(&[]);
+    }
+    match std::str::from_utf8(run) {
+        Ok(_) => Some(&[]),
+        // No error length: the run ends inside a character, whole so far.
+        Err(e) if at_piece_end && e.error_len().is_none() => Some(&run[e.valid_up_to()..]),
+        Err(_) => None,
     }
 }
 
@@ -386,10 +498,70 @@ mod tests {
         b" ",
     ];
 
+    /// `body` cut at `cuts` (ascending offsets), as the read gives pieces.
+    fn cut(body: &[u8], cuts: &[usize]) -> Vec<Bytes> {
+        let mut pieces = Vec::new();
+        let mut start = 0;
+        for &at in cuts.iter().chain([&body.len()]) {
+            pieces.push(Bytes::copy_from_slice(&body[start..at]));
+            start = at;
+        }
+        pieces
+    }
+
+    fn skim_cut(body: &[u8], cuts: &[usize]) -> Option<[Option<String>; 6]> {
+        let pieces = cut(body, cuts);
+        let (first, rest) = pieces.split_first().unwrap();
+        skim_pieces(first, rest).map(as_text)
+    }
+
+    /// A cut anywhere in the messages (inside a multi-byte character, an
+    /// escape, a `\u` escape, a number, a literal) leaves the reading as
+    /// it is on the whole body; so do empty pieces and a one-byte piece
+    /// in the middle of a four-byte character.
+    #[test]
+    fn pieces_cut_inside_any_token_read_as_the_whole() {
+        let messages = r#"[{"role":"user","content":"café 😀 中文 \"q\" \\ \n \u00e9nd"},{"role":"tool","content":null,"n":-12.5e-3,"ok":true,"no":false,"big":12345678}]"#;
+        let head = r#"{"model":"m","stream":true,"messages":"#;
+        let body = format!("{head}{messages},\"user\":\"u\"}}");
+        let body = body.as_bytes();
+        let whole = skim(body).map(as_text).expect("the whole body reads");
+        let span = head.len()..head.len() + messages.len();
+        for at in span.clone() {
+            assert_eq!(skim_cut(body, &[at]).as_ref(), Some(&whole), "cut at {at}");
+            assert_eq!(
+                skim_cut(body, &[at, at]).as_ref(),
+                Some(&whole),
+                "empty piece at {at}"
+            );
+            assert_eq!(
+                skim_cut(body, &[at, at + 1]).as_ref(),
+                Some(&whole),
+                "1-byte piece at {at}"
+            );
+        }
+        // Control: a cut inside a kept member's value or a top-level key
+        // gives up (the caller joins and reads again), never misreads.
+        let model_value = body.windows(3).position(|w| w == b"\"m\"").unwrap() + 1;
+        assert_eq!(skim_cut(body, &[model_value]), None);
+        assert_eq!(
+            skim_cut(body, &[head.len() - 4]),
+            None,
+            "inside the key \"messages\""
+        );
+        // A broken character cut in two is still refused.
+        let broken = b"{\"a\":\"\xe4\xb8x\"}";
+        assert!(skim(broken).is_none());
+        for at in 6..broken.len() {
+            assert_eq!(skim_cut(broken, &[at]), None, "cut at {at}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
         /// Wherever the skim answers, the body is one the serde path
-        /// accepts, with the same members.
+        /// accepts, with the same members; read in pieces cut anywhere, it
+        /// answers the same or gives up.
         #[test]
         fn prop_the_skim_agrees_with_serde(
             members in proptest::collection::vec(
@@ -403,6 +575,7 @@ mod tests {
             ),
             pretty in any::<bool>(),
             cuts in proptest::collection::vec((any::<prop::sample::Index>(), 0..SPLICES.len(), 0usize..3), 0..3),
+            cuts_at in proptest::collection::vec(any::<prop::sample::Index>(), 1..4),
         ) {
             let object = Value::Object(members.into_iter().collect());
             let mut body = if pretty {
@@ -416,6 +589,12 @@ mod tests {
                 body.splice(at..end, SPLICES[splice].iter().copied());
             }
             let serde = RequestView::parse_with_serde(&body);
+            // Cut anywhere, the pieces read as the whole, or give up.
+            let mut cuts: Vec<usize> = cuts_at.iter().map(|at| at.index(body.len() + 1)).collect();
+            cuts.sort_unstable();
+            if let Some(in_pieces) = skim_cut(&body, &cuts) {
+                prop_assert_eq!(Some(in_pieces), skim(&body).map(as_text));
+            }
             if let Some(found) = skim(&body) {
                 let serde = serde.expect("the skim accepted a body serde refuses");
                 prop_assert_eq!(as_text(found), raw_members(&serde));

@@ -410,35 +410,95 @@ fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
 }
 
 const TOP_LEVEL_INSERT: &[u8] = b"\"stream_options\":{\"include_usage\":true}";
+const TOP_LEVEL_INSERT_COMMA: &[u8] = b"\"stream_options\":{\"include_usage\":true},";
 const NESTED_INSERT: &[u8] = b"\"include_usage\":true";
+const NESTED_INSERT_COMMA: &[u8] = b"\"include_usage\":true,";
 
-/// Adds `stream_options.include_usage: true` to a streaming request body,
-/// touching only the bytes needed (see the module docs for why).
+/// One edit of a request body: `remove` bytes at `at` give way to `insert`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Splice {
+    pub at: usize,
+    pub remove: usize,
+    pub insert: &'static [u8],
+}
+
+impl Splice {
+    /// `raw` with the edit made.
+    pub fn apply(&self, raw: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(raw.len() + self.insert.len());
+        out.extend_from_slice(&raw[..self.at]);
+        out.extend_from_slice(self.insert);
+        out.extend_from_slice(&raw[self.at + self.remove..]);
+        out
+    }
+
+    fn insertion(at: usize, text: &'static [u8], with_comma: &'static [u8], comma: bool) -> Self {
+        let insert = if comma { with_comma } else { text };
+        Splice {
+            at,
+            remove: 0,
+            insert,
+        }
+    }
+}
+
+/// [`include_usage_splice`] made: the new body.
+pub fn inject_include_usage(raw: &[u8], parsed: &RequestView) -> Option<Vec<u8>> {
+    include_usage_splice(raw, parsed).map(|edit| edit.apply(raw))
+}
+
+/// The common case of [`include_usage_splice`], decided from the body's
+/// first bytes (`head`) alone: a client that sets no stream_options. The
+/// view then has no such member in any spelling (a top-level key is
+/// decoded before it is compared) and at least one member (`stream`), so
+/// the walk of the whole body would answer `Missing { empty: false }`:
+/// skipping it saves a walk of the whole body. Only for a view read from
+/// the body itself (`view_of_body`): its members borrow from the bytes
+/// they were read from. `None` when the walk must decide.
+pub fn include_usage_at_top(
+    head: &[u8],
+    parsed: &RequestView,
+    view_of_body: bool,
+) -> Option<Splice> {
+    let open = skip_json_ws(head, 0);
+    (parsed.is_stream()
+        && parsed.stream_options.is_none()
+        && view_of_body
+        && head.get(open) == Some(&b'{'))
+    .then_some(Splice {
+        at: open + 1,
+        remove: 0,
+        insert: TOP_LEVEL_INSERT_COMMA,
+    })
+}
+
+/// The edit that adds `stream_options.include_usage: true` to a streaming
+/// request body, touching only the bytes needed (see the module docs for
+/// why).
 ///
 /// `raw` is the exact body and `parsed` its view. Returns `None` when
 /// nothing needs to change (not `"stream": true`, or already asked for) and
 /// when it cannot be done safely: `stream_options` or `include_usage` of an
 /// unexpected type, a duplicated key, or `raw` not matching `parsed`.
-pub fn inject_include_usage(raw: &[u8], parsed: &RequestView) -> Option<Vec<u8>> {
+pub fn include_usage_splice(raw: &[u8], parsed: &RequestView) -> Option<Splice> {
     if !parsed.is_stream() {
         return None;
     }
-    let open = skip_json_ws(raw, 0);
-    // The common case, a client that sets no stream_options: the view has
-    // no such member in any spelling (a top-level key is decoded before it
-    // is compared) and at least one member (`stream`), so the walk below
-    // would answer `Missing { empty: false }`. Skipping it saves a walk of
-    // the whole body. Only for a view read from `raw` itself: its members
-    // borrow from the bytes they were read from.
-    if parsed.stream_options.is_none() && view_of(raw, parsed) && raw.get(open) == Some(&b'{') {
-        return Some(insert_at(raw, open + 1, TOP_LEVEL_INSERT, true));
+    if let Some(edit) = include_usage_at_top(raw, parsed, view_of(raw, parsed)) {
+        return Some(edit);
     }
+    let open = skip_json_ws(raw, 0);
     match find_member(raw, open, "stream_options")? {
         Member::Missing { empty } => {
             if parsed.stream_options.is_some() {
                 return None;
             }
-            Some(insert_at(raw, open + 1, TOP_LEVEL_INSERT, !empty))
+            Some(Splice::insertion(
+                open + 1,
+                TOP_LEVEL_INSERT,
+                TOP_LEVEL_INSERT_COMMA,
+                !empty,
+            ))
         }
         Member::Found { start, end: _ } => {
             let opts = parsed.stream_options?;
@@ -451,7 +511,12 @@ pub fn inject_include_usage(raw: &[u8], parsed: &RequestView) -> Option<Vec<u8>>
                     if include_usage.is_some() {
                         return None;
                     }
-                    Some(insert_at(raw, start + 1, NESTED_INSERT, !empty))
+                    Some(Splice::insertion(
+                        start + 1,
+                        NESTED_INSERT,
+                        NESTED_INSERT_COMMA,
+                        !empty,
+                    ))
                 }
                 Member::Found { start, end } => {
                     let literal = match include_usage?.get() {
@@ -464,11 +529,11 @@ pub fn inject_include_usage(raw: &[u8], parsed: &RequestView) -> Option<Vec<u8>>
                     if raw.get(start..end)? != literal {
                         return None;
                     }
-                    let mut out = Vec::with_capacity(raw.len() + 1);
-                    out.extend_from_slice(&raw[..start]);
-                    out.extend_from_slice(b"true");
-                    out.extend_from_slice(&raw[end..]);
-                    Some(out)
+                    Some(Splice {
+                        at: start,
+                        remove: end - start,
+                        insert: b"true",
+                    })
                 }
             }
         }
@@ -479,17 +544,6 @@ pub fn inject_include_usage(raw: &[u8], parsed: &RequestView) -> Option<Vec<u8>>
 fn view_of(raw: &[u8], view: &RequestView) -> bool {
     view.stream
         .is_some_and(|v| raw.as_ptr_range().contains(&v.get().as_ptr()))
-}
-
-fn insert_at(raw: &[u8], at: usize, text: &[u8], comma: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(raw.len() + text.len() + 1);
-    out.extend_from_slice(&raw[..at]);
-    out.extend_from_slice(text);
-    if comma {
-        out.push(b',');
-    }
-    out.extend_from_slice(&raw[at..]);
-    out
 }
 
 /// Result of looking a key up in one object of the raw text.

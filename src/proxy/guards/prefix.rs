@@ -9,6 +9,7 @@
 
 use crate::metrics::metrics;
 use crate::proxy::ctx::Admitted;
+use crate::proxy::request::pieces::RequestBody;
 use crate::registry::Route;
 use crate::rewrite;
 use bytes::Bytes;
@@ -23,10 +24,10 @@ pub fn apply(route: &Route, req: &mut Admitted) {
     if !opts.any() || req.body.is_empty() {
         return;
     }
-    let Some(out) = rewrite::apply(&req.body, opts) else {
+    let Some(out) = rewrite::apply(&req.body.whole(), opts) else {
         return;
     };
-    req.body = Bytes::from(out.body);
+    req.body = RequestBody::one(Bytes::from(out.body));
     req.cch_stripped = out.report.cch.is_some();
     req.kimi_ids_renumbered = out.report.kimi_ids_renumbered;
     let count = |transform: &str| {

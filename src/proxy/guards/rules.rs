@@ -24,7 +24,7 @@ pub fn check(route: &Route, req: &Admitted) -> Result<(), ErrorResponse> {
     if !enabled || rules.is_empty() {
         return Ok(());
     }
-    let Ok(body) = serde_json::from_slice::<serde_json::Value>(&req.body) else {
+    let Ok(body) = serde_json::from_slice::<serde_json::Value>(&req.body.whole()) else {
         return Ok(());
     };
     let Some(rule) = rules.evaluate(&RequestFacts {

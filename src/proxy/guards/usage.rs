@@ -1,24 +1,32 @@
 //! Request rewrites that make the response observable: include_usage.
 
 use crate::proxy::ctx::Admitted;
+use crate::proxy::request::pieces::RequestBody;
 use crate::registry::Route;
 use crate::request_view::RequestView;
-use crate::stream::usage::inject_include_usage;
-use bytes::Bytes;
+use crate::stream::usage::{include_usage_at_top, include_usage_splice};
 
 /// `body` with `stream_options.include_usage` added, for a streaming
-/// request that lacks it (editing only the bytes needed); `None` when the
-/// route does not ask for it or nothing needs to change.
-pub fn rewrite(route: &Route, body: &Bytes, view: &RequestView) -> Option<Bytes> {
-    if !route
-        .runtime
-        .toggles
-        .include_usage
-        .is_on(route.config.include_usage)
+/// request that lacks it (an edit spliced between the body's pieces, which
+/// are shared, not copied); `None` when the route does not ask for it or
+/// nothing needs to change.
+pub fn rewrite(route: &Route, body: &RequestBody, view: &RequestView) -> Option<RequestBody> {
+    if !view.is_stream()
+        || !route
+            .runtime
+            .toggles
+            .include_usage
+            .is_on(route.config.include_usage)
     {
         return None;
     }
-    inject_include_usage(body, view).map(Bytes::from)
+    let view_of_body = view.stream.is_some_and(|v| body.holds(v.get().as_ptr()));
+    let edit = match include_usage_at_top(body.first_piece(), view, view_of_body) {
+        Some(edit) => edit,
+        // The walk of the body's members reads it whole.
+        None => include_usage_splice(&body.whole(), view)?,
+    };
+    Some(body.spliced(edit.at, edit.remove, edit.insert))
 }
 
 /// Puts the rewritten body in place once the content guards passed; the

@@ -1,6 +1,7 @@
 //! The request body: whether there is one, reading it whole (bounded by the
 //! route's `max_body_size`), and parsing an LLM endpoint's JSON.
 
+use super::pieces::{Gather, RequestBody};
 use super::Local;
 use crate::errors::ErrorResponse;
 use crate::proxy::ctx::Admitted;
@@ -8,7 +9,7 @@ use crate::proxy::guards::usage;
 use crate::registry::Route;
 use crate::request_view::RequestView;
 use crate::session::extract_session;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use pingora::proxy::Session;
 use std::borrow::Cow;
 
@@ -44,12 +45,24 @@ pub async fn read(
 /// object; other endpoints are looked at only when the route picks a pool by
 /// model. The session comes from the headers first, then the body.
 fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> Result<(), Local> {
-    let view = if is_llm_endpoint(rest) {
-        Some(parse_llm_body(&req.body)?)
-    } else if !route.config.peers_by_model.is_empty() && !req.body.is_empty() {
-        RequestView::parse(&req.body).ok()
-    } else {
-        None
+    let llm = is_llm_endpoint(rest);
+    if !llm && (route.config.peers_by_model.is_empty() || req.body.is_empty()) {
+        return Ok(());
+    }
+    // The skim reads most bodies in their pieces; the few it cannot (an
+    // invalid body, a key cut by a piece boundary) are joined and read
+    // whole, which also words the error.
+    let view = match RequestView::parse_pieces(req.body.pieces()) {
+        Some(view) => Some(view),
+        None => {
+            req.body.make_whole();
+            let whole = req.body.first_piece();
+            if llm {
+                Some(parse_llm_body(whole)?)
+            } else {
+                RequestView::parse(whole).ok()
+            }
+        }
     };
     req.json_object = view.is_some();
     req.model = view.and_then(|v| v.model()).map(Cow::into_owned);
@@ -92,7 +105,7 @@ impl Framing {
 
 /// Tokens a body's prompt is likely to be, before the engine counts them
 /// (about 4 bytes a token, as BPE tokenizers give on English and code).
-pub fn estimated_tokens(body: &[u8]) -> u64 {
+pub fn estimated_tokens(body: &RequestBody) -> u64 {
     (body.len() / 4) as u64
 }
 
@@ -112,10 +125,14 @@ pub fn has_body(session: &Session) -> bool {
 /// connection cannot be reused afterwards.
 pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Local> {
     let framing = Framing::of(session);
-    read_framed(session, framing, limit).await
+    Ok(read_framed(session, framing, limit).await?.whole_bytes())
 }
 
-async fn read_framed(session: &mut Session, framing: Framing, limit: u64) -> Result<Bytes, Local> {
+async fn read_framed(
+    session: &mut Session,
+    framing: Framing,
+    limit: u64,
+) -> Result<RequestBody, Local> {
     let declared = framing.length;
     match declared {
         Some(None) => return Err(ErrorResponse::bad_request("invalid Content-Length").into()),
@@ -138,34 +155,15 @@ async fn read_framed(session: &mut Session, framing: Framing, limit: u64) -> Res
             )))
         })?;
     }
-    let capacity = match declared {
-        Some(Some(n)) => n as usize,
-        _ => 16 * 1024,
-    };
-    // A body that comes in one chunk (most small ones) is kept as that
-    // chunk; only a second chunk starts a joined copy.
-    let mut first: Option<Bytes> = None;
-    let mut buf = BytesMut::new();
+    let mut gather = Gather::default();
     loop {
         match session.read_request_body().await {
             Ok(Some(chunk)) => {
-                let so_far = first.as_ref().map_or(0, Bytes::len) + buf.len();
-                if (so_far + chunk.len()) as u64 > limit {
+                if (gather.read() + chunk.len()) as u64 > limit {
                     session.set_keepalive(None);
                     return Err(ErrorResponse::body_too_large(limit).into());
                 }
-                match first.take() {
-                    None if buf.is_empty() => first = Some(chunk),
-                    held => {
-                        if buf.is_empty() {
-                            buf.reserve(capacity.max(so_far + chunk.len()));
-                        }
-                        if let Some(held) = held {
-                            buf.extend_from_slice(&held);
-                        }
-                        buf.extend_from_slice(&chunk);
-                    }
-                }
+                gather.add(chunk);
             }
             Ok(None) => break,
             Err(e) => {
@@ -178,7 +176,7 @@ async fn read_framed(session: &mut Session, framing: Framing, limit: u64) -> Res
             }
         }
     }
-    Ok(first.unwrap_or_else(|| buf.freeze()))
+    Ok(gather.finish())
 }
 
 /// Views an LLM request body; anything but a JSON object is a client error.

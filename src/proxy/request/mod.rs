@@ -4,10 +4,12 @@
 
 pub mod body;
 pub mod endpoints;
+pub mod pieces;
 pub mod replay;
 
 use crate::errors::ErrorResponse;
 use crate::metrics::{body_forwarded, BodyVia};
+use crate::proxy::ctx::Admitted;
 use crate::registry::{Registry, Route};
 use pingora::proxy::Session;
 use std::sync::Arc;
@@ -154,19 +156,19 @@ pub fn refuse_upgrade(route: &Route, session: &Session) -> Result<(), Local> {
 /// retry buffer (64 KiB, enabled before the read) is sent from it, as
 /// Pingora sends a retried body; a larger one goes through the replay,
 /// which costs a second session and a re-parse of the head. Either way
-/// `request_body_filter` swaps in the real (possibly rewritten) body.
+/// `request_body_filter` swaps in the real (possibly rewritten) body: in
+/// one piece from the retry buffer, piece by piece through the replay.
 pub async fn forward(
     route: &Route,
     session: &mut Session,
     rest: &str,
-    body_pending: bool,
-    retry_buffered: bool,
+    req: &mut Admitted,
 ) -> Result<(), Local> {
     let uri = rest
         .parse::<http::Uri>()
         .map_err(|_| Local::Error(ErrorResponse::bad_request("invalid request path")))?;
     session.req_header_mut().set_uri(uri);
-    if !body_pending {
+    if !req.body_read || req.body.is_empty() {
         return Ok(());
     }
     if session.as_downstream().is_http2() {
@@ -182,12 +184,14 @@ pub async fn forward(
     // an interim answer of its passed on, a second time.
     session.req_header_mut().remove_header("expect");
     // Enabled (by `body::read`) and not truncated: the whole body is in it.
-    if retry_buffered && !session.as_downstream().retry_buffer_truncated() {
+    if req.retry_buffered && !session.as_downstream().retry_buffer_truncated() {
+        // Pingora hands its retry buffer over in one piece.
+        req.body.make_whole();
         body_forwarded(BodyVia::RetryBuffer);
         return Ok(());
     }
     body_forwarded(BodyVia::Replay);
-    replay::replay_h1(session).await.map_err(|e| match e {
+    replay::replay_h1(session, req.body.pieces().len()).await.map_err(|e| match e {
         replay::ReplayError::HeadTooLarge(size) => {
             log::warn!(
                 "route {}: request head of {size} bytes (re-serialised) over Pingora's {} byte cap: answered 431",

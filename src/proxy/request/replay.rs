@@ -5,10 +5,12 @@
 //! above that. Bodies that fit go through the retry buffer (`super::forward`);
 //! this is for the rest. The fix uses public API only: take the TCP stream out of the
 //! downstream session and let pingora-core re-parse a synthetic request from
-//! its pipelined-prefix buffer. The synthetic request carries a 1-byte
-//! placeholder body; `request_body_filter` swaps the placeholder for the real
-//! body on every upstream attempt. A placeholder rather than the whole body,
-//! because the re-parse checks the whole prefix against the 1 MiB header cap.
+//! its pipelined-prefix buffer. The synthetic request carries a chunked
+//! placeholder body, a 1-byte chunk for each piece of the real body (see
+//! `pieces.rs`); `request_body_filter` swaps each placeholder chunk for its
+//! piece on every upstream attempt, so the pieces go out as they were read,
+//! never joined. Placeholders rather than the body itself, because the
+//! re-parse checks the whole prefix against the 1 MiB header cap.
 //!
 //! All hooks still run once per request, keep-alive and retries keep working,
 //! and the client address and socket digest survive (same stream). Pinned to
@@ -21,8 +23,11 @@ use pingora::protocols::http::ServerSession;
 use pingora::proxy::Session;
 use pingora::{Error, ErrorType, Result};
 
-/// The body the synthetic request carries; `request_body_filter` replaces it.
-pub const PLACEHOLDER: &[u8] = b" ";
+/// One placeholder chunk of the synthetic request's body, standing for one
+/// piece of the real body; `request_body_filter` replaces it.
+const PLACEHOLDER_CHUNK: &[u8] = b"1\r\n \r\n";
+/// The chunked body's end.
+const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// pingora-core's `MAX_HEADER_SIZE` (`protocols/http/v1/common.rs`, not
 /// public): the re-parse refuses a pipelined prefix longer than this.
@@ -45,24 +50,30 @@ impl From<Box<Error>> for ReplayError {
 }
 
 /// Rebuilds the downstream session so that pingora proxies the current
-/// request header (already rewritten by the caller) with a placeholder body.
-/// HTTP/1.x only: the caller must not call this for h2 sessions.
-pub async fn replay_h1(session: &mut Session) -> Result<(), ReplayError> {
+/// request header (already rewritten by the caller) with a placeholder body
+/// of `pieces` chunks. HTTP/1.x only: the caller must not call this for h2
+/// sessions.
+pub async fn replay_h1(session: &mut Session, pieces: usize) -> Result<(), ReplayError> {
     let mut head = session.req_header().clone();
-    head.remove_header("transfer-encoding");
+    head.remove_header("content-length");
     // Already answered before the body was read; the replayed request must
     // not make pingora answer it twice.
     head.remove_header("expect");
-    head.insert_header("content-length", PLACEHOLDER.len().to_string())?;
+    head.insert_header("transfer-encoding", "chunked")?;
     // Serialize before touching the session: if this failed after the swap
     // below, the error response would have no connection to go to.
     let mut prefix: BytesMut = http_req_header_to_wire(&head)
         .ok_or_else(|| Error::explain(ErrorType::InternalError, "cannot serialize request head"))?;
-    prefix.extend_from_slice(PLACEHOLDER);
+    let head_len = prefix.len();
+    prefix.reserve(pieces * PLACEHOLDER_CHUNK.len() + LAST_CHUNK.len());
+    for _ in 0..pieces {
+        prefix.extend_from_slice(PLACEHOLDER_CHUNK);
+    }
+    prefix.extend_from_slice(LAST_CHUNK);
     // Checked while the session is still whole: past the swap below a
     // refused re-parse leaves nothing to answer the client on.
     if prefix.len() > PINGORA_MAX_HEADER_SIZE {
-        return Err(ReplayError::HeadTooLarge(prefix.len()));
+        return Err(ReplayError::HeadTooLarge(head_len));
     }
 
     let ds = &mut session.downstream_session;

@@ -74,6 +74,7 @@ pub fn emit(bodylog: Option<&Bodylog>, session: &Session, ctx: &mut RequestCtx) 
         return;
     }
     let req = &ctx.request;
+    let req_body = req.body.whole_bytes();
     let outcome = Outcome {
         route: ctx.route_name(),
         peer: ctx.peer_name(),
@@ -85,7 +86,7 @@ pub fn emit(bodylog: Option<&Bodylog>, session: &Session, ctx: &mut RequestCtx) 
         attempts: ctx.upstream.count,
         usage: ctx.response.pipeline.as_ref().and_then(|p| p.usage()),
         usage_injected: req.usage_injected,
-        req_body: &req.body,
+        req_body: &req_body,
     };
     bodylog.enqueue(capture.finish(&outcome, Instant::now()));
 }

@@ -32,7 +32,7 @@ pub fn next_peer(ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
         attempt.tried.push(p);
     }
     attempt.count += 1;
-    attempt.body_sent = false;
+    attempt.pieces_sent = 0;
     attempt.responded = false;
     build_peer(ctx)
 }
@@ -169,16 +169,24 @@ pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &mut RequestCtx) -> Resul
     Ok(())
 }
 
-/// The real body goes out once per attempt, in place of the replay's
-/// placeholder, whatever chunks Pingora hands over.
-pub fn swap_body(body: &mut Option<Bytes>, ctx: &mut RequestCtx) {
+/// The real body goes out once per attempt in place of what Pingora
+/// hands over: a piece for each of the replay's placeholder chunks, or
+/// the whole body (one piece, see `request::forward`) for the retry
+/// buffer. Whatever is left when Pingora's body ends goes out with its end.
+pub fn swap_body(body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut RequestCtx) {
     if !ctx.request.body_read {
         return;
     }
-    *body = if ctx.upstream.body_sent || ctx.request.body.is_empty() {
-        None
-    } else {
-        ctx.upstream.body_sent = true;
-        Some(ctx.request.body.clone())
+    let left = &ctx.request.body.pieces()[ctx.upstream.pieces_sent..];
+    let (out, sent) = match left {
+        [] => (None, 0),
+        [last] => (Some(last.clone()), 1),
+        [next, ..] if !end_of_stream && body.is_some() => (Some(next.clone()), 1),
+        // Pingora's body ended before the placeholders did (never expected):
+        // the rest, joined, so the engine still gets every byte.
+        _ if end_of_stream => (Some(left.concat().into()), left.len()),
+        _ => (None, 0),
     };
+    ctx.upstream.pieces_sent += sent;
+    *body = out;
 }
