@@ -210,6 +210,56 @@ fn a_body_over_the_retry_buffer_goes_through_the_replay() {
     gw.wait_idle();
 }
 
+/// Issue 13: a long streaming prompt is forwarded in the pieces it was
+/// read in, with include_usage spliced between them: the engine gets the
+/// client's bytes plus exactly the inserted member, whether the body came
+/// with a Content-Length, in tiny chunks (copied together into pieces) or
+/// in large ones, through the replay and through the retry buffer.
+#[test]
+fn a_long_streaming_prompt_gets_include_usage_spliced_between_its_pieces() {
+    let cluster = engines(1);
+    let gw = Gateway::start(&[(
+        "chat",
+        route_yaml(&ports(&cluster), "include_usage: true\n"),
+    )]);
+    let mut conn = Conn::open(gw.addr);
+    let inserted = br#""stream_options":{"include_usage":true},"#;
+    let rounds = [
+        (300_000, Upload::Length),
+        (300_000, Upload::Chunked(100)),
+        (300_000, Upload::Chunked(40_000)),
+        (2_000, Upload::Chunked(100)),
+    ];
+    for (round, (size, mode)) in rounds.into_iter().enumerate() {
+        // Multi-byte text throughout, so piece boundaries fall inside
+        // characters too.
+        let filler = "é中😀 \\\"x\\n".repeat(size / 16);
+        let raw = format!(
+            r#"{{"model":"sim-model","stream":true,"max_tokens":2,"messages":[{{"role":"user","content":"{round}{filler}"}}]}}"#
+        );
+        conn.send(
+            "POST",
+            CHAT,
+            &[("Content-Type", "application/json")],
+            raw.as_bytes(),
+            mode,
+        );
+        let resp = conn.read_response();
+        assert_eq!(resp.status(), 200, "round {round}: {}", resp.text());
+        assert!(resp.text().contains("[DONE]"));
+        let mut expected = b"{".to_vec();
+        expected.extend_from_slice(inserted);
+        expected.extend_from_slice(&raw.as_bytes()[1..]);
+        assert!(
+            last_recorded(&cluster, 0) == expected,
+            "round {round}: the engine saw a different body"
+        );
+    }
+    assert_eq!(forwards(&gw, "replay"), 3.0);
+    assert_eq!(forwards(&gw, "retry_buffer"), 1.0);
+    gw.wait_idle();
+}
+
 #[test]
 fn stream_reaches_the_client_frame_by_frame() {
     let cluster = engines(1);
