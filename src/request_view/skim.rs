@@ -314,16 +314,27 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The lowest and highest byte of `run`: one fold that vectorises, with
+/// 32-byte vectors where the CPU has AVX2 (twice the bytes of the SSE2
+/// every x86-64 has, and the loads folded into the min and max: a third
+/// of the instructions a byte).
+#[multiversion::multiversion(targets("x86_64+avx2"))]
+fn min_max(run: &[u8]) -> (u8, u8) {
+    let (mut low, mut high) = (u8::MAX, 0u8);
+    for &b in run {
+        low = if b < low { b } else { low };
+        high = if b > high { b } else { high };
+    }
+    (low, high)
+}
+
 /// Checks a run of string bytes between escapes: no control byte, valid
 /// UTF-8. A run that ends its piece (`at_piece_end`) may end in the first
 /// bytes of a character the next piece completes: those are returned, for
 /// [`Reader::finish_char`]; otherwise the result is empty.
 #[inline]
 fn check_run(run: &[u8], at_piece_end: bool) -> Option<&[u8]> {
-    // min/max over the run (vectorised); most runs are plain ASCII.
-    let (low, high) = run
-        .iter()
-        .fold((u8::MAX, 0u8), |(lo, hi), &b| (lo.min(b), hi.max(b)));
+    let (low, high) = min_max(run);
     if low < 0x20 {
         return None;
     }
