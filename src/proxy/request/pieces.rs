@@ -22,7 +22,7 @@ pub const MIN_PIECE: usize = 16 * 1024;
 #[derive(Debug, Default, Clone)]
 pub struct RequestBody {
     /// Never empty pieces.
-    pieces: SmallVec<[Bytes; 2]>,
+    pieces: SmallVec<[Bytes; 1]>,
     len: usize,
 }
 
