@@ -7,9 +7,9 @@ use crate::request_view::RequestView;
 use crate::stream::usage::{include_usage_at_top, include_usage_splice};
 
 /// `body` with `stream_options.include_usage` added, for a streaming
-/// request that lacks it (an edit spliced between the body's pieces, which
-/// are shared, not copied); `None` when the route does not ask for it or
-/// nothing needs to change.
+/// request that lacks it (in a body of several pieces, an edit spliced
+/// between them, which are shared, not copied); `None` when the route does
+/// not ask for it or nothing needs to change.
 pub fn rewrite(route: &Route, body: &RequestBody, view: &RequestView) -> Option<RequestBody> {
     if !view.is_stream()
         || !route
@@ -26,7 +26,13 @@ pub fn rewrite(route: &Route, body: &RequestBody, view: &RequestView) -> Option<
         // The walk of the body's members reads it whole.
         None => include_usage_splice(&body.whole(), view)?,
     };
-    Some(body.spliced(edit.at, edit.remove, edit.insert))
+    Some(match body.pieces() {
+        // One piece is one read (at most 64 KiB) and goes upstream whole,
+        // from the retry buffer: one new buffer costs less than pieces
+        // that would be joined again.
+        [one] => RequestBody::one(edit.apply(one).into()),
+        _ => body.spliced(edit.at, edit.remove, edit.insert),
+    })
 }
 
 /// Puts the rewritten body in place once the content guards passed; the
