@@ -35,7 +35,9 @@
 # and nginx get a body that already asks for it, so the engine sends all
 # three the same 21 frames), passthrough (the same stream with the client
 # asking for usage itself: the gateway only observes and passes every byte
-# on), body300k (300 KB non-stream body).
+# on), body300k (300 KB non-stream body); stream300k, not run unless named
+# (SCENARIOS="stream300k"): the 300 KB body as a stream of 20 frames, the
+# include_usage edit made on a long prompt.
 # The engine paces a stream's frames FRAME_DELAY_MS apart (default 2), so
 # each frame reaches the proxy in a read of its own, as an engine decoding
 # one token per step sends them. FRAME_DELAY_MS=0 sends them back to back:
@@ -85,7 +87,9 @@ headers = {"content-type": "application/json", "x-session-id": "bench-session-1"
 if scenario == "small":
     body = {"model": "sim-model", "messages": [msg], "max_tokens": 1}
     headers["x-sim-max-tokens"] = "1"
-elif scenario in ("stream", "passthrough"):
+elif scenario in ("stream", "passthrough", "stream300k"):
+    if scenario == "stream300k":
+        msg = {"role": "user", "content": "x " * 150000}
     body = {"model": "sim-model", "messages": [msg], "stream": True}
     if ask_usage or scenario == "passthrough":
         body["stream_options"] = {"include_usage": True}
@@ -104,7 +108,7 @@ for _ in range(n):
     # 20 content frames and [DONE]; the usage frame too where the client
     # asked for it (the gateway drops the one it asked for itself).
     frames = 21 + (ask_usage or scenario == "passthrough")
-    if scenario in ("stream", "passthrough") and out.count(b"data: ") != frames:
+    if scenario in ("stream", "passthrough", "stream300k") and out.count(b"data: ") != frames:
         sys.exit(f"stream: {out.count(b'data: ')} frames, expected {frames}: {out[:300]!r}")
 PY
 
