@@ -384,6 +384,29 @@ fn tiers_prefer_primary_and_fall_back() {
     assert_eq!(r.status(), 200);
 }
 
+/// A session id in the headers binds any endpoint's request, not only the
+/// chat endpoints whose body the gateway reads (control: without one, the
+/// same request is placed by load alone).
+#[test]
+fn a_header_session_binds_endpoints_whose_body_is_not_read() {
+    let cluster = engines(2);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let body = json!({"model": "m", "input": "x"});
+    for (turn, mode) in ["new", "sticky"].into_iter().enumerate() {
+        let r = http::post_json(
+            gw.addr,
+            "/chat/v1/embeddings",
+            &[("x-session-id", "embed-1")],
+            &body,
+        );
+        assert_eq!(r.header("x-routed-mode"), Some(mode), "turn {turn}");
+        assert_eq!(r.header("x-routed-source"), Some("header:x-session-id"));
+    }
+    let r = http::post_json(gw.addr, "/chat/v1/embeddings", &[], &body);
+    assert_eq!(r.header("x-routed-mode"), Some("least_conn"));
+    assert_eq!(r.header("x-routed-source"), None);
+}
+
 #[test]
 fn hash_and_least_conn_modes() {
     let cluster = engines(3);

@@ -46,15 +46,14 @@ pub async fn read(
 /// model. The session comes from the headers first, then the body.
 fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> Result<(), Local> {
     let llm = is_llm_endpoint(rest);
-    if !llm && (route.config.peers_by_model.is_empty() || req.body.is_empty()) {
-        return Ok(());
-    }
+    let viewed = llm || !(route.config.peers_by_model.is_empty() || req.body.is_empty());
     // The skim reads most bodies in their pieces; the few it cannot (an
     // invalid body, a key cut by a piece boundary) are joined and read
     // whole, which also words the error.
-    let view = match RequestView::parse_pieces(req.body.pieces()) {
-        Some(view) => Some(view),
-        None => {
+    let view = match viewed.then(|| RequestView::parse_pieces(req.body.pieces())) {
+        None => None,
+        Some(Some(view)) => Some(view),
+        Some(None) => {
             req.body.make_whole();
             let whole = req.body.first_piece();
             if llm {
