@@ -27,11 +27,11 @@ pub fn rewrite(route: &Route, body: &RequestBody, view: &RequestView) -> Option<
         None => include_usage_splice(&body.whole(), view)?,
     };
     Some(match body.pieces() {
-        // One piece is one read (at most 64 KiB) and goes upstream whole,
-        // from the retry buffer: one new buffer costs less than pieces
-        // that would be joined again.
+        // A body in one piece is most often one read (at most 64 KiB),
+        // sent whole from the retry buffer: one new buffer costs less than
+        // pieces joined again there.
         [one] => RequestBody::one(edit.apply(one).into()),
-        _ => body.spliced(edit.at, edit.remove, edit.insert),
+        _ => body.spliced(&edit),
     })
 }
 

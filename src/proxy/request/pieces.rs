@@ -9,6 +9,7 @@
 //! transforms, the body log) and for Pingora's retry buffer, which takes
 //! one buffer (at most 64 KiB).
 
+use crate::stream::usage::Splice;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 use std::borrow::Cow;
@@ -100,9 +101,10 @@ impl RequestBody {
             .any(|piece| piece.as_ptr_range().contains(&ptr))
     }
 
-    /// The body with `remove` bytes at offset `at` replaced by `insert`;
-    /// the pieces around the edit are shared, not copied.
-    pub fn spliced(&self, at: usize, remove: usize, insert: &'static [u8]) -> RequestBody {
+    /// The body with `edit` made; the pieces around it are shared, not
+    /// copied.
+    pub fn spliced(&self, edit: &Splice) -> RequestBody {
+        let Splice { at, remove, insert } = *edit;
         let cut_end = at + remove;
         let mut out = RequestBody::default();
         let mut inserted = false;
@@ -219,12 +221,20 @@ mod tests {
         for (at, remove) in [(0, 0), (1, 0), (5, 0), (5, 3), (4, 2), (whole.len(), 0)] {
             let mut want = whole.clone();
             want.splice(at..at + remove, b"XY".iter().copied());
-            let got = body.spliced(at, remove, b"XY");
+            let got = body.spliced(&Splice {
+                at,
+                remove,
+                insert: b"XY",
+            });
             assert_eq!(got.whole().into_owned(), want, "at {at} remove {remove}");
             assert_eq!(got.len(), want.len());
         }
         // The long piece is shared by the edited body.
-        let edited = body.spliced(1, 0, b"XY");
+        let edited = body.spliced(&Splice {
+            at: 1,
+            remove: 0,
+            insert: b"XY",
+        });
         assert!(edited.holds(body.pieces()[1].as_ptr()));
         assert!(!edited.holds(b"elsewhere".as_ptr()));
     }
