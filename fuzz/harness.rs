@@ -192,6 +192,8 @@ pub fn request_body(data: &[u8]) {
         "the view accepts exactly the JSON objects a full parse accepts: {view:?}"
     );
 
+    check_pieces(data, body, view.as_ref().ok());
+
     let session = extract_session(&headers, &configured, view.as_ref().ok());
     if let Some(id) = &session {
         if let Some(name) = id.source.header_name() {
@@ -270,6 +272,29 @@ fn model_session(body: &Value) -> Option<Option<(u64, &'static str)>> {
 
 fn body_session(view: &RequestView) -> Option<SessionId> {
     extract_session(&HeaderMap::new(), &[], Some(view))
+}
+
+/// The body cut in three where the input says (as Pingora's reads cut a
+/// long one): the skim over the pieces answers only for a body the whole
+/// reading accepts, with the same members (`proxy/request/pieces.rs`).
+fn check_pieces(data: &[u8], body: &[u8], whole: Option<&RequestView>) {
+    let seed = data.iter().fold(0usize, |h, &b| h.wrapping_mul(31) ^ b as usize);
+    let mut cuts = [seed % (body.len() + 1), (seed >> 16) % (body.len() + 1)];
+    cuts.sort_unstable();
+    let pieces = [
+        Bytes::copy_from_slice(&body[..cuts[0]]),
+        Bytes::copy_from_slice(&body[cuts[0]..cuts[1]]),
+        Bytes::copy_from_slice(&body[cuts[1]..]),
+    ];
+    let Some(in_pieces) = RequestView::parse_pieces(&pieces) else {
+        return;
+    };
+    let whole = whole.expect("the pieces were read as a body the whole reading refuses");
+    let members = |v: &RequestView| {
+        [v.model, v.stream, v.stream_options, v.metadata, v.litellm_metadata, v.user]
+            .map(|m| m.map(|m| m.get().to_string()))
+    };
+    assert_eq!(members(&in_pieces), members(whole), "cut at {cuts:?}");
 }
 
 fn check_body_session(view: &RequestView, full: &Value) {
