@@ -278,7 +278,9 @@ fn body_session(view: &RequestView) -> Option<SessionId> {
 /// long one): the skim over the pieces answers only for a body the whole
 /// reading accepts, with the same members (`proxy/request/pieces.rs`).
 fn check_pieces(data: &[u8], body: &[u8], whole: Option<&RequestView>) {
-    let seed = data.iter().fold(0usize, |h, &b| h.wrapping_mul(31) ^ b as usize);
+    let seed = data
+        .iter()
+        .fold(0usize, |h, &b| h.wrapping_mul(31) ^ b as usize);
     let mut cuts = [seed % (body.len() + 1), (seed >> 16) % (body.len() + 1)];
     cuts.sort_unstable();
     let pieces = [
@@ -291,8 +293,15 @@ fn check_pieces(data: &[u8], body: &[u8], whole: Option<&RequestView>) {
     };
     let whole = whole.expect("the pieces were read as a body the whole reading refuses");
     let members = |v: &RequestView| {
-        [v.model, v.stream, v.stream_options, v.metadata, v.litellm_metadata, v.user]
-            .map(|m| m.map(|m| m.get().to_string()))
+        [
+            v.model,
+            v.stream,
+            v.stream_options,
+            v.metadata,
+            v.litellm_metadata,
+            v.user,
+        ]
+        .map(|m| m.map(|m| m.get().to_string()))
     };
     assert_eq!(members(&in_pieces), members(whole), "cut at {cuts:?}");
 }

@@ -254,6 +254,19 @@ fn a_long_streaming_prompt_gets_include_usage_spliced_between_its_pieces() {
             last_recorded(&cluster, 0) == expected,
             "round {round}: the engine saw a different body"
         );
+        // The replay's chunked placeholder never reaches the engine: one
+        // Content-Length, the real one, and no Transfer-Encoding.
+        let recorded = cluster.engines[0].stats.recorded.lock().last().cloned();
+        let headers = recorded.expect("engine recorded a request").headers;
+        let named = |name: &str| -> Vec<&str> {
+            headers
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+                .collect()
+        };
+        assert_eq!(named("content-length"), [expected.len().to_string()]);
+        assert!(named("transfer-encoding").is_empty(), "{headers:?}");
     }
     assert_eq!(forwards(&gw, "replay"), 3.0);
     assert_eq!(forwards(&gw, "retry_buffer"), 1.0);
