@@ -58,7 +58,7 @@ impl RequestBody {
         match self.pieces.as_slice() {
             [] => Cow::Borrowed(&[]),
             [one] => Cow::Borrowed(one),
-            _ => Cow::Owned(self.join().to_vec()),
+            many => Cow::Owned(many.concat()),
         }
     }
 
@@ -86,11 +86,7 @@ impl RequestBody {
     }
 
     fn join(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(self.len);
-        for piece in &self.pieces {
-            out.extend_from_slice(piece);
-        }
-        out.freeze()
+        self.pieces.concat().into()
     }
 
     /// Whether `ptr` points into one of the pieces (a view's member read
