@@ -177,16 +177,95 @@ pub fn swap_body(body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut Reques
     if !ctx.request.body_read {
         return;
     }
-    let left = &ctx.request.body.pieces()[ctx.upstream.pieces_sent..];
-    let (out, sent) = match left {
-        [] => (None, 0),
-        [last] => (Some(last.clone()), 1),
-        [next, ..] if !end_of_stream && body.is_some() => (Some(next.clone()), 1),
+    *body = next_piece(
+        ctx.request.body.pieces(),
+        &mut ctx.upstream.pieces_sent,
+        body.is_some(),
+        end_of_stream,
+    );
+}
+
+/// What goes to the engine for one call of `request_body_filter`, given the
+/// pieces and how many of them this attempt has sent. `Some(empty)` sends
+/// nothing yet (Pingora skips it); `None` ends the upstream body.
+///
+/// The last piece waits for the end of Pingora's body. Sent with the last
+/// placeholder, the engine holds the whole body and may answer before
+/// Pingora has parsed the placeholder body's closing chunk; a response
+/// that starts before the request body is done makes Pingora answer
+/// `Connection: close` and drop the client's keep-alive connection, and a
+/// client already writing its next request on it meets a reset.
+fn next_piece(
+    pieces: &[Bytes],
+    sent: &mut usize,
+    placeholder: bool,
+    end_of_stream: bool,
+) -> Option<Bytes> {
+    let left = &pieces[(*sent).min(pieces.len())..];
+    let (out, count) = match left {
+        [] if end_of_stream => (None, 0),
+        [last] if end_of_stream => (Some(last.clone()), 1),
+        [next, _, ..] if !end_of_stream && placeholder => (Some(next.clone()), 1),
         // Pingora's body ended before the placeholders did (never expected):
         // the rest, joined, so the engine still gets every byte.
         _ if end_of_stream => (Some(left.concat().into()), left.len()),
-        _ => (None, 0),
+        _ => (Some(Bytes::new()), 0),
     };
-    ctx.upstream.pieces_sent += sent;
-    *body = out;
+    *sent += count;
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `next_piece` the calls Pingora makes for a replayed body of
+    /// `pieces`: a placeholder each (not the end), then the end alone.
+    fn replay(pieces: &[Bytes]) -> Vec<Option<Bytes>> {
+        let mut sent = 0;
+        let mut out: Vec<_> = pieces
+            .iter()
+            .map(|_| next_piece(pieces, &mut sent, true, false))
+            .collect();
+        out.push(next_piece(pieces, &mut sent, false, true));
+        out
+    }
+
+    fn b(s: &'static str) -> Bytes {
+        Bytes::from_static(s.as_bytes())
+    }
+
+    #[test]
+    fn the_last_piece_waits_for_the_end_of_pingoras_body() {
+        let pieces = [b("one"), b("two"), b("three")];
+        assert_eq!(
+            replay(&pieces),
+            [
+                Some(b("one")),
+                Some(b("two")),
+                Some(b("")),
+                Some(b("three"))
+            ]
+        );
+        // One piece: nothing until the end.
+        assert_eq!(replay(&pieces[..1]), [Some(b("")), Some(b("one"))]);
+    }
+
+    #[test]
+    fn the_retry_buffer_sends_the_body_with_its_end() {
+        let pieces = [b("whole")];
+        let mut sent = 0;
+        assert_eq!(next_piece(&pieces, &mut sent, true, true), Some(b("whole")));
+        // A later end-of-body call ends the upstream body with nothing more.
+        assert_eq!(next_piece(&pieces, &mut sent, false, true), None);
+    }
+
+    #[test]
+    fn an_early_end_sends_every_piece_left_joined() {
+        let pieces = [b("a"), b("b"), b("c")];
+        let mut sent = 0;
+        assert_eq!(next_piece(&pieces, &mut sent, true, false), Some(b("a")));
+        assert_eq!(next_piece(&pieces, &mut sent, false, true), Some(b("bc")));
+        assert_eq!(sent, 3);
+    }
 }
