@@ -180,14 +180,15 @@ pub fn swap_body(body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut Reques
     *body = next_piece(
         ctx.request.body.pieces(),
         &mut ctx.upstream.pieces_sent,
-        body.is_some(),
         end_of_stream,
     );
 }
 
 /// What goes to the engine for one call of `request_body_filter`, given the
 /// pieces and how many of them this attempt has sent. `Some(empty)` sends
-/// nothing yet (Pingora skips it); `None` ends the upstream body.
+/// nothing yet (Pingora skips it); `None` ends the upstream body. Pingora
+/// calls with `end_of_stream` whenever it has no data to hand over, so
+/// every other call carries a placeholder (or the retry buffer).
 ///
 /// The last piece waits for the end of Pingora's body. Sent with the last
 /// placeholder, the engine holds the whole body and may answer before
@@ -195,17 +196,12 @@ pub fn swap_body(body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut Reques
 /// that starts before the request body is done makes Pingora answer
 /// `Connection: close` and drop the client's keep-alive connection, and a
 /// client already writing its next request on it meets a reset.
-fn next_piece(
-    pieces: &[Bytes],
-    sent: &mut usize,
-    placeholder: bool,
-    end_of_stream: bool,
-) -> Option<Bytes> {
+fn next_piece(pieces: &[Bytes], sent: &mut usize, end_of_stream: bool) -> Option<Bytes> {
     let left = &pieces[(*sent).min(pieces.len())..];
     let (out, count) = match left {
         [] if end_of_stream => (None, 0),
         [last] if end_of_stream => (Some(last.clone()), 1),
-        [next, _, ..] if !end_of_stream && placeholder => (Some(next.clone()), 1),
+        [next, _, ..] if !end_of_stream => (Some(next.clone()), 1),
         // Pingora's body ended before the placeholders did (never expected):
         // the rest, joined, so the engine still gets every byte.
         _ if end_of_stream => (Some(left.concat().into()), left.len()),
@@ -225,9 +221,9 @@ mod tests {
         let mut sent = 0;
         let mut out: Vec<_> = pieces
             .iter()
-            .map(|_| next_piece(pieces, &mut sent, true, false))
+            .map(|_| next_piece(pieces, &mut sent, false))
             .collect();
-        out.push(next_piece(pieces, &mut sent, false, true));
+        out.push(next_piece(pieces, &mut sent, true));
         out
     }
 
@@ -255,17 +251,17 @@ mod tests {
     fn the_retry_buffer_sends_the_body_with_its_end() {
         let pieces = [b("whole")];
         let mut sent = 0;
-        assert_eq!(next_piece(&pieces, &mut sent, true, true), Some(b("whole")));
+        assert_eq!(next_piece(&pieces, &mut sent, true), Some(b("whole")));
         // A later end-of-body call ends the upstream body with nothing more.
-        assert_eq!(next_piece(&pieces, &mut sent, false, true), None);
+        assert_eq!(next_piece(&pieces, &mut sent, true), None);
     }
 
     #[test]
     fn an_early_end_sends_every_piece_left_joined() {
         let pieces = [b("a"), b("b"), b("c")];
         let mut sent = 0;
-        assert_eq!(next_piece(&pieces, &mut sent, true, false), Some(b("a")));
-        assert_eq!(next_piece(&pieces, &mut sent, false, true), Some(b("bc")));
+        assert_eq!(next_piece(&pieces, &mut sent, false), Some(b("a")));
+        assert_eq!(next_piece(&pieces, &mut sent, true), Some(b("bc")));
         assert_eq!(sent, 3);
     }
 }
