@@ -48,13 +48,11 @@ def main(records_path, state_path):
 
     stacked = 0
     firsts = sorted((turns[0] for turns in sessions.values()), key=lambda r: r["start_s"])
+    # The first 3 s are the pre-aged sessions arriving all at once.
+    firsts = [r for r in firsts if r["start_s"] >= 3 and r["start_s"] >= times[0]]
     for r in firsts:
-        if r["start_s"] < 3:
-            continue
         live = truly_live(r["start_s"] - 1e-6)
         i = bisect.bisect_right(times, r["start_s"]) - 1
-        if i < 0:
-            continue
         seen = " ".join(
             f"[{p['returning_sessions']:.1f}/{p['live_sessions']} L{p['load']} "
             f"{p['returning_tokens'] // 1000}k{' KV-full' if p['kv_full'] else ''}]"
