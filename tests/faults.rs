@@ -262,6 +262,54 @@ fn an_engine_that_sends_200_then_stalls_is_cut_at_the_read_timeout() {
     assert!(ready(&gw, "chat", "e0"), "a slow engine is not banned");
 }
 
+/// The read timeout holds with a next request pipelined behind the stalled
+/// one: the gateway keeps the client's early bytes aside while the engine
+/// works (Pingora, given them, would stop watching the connection), and
+/// answers the pipelined request after the timeout's 502. The pipelined
+/// request answered in order when the engine answers is
+/// `hostile::a_request_pipelined_during_a_stream_waits_for_it`.
+#[test]
+fn a_stalled_engine_times_out_with_a_request_pipelined_behind_it() {
+    let cluster = engines(1);
+    let extra = "timeouts:\n  read: 1s\nhealth:\n  interval: 1h\n";
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), extra))]);
+    let engine = &cluster.engines[0];
+    engine.faults.stall.store(true, Ordering::SeqCst);
+    let body = chat_body("p1", "stalled", false).to_string();
+    let mut conn = Conn::open(gw.addr);
+    conn.send(
+        "POST",
+        CHAT,
+        &[("content-type", "application/json")],
+        body.as_bytes(),
+        Upload::Length,
+    );
+    wait_for("the engine to hold the request", DEADLINE, || {
+        (engine.stats.in_flight.load(Ordering::SeqCst) == 1).then_some(())
+    });
+    let t = Instant::now();
+    let next = chat_body("p2", "next", false).to_string();
+    conn.send(
+        "POST",
+        CHAT,
+        &[("content-type", "application/json")],
+        next.as_bytes(),
+        Upload::Length,
+    );
+    let r = conn.read_response();
+    let took = t.elapsed();
+    assert_eq!(r.status(), 502, "{}", r.text());
+    assert!(r.text().contains("ReadTimedout"), "{}", r.text());
+    assert!(
+        took < Duration::from_secs(10),
+        "cut at the timeout, not hung: {took:?}"
+    );
+    gw.wait_idle();
+    wait_for("the engine to see the gateway hang up", DEADLINE, || {
+        (engine.stats.in_flight.load(Ordering::SeqCst) == 0).then_some(())
+    });
+}
+
 /// An SSE response head with chunked framing, as an engine starts a stream.
 const STREAM_HEAD: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";

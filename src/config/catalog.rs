@@ -109,7 +109,7 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     hidden(opt("engine_metrics.kv_full_threshold", "KV full threshold", "engine", Kind::Number, L("0.98"), "KV usage at which an engine counts as full")),
     hidden(opt("engine_metrics.path", "Engine metrics path", "engine", Kind::Text, L("/metrics"), "the engines' Prometheus path")),
     opt("timeouts.connect", "Connect timeout", "timeouts", Kind::Duration, L("5s"), "connecting to a peer"),
-    opt("timeouts.read", "Read timeout", "timeouts", Kind::Duration, L("600s"), "between bytes from a peer, the response head included"),
+    opt("timeouts.read", "Read timeout", "timeouts", Kind::Duration, L("600s"), "between bytes from a peer, the response head included; enforced within a quarter of it"),
     hidden(opt("timeouts.idle", "Upstream idle timeout", "timeouts", Kind::Duration, L("60s"), "an idle pooled upstream connection is closed after this")),
     opt("routed_headers", "X-Routed headers", "responses", Kind::Bool, L("true"), "add X-Routed-* to responses"),
     opt("api_keys_file", "API keys file", "auth", Kind::Text, N("the gateway's"), "this route's own key file"),

@@ -6,7 +6,7 @@
 //! client sending one byte a second keeps its connection forever
 //! (slowloris). `HttpSession::set_read_timeout` is the same per-read
 //! timeout, and no server option bounds the head, so the gateway wraps each
-//! accepted stream ([`HeadDeadline`]) before Pingora sees it ([`Front`]).
+//! accepted stream ([`ClientStream`]) before Pingora sees it ([`Front`]).
 //! The deadline starts at the first byte of a head, so a keep-alive
 //! connection's idle wait stays `client_idle_timeout`'s; it ends when
 //! Pingora has parsed the head (`early_request_filter` →
@@ -14,6 +14,25 @@
 //! is logged ([`await_next_head`]). A read past the deadline fails, Pingora
 //! drops the connection, and its ERROR line for a head cut short is logged
 //! at debug (`crate::logging`): a flood of them is not something to page on.
+//!
+//! The same wrapper bounds an engine's silence (the route's `timeouts.read`)
+//! in place of Pingora's peer read timeout, which arms a timer on every read
+//! of the engine's socket: 2.3 k instructions a frame on a stream, more than
+//! the gateway's own work on it (BENCHMARKS.md, issue 13). Here one timer per
+//! connection, created once, is reset only when it fires (at most every
+//! quarter of the limit while a request waits on an engine) or when a request
+//! needs it sooner ([`EngineWatch`]). While a request is with the engine,
+//! Pingora's proxy loop keeps a read of the client connection pending (to
+//! notice a client hanging up); that read fails once the engine has sent
+//! nothing for the limit ([`watch_engine`]), the loop ends and drops the
+//! engine's connection, and the failure is told to Pingora's hooks as the
+//! engine's `ReadTimedout` it replaces ([`engine_silence`]). Progress is any
+//! byte written to the client: a slow client stalls the engine's bytes too
+//! and must not count as the engine's silence. For that read to stay pending,
+//! bytes a client sends once its request body is read (a pipelined next
+//! request) are held by the wrapper until the request is done
+//! ([`hold_client_bytes`]): Pingora, given them, would keep them for the next
+//! request and stop reading the connection, and the deadline with it.
 
 use crate::proxy::Gateway;
 use async_trait::async_trait;
@@ -26,10 +45,11 @@ use pingora::protocols::{
 };
 use pingora::proxy::{HttpProxy, Session};
 use pingora::server::ShutdownWatch;
+use pingora::{Error, ErrorType};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -39,8 +59,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// reading request headers".
 pub const HEADER_TIMEOUT: &str = "client_header_timeout: request head incomplete";
 
+/// What the failed read says when the engine stayed silent; never seen by
+/// a client ([`engine_silence`] turns it into the engine's timeout).
+pub const ENGINE_TIMEOUT: &str = "timeouts.read: the engine sent nothing";
+
 /// The proxy service's application: every accepted connection is wrapped
-/// in a [`HeadDeadline`] and handed to Pingora's own HTTP loop unchanged.
+/// in a [`ClientStream`] and handed to Pingora's own HTTP loop unchanged.
 pub struct Front {
     proxy: Arc<HttpProxy<Gateway>>,
     header_timeout: Duration,
@@ -62,7 +86,7 @@ impl ServerApp for Front {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let guarded: Stream = Box::new(HeadDeadline::new(stream, self.header_timeout));
+        let guarded: Stream = Box::new(ClientStream::new(stream, self.header_timeout));
         self.proxy.process_new(guarded, shutdown).await
     }
 
@@ -75,8 +99,8 @@ impl ServerApp for Front {
 
 /// Phase of `early_request_filter`: the head is parsed, its deadline is off.
 pub fn head_complete(session: &Session) {
-    if let Some(d) = deadline_of(session) {
-        d.waiting_head.store(false, Ordering::Release);
+    if let Some(c) = client_stream(session) {
+        c.waiting_head.store(false, Ordering::Release);
     }
 }
 
@@ -109,21 +133,69 @@ pub fn serve_pipelined(session: &mut Session) {
 /// Phase of `logging`: the request is done, the next bytes on this
 /// connection start a new head (with a fresh deadline from its first byte).
 pub fn await_next_head(session: &Session) {
-    if let Some(d) = deadline_of(session) {
-        d.epoch.fetch_add(1, Ordering::AcqRel);
-        d.waiting_head.store(true, Ordering::Release);
+    if let Some(c) = client_stream(session) {
+        c.await_next_head();
     }
 }
 
-fn deadline_of(session: &Session) -> Option<&HeadDeadline> {
+/// Phase of `request_filter`, once the body is read: what the client
+/// sends from now on belongs to a next request and waits in the wrapper.
+/// False when the connection is not wrapped or the request switches
+/// protocols (its bytes after the `101` are the exchange itself): the
+/// engine's silence is then left to Pingora's per-read timeout.
+pub fn hold_client_bytes(session: &Session) -> bool {
+    if session
+        .req_header()
+        .headers
+        .contains_key(http::header::UPGRADE)
+    {
+        return false;
+    }
+    let Some(c) = client_stream(session) else {
+        return false;
+    };
+    c.hold_client_bytes();
+    true
+}
+
+/// Phase of `upstream_request_filter` (every attempt): the engine has
+/// `limit` to send its first byte, then `limit` between bytes.
+pub fn watch_engine(session: &Session, limit: Duration) {
+    if let Some(c) = client_stream(session) {
+        c.watch_engine(limit);
+    }
+}
+
+/// First phase of `error_while_proxy`: a failure caused by the engine's
+/// silence is the engine's `ReadTimedout`, as Pingora's own read timeout
+/// would have reported it (a 502 naming it, no ban, no retry), not the
+/// client read error it surfaced as.
+pub fn engine_silence(session: &Session, e: Box<Error>) -> Box<Error> {
+    match client_stream(session) {
+        Some(c) if c.engine_timed_out.load(Ordering::Acquire) => {
+            let limit = Duration::from_millis(c.engine_limit_ms.load(Ordering::Acquire));
+            let mut timeout = Error::explain(
+                ErrorType::ReadTimedout,
+                format!("the engine sent nothing for {limit:?} (timeouts.read)"),
+            );
+            timeout.set_retry(false);
+            timeout.into_up()
+        }
+        _ => e,
+    }
+}
+
+fn client_stream(session: &Session) -> Option<&ClientStream> {
     let stream = session.as_downstream().stream()?;
-    (**stream).as_any().downcast_ref::<HeadDeadline>()
+    (**stream).as_any().downcast_ref::<ClientStream>()
 }
 
 /// A client stream whose reads fail once a request head has been arriving
-/// for longer than the limit. Everything else is the inner stream's.
+/// for longer than the limit, or once the engine serving its request has
+/// been silent for the route's read timeout. Everything else is the inner
+/// stream's.
 #[derive(Debug)]
-pub struct HeadDeadline {
+pub struct ClientStream {
     inner: Stream,
     limit: Duration,
     /// Set from the hooks (through `&self`): a head is expected or arriving.
@@ -138,11 +210,47 @@ pub struct HeadDeadline {
     /// read returns pending mid-head): most heads arrive in one read and
     /// need none, which saves a timer and an allocation per request.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Set from the hooks: the request's body is read, client bytes are
+    /// held rather than handed to Pingora.
+    holding: AtomicBool,
+    /// What the client sent while held: the start of its next request.
+    held: Vec<u8>,
+    /// Set from the hooks: the engine's limit in milliseconds while a
+    /// request is with it; 0 when none is.
+    engine_limit_ms: AtomicU64,
+    /// Bumped from the hooks for every upstream attempt.
+    engine_attempt: AtomicU32,
+    /// The engine's limit passed: the read failed for that reason.
+    engine_timed_out: AtomicBool,
+    /// Bytes written to the client so far, counted by write calls: the
+    /// answer moving (a count, not a clock read per write).
+    writes: u64,
+    watch: EngineWatch,
 }
 
-impl HeadDeadline {
+/// The engine's deadline as the wrapper keeps it. The timer is checked by
+/// its state on most reads and polled only when it fired, was just set, or
+/// the task polling changed; it is set at most a quarter of the limit
+/// ahead, and each time it fires the write count says whether the answer
+/// moved since the last time: a silence is caught within a quarter of the
+/// limit after it ran out, never before, with no clock read per write.
+#[derive(Debug, Default)]
+struct EngineWatch {
+    /// The attempt this watch belongs to (see `engine_attempt`).
+    attempt: u32,
+    limit: Duration,
+    /// When the exchange last moved, as far as the checks know.
+    moved_at: Option<tokio::time::Instant>,
+    /// `writes` at the last check.
+    writes_seen: u64,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The task the timer wakes.
+    waker: Option<std::task::Waker>,
+}
+
+impl ClientStream {
     pub fn new(inner: Stream, limit: Duration) -> Self {
-        HeadDeadline {
+        ClientStream {
             inner,
             limit,
             waiting_head: AtomicBool::new(true),
@@ -150,7 +258,34 @@ impl HeadDeadline {
             armed_epoch: 0,
             head_since: None,
             deadline: None,
+            holding: AtomicBool::new(false),
+            held: Vec::new(),
+            engine_limit_ms: AtomicU64::new(0),
+            engine_attempt: AtomicU32::new(0),
+            engine_timed_out: AtomicBool::new(false),
+            writes: 0,
+            watch: EngineWatch::default(),
         }
+    }
+
+    fn await_next_head(&self) {
+        self.engine_limit_ms.store(0, Ordering::Release);
+        self.holding.store(false, Ordering::Release);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.waiting_head.store(true, Ordering::Release);
+    }
+
+    fn hold_client_bytes(&self) {
+        self.holding.store(true, Ordering::Release);
+    }
+
+    fn watch_engine(&self, limit: Duration) {
+        let ms = u64::try_from(limit.as_millis())
+            .unwrap_or(u64::MAX / 4)
+            .max(1);
+        self.engine_timed_out.store(false, Ordering::Relaxed);
+        self.engine_limit_ms.store(ms, Ordering::Relaxed);
+        self.engine_attempt.fetch_add(1, Ordering::Release);
     }
 
     fn peer(&self) -> String {
@@ -159,15 +294,95 @@ impl HeadDeadline {
             .and_then(|d| d.peer_addr().map(|a| a.to_string()))
             .unwrap_or_else(|| "-".into())
     }
+
+    /// Ready with the error once the engine has been silent for its limit;
+    /// pending otherwise, or when no request is with an engine (the timer
+    /// then wakes the task by the next check).
+    fn poll_engine_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let limit_ms = self.engine_limit_ms.load(Ordering::Relaxed);
+        if limit_ms == 0 {
+            return Poll::Pending;
+        }
+        let attempt = self.engine_attempt.load(Ordering::Acquire);
+        let w = &mut self.watch;
+        let now = if w.attempt != attempt || w.moved_at.is_none() {
+            // A new attempt: its request just went out.
+            let now = tokio::time::Instant::now();
+            w.attempt = attempt;
+            w.limit = Duration::from_millis(limit_ms);
+            w.moved_at = Some(now);
+            w.writes_seen = self.writes;
+            now
+        } else {
+            let fired = w.timer.as_ref().is_none_or(|t| t.is_elapsed());
+            let same_task = w.waker.as_ref().is_some_and(|k| k.will_wake(cx.waker()));
+            if !fired && same_task {
+                return Poll::Pending;
+            }
+            tokio::time::Instant::now()
+        };
+        if self.writes != w.writes_seen {
+            w.writes_seen = self.writes;
+            w.moved_at = Some(now);
+        }
+        let due = w.moved_at.unwrap_or(now) + w.limit;
+        if now >= due {
+            self.engine_timed_out.store(true, Ordering::Release);
+            return Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, ENGINE_TIMEOUT));
+        }
+        let check = due.min(now + w.limit / 4);
+        match &mut w.timer {
+            Some(t) if t.deadline() <= check && !t.is_elapsed() => {}
+            Some(t) => t.as_mut().reset(check),
+            None => w.timer = Some(Box::pin(tokio::time::sleep_until(check))),
+        }
+        if let Some(t) = &mut w.timer {
+            // Registers the task's waker; not ready, as `check` is ahead.
+            let _ = t.as_mut().poll(cx);
+        }
+        w.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// A read while the request is with the engine: fails when the engine's
+    /// deadline passes; an end of stream or an error passes through (the
+    /// client hung up); bytes are kept for the next request.
+    fn poll_read_held(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Poll::Ready(e) = self.poll_engine_deadline(cx) {
+            return Poll::Ready(Err(e));
+        }
+        if !self.held.is_empty() {
+            // Like Pingora with a pipelined request stashed, stop reading:
+            // the next request waits for this one. The task is woken by
+            // the exchange itself or by the engine's timer.
+            return Poll::Pending;
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                self.held.extend_from_slice(&buf.filled()[before..]);
+                buf.set_filled(before);
+                Poll::Pending
+            }
+            other => other,
+        }
+    }
 }
 
-impl AsyncRead for HeadDeadline {
+impl AsyncRead for ClientStream {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.holding.load(Ordering::Acquire) {
+            return this.poll_read_held(cx, buf);
+        }
         if !this.waiting_head.load(Ordering::Acquire) {
             this.head_since = None;
             this.deadline = None;
@@ -180,7 +395,15 @@ impl AsyncRead for HeadDeadline {
             this.deadline = None;
         }
         let before = buf.filled().len();
-        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let read = if this.held.is_empty() {
+            Pin::new(&mut this.inner).poll_read(cx, buf)
+        } else {
+            // The next request's first bytes, held while the last one ran.
+            let n = this.held.len().min(buf.remaining());
+            buf.put_slice(&this.held[..n]);
+            this.held.drain(..n);
+            Poll::Ready(Ok(()))
+        };
         match &read {
             Poll::Ready(Ok(())) if buf.filled().len() > before && this.head_since.is_none() => {
                 this.head_since = Some(tokio::time::Instant::now());
@@ -210,13 +433,17 @@ impl AsyncRead for HeadDeadline {
     }
 }
 
-impl AsyncWrite for HeadDeadline {
+impl AsyncWrite for ClientStream {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.writes += 1;
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -232,7 +459,11 @@ impl AsyncWrite for HeadDeadline {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.writes += 1;
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -241,19 +472,19 @@ impl AsyncWrite for HeadDeadline {
 }
 
 #[async_trait]
-impl Shutdown for HeadDeadline {
+impl Shutdown for ClientStream {
     async fn shutdown(&mut self) {
         self.inner.shutdown().await
     }
 }
 
-impl UniqueID for HeadDeadline {
+impl UniqueID for ClientStream {
     fn id(&self) -> UniqueIDType {
         self.inner.id()
     }
 }
 
-impl Ssl for HeadDeadline {
+impl Ssl for ClientStream {
     fn get_ssl(&self) -> Option<&TlsRef> {
         self.inner.get_ssl()
     }
@@ -265,7 +496,7 @@ impl Ssl for HeadDeadline {
     }
 }
 
-impl GetTimingDigest for HeadDeadline {
+impl GetTimingDigest for ClientStream {
     fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
         self.inner.get_timing_digest()
     }
@@ -277,7 +508,7 @@ impl GetTimingDigest for HeadDeadline {
     }
 }
 
-impl GetProxyDigest for HeadDeadline {
+impl GetProxyDigest for ClientStream {
     fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
         self.inner.get_proxy_digest()
     }
@@ -286,7 +517,7 @@ impl GetProxyDigest for HeadDeadline {
     }
 }
 
-impl GetSocketDigest for HeadDeadline {
+impl GetSocketDigest for ClientStream {
     fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
         self.inner.get_socket_digest()
     }
@@ -296,7 +527,7 @@ impl GetSocketDigest for HeadDeadline {
 }
 
 #[async_trait]
-impl Peek for HeadDeadline {
+impl Peek for ClientStream {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         self.inner.try_peek(buf).await
     }
@@ -307,9 +538,9 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    fn pair(limit: Duration) -> (HeadDeadline, tokio::io::DuplexStream) {
+    fn pair(limit: Duration) -> (ClientStream, tokio::io::DuplexStream) {
         let (a, b) = tokio::io::duplex(1024);
-        (HeadDeadline::new(Box::new(a), limit), b)
+        (ClientStream::new(Box::new(a), limit), b)
     }
 
     #[tokio::test(start_paused = true)]
@@ -334,6 +565,102 @@ mod tests {
             .is_err());
         client.write_all(b"GET").await.unwrap();
         assert_eq!(read.await.unwrap(), 3);
+    }
+
+    /// `s` after a head and body were read, with the engine given `limit`.
+    fn with_engine(s: &ClientStream, limit: Duration) {
+        s.waiting_head.store(false, Ordering::Release);
+        s.hold_client_bytes();
+        s.watch_engine(limit);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_silent_for_its_limit_fails_the_client_read() {
+        let (mut s, _client) = pair(Duration::from_secs(2));
+        with_engine(&s, Duration::from_secs(8));
+        let mut buf = [0u8; 1];
+        let t = tokio::time::Instant::now();
+        let e = s.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(s.engine_timed_out.load(Ordering::Acquire));
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_secs(8) && took <= Duration::from_secs(10),
+            "within a quarter of the limit after it, never before: {took:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_reaching_the_client_keeps_the_engine_alive() {
+        let (mut s, mut client) = pair(Duration::from_secs(2));
+        with_engine(&s, Duration::from_secs(8));
+        let mut buf = [0u8; 1];
+        // 40 s, twice the limit, with a byte written every 3 s: the read
+        // Pingora keeps pending (made anew for each of its loop's turns)
+        // never fails.
+        for _ in 0..13 {
+            let idle = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
+            assert!(idle.is_err(), "the read stays pending: {idle:?}");
+            s.write_all(b"x").await.unwrap();
+        }
+        assert!(!s.engine_timed_out.load(Ordering::Acquire));
+        let mut got = vec![0u8; 13];
+        client.read_exact(&mut got).await.unwrap();
+        // Control: the same stream, once the writes stop, fails the read.
+        let e = s.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_done_disarms_the_engine_and_the_next_one_gets_its_own_limit() {
+        let (mut s, mut client) = pair(Duration::from_secs(2));
+        with_engine(&s, Duration::from_secs(8));
+        let mut buf = [0u8; 64];
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        s.await_next_head();
+        // Idle between requests: no engine deadline runs.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        assert_eq!(s.read(&mut buf).await.unwrap(), 18);
+        // A second request with a shorter limit is held to it.
+        with_engine(&s, Duration::from_secs(4));
+        let t = tokio::time::Instant::now();
+        let e = s.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(t.elapsed() >= Duration::from_secs(4) && t.elapsed() <= Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_sent_while_a_request_runs_wait_for_the_next_head() {
+        let (mut s, mut client) = pair(Duration::from_secs(2));
+        s.waiting_head.store(false, Ordering::Release);
+        s.hold_client_bytes();
+        client.write_all(b"GET /next HTTP/1.1\r\n").await.unwrap();
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+        assert!(early.is_err(), "held, not handed on: {early:?}");
+        s.await_next_head();
+        let mut got = Vec::new();
+        while got.len() < 20 {
+            let n = s.read(&mut buf).await.unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(&got, b"GET /next HTTP/1.1\r\n");
+        // Control: without the hold the same bytes are read at once.
+        let (mut open, mut client) = pair(Duration::from_secs(2));
+        open.waiting_head.store(false, Ordering::Release);
+        client.write_all(b"GET").await.unwrap();
+        assert_eq!(open.read(&mut buf).await.unwrap(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_hanging_up_while_held_is_seen_at_once() {
+        let (mut s, client) = pair(Duration::from_secs(2));
+        with_engine(&s, Duration::from_secs(600));
+        drop(client);
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await;
+        assert_eq!(read.expect("not held").unwrap(), 0);
     }
 
     #[tokio::test(start_paused = true)]

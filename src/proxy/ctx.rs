@@ -61,6 +61,9 @@ pub struct Admitted {
     pub cch_stripped: bool,
     /// Kimi tool-call id occurrences `kimi_normalize` renumbered.
     pub kimi_ids_renumbered: usize,
+    /// The client connection bounds the engine's silence (`conn`), so
+    /// the upstream connection goes without Pingora's per-read timeout.
+    pub engine_watched: bool,
 }
 
 /// Written by `upstream_peer` and the failure hooks: the current attempt.

@@ -3,16 +3,19 @@
 //!
 //! early_request_filter     `conn::head_complete`: the head's deadline is off;
 //!                          `conn::serve_pipelined`: pipelined requests in order
-//! request_filter           `request` (route, endpoints, body) → `guards` (key,
+//! request_filter           `request` (route, endpoints, body;
+//!                          `conn::hold_client_bytes`) → `guards` (key,
 //!                          rules, usage, prefix) → `crate::balance` (pool, place) →
 //!                          `request::forward` (the body back to Pingora:
 //!                          its retry buffer, or the replay)
 //! upstream_peer            `upstream::next_peer`: the placed peer, or on a
 //!                          retry the next untried ready one
 //! fail_to_connect          `upstream::on_connect_failure`: ban, retry?
-//! error_while_proxy        `upstream::on_exchange_failure`: ban a peer whose
-//!                          connection broke
-//! upstream_request_filter  `upstream::rewrite_head`: Host, real Content-Length
+//! error_while_proxy        `conn::engine_silence`: the engine's timeout as
+//!                          such; `upstream::on_exchange_failure`: ban a
+//!                          peer whose connection broke
+//! upstream_request_filter  `conn::watch_engine`: its silence is bounded;
+//!                          `upstream::rewrite_head`: Host, real Content-Length
 //! request_body_filter      `upstream::swap_body`: the real body for the placeholder
 //! response_filter          `response::headers`: pipeline, X-Routed-* headers
 //! response_body_filter     `response::bodylog::tee` (raw bytes), then the
@@ -22,7 +25,8 @@
 //!                          body-log frame is queued, `conn::await_next_head`
 //!
 //! Under the hooks, `conn` wraps each client connection: a request head
-//! must arrive within `client_header_timeout` of its first byte.
+//! must arrive within `client_header_timeout` of its first byte, and an
+//! engine may stay silent for at most its route's `timeouts.read`.
 
 pub mod conn;
 pub mod ctx;
@@ -71,6 +75,7 @@ impl Gateway {
         guards::auth::check(&route, &self.registry, session)?;
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
+        ctx.request.engine_watched = conn::hold_client_bytes(session);
         guards::rules::check(&route, &ctx.request)?;
         guards::usage::apply(&mut ctx.request);
         guards::prefix::apply(&route, &mut ctx.request);
@@ -211,6 +216,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
         client_reused: bool,
     ) -> Box<Error> {
+        let e = conn::engine_silence(session, e);
         upstream::on_exchange_failure(ctx, &e, client_reused);
         let mut e = e.more_context(format!("Peer: {peer}"));
         if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
@@ -224,10 +230,13 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_request_filter(
         &self,
-        _: &mut Session,
+        session: &mut Session,
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let (true, Some(route)) = (ctx.request.engine_watched, &ctx.route) {
+            conn::watch_engine(session, route.config.timeouts.read);
+        }
         upstream::rewrite_head(upstream, ctx)
     }
 

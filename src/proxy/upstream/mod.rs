@@ -50,7 +50,9 @@ fn build_peer(ctx: &RequestCtx) -> Result<Box<HttpPeer>> {
     let mut peer = HttpPeer::new(addr, false, String::new());
     let t = &route.config.timeouts;
     peer.options.connection_timeout = Some(t.connect);
-    peer.options.read_timeout = Some(t.read);
+    // Bounded by the client connection's wrapper when it can (`conn`):
+    // Pingora's own arms a timer on every read.
+    peer.options.read_timeout = (!ctx.request.engine_watched).then_some(t.read);
     peer.options.idle_timeout = Some(t.idle);
     Ok(Box::new(peer))
 }
