@@ -262,6 +262,41 @@ fn an_engine_that_sends_200_then_stalls_is_cut_at_the_read_timeout() {
     assert!(ready(&gw, "chat", "e0"), "a slow engine is not banned");
 }
 
+/// An engine that takes the request head and then stops reading: a long
+/// prompt's pieces fill the socket's buffers and the gateway's write
+/// blocks. Each write is bounded by `timeouts.read`: a 502 naming the
+/// write timeout, no hang. Control: the same 16 MiB prompt to an engine
+/// that reads it is answered.
+#[test]
+fn an_engine_that_stops_reading_a_long_prompt_gets_a_write_timeout() {
+    let deaf = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let deaf_port = deaf.local_addr().expect("addr").port();
+    let held = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let keep = Arc::clone(&held);
+    std::thread::spawn(move || {
+        for s in deaf.incoming().flatten() {
+            keep.lock().push(s);
+        }
+    });
+    let reading = Canned::start("application/json", vec![b"{}".to_vec()], false);
+    let extra = "timeouts:\n  read: 1s\nhealth:\n  interval: 1h\nmax_body_size: 32m\n";
+    let gw = Gateway::start(&[
+        ("deaf", route_yaml(&[deaf_port], extra)),
+        ("reads", route_yaml(&[reading.port()], extra)),
+    ]);
+    let prompt = "x".repeat(16 << 20);
+    let body = chat_body("long", &prompt, false);
+    let ok = http::post_json(gw.addr, "/reads/v1/chat/completions", &[], &body);
+    assert_eq!(ok.status(), 200, "{}", ok.text());
+    let t = Instant::now();
+    let r = http::post_json(gw.addr, "/deaf/v1/chat/completions", &[], &body);
+    assert_eq!(r.status(), 502, "{}", r.text());
+    assert!(r.text().contains("WriteTimedout"), "{}", r.text());
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert!(!held.lock().is_empty(), "the engine took the connection");
+    gw.wait_idle();
+}
+
 /// The read timeout holds with a next request pipelined behind the stalled
 /// one: the gateway keeps the client's early bytes aside while the engine
 /// works (Pingora, given them, would stop watching the connection), and

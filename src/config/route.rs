@@ -115,7 +115,8 @@ impl EngineMetricsConfig {
 pub struct Timeouts {
     pub connect: Duration,
     /// Also bounds the wait for the response header, so a non-stream
-    /// generation needs a generous value.
+    /// generation needs a generous value, and each write of a long prompt
+    /// to an engine that stopped reading it.
     pub read: Duration,
     pub idle: Duration,
 }

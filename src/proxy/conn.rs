@@ -33,6 +33,10 @@
 //! request) are held by the wrapper until the request is done
 //! ([`hold_client_bytes`]): Pingora, given them, would keep them for the next
 //! request and stop reading the connection, and the deadline with it.
+//! A body that goes upstream through the replay (over 64 KiB) keeps
+//! Pingora's timeouts instead: its pieces cross Pingora's body pipe, and
+//! an engine that stops reading them stalls the proxy loop before it
+//! reads the client connection again (`upstream::build_peer`).
 
 use crate::proxy::Gateway;
 use async_trait::async_trait;

@@ -38,6 +38,8 @@ pub struct Admitted {
     /// Pingora's retry buffer was on while the body was read, so a body
     /// that fitted it is sent from it rather than replayed.
     pub retry_buffered: bool,
+    /// The body goes upstream through the replay, in pieces.
+    pub replayed: bool,
     /// The body was read as a JSON object (an LLM request, or a body whose
     /// model picks the pool).
     pub json_object: bool,

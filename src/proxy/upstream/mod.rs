@@ -53,6 +53,10 @@ fn build_peer(ctx: &RequestCtx) -> Result<Box<HttpPeer>> {
     // Bounded by the client connection's wrapper when it can (`conn`):
     // Pingora's own arms a timer on every read.
     peer.options.read_timeout = (!ctx.request.engine_watched).then_some(t.read);
+    // A replayed body crosses Pingora's body pipe piece by piece; an engine
+    // that stops reading it blocks the write, and Pingora reads the answer
+    // only between writes: each write gets the same limit.
+    peer.options.write_timeout = ctx.request.replayed.then_some(t.read);
     peer.options.idle_timeout = Some(t.idle);
     Ok(Box::new(peer))
 }
