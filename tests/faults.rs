@@ -179,11 +179,18 @@ fn an_engine_killed_mid_stream_cuts_only_its_streams_and_is_banned_at_once() {
     );
 }
 
-#[test]
-fn an_engine_that_accepts_and_stalls_gets_a_read_timeout_then_a_json_error() {
+/// One engine behind a route whose read timeout is 1 s; no probes, so a
+/// stalled engine is judged by the exchange alone.
+fn one_engine_read_timeout_1s() -> (SimCluster, Gateway) {
     let cluster = engines(1);
     let extra = "timeouts:\n  read: 1s\nhealth:\n  interval: 1h\n";
     let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), extra))]);
+    (cluster, gw)
+}
+
+#[test]
+fn an_engine_that_accepts_and_stalls_gets_a_read_timeout_then_a_json_error() {
+    let (cluster, gw) = one_engine_read_timeout_1s();
     let engine = &cluster.engines[0];
     // Control: the same request answers while the engine does.
     let ok = http::post_json(gw.addr, CHAT, &[], &chat_body("s", "x", false));
@@ -225,9 +232,7 @@ fn an_engine_that_accepts_and_stalls_gets_a_read_timeout_then_a_json_error() {
 
 #[test]
 fn an_engine_that_sends_200_then_stalls_is_cut_at_the_read_timeout() {
-    let cluster = engines(1);
-    let extra = "timeouts:\n  read: 1s\nhealth:\n  interval: 1h\n";
-    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), extra))]);
+    let (cluster, gw) = one_engine_read_timeout_1s();
     // Control: frames 400 ms apart, 2 s in all, twice the read timeout,
     // finish: the timeout is between bytes, not for the whole response.
     let (mut conn, head) = open_stream(
@@ -299,15 +304,14 @@ fn an_engine_that_stops_reading_a_long_prompt_gets_a_write_timeout() {
 
 /// The read timeout holds with a next request pipelined behind the stalled
 /// one: the gateway keeps the client's early bytes aside while the engine
-/// works (Pingora, given them, would stop watching the connection), and
-/// answers the pipelined request after the timeout's 502. The pipelined
-/// request answered in order when the engine answers is
-/// `hostile::a_request_pipelined_during_a_stream_waits_for_it`.
+/// works (Pingora, given them, would stop watching the connection). The
+/// 502 comes at the timeout; the connection then closes, as after any
+/// failed exchange, and the pipelined request is the client's to send
+/// again. The pipelined request answered in order when the engine answers
+/// is `hostile::a_request_pipelined_during_a_stream_waits_for_it`.
 #[test]
 fn a_stalled_engine_times_out_with_a_request_pipelined_behind_it() {
-    let cluster = engines(1);
-    let extra = "timeouts:\n  read: 1s\nhealth:\n  interval: 1h\n";
-    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), extra))]);
+    let (cluster, gw) = one_engine_read_timeout_1s();
     let engine = &cluster.engines[0];
     engine.faults.stall.store(true, Ordering::SeqCst);
     let body = chat_body("p1", "stalled", false).to_string();
