@@ -274,6 +274,7 @@ impl ClientStream {
 
     fn await_next_head(&self) {
         self.engine_limit_ms.store(0, Ordering::Release);
+        self.engine_timed_out.store(false, Ordering::Release);
         self.holding.store(false, Ordering::Release);
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.waiting_head.store(true, Ordering::Release);
