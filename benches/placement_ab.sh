@@ -64,12 +64,21 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
     label, scenario, seed, rep = path.stem.split("_")
     mode = json.loads(path.read_text())["scenarios"][0]["modes"][0]
     rows.append((scenario, label, seed, rep, mode))
-print("| scenario | build | seed | rep | requests | errors | TTFT p50 | p95 | p99 | cache hit | moves |")
-print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+def by_reason(m):
+    # Which rule moved sessions: spills by reason, and moves off a peer
+    # that was gone or not ready ("migrate").
+    counts = {**(m.get("spills") or {})}
+    migrated = sum((m.get("migrations") or {}).values())
+    if migrated:
+        counts["migrate"] = migrated
+    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()) if v) or "-"
+print("| scenario | build | seed | rep | requests | errors | TTFT p50 | p95 | p99 | cache hit | moves | by reason |")
+print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
 for scenario, label, seed, rep, m in sorted(rows, key=lambda r: (r[0], r[2], r[3], r[1])):
     t = m["ttft_s"]
     print(f"| {scenario} | {label} | {seed} | {rep} | {m['requests']} | {m['errors']} | "
-          f"{t['p50']:.3f} | {t['p95']:.3f} | {t['p99']:.3f} | {m['cache_hit']:.3f} | {m['moves']:.0f} |")
+          f"{t['p50']:.3f} | {t['p95']:.3f} | {t['p99']:.3f} | {m['cache_hit']:.3f} | {m['moves']:.0f} | "
+          f"{by_reason(m)} |")
 print()
 print("| scenario | build | runs | median TTFT p95 | median p99 | median moves |")
 print("|---|---|--:|--:|--:|--:|")
