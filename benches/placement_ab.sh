@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two gateway builds on the replay bench (`llm-gateway bench`, load_aware),
 # run in alternation, A then B, for every scenario, seed and repetition, so
-# that both see the same hour of a shared machine. Prints one line per run,
+# that both see the same hour of a shared machine. Prints one line per run
+# (with its moves by reason: which placement rule moved sessions),
 # then the median of each build per scenario.
 #
 # Why a script: a placement change moves uniform's tail as much as
