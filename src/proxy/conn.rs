@@ -617,7 +617,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_request_done_disarms_the_engine_and_the_next_one_gets_its_own_limit() {
+    async fn a_finished_request_frees_the_read_and_the_next_one_gets_its_own_limit() {
         let (mut s, mut client) = pair(Duration::from_secs(2));
         with_engine(&s, Duration::from_secs(8));
         let mut buf = [0u8; 64];

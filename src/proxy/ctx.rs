@@ -63,9 +63,21 @@ pub struct Admitted {
     pub cch_stripped: bool,
     /// Kimi tool-call id occurrences `kimi_normalize` renumbered.
     pub kimi_ids_renumbered: usize,
-    /// The client connection bounds the engine's silence (`conn`), so
+    /// The client connection holds what the client sends while this
+    /// request runs (`conn::hold_client_bytes`), so it can watch the engine.
+    pub client_held: bool,
+}
+
+impl Admitted {
+    /// The client connection bounds the engine's silence (`conn`), and
     /// the upstream connection goes without Pingora's per-read timeout.
-    pub engine_watched: bool,
+    /// Not for a replayed body: its pieces cross Pingora's body pipe, which
+    /// an engine that stops reading them stalls where the connection's
+    /// watch is never polled, so Pingora's own timeouts bound that exchange
+    /// (`upstream::build_peer`).
+    pub fn engine_watched(&self) -> bool {
+        self.client_held && !self.replayed
+    }
 }
 
 /// Written by `upstream_peer` and the failure hooks: the current attempt.

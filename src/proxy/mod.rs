@@ -75,7 +75,7 @@ impl Gateway {
         guards::auth::check(&route, &self.registry, session)?;
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
-        ctx.request.engine_watched = conn::hold_client_bytes(session);
+        ctx.request.client_held = conn::hold_client_bytes(session);
         guards::rules::check(&route, &ctx.request)?;
         guards::usage::apply(&mut ctx.request);
         guards::prefix::apply(&route, &mut ctx.request);
@@ -234,7 +234,7 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let (true, Some(route)) = (ctx.request.engine_watched, &ctx.route) {
+        if let (true, Some(route)) = (ctx.request.engine_watched(), &ctx.route) {
             conn::watch_engine(session, route.config.timeouts.read);
         }
         upstream::rewrite_head(upstream, ctx)

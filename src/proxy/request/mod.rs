@@ -192,10 +192,6 @@ pub async fn forward(
     }
     body_forwarded(BodyVia::Replay);
     req.replayed = true;
-    // Its pieces cross Pingora's body pipe, which an engine that stops
-    // reading them stalls where the connection's watch is never polled:
-    // Pingora's own timeouts bound this exchange (`upstream::build_peer`).
-    req.engine_watched = false;
     replay::replay_h1(session, req.body.pieces().len()).await.map_err(|e| match e {
         replay::ReplayError::HeadTooLarge(size) => {
             log::warn!(

@@ -52,7 +52,7 @@ fn build_peer(ctx: &RequestCtx) -> Result<Box<HttpPeer>> {
     peer.options.connection_timeout = Some(t.connect);
     // Bounded by the client connection's wrapper when it can (`conn`):
     // Pingora's own arms a timer on every read.
-    peer.options.read_timeout = (!ctx.request.engine_watched).then_some(t.read);
+    peer.options.read_timeout = (!ctx.request.engine_watched()).then_some(t.read);
     // A replayed body crosses Pingora's body pipe piece by piece; an engine
     // that stops reading it blocks the write, and Pingora reads the answer
     // only between writes: each write gets the same limit.
