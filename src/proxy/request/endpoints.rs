@@ -117,6 +117,11 @@ pub fn answer(
     session: &Session,
     rest: &str,
 ) -> Result<(), Local> {
+    // Every toggle and status endpoint starts so; an API path (every
+    // proxied request) leaves here without the name matching below.
+    if !rest.starts_with("/_") {
+        return Ok(());
+    }
     let control = match (
         endpoints::toggle_name(rest),
         endpoints::limit_override_name(rest),
@@ -131,9 +136,6 @@ pub fn answer(
             Ok(state) => Local::Json(200, state),
             Err(e) => e.into(),
         });
-    }
-    if !rest.starts_with("/_") {
-        return Ok(());
     }
     let local = status_allowed(Some(route), registry, session)?;
     let resets = rest
