@@ -13,7 +13,6 @@
 //! - `auth`, `reject`, `sse`, `postprocess`, `usage`: request guards and response rewriting
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `rewrite`    prefix-stability transforms of request bodies (cch_strip, kimi_normalize)
-//! - `heap`       the allocator's thresholds, set once at start-up
 
 pub mod admin;
 pub mod auth;
@@ -25,7 +24,6 @@ pub mod controller;
 pub mod errors;
 pub mod hash;
 pub mod health;
-pub mod heap;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;

@@ -9,6 +9,34 @@ use clap::Parser;
 use cli::{Cli, Command};
 use std::process::ExitCode;
 
+// The process's allocator: mimalloc, in place of glibc's malloc.
+//
+// A request makes about a hundred allocations (Pingora's and the
+// gateway's), most of them small and freed within the request. glibc's
+// per-thread cache keeps at most 7 freed blocks of a size, none over
+// 1 KiB; past that each allocation takes the allocator's slower path
+// (bins, consolidation). Counted by callgrind (`benches/instructions.sh`,
+// `--separate-callers`), that slow path cost 13.4 k instructions per
+// 20-frame stream in the gateway against 6.8 k in bare Pingora: the
+// gateway keeps more blocks of a size alive at once. mimalloc's free
+// lists are per page and unbounded, and the gateway counts 12-15 % fewer
+// instructions per request with it (BENCHMARKS.md, issue 13, stop 25).
+//
+// Long prompts: a body is kept in the pieces it was read in, 64 KiB each
+// (`proxy/request/pieces.rs`). glibc gave the freed pieces back to the
+// kernel after every request, and the next long prompt faulted them in
+// again (16 faults for a 300 KB body); `src/heap.rs` used to raise glibc's
+// trim and mmap thresholds against that. mimalloc returns a page only
+// after it has gone unused for its `purge_delay` (1 s by default), so a
+// steady flow of long prompts reuses the same pages (0.0 faults a
+// request in `benches/body_wallclock.sh`), and an idle gateway still
+// gives them back.
+//
+// Declared here, in the binary, not in the library: a test binary may
+// set its own (`tests/body_memory.rs` counts allocations through one).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     llm_gateway::logging::init();
     let cli = Cli::parse();

@@ -100,7 +100,6 @@ pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
 
 /// Builds the Pingora server and runs it until shutdown.
 pub fn run(gateway: GatewayConfig) -> ExitCode {
-    crate::heap::keep_freed_pages();
     let registry = Arc::new(Registry::new(gateway.clone()));
     let store = match crate::store::SessionStore::new(&gateway.session_store) {
         Ok(store) => Arc::new(store),
