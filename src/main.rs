@@ -19,8 +19,9 @@ use std::process::ExitCode;
 // `--separate-callers`), that slow path cost 13.4 k instructions per
 // 20-frame stream in the gateway against 6.8 k in bare Pingora: the
 // gateway keeps more blocks of a size alive at once. mimalloc's free
-// lists are per page and unbounded, and the gateway counts 12-15 % fewer
-// instructions per request with it (BENCHMARKS.md, issue 13, stop 25).
+// lists are per page and unbounded: with it the gateway counts 12 % fewer
+// instructions on a small request, 6 % on a 20-frame stream, 4 % on a
+// 300 KB body (BENCHMARKS.md, issue 13, stop 25).
 //
 // Long prompts: a body is kept in the pieces it was read in, 64 KiB each
 // (`proxy/request/pieces.rs`). glibc gave the freed pieces back to the
