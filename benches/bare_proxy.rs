@@ -53,7 +53,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-fn main() {
+pub fn main() {
     let args: Vec<String> = std::env::args().collect();
     let [_, listen, upstream] = args.as_slice() else {
         eprintln!("usage: bare_proxy LISTEN UPSTREAM");

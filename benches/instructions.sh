@@ -10,11 +10,15 @@
 #   gateway  this checkout's llm-gateway (threads: 1, one route, one peer)
 #   bare     benches/bare_proxy.rs: Pingora with only `upstream_peer`, built
 #            from the same pingora and Cargo.lock (the floor, measured)
+#   bare_mimalloc  the same proxy on the gateway's allocator (mimalloc;
+#            benches/bare_proxy_mimalloc.rs), not run unless named: what the
+#            allocator saves Pingora itself
 #   nginx    Debian nginx, one process (`master_process off; daemon off;`),
 #            upstream keepalive, `proxy_buffering off` (valgrind
 #            --trace-children=no: nginx forks nothing this way anyway)
 #
 #   bash benches/instructions.sh                       # all three targets
+#   TARGETS="gateway bare bare_mimalloc nginx" bash benches/instructions.sh
 #   TARGETS=gateway bash benches/instructions.sh       # the gateway only
 #   GATEWAY_BIN=/path/to/other/llm-gateway bash benches/instructions.sh
 #   N=200 SCENARIOS="small stream" bash benches/instructions.sh
@@ -54,21 +58,23 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${CARGO_TARGET_DIR:-$ROOT/target}/release
 GATEWAY_BIN=${GATEWAY_BIN:-$OUT/llm-gateway}
 BARE_BIN=${BARE_BIN:-$OUT/examples/bare_proxy}
+BARE_MIMALLOC_BIN=${BARE_MIMALLOC_BIN:-$OUT/examples/bare_proxy_mimalloc}
 SIM_BIN=${SIM_BIN:-$OUT/llm-gateway}
 NGINX=${NGINX:-/usr/sbin/nginx}
 N=${N:-200}
 SCENARIOS=${SCENARIOS:-"small stream passthrough body300k"}
 TARGETS=${TARGETS:-"gateway bare nginx"}
 if [ "${SKIP_BUILD:-1}" != 1 ]; then
-    (cd "$ROOT" && cargo build --release --quiet --bin llm-gateway --example bare_proxy)
+    (cd "$ROOT" && cargo build --release --quiet --bin llm-gateway --example bare_proxy --example bare_proxy_mimalloc)
 fi
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
 for t in $TARGETS; do
     case $t in
         gateway) [ -x "$GATEWAY_BIN" ] || { echo "$GATEWAY_BIN missing (cargo build --release)" >&2; exit 1; } ;;
         bare) [ -x "$BARE_BIN" ] || { echo "$BARE_BIN missing (cargo build --release --example bare_proxy)" >&2; exit 1; } ;;
+        bare_mimalloc) [ -x "$BARE_MIMALLOC_BIN" ] || { echo "$BARE_MIMALLOC_BIN missing (cargo build --release --example bare_proxy_mimalloc)" >&2; exit 1; } ;;
         nginx) [ -x "$NGINX" ] || { echo "$NGINX missing (apt-get install nginx)" >&2; exit 1; } ;;
-        *) echo "unknown target $t (gateway, bare, nginx)" >&2; exit 1 ;;
+        *) echo "unknown target $t (gateway, bare, bare_mimalloc, nginx)" >&2; exit 1 ;;
     esac
 done
 . "$ROOT/benches/lib.sh"
@@ -125,8 +131,10 @@ start() {
             printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 1\napi_keys_file: %s/none\nwatch: false\n%s' "$port" "$admin" "$dir/routes" "$dir" "${GATEWAY_EXTRA:-}" > "$dir/gateway.yaml"
             "${vg[@]}" "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
             ;;
-        bare)
-            "${vg[@]}" "$BARE_BIN" "127.0.0.1:$port" "127.0.0.1:$ENGINE_PORT" 2>"$dir/log" &
+        bare|bare_mimalloc)
+            local bin=$BARE_BIN
+            [ "$target" = bare_mimalloc ] && bin=$BARE_MIMALLOC_BIN
+            "${vg[@]}" "$bin" "127.0.0.1:$port" "127.0.0.1:$ENGINE_PORT" 2>"$dir/log" &
             ;;
         nginx)
             # As issue 2's nginx: the route prefix stripped like the
@@ -176,7 +184,7 @@ count() { # $1 target, $2 scenario, $3 requests → total instructions
     wait_port "$port" 60 # a gateway under callgrind starts slowly
     case $1 in
         gateway) path=/r/v1/chat/completions; ask_usage=0 ;;
-        bare) path=/v1/chat/completions ;;
+        bare|bare_mimalloc) path=/v1/chat/completions ;;
         nginx) path=/r/v1/chat/completions ;;
     esac
     python3 "$TMP/client.py" "$port" "$path" "$2" "$3" "$ask_usage" >&2
