@@ -17,8 +17,8 @@ use std::process::ExitCode;
 // 1 KiB; past that each allocation takes the allocator's slower path
 // (bins, consolidation). Counted by callgrind (`benches/instructions.sh`,
 // `--separate-callers`), that slow path cost 13.4 k instructions per
-// 20-frame stream in the gateway against 6.8 k in bare Pingora: the
-// gateway keeps more blocks of a size alive at once. mimalloc's free
+// 20-frame stream in the gateway against 6.8 k in bare Pingora, for about
+// as many allocations a frame (5.3 against 5.0). mimalloc's free
 // lists are per page and unbounded: with it the gateway counts 12 % fewer
 // instructions on a small request, 6 % on a 20-frame stream, 4 % on a
 // 300 KB body (BENCHMARKS.md, issue 13, stop 25).

@@ -170,10 +170,10 @@ fn record_queue_wait(route: &crate::registry::Route, waited: Option<std::time::D
 #[async_trait]
 impl ProxyHttp for Gateway {
     /// Boxed: Pingora holds the context by value in the request's future,
-    /// three times over in its nested states, and copies that future into
-    /// a box per request: 576 bytes inline made the copy 1.7 KB longer
-    /// than bare Pingora's. Boxed, the connection's task counts ~4 k
-    /// instructions fewer a request (`benches/instructions.sh`).
+    /// in more than one of its nested states, and copies that future into
+    /// a box per request: with the 576-byte context inline the copy was
+    /// 1.7 KB longer than bare Pingora's. Boxed, the connection's task
+    /// counts ~4 k instructions fewer a request (`benches/instructions.sh`).
     type CTX = Box<RequestCtx>;
 
     fn new_ctx(&self) -> Box<RequestCtx> {
