@@ -1,5 +1,6 @@
 //! The client connection under the hooks: a deadline for receiving each
-//! request head (`client_header_timeout`).
+//! request head (`client_header_timeout`), the idle wait between requests
+//! (`client_idle_timeout`), and an engine's silence (`timeouts.read`).
 //!
 //! Pingora 0.9.1 times out each *read* of a request head (60 s on a fresh
 //! connection, the keep-alive timeout after), not the head as a whole: a
@@ -37,6 +38,12 @@
 //! Pingora's timeouts instead: its pieces cross Pingora's body pipe, and
 //! an engine that stops reading them stalls the proxy loop before it
 //! reads the client connection again (`upstream::build_peer`).
+//!
+//! The idle wait between requests is the wrapper's too ([`IdleWatch`]):
+//! Pingora's keep-alive timeout arms a timer for each wait; here one timer
+//! per connection ticks while it waits, and the wait ends (an end of
+//! stream, which Pingora takes as the client leaving) at the fourth tick
+//! in a row that found no byte of the next request.
 
 use crate::proxy::Gateway;
 use async_trait::async_trait;
@@ -116,9 +123,23 @@ pub fn head_complete(session: &Session) {
 /// keep-alive, both Content-Length and Transfer-Encoding, which RFC 9112
 /// §6.1 says to close so that a front end that framed by Content-Length
 /// cannot have the rest taken as a next request) stays closing.
+///
+/// On a wrapped connection the wrapper bounds the idle wait ([`IdleWatch`]):
+/// Pingora's keep-alive timeout arms a timer for every wait (~1.4 k
+/// instructions a request, `benches/instructions.sh`), so Pingora is told
+/// to wait without one.
 pub fn idle_timeout(session: &mut Session, idle: Duration) {
-    if session.get_keepalive().is_some() {
-        session.set_keepalive(Some(idle.as_secs()));
+    if session.get_keepalive().is_none() {
+        return;
+    }
+    match client_stream(session) {
+        Some(c) => {
+            let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+            c.idle_limit_ms.store(ms, Ordering::Relaxed);
+            // Some(0): keep the connection, with no timer of Pingora's.
+            session.set_keepalive(Some(0));
+        }
+        None => session.set_keepalive(Some(idle.as_secs())),
     }
 }
 
@@ -230,7 +251,32 @@ pub struct ClientStream {
     /// answer moving (a count, not a clock read per write).
     writes: u64,
     watch: EngineWatch,
+    /// Set from the hooks: `client_idle_timeout` in milliseconds, 0 for
+    /// none (nothing bounds the wait for a next request).
+    idle_limit_ms: AtomicU64,
+    idle: IdleWatch,
 }
+
+/// The wait for a next request, bounded without a clock read or a timer
+/// per request: one timer per connection ticks every quarter of the limit
+/// while the connection waits, and the connection closes at the fourth
+/// tick in a row that found it waiting for the same next request (the
+/// head epoch unchanged). So an idle connection closes between the limit
+/// and 1.25 times it, never before; a request in between starts the count
+/// again.
+#[derive(Debug, Default)]
+struct IdleWatch {
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The task the timer wakes.
+    waker: Option<std::task::Waker>,
+    /// The head epoch at the last tick (or when the timer was made).
+    epoch: u32,
+    /// Ticks in a row that found the connection waiting for that head.
+    quiet_ticks: u32,
+}
+
+/// Ticks of [`IdleWatch`] a connection stays quiet before it is closed.
+const IDLE_TICKS: u32 = 4;
 
 /// The engine's deadline as the wrapper keeps it. The timer is checked by
 /// its state on most reads and polled only when it fired, was just set, or
@@ -269,7 +315,55 @@ impl ClientStream {
             engine_timed_out: AtomicBool::new(false),
             writes: 0,
             watch: EngineWatch::default(),
+            idle_limit_ms: AtomicU64::new(0),
+            idle: IdleWatch::default(),
         }
+    }
+
+    /// True once the connection has waited for its next request (no byte
+    /// of it yet) for its idle limit: the caller ends the connection.
+    /// Otherwise the timer is set to wake the task at the next tick.
+    fn idle_expired(&mut self, cx: &mut Context<'_>, epoch: u32) -> bool {
+        let limit_ms = self.idle_limit_ms.load(Ordering::Relaxed);
+        if limit_ms == 0 {
+            return false;
+        }
+        let w = &mut self.idle;
+        let fired = w.timer.as_ref().is_some_and(|t| t.is_elapsed());
+        let same_task = w.waker.as_ref().is_some_and(|k| k.will_wake(cx.waker()));
+        if w.timer.is_some() && !fired && same_task {
+            return false;
+        }
+        if fired {
+            if w.epoch == epoch {
+                w.quiet_ticks += 1;
+            } else {
+                // A request came and went since the last tick: this wait
+                // began within the tick's period, which does not count.
+                w.epoch = epoch;
+                w.quiet_ticks = 0;
+            }
+            if w.quiet_ticks >= IDLE_TICKS {
+                return true;
+            }
+        }
+        let period = Duration::from_millis(limit_ms) / IDLE_TICKS;
+        match &mut w.timer {
+            Some(_) if !fired => {}
+            Some(t) => t.as_mut().reset(tokio::time::Instant::now() + period),
+            None => {
+                // Made as the connection starts to wait: a whole period.
+                w.epoch = epoch;
+                w.quiet_ticks = 0;
+                w.timer = Some(Box::pin(tokio::time::sleep(period)));
+            }
+        }
+        if let Some(t) = &mut w.timer {
+            // Registers the task's waker; not ready, as the tick is ahead.
+            let _ = t.as_mut().poll(cx);
+        }
+        w.waker = Some(cx.waker().clone());
+        false
     }
 
     fn await_next_head(&self) {
@@ -412,6 +506,16 @@ impl AsyncRead for ClientStream {
         match &read {
             Poll::Ready(Ok(())) if buf.filled().len() > before && this.head_since.is_none() => {
                 this.head_since = Some(tokio::time::Instant::now());
+            }
+            // Waiting for a next request, no byte of it yet.
+            Poll::Pending if this.head_since.is_none() && this.idle_expired(cx, epoch) => {
+                log::debug!(
+                    "closing client {}: idle past client_idle_timeout",
+                    this.peer()
+                );
+                // An end of stream before a head: Pingora closes the
+                // connection quietly, as at its own keep-alive timeout.
+                return Poll::Ready(Ok(()));
             }
             Poll::Pending => {
                 if let Some(since) = this.head_since {
@@ -633,6 +737,54 @@ mod tests {
         let e = s.read(&mut buf).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         assert!(t.elapsed() >= Duration::from_secs(4) && t.elapsed() <= Duration::from_secs(5));
+    }
+
+    /// `s` after a request, waiting for the next with `idle` allowed.
+    fn between_requests(s: &ClientStream, idle: Duration) {
+        s.idle_limit_ms
+            .store(idle.as_millis() as u64, Ordering::Relaxed);
+        s.await_next_head();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_idle_past_its_limit_ends_between_1x_and_1_25x() {
+        let (mut s, _client) = pair(Duration::from_secs(2));
+        between_requests(&s, Duration::from_secs(8));
+        let mut buf = [0u8; 64];
+        let t = tokio::time::Instant::now();
+        // An end of stream, which Pingora takes as the client leaving.
+        assert_eq!(s.read(&mut buf).await.unwrap(), 0);
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_secs(8) && waited <= Duration::from_secs(10),
+            "{waited:?}"
+        );
+        // Control: with no idle limit the same wait never ends by itself.
+        let (mut open, _client) = pair(Duration::from_secs(2));
+        between_requests(&open, Duration::ZERO);
+        let idle = tokio::time::timeout(Duration::from_secs(100), open.read(&mut buf)).await;
+        assert!(idle.is_err(), "no limit, no end: {idle:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_in_between_starts_the_idle_count_again() {
+        let (mut s, mut client) = pair(Duration::from_secs(2));
+        between_requests(&s, Duration::from_secs(8));
+        let mut buf = [0u8; 64];
+        // 7 s idle, then a request, then 7 s idle again: 14 s in all, but
+        // never 8 s in one wait.
+        let idle = tokio::time::timeout(Duration::from_secs(7), s.read(&mut buf)).await;
+        assert!(idle.is_err(), "{idle:?}");
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        assert_eq!(s.read(&mut buf).await.unwrap(), 18);
+        s.waiting_head.store(false, Ordering::Release);
+        between_requests(&s, Duration::from_secs(8));
+        let t = tokio::time::Instant::now();
+        let idle = tokio::time::timeout(Duration::from_secs(7), s.read(&mut buf)).await;
+        assert!(idle.is_err(), "the second wait is its own: {idle:?}");
+        // Control: the second wait, left to run, ends within its own limit.
+        assert_eq!(s.read(&mut buf).await.unwrap(), 0);
+        assert!(t.elapsed() >= Duration::from_secs(8) && t.elapsed() <= Duration::from_secs(10));
     }
 
     #[tokio::test(start_paused = true)]
