@@ -55,6 +55,23 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// A free port for a listener on every address (`[::]`): picked below
+/// Linux's ephemeral range (32768 and up), where `free_port` and every
+/// outgoing connection take theirs. A wildcard bind conflicts with a
+/// socket on that port on any address, so a port from the ephemeral range
+/// could be held by another test's engine connection by the time the
+/// gateway binds it (seen: "[::]:35529 is in use" for 20 s).
+pub fn free_wildcard_port() -> u16 {
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    (0..1000u64)
+        .map(|i| 20000 + ((seed.wrapping_mul(2654435761).wrapping_add(i * 7919)) % 12000) as u16)
+        .find(|&port| std::net::TcpListener::bind(("::", port)).is_ok())
+        .expect("a free port below the ephemeral range")
+}
+
 /// A route file body for peers on the given engine ports.
 pub fn route_yaml(ports: &[u16], extra: &str) -> String {
     let mut s = String::from("peers:\n");
@@ -122,7 +139,11 @@ impl Gateway {
         for (name, body) in routes {
             std::fs::write(routes_dir.join(format!("{name}.yaml")), body).expect("route file");
         }
-        let port = free_port();
+        let port = if opts.listen_host.starts_with('[') || opts.listen_host == "0.0.0.0" {
+            free_wildcard_port()
+        } else {
+            free_port()
+        };
         let admin_port = free_port();
         let config = dir.path().join("gateway.yaml");
         std::fs::write(
