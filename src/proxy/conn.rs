@@ -265,7 +265,7 @@ pub struct ClientStream {
 /// once per limit, not once per request, and an idle one is woken at most
 /// twice per wait; it closes at its limit (tokio's timer granularity
 /// aside). A quarter-limit tick with no clock read was tried first: 5,000
-/// idle connections then cost 0.21 s more CPU over 44 s than Pingora's
+/// idle connections then cost 0.1-0.2 s more CPU over 44 s than Pingora's
 /// timer (`BENCHMARKS.md`, issue 13, stop 25).
 #[derive(Debug, Default)]
 struct IdleWatch {
