@@ -269,13 +269,47 @@ pub struct ClientStream {
 /// timer (`BENCHMARKS.md`, issue 13, stop 25).
 #[derive(Debug, Default)]
 struct IdleWatch {
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// The task the timer wakes.
-    waker: Option<std::task::Waker>,
+    alarm: Alarm,
     /// The head epoch of the wait below.
     epoch: u32,
     /// When that wait began (as first seen pending).
     since: Option<tokio::time::Instant>,
+}
+
+/// A connection's timer for one watch, made once and moved only when it
+/// must: shared by [`EngineWatch`] and [`IdleWatch`].
+#[derive(Debug, Default)]
+struct Alarm {
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The task the timer wakes.
+    waker: Option<std::task::Waker>,
+}
+
+impl Alarm {
+    /// Set, not yet fired, and waking this task: nothing to check before
+    /// it fires (its state only, no poll).
+    fn pending_for(&self, cx: &Context<'_>) -> bool {
+        self.timer.as_ref().is_some_and(|t| !t.is_elapsed())
+            && self.waker.as_ref().is_some_and(|k| k.will_wake(cx.waker()))
+    }
+
+    fn fired(&self) -> bool {
+        self.timer.as_ref().is_some_and(|t| t.is_elapsed())
+    }
+
+    /// Wakes this task by `due`: a timer already set for sooner is left.
+    fn wake_by(&mut self, due: tokio::time::Instant, cx: &mut Context<'_>) {
+        match &mut self.timer {
+            Some(t) if t.deadline() <= due && !t.is_elapsed() => {}
+            Some(t) => t.as_mut().reset(due),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(due))),
+        }
+        if let Some(t) = &mut self.timer {
+            // Registers the task's waker; not ready, as `due` is ahead.
+            let _ = t.as_mut().poll(cx);
+        }
+        self.waker = Some(cx.waker().clone());
+    }
 }
 
 /// The engine's deadline as the wrapper keeps it. The timer is checked by
@@ -293,9 +327,7 @@ struct EngineWatch {
     moved_at: Option<tokio::time::Instant>,
     /// `writes` at the last check.
     writes_seen: u64,
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// The task the timer wakes.
-    waker: Option<std::task::Waker>,
+    alarm: Alarm,
 }
 
 impl ClientStream {
@@ -329,33 +361,26 @@ impl ClientStream {
             return false;
         }
         let w = &mut self.idle;
-        if w.epoch != epoch || w.since.is_none() {
-            // A new wait: the one clock read it costs.
-            w.epoch = epoch;
-            w.since = Some(tokio::time::Instant::now());
-        }
-        let fired = w.timer.as_ref().is_some_and(|t| t.is_elapsed());
-        let same_task = w.waker.as_ref().is_some_and(|k| k.will_wake(cx.waker()));
-        if w.timer.is_some() && !fired && same_task {
+        let since = match w.since {
+            Some(since) if w.epoch == epoch => since,
+            _ => {
+                // A new wait: the one clock read it costs.
+                let now = tokio::time::Instant::now();
+                w.epoch = epoch;
+                w.since = Some(now);
+                now
+            }
+        };
+        if w.alarm.pending_for(cx) {
             // Set for this wait's deadline or an earlier wait's (sooner):
             // either way the task is woken by the deadline.
             return false;
         }
-        let due =
-            w.since.unwrap_or_else(tokio::time::Instant::now) + Duration::from_millis(limit_ms);
-        if fired && tokio::time::Instant::now() >= due {
+        let due = since + Duration::from_millis(limit_ms);
+        if w.alarm.fired() && tokio::time::Instant::now() >= due {
             return true;
         }
-        match &mut w.timer {
-            Some(t) if fired => t.as_mut().reset(due),
-            Some(_) => {}
-            None => w.timer = Some(Box::pin(tokio::time::sleep_until(due))),
-        }
-        if let Some(t) = &mut w.timer {
-            // Registers the task's waker; not ready, as `due` is ahead.
-            let _ = t.as_mut().poll(cx);
-        }
-        w.waker = Some(cx.waker().clone());
+        w.alarm.wake_by(due, cx);
         false
     }
 
@@ -406,9 +431,7 @@ impl ClientStream {
             w.writes_seen = self.writes;
             now
         } else {
-            let fired = w.timer.as_ref().is_none_or(|t| t.is_elapsed());
-            let same_task = w.waker.as_ref().is_some_and(|k| k.will_wake(cx.waker()));
-            if !fired && same_task {
+            if w.alarm.pending_for(cx) {
                 return Poll::Pending;
             }
             tokio::time::Instant::now()
@@ -422,17 +445,7 @@ impl ClientStream {
             self.engine_timed_out.store(true, Ordering::Release);
             return Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, ENGINE_TIMEOUT));
         }
-        let check = due.min(now + w.limit / 4);
-        match &mut w.timer {
-            Some(t) if t.deadline() <= check && !t.is_elapsed() => {}
-            Some(t) => t.as_mut().reset(check),
-            None => w.timer = Some(Box::pin(tokio::time::sleep_until(check))),
-        }
-        if let Some(t) = &mut w.timer {
-            // Registers the task's waker; not ready, as `check` is ahead.
-            let _ = t.as_mut().poll(cx);
-        }
-        w.waker = Some(cx.waker().clone());
+        w.alarm.wake_by(due.min(now + w.limit / 4), cx);
         Poll::Pending
     }
 
