@@ -33,6 +33,12 @@
 #                                 # (inclusive) per request, nothing else
 #   KEEP_CG=/tmp/cg bash benches/instructions.sh       # keep the profiles for
 #                                 # callgrind_annotate (TARGET-SCENARIO-REQUESTS.out)
+#   COUNT=syscalls bash benches/instructions.sh        # system calls per request
+#                                 # instead (strace -f -c), the kernel's share
+#                                 # that callgrind does not count; KEEP_CG keeps
+#                                 # strace's per-call table. Pingora's timer
+#                                 # thread's 1 ms clock_nanosleep is left out:
+#                                 # it follows the wall clock, not the requests.
 #
 # Scenarios: small (198-byte non-stream chat, session id), stream (20 SSE
 # frames; the gateway injects include_usage and drops the usage frame, bare
@@ -67,7 +73,12 @@ TARGETS=${TARGETS:-"gateway bare nginx"}
 if [ "${SKIP_BUILD:-1}" != 1 ]; then
     (cd "$ROOT" && cargo build --release --quiet --bin llm-gateway --example bare_proxy --example bare_proxy_mimalloc)
 fi
-command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
+COUNT=${COUNT:-instructions}
+case $COUNT in
+    instructions) command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; } ;;
+    syscalls) command -v strace >/dev/null || { echo "strace is needed (apt-get install strace)" >&2; exit 1; } ;;
+    *) echo "COUNT is instructions or syscalls" >&2; exit 1 ;;
+esac
 for t in $TARGETS; do
     case $t in
         gateway) [ -x "$GATEWAY_BIN" ] || { echo "$GATEWAY_BIN missing (cargo build --release)" >&2; exit 1; } ;;
@@ -124,6 +135,7 @@ start() {
     local target=$1 dir=$2 port=$3 admin
     # shellcheck disable=SC2206 # CALLGRIND_ARGS is split on purpose
     local vg=(valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$dir/cg.out" ${CALLGRIND_ARGS:-})
+    [ "$COUNT" = syscalls ] && vg=(strace -f -c -o "$dir/cg.out" --)
     case $target in
         gateway)
             admin=$(free_port); mkdir -p "$dir/routes"
@@ -188,17 +200,30 @@ count() { # $1 target, $2 scenario, $3 requests → total instructions
         nginx) path=/r/v1/chat/completions ;;
     esac
     python3 "$TMP/client.py" "$port" "$path" "$2" "$3" "$ask_usage" >&2
-    # SIGINT: Pingora's fast shutdown; SIGTERM: nginx's.
-    if [ "$1" = nginx ]; then kill -TERM "$pid"; else kill -INT "$pid"; fi
+    # SIGINT: Pingora's fast shutdown; SIGTERM: nginx's. Under strace the
+    # signal goes to the traced proxy (strace itself would detach and leave
+    # it running).
+    local sig=-INT proxy=$pid
+    [ "$1" = nginx ] && sig=-TERM
+    [ "$COUNT" = syscalls ] && proxy=$(cat "/proc/$pid/task/$pid/children")
+    kill "$sig" "$proxy"
     wait "$pid" 2>/dev/null || true
     if [ -n "${KEEP_CG:-}" ]; then mkdir -p "$KEEP_CG"; cp "$dir/cg.out" "$KEEP_CG/$1-$2-$3.out"; fi
-    awk '/^summary:|^totals:/{print $2; exit}' "$dir/cg.out"
+    if [ "$COUNT" = syscalls ]; then
+        awk '$1 ~ /^[0-9.]+$/ && NF >= 5 && $NF != "total" && $NF != "clock_nanosleep" {n += $4} END {print n}' "$dir/cg.out"
+    else
+        awk '/^summary:|^totals:/{print $2; exit}' "$dir/cg.out"
+    fi
 }
 
 declare -A PER
 header="| scenario |"; rule="|---|"
 for t in $TARGETS; do header+=" $t |"; rule+="--:|"; done
-echo "instructions per request (callgrind, N=$N and $((6 * N)) requests, difference / $((5 * N)))"
+if [ "$COUNT" = syscalls ]; then
+    echo "system calls per request (strace -f -c, N=$N and $((6 * N)) requests, difference / $((5 * N)))"
+else
+    echo "instructions per request (callgrind, N=$N and $((6 * N)) requests, difference / $((5 * N)))"
+fi
 echo
 echo "$header"
 echo "$rule"
