@@ -30,10 +30,9 @@ PIDS+=($!)
 wait_port "$ENGINE_PORT"
 
 measure() { # $1 = concurrent requests
-    local port admin dir pid
-    port=$(free_port); admin=$(free_port); dir=$TMP/gw-$1; mkdir -p "$dir/routes"
-    printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s}\nmax_body_size: 20m\nhealth: {enabled: false}\nengine_metrics: false\n' "$ENGINE_PORT" > "$dir/routes/r.yaml"
-    printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 2\napi_keys_file: %s/none\n' "$port" "$admin" "$dir/routes" "$dir" > "$dir/gateway.yaml"
+    local port dir pid
+    port=$(free_port); dir=$TMP/gw-$1
+    gateway_config "$dir" "$ENGINE_PORT" "$port" 2 $'max_body_size: 20m\n'
     "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
     pid=$!; PIDS+=($pid)
     wait_port "$port"

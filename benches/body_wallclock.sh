@@ -33,11 +33,9 @@ wait_port "$ENGINE_PORT"
 
 declare -A PORT PID
 start_gateway() { # name binary
-    local dir=$TMP/$1 admin
-    mkdir -p "$dir/routes"
-    PORT[$1]=$(free_port); admin=$(free_port)
-    printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s, max_concurrency: 100000}\nhealth: {enabled: false}\nengine_metrics: false\ninclude_usage: true\n' "$ENGINE_PORT" > "$dir/routes/r.yaml"
-    printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 1\napi_keys_file: %s/none\nwatch: false\n' "${PORT[$1]}" "$admin" "$dir/routes" "$dir" > "$dir/gateway.yaml"
+    local dir=$TMP/$1
+    PORT[$1]=$(free_port)
+    gateway_config "$dir" "$ENGINE_PORT" "${PORT[$1]}" 1 $'include_usage: true\n'
     "$2" --config "$dir/gateway.yaml" 2>"$dir/log" &
     PID[$1]=$!; PIDS+=($!)
 }

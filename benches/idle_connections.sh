@@ -23,12 +23,10 @@ HOLD=${HOLD:-45}
 . "$ROOT/benches/lib.sh"
 bench_init idle-connections
 
-engine=$(free_port); port=$(free_port); admin=$(free_port)
+engine=$(free_port); port=$(free_port)
 "$SIM_BIN" sim --engines 1 --port "$engine" --max-running 64 >/dev/null 2>&1 &
 PIDS+=($!)
-mkdir -p "$TMP/routes"
-printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s, max_concurrency: 100000}\nhealth: {enabled: false}\nengine_metrics: false\n' "$engine" > "$TMP/routes/r.yaml"
-printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 2\napi_keys_file: %s/none\nwatch: false\n' "$port" "$admin" "$TMP/routes" "$TMP" > "$TMP/gateway.yaml"
+gateway_config "$TMP" "$engine" "$port" 2
 "$GATEWAY_BIN" --config "$TMP/gateway.yaml" 2>"$TMP/gateway.log" &
 gw=$!; PIDS+=($gw)
 wait_port "$engine"; wait_port "$port"

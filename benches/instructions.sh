@@ -132,15 +132,13 @@ PY
 # Starts target $1 under callgrind in $2 listening on $3; its pid in STARTED
 # (not echoed: a command substitution would wait for the server's stdout).
 start() {
-    local target=$1 dir=$2 port=$3 admin
+    local target=$1 dir=$2 port=$3
     # shellcheck disable=SC2206 # CALLGRIND_ARGS is split on purpose
     local vg=(valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$dir/cg.out" ${CALLGRIND_ARGS:-})
     [ "$COUNT" = syscalls ] && vg=(strace -f -c -o "$dir/cg.out" --)
     case $target in
         gateway)
-            admin=$(free_port); mkdir -p "$dir/routes"
-            printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s, max_concurrency: 100000}\nhealth: {enabled: false}\nengine_metrics: false\ninclude_usage: true\n' "$ENGINE_PORT" > "$dir/routes/r.yaml"
-            printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: 1\napi_keys_file: %s/none\nwatch: false\n%s' "$port" "$admin" "$dir/routes" "$dir" "${GATEWAY_EXTRA:-}" > "$dir/gateway.yaml"
+            gateway_config "$dir" "$ENGINE_PORT" "$port" 1 $'include_usage: true\n' "${GATEWAY_EXTRA:-}"
             "${vg[@]}" "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
             ;;
         bare|bare_mimalloc)

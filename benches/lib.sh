@@ -7,6 +7,9 @@
 #   free_port         a free 127.0.0.1 port
 #   port_in_use PORT  something accepts on 127.0.0.1:PORT
 #   wait_port PORT [SECONDS]   until it does (default 30 s), else die
+#   gateway_config DIR ENGINE_PORT PORT THREADS [ROUTE_LINES [GATEWAY_LINES]]
+#                     DIR/gateway.yaml and DIR/routes/r.yaml for a gateway
+#                     on PORT in front of one engine (see below)
 # Written once here because each script otherwise carried its own copy,
 # and the copies had drifted (some left nginx workers or temp dirs behind).
 
@@ -21,6 +24,20 @@ wait_port() {
         [ "$SECONDS" -lt "$deadline" ] || die "nothing listens on port $1 (logs in $TMP)"
         sleep 0.05
     done
+}
+
+# One route `r` with one peer `e0` on ENGINE_PORT that no limit holds back
+# (max_concurrency 100000), probes and engine scrapes off; the gateway on
+# PORT with THREADS threads, a free admin port, no API keys, no file
+# watch. ROUTE_LINES and GATEWAY_LINES are YAML lines (each ending in a
+# newline) appended to the route file and the gateway file.
+gateway_config() {
+    local dir=$1 engine=$2 port=$3 threads=$4
+    mkdir -p "$dir/routes"
+    printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s, max_concurrency: 100000}\nhealth: {enabled: false}\nengine_metrics: false\n%s' \
+        "$engine" "${5:-}" > "$dir/routes/r.yaml"
+    printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: %s\napi_keys_file: %s/none\nwatch: false\n%s' \
+        "$port" "$(free_port)" "$dir/routes" "$threads" "$dir" "${6:-}" > "$dir/gateway.yaml"
 }
 
 bench_init() {
