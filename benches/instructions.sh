@@ -25,6 +25,8 @@
 #   FRAME_DELAY_MS=0 SCENARIOS=stream bash benches/instructions.sh  # frames in a burst
 #   GATEWAY_EXTRA=$'bodylog:\n  listener: 127.0.0.1:9999\n' bash benches/instructions.sh
 #                                 # appended to gateway.yaml (body logging on)
+#   GATEWAY_THREADS=2 GATEWAY_EXTRA=$'work_stealing: false\n' TARGETS=gateway \
+#       bash benches/instructions.sh   # the gateway's runtime settings (threads: 1 unless set)
 #   BARE_WORK_STEALING=0 BARE_POOL=16 TARGETS=bare bash benches/instructions.sh
 #                                 # Pingora runtime settings (benches/bare_proxy.rs)
 #   SKIP_BUILD=0 bash benches/instructions.sh          # cargo build first
@@ -138,7 +140,7 @@ start() {
     [ "$COUNT" = syscalls ] && vg=(strace -f -c -o "$dir/cg.out" --)
     case $target in
         gateway)
-            gateway_config "$dir" "$ENGINE_PORT" "$port" 1 $'include_usage: true\n' "${GATEWAY_EXTRA:-}"
+            gateway_config "$dir" "$ENGINE_PORT" "$port" "${GATEWAY_THREADS:-1}" $'include_usage: true\n' "${GATEWAY_EXTRA:-}"
             "${vg[@]}" "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
             ;;
         bare|bare_mimalloc)

@@ -113,6 +113,7 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
 
     let conf = ServerConf {
         threads: gateway.threads,
+        work_stealing: gateway.work_stealing,
         // The drain watcher (controller.rs) ends the process at
         // `grace_period`, logging what it cuts; Pingora's timer, a second
         // later, only covers a watcher that could not start.

@@ -667,3 +667,46 @@ fn upstream_failures_log_the_path_without_its_query() {
     // The test client's Host header.
     assert!(!log.contains("gateway.test"), "{log}");
 }
+
+/// Issue 13: `work_stealing: false` gives each proxy thread a runtime of its
+/// own (Pingora's no-steal runtimes), background services included. The
+/// gateway must still answer on every thread, reload and drain.
+#[test]
+fn without_work_stealing_the_gateway_serves_reloads_and_drains() {
+    let cluster = engines(2);
+    let opts = GatewayOptions {
+        extra_config: "work_stealing: false\n".to_string(),
+        ..GatewayOptions::default()
+    };
+    let mut gw = Gateway::start_with(&[("chat", route_yaml(&ports(&cluster), ""))], opts);
+    // Pingora gives each new connection a thread at random: 16 connections
+    // miss one of the two threads with a chance of 2^-15.
+    for i in 0..16 {
+        let stream = i % 2 == 0;
+        let body = chat_body(&format!("s{i}"), "hello", stream);
+        let resp = http::post_json(gw.addr, CHAT, &[], &body);
+        assert_eq!(resp.status(), 200, "request {i}: {}", resp.text());
+        if stream {
+            assert!(resp.text().contains("data: [DONE]"), "{}", resp.text());
+        } else {
+            assert_eq!(resp.json()["object"], "chat.completion");
+        }
+    }
+    gw.write_route("second", &route_yaml(&ports(&cluster), ""));
+    gw.reload();
+    let resp = http::post_json(
+        gw.addr,
+        "/second/v1/chat/completions",
+        &[],
+        &chat_body("t", "hi", false),
+    );
+    assert_eq!(resp.status(), 200, "{}", resp.text());
+    gw.wait_idle();
+    gw.signal("TERM");
+    assert_eq!(
+        gw.wait_exit(std::time::Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        gw.log()
+    );
+}

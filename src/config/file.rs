@@ -17,6 +17,7 @@ pub(super) struct GatewayFile {
     pub routes_dir: Option<PathBuf>,
     pub api_keys_file: Option<PathBuf>,
     pub threads: Option<usize>,
+    pub work_stealing: Option<Flag>,
     pub grace_period: Option<Dur>,
     pub max_body_size: Option<Size>,
     pub postprocess_default: Option<String>,

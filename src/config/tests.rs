@@ -354,6 +354,17 @@ fn watch_is_on_by_default_and_can_be_turned_off() {
 }
 
 #[test]
+fn work_stealing_is_on_by_default_and_can_be_turned_off() {
+    assert!(gw().work_stealing, "default on, as Pingora's");
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    assert!(!parse("work_stealing: false\n").unwrap().work_stealing);
+    assert!(parse("work_stealing: true\n").unwrap().work_stealing);
+    let e = parse("threads: 2\nwork_stealing: 2\n").unwrap_err();
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(e.message.contains("not a boolean"), "{e}");
+}
+
+#[test]
 fn session_store_is_local_by_default_and_redis_is_validated_with_its_line() {
     use crate::config::store::SessionStoreConfig;
     assert_eq!(gw().session_store, SessionStoreConfig::Local);
