@@ -342,26 +342,27 @@ fn protection_options_out_of_range_are_errors_with_their_line() {
     route(&format!("{MINIMAL}{defaults}")).unwrap();
 }
 
-#[test]
-fn watch_is_on_by_default_and_can_be_turned_off() {
-    assert!(gw().watch, "default on");
+/// A gateway-wide switch that is on unless `key: false`; anything but a
+/// boolean is refused with its line.
+fn assert_switch_on_by_default(key: &str, get: fn(&GatewayConfig) -> bool) {
+    assert!(get(&gw()), "{key}: default on");
     let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
-    assert!(!parse("watch: false\n").unwrap().watch);
-    assert!(parse("watch: true\n").unwrap().watch);
-    let e = parse("listen: 0.0.0.0:1\nwatch: sometimes\n").unwrap_err();
+    assert!(!get(&parse(&format!("{key}: false\n")).unwrap()), "{key}");
+    assert!(get(&parse(&format!("{key}: true\n")).unwrap()), "{key}");
+    let e = parse(&format!("listen: 0.0.0.0:1\n{key}: sometimes\n")).unwrap_err();
     assert_eq!(e.line, Some(2), "{e}");
     assert!(e.message.contains("not a boolean"), "{e}");
 }
 
 #[test]
+fn watch_is_on_by_default_and_can_be_turned_off() {
+    assert_switch_on_by_default("watch", |g| g.watch);
+}
+
+/// Pingora's default; `false` is measured in BENCHMARKS.md, issue 13.
+#[test]
 fn work_stealing_is_on_by_default_and_can_be_turned_off() {
-    assert!(gw().work_stealing, "default on, as Pingora's");
-    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
-    assert!(!parse("work_stealing: false\n").unwrap().work_stealing);
-    assert!(parse("work_stealing: true\n").unwrap().work_stealing);
-    let e = parse("threads: 2\nwork_stealing: 2\n").unwrap_err();
-    assert_eq!(e.line, Some(2), "{e}");
-    assert!(e.message.contains("not a boolean"), "{e}");
+    assert_switch_on_by_default("work_stealing", |g| g.work_stealing);
 }
 
 #[test]
