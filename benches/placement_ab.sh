@@ -17,6 +17,7 @@
 #   ROUTE_EXTRA='queue_timeout: 0s' bash benches/placement_ab.sh
 #   RECORDS=/tmp/ab bash benches/placement_ab.sh        # every request, per run (JSON lines)
 #   QUICK=1 REPS=1 SCENARIOS=uniform bash benches/placement_ab.sh   # smoke run, 10 s cells
+#   BENCH_ARGS="--duration 120s --warmup 60s" bash benches/placement_ab.sh   # after the table learned
 #
 # A run is one 60 s cell (10 s warm-up), about 70 s: the default is ~7 min.
 # The bench client is B's binary in both runs, so only the gateway differs.
@@ -29,6 +30,8 @@ SCENARIOS=${SCENARIOS:-"skewed uniform"}
 SEEDS=${SEEDS:-1}
 REPS=${REPS:-3}
 ROUTE_EXTRA=${ROUTE_EXTRA:-"queue_timeout: 60s"}
+# Extra `bench` options for both builds, split on spaces (no quoting).
+read -r -a BENCH_ARGS <<< "${BENCH_ARGS:-}"
 for bin in "$A" "$B"; do
     [ -x "$bin" ] || { echo "$bin is not an executable" >&2; exit 1; }
 done
@@ -42,7 +45,8 @@ run() { # $1 label, $2 gateway binary, $3 scenario, $4 seed, $5 rep
         records=(--records "$RECORDS/$3-seed$4-rep$5-$1.jsonl")
     fi
     "$B" bench --scenario "$3" --seed "$4" --modes load_aware --gateway "$2" \
-        --route-extra "$ROUTE_EXTRA" ${QUICK:+--quick} --json "${records[@]}" > "$TMP/${1}_${3}_${4}_${5}.json" \
+        --route-extra "$ROUTE_EXTRA" ${QUICK:+--quick} "${BENCH_ARGS[@]}" --json "${records[@]}" \
+        > "$TMP/${1}_${3}_${4}_${5}.json" \
         || die "bench failed: $1 $3 seed $4 rep $5"
 }
 
