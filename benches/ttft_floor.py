@@ -163,10 +163,10 @@ def main():
         ttft = [r["ttft_s"] for r in rows_measured]
         wait = [r["ttft_s"] - prefill(r["prompt_tokens"] - r["cached_tokens"]) for r in rows_measured]
 
-        def free_move(r, ttft):
+        def free_move(r, took):
             if r["first_of_session"]:
-                return ttft
-            return min(ttft, prefill(max(0, r["prompt_tokens"] - args.system)))
+                return took
+            return min(took, prefill(max(0, r["prompt_tokens"] - args.system)))
 
         moved = [free_move(r, r["ttft_s"]) for r in rows_measured]
         engines = sorted({r["engine"] for r in rows})
