@@ -423,3 +423,29 @@ fn idle_client_connections_close_after_client_idle_timeout_while_a_busy_one_stay
     cluster.engines[0].open_gate("idle-test");
     assert!(finish_stream(&mut busy), "the busy stream finished intact");
 }
+
+/// CI once saw a test fail before its gateway was up: the admin port the
+/// harness had picked free was taken by another test's listener, which
+/// reset the health probe. The harness now starts the gateway again on
+/// fresh ports; here the first admin port is held on purpose.
+#[test]
+fn a_gateway_whose_admin_port_is_taken_comes_up_on_fresh_ports() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port to hold");
+    let taken = holder.local_addr().expect("held address").port();
+    let routes = [("r", route_yaml(&[free_port()], ""))];
+    let gw = Gateway::start_with(
+        &routes,
+        GatewayOptions {
+            first_admin_port: Some(taken),
+            ..GatewayOptions::default()
+        },
+    );
+    assert_ne!(gw.admin.port(), taken);
+    assert_eq!(http::get(gw.admin, "/healthz").status(), 200);
+    assert!(
+        !gw.log().contains(" is in use"),
+        "the gateway answering is the one started on fresh ports:\n{}",
+        gw.log()
+    );
+    drop(holder);
+}

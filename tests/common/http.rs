@@ -327,8 +327,14 @@ pub fn post_json(
 /// GET that reports any connection failure as None instead of panicking
 /// (for listeners that may be closing).
 pub fn try_get(addr: SocketAddr, path: &str) -> Option<Response> {
-    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT).ok()?;
-    stream.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
+    try_get_within(addr, path, IO_TIMEOUT)
+}
+
+/// [`try_get`] that gives up after `timeout` without an answer (a probe
+/// that must not hang on a listener that accepts and never replies).
+pub fn try_get_within(addr: SocketAddr, path: &str, timeout: Duration) -> Option<Response> {
+    let stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
     let mut writer = stream.try_clone().ok()?;
     writer
         .write_all(

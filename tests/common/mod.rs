@@ -14,7 +14,7 @@ pub mod volume;
 
 use process::Proc;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -72,6 +72,43 @@ pub fn free_wildcard_port() -> u16 {
         .expect("a free port below the ephemeral range")
 }
 
+/// How many times a gateway is started on fresh ports when another
+/// listener took one of them first (see [`Gateway::start_with`]).
+const PORT_ATTEMPTS: usize = 3;
+
+#[derive(Debug, PartialEq, Eq)]
+enum Startup {
+    Healthy,
+    PortTaken,
+}
+
+/// Polls until the gateway's admin answers `/healthz` with 200 and its
+/// listener accepts; panics with its log if it exits or never gets there.
+fn wait_healthy(child: &mut Proc, admin: SocketAddr, addr: SocketAddr, log: &Path) -> Startup {
+    let log = || std::fs::read_to_string(log).unwrap_or_default();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.exited() {
+            panic!("gateway exited at startup ({status}):\n{}", log());
+        }
+        // Pingora's warning on its first failed bind; it retries the same
+        // address, so the probes below would reach whoever holds it.
+        if log().contains(" is in use, will try again") {
+            return Startup::PortTaken;
+        }
+        // A probe that fails (refused, reset, no answer) means "not yet".
+        let probe = http::try_get_within(admin, "/healthz", Duration::from_millis(500));
+        let admin_ok = probe.is_some_and(|r| r.status() == 200);
+        if admin_ok && std::net::TcpStream::connect(addr).is_ok() {
+            return Startup::Healthy;
+        }
+        if start.elapsed() > DEADLINE {
+            panic!("gateway not healthy after {DEADLINE:?}:\n{}", log());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
 /// A route file body for peers on the given engine ports.
 pub fn route_yaml(ports: &[u16], extra: &str) -> String {
     let mut s = String::from("peers:\n");
@@ -106,6 +143,9 @@ pub struct GatewayOptions {
     /// The listener's host: 127.0.0.1 unless a test needs another (`[::]`
     /// for a dual-stack one, where IPv4 callers are `::ffff:a.b.c.d`).
     pub listen_host: &'static str,
+    /// The admin port of the first start, for the test of what happens when
+    /// it is taken; later starts (and every start without it) pick free ones.
+    pub first_admin_port: Option<u16>,
 }
 
 impl Default for GatewayOptions {
@@ -120,6 +160,7 @@ impl Default for GatewayOptions {
             watch: Some(false),
             routes_dir: None,
             listen_host: "127.0.0.1",
+            first_admin_port: None,
         }
     }
 }
@@ -139,65 +180,60 @@ impl Gateway {
         for (name, body) in routes {
             std::fs::write(routes_dir.join(format!("{name}.yaml")), body).expect("route file");
         }
-        let port = if opts.listen_host.starts_with('[') || opts.listen_host == "0.0.0.0" {
-            free_wildcard_port()
-        } else {
-            free_port()
-        };
-        let admin_port = free_port();
-        let config = dir.path().join("gateway.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen: \"{}:{port}\"\nadmin_listen: 127.0.0.1:{admin_port}\nroutes_dir: {}\nthreads: {}\ngrace_period: {}\napi_keys_file: {}\n{}{}",
-                opts.listen_host,
-                routes_dir.display(),
-                opts.threads,
-                opts.grace_period,
-                dir.path().join("no-api-keys").display(),
-                opts.watch.map(|w| format!("watch: {w}\n")).unwrap_or_default(),
-                opts.extra_config
-            ),
-        )
-        .expect("gateway.yaml");
         let log_path = dir.path().join("gateway.log");
-        let mut cmd = Command::new(gateway_bin());
-        cmd.arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .env_remove("LLM_GATEWAY_API_KEYS_FILE")
-            .env_remove("BODYLOG_LISTENER_HOST");
-        for (k, v) in &opts.env {
-            cmd.env(k, v);
+        // `free_port` lets go of the port before the gateway binds it, so
+        // another test's listener may take it first; Pingora then logs that
+        // the address is in use and keeps trying it for seconds, while this
+        // test's probes reach the other listener. Fresh ports mend that.
+        let mut first_admin_port = opts.first_admin_port;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = if opts.listen_host.starts_with('[') || opts.listen_host == "0.0.0.0" {
+                free_wildcard_port()
+            } else {
+                free_port()
+            };
+            let admin_port = first_admin_port.take().unwrap_or_else(free_port);
+            let config = dir.path().join("gateway.yaml");
+            std::fs::write(
+                &config,
+                format!(
+                    "listen: \"{}:{port}\"\nadmin_listen: 127.0.0.1:{admin_port}\nroutes_dir: {}\nthreads: {}\ngrace_period: {}\napi_keys_file: {}\n{}{}",
+                    opts.listen_host,
+                    routes_dir.display(),
+                    opts.threads,
+                    opts.grace_period,
+                    dir.path().join("no-api-keys").display(),
+                    opts.watch.map(|w| format!("watch: {w}\n")).unwrap_or_default(),
+                    opts.extra_config
+                ),
+            )
+            .expect("gateway.yaml");
+            let mut cmd = Command::new(gateway_bin());
+            cmd.arg("--config")
+                .arg(&config)
+                .env("RUST_LOG", "info")
+                .env_remove("LLM_GATEWAY_API_KEYS_FILE")
+                .env_remove("BODYLOG_LISTENER_HOST");
+            for (k, v) in &opts.env {
+                cmd.env(k, v);
+            }
+            let mut child = Proc::spawn_logged(&mut cmd, &log_path, "llm-gateway");
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
+            if wait_healthy(&mut child, admin, addr, &log_path) == Startup::PortTaken {
+                child.kill();
+                continue;
+            }
+            return Gateway {
+                child,
+                addr,
+                admin,
+                dir,
+                routes_dir,
+                log_path,
+            };
         }
-        let mut gw = Gateway {
-            child: Proc::spawn_logged(&mut cmd, &log_path, "llm-gateway"),
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
-            dir,
-            routes_dir,
-            log_path,
-        };
-        gw.wait_healthy();
-        gw
-    }
-
-    fn wait_healthy(&mut self) {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.exited() {
-                panic!("gateway exited at startup ({status}):\n{}", self.log());
-            }
-            let admin_ok = std::net::TcpStream::connect(self.admin).is_ok()
-                && http::get(self.admin, "/healthz").status() == 200;
-            if admin_ok && std::net::TcpStream::connect(self.addr).is_ok() {
-                return;
-            }
-            if start.elapsed() > DEADLINE {
-                panic!("gateway not healthy after {DEADLINE:?}:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
+        panic!("gateway ports taken by other listeners {PORT_ATTEMPTS} times in a row");
     }
 
     pub fn pid(&self) -> u32 {
