@@ -46,8 +46,8 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
-/// A port that was free a moment ago. The gateway binds it right after; a
-/// collision shows up as a startup failure, not a wrong result.
+/// A port that was free a moment ago. The gateway binds it right after; on
+/// a collision [`Gateway::start_with`] starts it again on fresh ports.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
