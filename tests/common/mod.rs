@@ -13,9 +13,11 @@ pub mod simproc;
 pub mod volume;
 
 use process::Proc;
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 pub use llm_gateway_sim::{spawn_engines, EngineConfig, SimCluster};
@@ -46,13 +48,34 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
-/// A port that was free a moment ago. The gateway binds it right after; on
-/// a collision [`Gateway::start_with`] starts it again on fresh ports.
+/// Ports handed out by `free_port` and `free_wildcard_port` in this test
+/// process. The kernel may give a port it just took back to the very next
+/// `bind(0)`, so two tests running in parallel could be handed the same one
+/// and start two gateways on it (CI saw a test's requests answered 404 by
+/// another test's gateway); a port handed out once is never handed out again.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+fn hand_out(port: u16) -> bool {
+    HANDED_OUT
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(port)
+}
+
+/// A port that was free a moment ago and that no other test of this
+/// process was given. The gateway binds it right after; should a listener
+/// that bound port 0 have taken it meanwhile, [`Gateway::start_with`]
+/// starts the gateway again on fresh ports.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if hand_out(port) {
+            return port;
+        }
+    }
 }
 
 /// A free port for a listener on every address (`[::]`): picked below
@@ -68,7 +91,7 @@ pub fn free_wildcard_port() -> u16 {
             .map_or(0, |d| d.as_nanos() as u64);
     (0..1000u64)
         .map(|i| 20000 + ((seed.wrapping_mul(2654435761).wrapping_add(i * 7919)) % 12000) as u16)
-        .find(|&port| std::net::TcpListener::bind(("::", port)).is_ok())
+        .find(|&port| std::net::TcpListener::bind(("::", port)).is_ok() && hand_out(port))
         .expect("a free port below the ephemeral range")
 }
 
