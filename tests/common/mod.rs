@@ -151,6 +151,8 @@ pub struct Gateway {
     pub dir: tempfile::TempDir,
     pub routes_dir: PathBuf,
     log_path: PathBuf,
+    /// Processes started before one came up healthy (1 unless a port was taken).
+    pub starts: usize,
 }
 
 pub struct GatewayOptions {
@@ -209,7 +211,7 @@ impl Gateway {
         // the address is in use and keeps trying it for seconds, while this
         // test's probes reach the other listener. Fresh ports mend that.
         let mut first_admin_port = opts.first_admin_port;
-        for _ in 0..PORT_ATTEMPTS {
+        for starts in 1..=PORT_ATTEMPTS {
             let port = if opts.listen_host.starts_with('[') || opts.listen_host == "0.0.0.0" {
                 free_wildcard_port()
             } else {
@@ -254,6 +256,7 @@ impl Gateway {
                 dir,
                 routes_dir,
                 log_path,
+                starts,
             };
         }
         panic!("gateway ports taken by other listeners {PORT_ATTEMPTS} times in a row");
