@@ -104,9 +104,9 @@ pub fn config_route(data: &[u8]) {
         route.reject_rules.configured(),
         "every configured rule is compiled or reported"
     );
-    let set = catalog::keys_set(text);
+    let values = catalog::values(&route);
     for option in catalog::ROUTE_OPTIONS {
-        let _ = catalog::option_json(option, &route, &set);
+        let _ = catalog::option_json(option, &values, &route.keys_set);
     }
     let prio = &route.protection.session_prio;
     if prio.enabled {

@@ -9,10 +9,15 @@ use common::http;
 use common::*;
 use serde_json::{json, Value};
 
+/// The option `key` under `section`, by its key or by the flat spelling it
+/// had before `protection:`.
 fn option<'a>(opts: &'a Value, section: &str, key: &str) -> &'a Value {
     opts[section]
         .as_array()
-        .and_then(|list| list.iter().find(|o| o["key"] == key))
+        .and_then(|list| {
+            list.iter()
+                .find(|o| o["key"] == key || o["formerly"] == key)
+        })
         .unwrap_or_else(|| panic!("{key} not under {section}: {opts}"))
 }
 
@@ -155,4 +160,39 @@ fn route_inspect_with_no_ready_peer_is_a_clear_503() {
         "{}",
         r.text()
     );
+}
+
+#[test]
+fn route_opts_are_the_same_for_flat_protection_keys_and_the_protection_section() {
+    let cluster = engines(1);
+    let flat = "ttft_limit_ms: 12000\ntps_window: 7s\nsession_prio: true\nrt_limit_factor: 1.5\n";
+    let nested = "protection:\n  ttft: {limit_ms: 12000}\n  tps: {window: 7s}\n  session_prio: {enabled: true, rt_limit_factor: 1.5}\n";
+    let other = "protection:\n  ttft: {limit_ms: 12001}\n  tps: {window: 7s}\n  session_prio: {enabled: true, rt_limit_factor: 1.5}\n";
+    let gw = Gateway::start(&[
+        ("flat", route_yaml(&ports(&cluster), flat)),
+        ("nested", route_yaml(&ports(&cluster), nested)),
+        ("other", route_yaml(&ports(&cluster), other)),
+    ]);
+    let opts = |route: &str| {
+        let mut v = http::get(gw.addr, &format!("/{route}/_route_opts")).json();
+        v.as_object_mut().expect("an object").remove("route");
+        v
+    };
+    let (flat, nested) = (opts("flat"), opts("nested"));
+    assert_eq!(flat, nested);
+    let limit = option(&nested, "options", "protection.ttft.limit_ms");
+    assert_eq!(
+        (&limit["value"], &limit["set_by_route"], &limit["formerly"]),
+        (&json!(12000.0), &json!(true), &json!("ttft_limit_ms"))
+    );
+    // Control: one value apart shows.
+    assert_ne!(opts("other"), nested);
+    // The flat file loads with a notice naming the new place; the nested does not.
+    let log = gw.log();
+    assert!(
+        log.contains("flat.yaml: ttft_limit_ms (line")
+            && log.contains("is deprecated: write it as protection.ttft.limit_ms"),
+        "{log}"
+    );
+    assert!(!log.contains("nested.yaml: "), "{log}");
 }

@@ -368,6 +368,34 @@ fn check_reports_file_line_and_reason() {
 }
 
 #[test]
+fn check_warns_on_a_flat_protection_key_with_its_place_under_protection() {
+    let (dir, routes) = check_dir();
+    let peers = "peers:\n  - {name: a, host: 127.0.0.1, port: 8000}\n";
+    std::fs::write(
+        routes.join("r.yaml"),
+        format!("{peers}protection:\n  ttft: {{limit_ms: 9000}}\n"),
+    )
+    .unwrap();
+    let (ok, text) = check(dir.path());
+    assert!(
+        ok && !text.contains("warning"),
+        "the nested form is quiet: {text}"
+    );
+    std::fs::write(
+        routes.join("r.yaml"),
+        format!("{peers}ttft_limit_ms: 9000\n"),
+    )
+    .unwrap();
+    let (ok, text) = check(dir.path());
+    assert!(ok, "a flat key still loads: {text}");
+    assert!(
+        text.contains("warning: ")
+            && text.contains("r.yaml: ttft_limit_ms (line 3) is deprecated: write it as protection.ttft.limit_ms"),
+        "{text}"
+    );
+}
+
+#[test]
 fn check_refuses_a_reject_rule_that_a_load_would_drop() {
     let (dir, routes) = check_dir();
     let route = |pattern: &str| {

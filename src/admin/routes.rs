@@ -495,13 +495,14 @@ fn cluster_avg(route: &Route) -> Value {
 /// `options`, engine internals under `advanced`, and the derived adaptive
 /// bounds per pool.
 fn route_opts(route: &Route) -> Value {
-    use crate::config::catalog::{option_json, ROUTE_OPTIONS};
+    use crate::config::catalog::{option_json, values, ROUTE_OPTIONS};
     let c = &route.config;
+    let values = values(c);
     let all = |hidden: bool| {
         ROUTE_OPTIONS
             .iter()
             .filter(|o| o.hidden == hidden)
-            .map(|o| option_json(o, c, &c.keys_set))
+            .map(|o| option_json(o, &values, &c.keys_set))
             .collect::<Vec<_>>()
     };
     let adaptive: Vec<Value> = match c.protection.adaptive {

@@ -2,7 +2,8 @@
 //! frames go, or nothing at all.
 
 use super::file::BodylogFile;
-use super::{find_key_line, ConfigError};
+use super::spans::KeyLines;
+use super::ConfigError;
 use std::fmt;
 use std::path::Path;
 
@@ -85,7 +86,11 @@ pub(super) fn resolve(
     env: Option<&str>,
 ) -> Result<Option<BodylogConfig>, ConfigError> {
     let at = |key: &str, message: String| {
-        ConfigError::new(path, find_key_line(text, key), format!("bodylog.{message}"))
+        ConfigError::new(
+            path,
+            KeyLines::of(text).line(&format!("bodylog.{key}")),
+            format!("bodylog.{message}"),
+        )
     };
     let queue_frames = file.and_then(|f| f.queue_frames);
     if queue_frames == Some(0) {

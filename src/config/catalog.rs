@@ -6,6 +6,7 @@
 //! probe allowances, the fine print of session priority) are `hidden`:
 //! still settable, served under `advanced` rather than offered first.
 
+use super::file::FLAT_PROTECTION_KEYS;
 use super::route::RouteConfig;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -123,48 +124,48 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     opt("kimi_normalize", "Normalize Kimi ids", "requests", Kind::Bool, L("false"), "renumber Kimi tool-call ids by first appearance so history stays byte-stable (runtime: /_kimi_normalize_toggle)"),
     opt("include_usage", "Include usage", "requests", Kind::Bool, L("false"), "ask streams for a usage frame and strip it from the client's copy if the client did not ask"),
     opt("queue_timeout", "Queue timeout", "protection", Kind::Duration, L("0s"), "wait this long for room instead of an immediate 429"),
-    opt("ttft_limit_ms", "TTFT limit (ms)", "protection", Kind::Number, L("30000"), "TTFT EWMA at which a pool sheds with 429"),
-    opt("ttft_limit_by_model", "TTFT limit per model", "protection", Kind::Map, N("none"), "{model: ms}"),
-    opt("tps_limit_tps", "Decode-rate floor", "protection", Kind::Number, N("none"), "decode-rate EWMA (tok/s) at or under which a pool sheds (not on an adaptive route)"),
-    hidden(opt("ttft_metrics", "TTFT metric table", "protection", Kind::List, N("none"), "[{metric: pNN|avg, q, threshold}], at most 4; replaces the TTFT limits")),
-    hidden(opt("tps_metrics", "Decode-rate metric table", "protection", Kind::List, N("none"), "[{metric: pNN|avg, q, threshold}], at most 4; replaces the floor")),
-    hidden(opt("ttft_window", "TTFT window", "protection", Kind::Duration, L("20s"), "samples folded (P80) into one value per window")),
-    hidden(opt("tps_window", "Decode-rate window", "protection", Kind::Duration, L("20s"), "samples folded (P20) per window; also the adaptive tick")),
-    hidden(opt("ewma_alpha", "EWMA alpha", "protection", Kind::Number, L("0.3"), "weight of the newest window, clamped to [0, 1]")),
-    hidden(opt("ewma_ttl", "EWMA TTL", "protection", Kind::Duration, L("60s"), "an EWMA without samples this long expires (fail-open)")),
-    hidden(opt("tps_min_tokens", "Decode sample min tokens", "protection", Kind::Integer, L("16"), "shorter completions are no decode-rate sample")),
-    hidden(opt("tps_min_decode_s", "Decode sample min time", "protection", Kind::Number, L("0.5"), "shorter decodes (seconds) are no sample")),
-    hidden(opt("probes", "Probes", "protection", Kind::Integer, L("5"), "requests per probe window that pass a tripped gate")),
-    hidden(opt("probe_window", "Probe window", "protection", Kind::Duration, L("10s"), "the probes' window")),
-    opt("load_rate_limit", "Load 429s", "protection", Kind::Bool, N("gateway.yaml load_rate_limit (true)"), "the route layer of the rate-limit master switch"),
-    opt("adaptive_cc", "Adaptive concurrency", "adaptive", Kind::Bool, N("on when a decode-rate floor is set"), "AIMD pool limit"),
-    opt("adaptive_cc_min", "Adaptive floor", "adaptive", Kind::Number, N("max(1, floor(0.4 × pool max))"), "the adaptive limit's floor (>= 1)"),
-    opt("adaptive_cc_init", "Adaptive start (slots)", "adaptive", Kind::Number, N("the floor"), "start point inside [floor, pool max]"),
-    opt("adaptive_cc_init_frac", "Adaptive start (fraction)", "adaptive", Kind::Number, N("the floor"), "start point as a fraction of the pool max"),
-    hidden(opt("adaptive_cc_hold_when_idle", "Hold when idle", "adaptive", Kind::Bool, L("true"), "idle traffic never lowers (or expires) the limit")),
-    hidden(opt("adaptive_cc_use_ttft", "Adaptive uses TTFT", "adaptive", Kind::Bool, L("true"), "TTFT over its limit shrinks the limit too")),
-    opt("session_prio", "Session turn priority", "session_prio", Kind::Bool, L("false"), "under load refuse early turns first (runtime: /_session_prio_toggle)"),
-    opt("session_prio_r_new", "Turn-1 share", "session_prio", Kind::Number, L("0.85"), "turn 1's share of the limit, rising to 1.0"),
-    hidden(opt("session_prio_full_turn", "Full-warmth turn", "session_prio", Kind::Integer, L("32"), "the turn whose bucket has share 1.0")),
-    hidden(opt("session_prio_table", "Bucket table", "session_prio", Kind::List, N("derived"), "[{min_turn, share, tol}], first min_turn 1, ascending")),
-    hidden(opt("session_prio_severe", "Hard trip factor", "session_prio", Kind::Number, L("1.5"), "every bucket is refused at threshold × this (>= 1)")),
-    hidden(opt("session_prio_release", "Turn-1 release", "session_prio", Kind::Number, L("0.9"), "turn 1's hold releases under threshold × this")),
-    hidden(opt("session_prio_t1_probes", "Turn-1 probes", "session_prio", Kind::Integer, L("1"), "turn 1's own probes per window while tripped")),
-    hidden(opt("session_prio_warn_frac", "No-header warn share", "session_prio", Kind::Number, L("0.2"), "WARN when more of a minute's requests had no usable header")),
-    hidden(opt("rt_limit_factor", "Ceiling factor", "session_prio", Kind::Number, L("1.0"), "scales the per-bucket concurrency ceilings")),
+    opt("protection.ttft.limit_ms", "TTFT limit (ms)", "protection", Kind::Number, L("30000"), "TTFT EWMA at which a pool sheds with 429"),
+    opt("protection.ttft.limit_by_model", "TTFT limit per model", "protection", Kind::Map, N("none"), "{model: ms}"),
+    opt("protection.tps.limit_tps", "Decode-rate floor", "protection", Kind::Number, N("none"), "decode-rate EWMA (tok/s) at or under which a pool sheds (not on an adaptive route)"),
+    hidden(opt("protection.ttft.metrics", "TTFT metric table", "protection", Kind::List, N("none"), "[{metric: pNN|avg, q, threshold}], at most 4; replaces the TTFT limits")),
+    hidden(opt("protection.tps.metrics", "Decode-rate metric table", "protection", Kind::List, N("none"), "[{metric: pNN|avg, q, threshold}], at most 4; replaces the floor")),
+    hidden(opt("protection.ttft.window", "TTFT window", "protection", Kind::Duration, L("20s"), "samples folded (P80) into one value per window")),
+    hidden(opt("protection.tps.window", "Decode-rate window", "protection", Kind::Duration, L("20s"), "samples folded (P20) per window; also the adaptive tick")),
+    hidden(opt("protection.ewma.alpha", "EWMA alpha", "protection", Kind::Number, L("0.3"), "weight of the newest window, clamped to [0, 1]")),
+    hidden(opt("protection.ewma.ttl", "EWMA TTL", "protection", Kind::Duration, L("60s"), "an EWMA without samples this long expires (fail-open)")),
+    hidden(opt("protection.tps.min_tokens", "Decode sample min tokens", "protection", Kind::Integer, L("16"), "shorter completions are no decode-rate sample")),
+    hidden(opt("protection.tps.min_decode_s", "Decode sample min time", "protection", Kind::Number, L("0.5"), "shorter decodes (seconds) are no sample")),
+    hidden(opt("protection.probes", "Probes", "protection", Kind::Integer, L("5"), "requests per probe window that pass a tripped gate")),
+    hidden(opt("protection.probe_window", "Probe window", "protection", Kind::Duration, L("10s"), "the probes' window")),
+    opt("protection.rate_limit", "Load 429s", "protection", Kind::Bool, N("gateway.yaml load_rate_limit (true)"), "the route layer of the rate-limit master switch"),
+    opt("protection.adaptive.enabled", "Adaptive concurrency", "adaptive", Kind::Bool, N("on when a decode-rate floor is set"), "AIMD pool limit"),
+    opt("protection.adaptive.min", "Adaptive floor", "adaptive", Kind::Number, N("max(1, floor(0.4 × pool max))"), "the adaptive limit's floor (>= 1)"),
+    opt("protection.adaptive.init", "Adaptive start (slots)", "adaptive", Kind::Number, N("the floor"), "start point inside [floor, pool max]"),
+    opt("protection.adaptive.init_frac", "Adaptive start (fraction)", "adaptive", Kind::Number, N("the floor"), "start point as a fraction of the pool max"),
+    hidden(opt("protection.adaptive.hold_when_idle", "Hold when idle", "adaptive", Kind::Bool, L("true"), "idle traffic never lowers (or expires) the limit")),
+    hidden(opt("protection.adaptive.use_ttft", "Adaptive uses TTFT", "adaptive", Kind::Bool, L("true"), "TTFT over its limit shrinks the limit too")),
+    opt("protection.session_prio.enabled", "Session turn priority", "session_prio", Kind::Bool, L("false"), "under load refuse early turns first (runtime: /_session_prio_toggle)"),
+    opt("protection.session_prio.r_new", "Turn-1 share", "session_prio", Kind::Number, L("0.85"), "turn 1's share of the limit, rising to 1.0"),
+    hidden(opt("protection.session_prio.full_turn", "Full-warmth turn", "session_prio", Kind::Integer, L("32"), "the turn whose bucket has share 1.0")),
+    hidden(opt("protection.session_prio.table", "Bucket table", "session_prio", Kind::List, N("derived"), "[{min_turn, share, tol}], first min_turn 1, ascending")),
+    hidden(opt("protection.session_prio.severe", "Hard trip factor", "session_prio", Kind::Number, L("1.5"), "every bucket is refused at threshold × this (>= 1)")),
+    hidden(opt("protection.session_prio.release", "Turn-1 release", "session_prio", Kind::Number, L("0.9"), "turn 1's hold releases under threshold × this")),
+    hidden(opt("protection.session_prio.t1_probes", "Turn-1 probes", "session_prio", Kind::Integer, L("1"), "turn 1's own probes per window while tripped")),
+    hidden(opt("protection.session_prio.warn_frac", "No-header warn share", "session_prio", Kind::Number, L("0.2"), "WARN when more of a minute's requests had no usable header")),
+    hidden(opt("protection.session_prio.rt_limit_factor", "Ceiling factor", "session_prio", Kind::Number, L("1.0"), "scales the per-bucket concurrency ceilings")),
 ];
 
 fn dur(d: Duration) -> Value {
     json!(humantime::format_duration(d).to_string())
 }
 
-/// The value `route` runs with for `key` (`null`: unset / none).
-pub fn effective(route: &RouteConfig, key: &str) -> Value {
+/// The values a validated route runs with, laid out as a route file lays
+/// them out, so that an option's value is found by its key (`null`: unset /
+/// none).
+pub fn values(route: &RouteConfig) -> Value {
     let p = &route.protection;
     let prio = &p.session_prio;
-    let peers = |f: &dyn Fn(&super::route::PeerConfig) -> Value| {
-        Value::Array(route.peers.iter().map(f).collect())
-    };
+    let adaptive = p.adaptive;
     let em = route.engine_metrics.as_ref();
     let table = |t: &Option<Vec<crate::protect::limits::MetricLimit>>| {
         t.as_ref().map_or(Value::Null, |t| {
@@ -174,161 +175,146 @@ pub fn effective(route: &RouteConfig, key: &str) -> Value {
                 .collect::<Vec<_>>())
         })
     };
-    match key {
-        "peers" => json!(route
-            .peers
-            .iter()
-            .map(|p| json!({"name": p.name, "host": p.host, "port": p.port}))
-            .collect::<Vec<_>>()),
-        "peers[].priority" => peers(&|p| json!(p.priority)),
-        "peers[].max_concurrency" => peers(&|p| json!(p.max_concurrency)),
-        "peers[].probe_path" => peers(&|p| json!(p.probe_path)),
-        "peers[].kv_capacity_tokens" => peers(&|p| json!(p.kv_capacity_tokens)),
-        "peers_by_model" => {
-            let pools: serde_json::Map<String, Value> = route
-                .peers_by_model
-                .iter()
-                .map(|(m, idx)| {
-                    (
-                        m.clone(),
-                        json!(idx
-                            .iter()
-                            .map(|&i| route.peers[i].name.clone())
-                            .collect::<Vec<_>>()),
-                    )
-                })
-                .collect();
-            if pools.is_empty() {
-                Value::Null
-            } else {
-                Value::Object(pools)
-            }
-        }
-        "max_body_size" => json!(route.max_body_size),
-        "balancing.mode" => json!(route.balancing.mode.as_str()),
-        "balancing.session_affinity.headers" => {
-            json!(route
-                .balancing
-                .session_headers
-                .iter()
-                .map(|h| h.as_str())
-                .collect::<Vec<_>>())
-        }
-        "balancing.session_affinity.idle_timeout" => dur(route.balancing.idle_timeout),
-        "balancing.session_affinity.live_window" => dur(route.balancing.live_window),
-        "balancing.cross_tier_fallback" => json!(route.balancing.cross_tier_fallback),
-        "health.enabled" => json!(route.health.enabled),
-        "health.interval" => dur(route.health.interval),
-        "health.ban_ttl" => dur(route.health.ban_ttl),
-        "health.probe_path" => json!(route.health.probe_path),
-        "health.timeout" => dur(route.health.timeout),
-        "engine_metrics.interval" => em.map_or(Value::Null, |m| dur(m.interval)),
-        "engine_metrics.kv_full_threshold" => {
-            em.map_or(Value::Null, |m| json!(m.kv_full_threshold))
-        }
-        "engine_metrics.path" => em.map_or(Value::Null, |m| json!(m.path)),
-        "timeouts.connect" => dur(route.timeouts.connect),
-        "timeouts.read" => dur(route.timeouts.read),
-        "timeouts.idle" => dur(route.timeouts.idle),
-        "routed_headers" => json!(route.routed_headers),
-        "api_keys_file" => json!(route.api_keys_file),
-        "forward_client_key" => json!(route.forward_client_key),
-        "allow_upgrade" => json!(route.allow_upgrade),
-        "engine_api_key_file" => json!(route.engine_api_key_file),
-        "reject_rules" => json!(route.reject_rules.configured()),
-        "reject_rules_enabled" => json!(route.reject_rules_enabled),
-        "postprocess" => json!(route.postprocess.as_ref().map(|h| h.name())),
-        "include_usage" => json!(route.include_usage),
-        "cch_strip" => json!(route.cch_strip),
-        "kimi_normalize" => json!(route.kimi_normalize),
-        "queue_timeout" => dur(route.queue_timeout),
-        "ttft_limit_ms" => json!(p.ttft_limit_ms),
-        "ttft_limit_by_model" => json!(p
-            .ttft_limit_by_model
-            .iter()
-            .cloned()
-            .collect::<std::collections::BTreeMap<_, _>>()),
-        "tps_limit_tps" => json!(p.tps_limit_tps),
-        "ttft_metrics" => table(&p.ttft_metrics),
-        "tps_metrics" => table(&p.tps_metrics),
-        "ttft_window" => dur(Duration::from_millis(p.meter.ttft_window_ms)),
-        "tps_window" => dur(Duration::from_millis(p.meter.tps_window_ms)),
-        "ewma_alpha" => json!(p.meter.alpha),
-        "ewma_ttl" => dur(Duration::from_millis(p.meter.ttl_ms)),
-        "tps_min_tokens" => json!(p.meter.tps_min_tokens),
-        "tps_min_decode_s" => json!(p.meter.tps_min_decode_ms as f64 / 1000.0),
-        "probes" => json!(p.probes),
-        "probe_window" => dur(p.probe_window),
-        "load_rate_limit" => json!(p.load_rate_limit),
-        "adaptive_cc" => json!(p.adaptive.is_some()),
-        "adaptive_cc_min" => json!(p.adaptive.and_then(|a| a.min)),
-        "adaptive_cc_init" => json!(p.adaptive.and_then(|a| a.init)),
-        "adaptive_cc_init_frac" => json!(p.adaptive.and_then(|a| a.init_frac)),
-        "adaptive_cc_hold_when_idle" => json!(p.adaptive.is_none_or(|a| a.hold_when_idle)),
-        "adaptive_cc_use_ttft" => json!(p.adaptive.is_none_or(|a| a.use_ttft)),
-        "session_prio" => json!(prio.enabled),
-        "session_prio_r_new" => json!(prio.table.first().map(|b| b.share)),
-        "session_prio_full_turn" => json!(prio.table.last().map(|b| b.min_turn)),
-        "session_prio_table" => json!(prio
-            .table
-            .iter()
-            .map(|b| json!({"min_turn": b.min_turn, "share": b.share, "tol": b.tol}))
-            .collect::<Vec<_>>()),
-        "session_prio_severe" => json!(prio.severe),
-        "session_prio_release" => json!(prio.release),
-        "session_prio_t1_probes" => json!(prio.t1_probes),
-        "session_prio_warn_frac" => json!(prio.warn_frac),
-        "rt_limit_factor" => json!(prio.rt_limit_factor),
-        _ => Value::Null,
-    }
+    let pools: serde_json::Map<String, Value> = route
+        .peers_by_model
+        .iter()
+        .map(|(m, idx)| {
+            let names: Vec<&str> = idx.iter().map(|&i| route.peers[i].name.as_str()).collect();
+            (m.clone(), json!(names))
+        })
+        .collect();
+    json!({
+        "peers": route.peers.iter().map(|p| json!({
+            "name": p.name, "host": p.host, "port": p.port, "priority": p.priority,
+            "max_concurrency": p.max_concurrency, "probe_path": p.probe_path,
+            "kv_capacity_tokens": p.kv_capacity_tokens,
+        })).collect::<Vec<_>>(),
+        "peers_by_model": if pools.is_empty() { Value::Null } else { Value::Object(pools) },
+        "max_body_size": route.max_body_size,
+        "balancing": {
+            "mode": route.balancing.mode.as_str(),
+            "session_affinity": {
+                "headers": route.balancing.session_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
+                "idle_timeout": dur(route.balancing.idle_timeout),
+                "live_window": dur(route.balancing.live_window),
+            },
+            "cross_tier_fallback": route.balancing.cross_tier_fallback,
+        },
+        "health": {
+            "enabled": route.health.enabled,
+            "interval": dur(route.health.interval),
+            "ban_ttl": dur(route.health.ban_ttl),
+            "probe_path": route.health.probe_path,
+            "timeout": dur(route.health.timeout),
+        },
+        "engine_metrics": {
+            "interval": em.map_or(Value::Null, |m| dur(m.interval)),
+            "kv_full_threshold": em.map(|m| m.kv_full_threshold),
+            "path": em.map(|m| &m.path),
+        },
+        "timeouts": {
+            "connect": dur(route.timeouts.connect),
+            "read": dur(route.timeouts.read),
+            "idle": dur(route.timeouts.idle),
+        },
+        "routed_headers": route.routed_headers,
+        "api_keys_file": route.api_keys_file,
+        "forward_client_key": route.forward_client_key,
+        "allow_upgrade": route.allow_upgrade,
+        "engine_api_key_file": route.engine_api_key_file,
+        "reject_rules": route.reject_rules.configured(),
+        "reject_rules_enabled": route.reject_rules_enabled,
+        "postprocess": route.postprocess.as_ref().map(|h| h.name()),
+        "include_usage": route.include_usage,
+        "cch_strip": route.cch_strip,
+        "kimi_normalize": route.kimi_normalize,
+        "queue_timeout": dur(route.queue_timeout),
+        "protection": {
+            "ttft": {
+                "limit_ms": p.ttft_limit_ms,
+                "limit_by_model": p.ttft_limit_by_model.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                "metrics": table(&p.ttft_metrics),
+                "window": dur(Duration::from_millis(p.meter.ttft_window_ms)),
+            },
+            "tps": {
+                "limit_tps": p.tps_limit_tps,
+                "metrics": table(&p.tps_metrics),
+                "window": dur(Duration::from_millis(p.meter.tps_window_ms)),
+                "min_tokens": p.meter.tps_min_tokens,
+                "min_decode_s": p.meter.tps_min_decode_ms as f64 / 1000.0,
+            },
+            "ewma": {
+                "alpha": p.meter.alpha,
+                "ttl": dur(Duration::from_millis(p.meter.ttl_ms)),
+            },
+            "probes": p.probes,
+            "probe_window": dur(p.probe_window),
+            "rate_limit": p.load_rate_limit,
+            "adaptive": {
+                "enabled": adaptive.is_some(),
+                "min": adaptive.and_then(|a| a.min),
+                "init": adaptive.and_then(|a| a.init),
+                "init_frac": adaptive.and_then(|a| a.init_frac),
+                "hold_when_idle": adaptive.is_none_or(|a| a.hold_when_idle),
+                "use_ttft": adaptive.is_none_or(|a| a.use_ttft),
+            },
+            "session_prio": {
+                "enabled": prio.enabled,
+                "r_new": prio.table.first().map(|b| b.share),
+                "full_turn": prio.table.last().map(|b| b.min_turn),
+                "table": prio.table.iter()
+                    .map(|b| json!({"min_turn": b.min_turn, "share": b.share, "tol": b.tol}))
+                    .collect::<Vec<_>>(),
+                "severe": prio.severe,
+                "release": prio.release,
+                "t1_probes": prio.t1_probes,
+                "warn_frac": prio.warn_frac,
+                "rt_limit_factor": prio.rt_limit_factor,
+            },
+        },
+    })
 }
 
-/// The dotted keys a route file's text sets (`peers[].x` when any peer
-/// sets `x`), so `/_route_opts` can say which values the route chose.
-pub fn keys_set(text: &str) -> Vec<String> {
-    let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    collect(&doc, "", &mut out);
-    if let Some(peers) = doc.get("peers").and_then(|p| p.as_sequence()) {
-        for peer in peers.iter().filter_map(|p| p.as_mapping()) {
-            for k in peer.keys().filter_map(|k| k.as_str()) {
-                out.push(format!("peers[].{k}"));
-            }
-        }
+/// The value `key` has in `values` (a dotted key, or `peers[].x`: one per
+/// peer; a flat protection key names its place under `protection:`);
+/// `null` for a key the view does not hold.
+pub fn lookup(values: &Value, key: &str) -> Value {
+    let key = FLAT_PROTECTION_KEYS
+        .iter()
+        .find(|(flat, _)| *flat == key)
+        .map_or(key, |(_, nested)| nested);
+    if key == "peers" {
+        // The peers' addresses, not their every field (those have keys).
+        let peers = values["peers"].as_array().into_iter().flatten();
+        return json!(peers
+            .map(|p| json!({"name": p["name"], "host": p["host"], "port": p["port"]}))
+            .collect::<Vec<_>>());
     }
-    out.sort();
-    out.dedup();
-    out
+    if let Some(field) = key.strip_prefix("peers[].") {
+        let peers = values["peers"].as_array().into_iter().flatten();
+        return Value::Array(peers.map(|p| p[field].clone()).collect());
+    }
+    key.split('.')
+        .try_fold(values, |at, part| at.get(part))
+        .cloned()
+        .unwrap_or(Value::Null)
 }
 
-fn collect(v: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
-    let Some(map) = v.as_mapping() else {
-        return;
-    };
-    for (k, child) in map {
-        let Some(k) = k.as_str() else { continue };
-        let key = if prefix.is_empty() {
-            k.to_string()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        // Only the option sections nest; a map-valued option is one key.
-        if matches!(
-            key.as_str(),
-            "balancing" | "balancing.session_affinity" | "health" | "engine_metrics" | "timeouts"
-        ) && child.is_mapping()
-        {
-            collect(child, &key, out);
-        } else {
-            out.push(key);
-        }
-    }
+/// The value `route` runs with for `key` (`null`: unset / none).
+pub fn effective(route: &RouteConfig, key: &str) -> Value {
+    lookup(&values(route), key)
+}
+
+/// The flat spelling a key had before `protection:`, if it had one.
+pub fn formerly(key: &str) -> Option<&'static str> {
+    FLAT_PROTECTION_KEYS
+        .iter()
+        .find(|(_, nested)| *nested == key)
+        .map(|(flat, _)| *flat)
 }
 
 /// One option as `/_route_opts` serves it.
-pub fn option_json(o: &RouteOption, route: &RouteConfig, set: &[String]) -> Value {
+pub fn option_json(o: &RouteOption, values: &Value, set: &[String]) -> Value {
     let (default, note) = match o.default {
         OptionDefault::Literal(l) => (json!(l), Value::Null),
         OptionDefault::Note(n) => (Value::Null, json!(n)),
@@ -341,8 +327,11 @@ pub fn option_json(o: &RouteOption, route: &RouteConfig, set: &[String]) -> Valu
         "default": default,
         "default_note": note,
         "description": o.description,
-        "value": effective(route, o.key),
-        "set_by_route": set.iter().any(|k| k == o.key || k.starts_with(&format!("{}.", o.key))),
+        "value": lookup(values, o.key),
+        "set_by_route": set.iter().any(|k| {
+            k == o.key || k.starts_with(&format!("{}.", o.key)) || Some(k.as_str()) == formerly(o.key)
+        }),
+        "formerly": formerly(o.key),
     });
     if let Kind::Choice(choices) = o.kind {
         v["choices"] = json!(choices);
@@ -373,6 +362,7 @@ pub fn markdown_table() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::file::keys_set;
     use crate::config::{GatewayConfig, Overrides};
     use std::path::Path;
 
@@ -454,9 +444,11 @@ mod tests {
         let fields = crate::config::route_file_fields();
         assert!(fields.len() > 40, "the parser's fields: {fields:?}");
         for field in &fields {
-            let covered = ROUTE_OPTIONS
-                .iter()
-                .any(|o| o.key == field || o.key.starts_with(&format!("{field}.")));
+            let covered = ROUTE_OPTIONS.iter().any(|o| {
+                o.key == field
+                    || o.key.starts_with(&format!("{field}."))
+                    || formerly(o.key) == Some(field.as_str())
+            });
             assert!(covered, "route option {field} is not in the catalog");
         }
         for o in ROUTE_OPTIONS {

@@ -74,13 +74,18 @@ pub(super) struct RouteFile {
     pub forward_client_key: Option<Flag>,
     pub allow_upgrade: Option<Flag>,
     pub queue_timeout: Option<Dur>,
+    /// The load gates: TTFT and decode-rate shedding, probes, adaptive
+    /// concurrency, session turn priority, the rate-limit switch.
+    #[serde(default)]
+    pub protection: ProtectionFile,
+    // The first, flat spelling of the protection keys (the OpenResty
+    // gateway's names), still read so that no deployed file breaks;
+    // `adopt_flat_keys` moves each under `protection:`.
     pub ttft_window: Option<Dur>,
     pub tps_window: Option<Dur>,
     pub ttft_limit_ms: Option<f64>,
     pub ttft_limit_by_model: Option<BTreeMap<String, f64>>,
     pub tps_limit_tps: Option<f64>,
-    /// Read as plain YAML: one bad entry drops the table (with a warning)
-    /// instead of refusing the whole route file, as the seed does.
     pub ttft_metrics: Option<serde_yaml::Value>,
     pub tps_metrics: Option<serde_yaml::Value>,
     pub ewma_alpha: Option<f64>,
@@ -177,4 +182,203 @@ pub(super) struct PrioBucketFile {
     pub min_turn: u64,
     pub share: f64,
     pub tol: Option<f64>,
+}
+
+/// `protection:` in a route file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ProtectionFile {
+    #[serde(default)]
+    pub ttft: TtftFile,
+    #[serde(default)]
+    pub tps: TpsFile,
+    #[serde(default)]
+    pub ewma: EwmaFile,
+    pub probes: Option<u32>,
+    pub probe_window: Option<Dur>,
+    pub rate_limit: Option<Flag>,
+    #[serde(default)]
+    pub adaptive: AdaptiveFile,
+    #[serde(default)]
+    pub session_prio: SessionPrioFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TtftFile {
+    pub limit_ms: Option<f64>,
+    pub limit_by_model: Option<BTreeMap<String, f64>>,
+    /// Read as plain YAML: one bad entry drops the table (with a warning)
+    /// instead of refusing the whole route file, as the OpenResty gateway
+    /// this one follows does.
+    pub metrics: Option<serde_yaml::Value>,
+    pub window: Option<Dur>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TpsFile {
+    pub limit_tps: Option<f64>,
+    pub metrics: Option<serde_yaml::Value>,
+    pub window: Option<Dur>,
+    pub min_tokens: Option<u64>,
+    pub min_decode_s: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EwmaFile {
+    pub alpha: Option<f64>,
+    pub ttl: Option<Dur>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AdaptiveFile {
+    pub enabled: Option<Flag>,
+    pub min: Option<f64>,
+    pub init: Option<f64>,
+    pub init_frac: Option<f64>,
+    pub hold_when_idle: Option<Flag>,
+    pub use_ttft: Option<Flag>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SessionPrioFile {
+    pub enabled: Option<Flag>,
+    pub r_new: Option<f64>,
+    pub full_turn: Option<u64>,
+    pub severe: Option<f64>,
+    pub release: Option<f64>,
+    pub t1_probes: Option<u32>,
+    pub warn_frac: Option<f64>,
+    pub table: Option<Vec<PrioBucketFile>>,
+    pub rt_limit_factor: Option<f64>,
+}
+
+/// Pairs each flat protection key of `RouteFile` with its place under
+/// `protection:`, once, for both the table that `check` and `/_route_opts`
+/// name them from and the move into `ProtectionFile`.
+macro_rules! flat_protection_keys {
+    ($($flat:ident => $($path:ident).+;)*) => {
+        /// Each flat key and its place now, as written in a route file.
+        pub const FLAT_PROTECTION_KEYS: &[(&str, &str)] = &[
+            $((stringify!($flat), concat!("protection" $(, ".", stringify!($path))+)),)*
+        ];
+
+        impl RouteFile {
+            /// Moves every flat key the file wrote to its place under
+            /// `protection:`, returning the (flat, nested) pairs it moved;
+            /// `Err` names the first key written both ways.
+            pub(super) fn adopt_flat_keys(
+                &mut self,
+            ) -> Result<Vec<(&'static str, &'static str)>, (&'static str, &'static str)> {
+                let mut moved = Vec::new();
+                $(
+                    if let Some(v) = self.$flat.take() {
+                        let names = (
+                            stringify!($flat),
+                            concat!("protection" $(, ".", stringify!($path))+),
+                        );
+                        let slot = &mut self.protection $(.$path)+;
+                        if slot.is_some() {
+                            return Err(names);
+                        }
+                        *slot = Some(v);
+                        moved.push(names);
+                    }
+                )*
+                Ok(moved)
+            }
+        }
+    };
+}
+
+flat_protection_keys! {
+    ttft_limit_ms => ttft.limit_ms;
+    ttft_limit_by_model => ttft.limit_by_model;
+    ttft_metrics => ttft.metrics;
+    ttft_window => ttft.window;
+    tps_limit_tps => tps.limit_tps;
+    tps_metrics => tps.metrics;
+    tps_window => tps.window;
+    tps_min_tokens => tps.min_tokens;
+    tps_min_decode_s => tps.min_decode_s;
+    ewma_alpha => ewma.alpha;
+    ewma_ttl => ewma.ttl;
+    probes => probes;
+    probe_window => probe_window;
+    load_rate_limit => rate_limit;
+    adaptive_cc => adaptive.enabled;
+    adaptive_cc_min => adaptive.min;
+    adaptive_cc_init => adaptive.init;
+    adaptive_cc_init_frac => adaptive.init_frac;
+    adaptive_cc_hold_when_idle => adaptive.hold_when_idle;
+    adaptive_cc_use_ttft => adaptive.use_ttft;
+    session_prio => session_prio.enabled;
+    session_prio_r_new => session_prio.r_new;
+    session_prio_full_turn => session_prio.full_turn;
+    session_prio_severe => session_prio.severe;
+    session_prio_release => session_prio.release;
+    session_prio_t1_probes => session_prio.t1_probes;
+    session_prio_warn_frac => session_prio.warn_frac;
+    session_prio_table => session_prio.table;
+    rt_limit_factor => session_prio.rt_limit_factor;
+}
+
+/// The dotted keys a route file's text sets (`peers[].x` when any peer
+/// sets `x`), as written, so `/_route_opts` can say which values the route
+/// chose.
+pub fn keys_set(text: &str) -> Vec<String> {
+    let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    collect(&doc, "", &mut out);
+    if let Some(peers) = doc.get("peers").and_then(|p| p.as_sequence()) {
+        for peer in peers.iter().filter_map(|p| p.as_mapping()) {
+            for k in peer.keys().filter_map(|k| k.as_str()) {
+                out.push(format!("peers[].{k}"));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The sections of a route file: mappings whose keys are options.
+const SECTIONS: &[&str] = &[
+    "balancing",
+    "balancing.session_affinity",
+    "health",
+    "engine_metrics",
+    "timeouts",
+    "protection",
+    "protection.ttft",
+    "protection.tps",
+    "protection.ewma",
+    "protection.adaptive",
+    "protection.session_prio",
+];
+
+fn collect(v: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
+    let Some(map) = v.as_mapping() else {
+        return;
+    };
+    for (k, child) in map {
+        let Some(k) = k.as_str() else { continue };
+        let key = if prefix.is_empty() {
+            k.to_string()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        // Only the option sections nest; a map-valued option is one key.
+        if SECTIONS.contains(&key.as_str()) && child.is_mapping() {
+            collect(child, &key, out);
+        } else {
+            out.push(key);
+        }
+    }
 }

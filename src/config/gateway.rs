@@ -2,7 +2,8 @@
 
 use super::bodylog::{self, BodylogConfig, BODYLOG_ENV};
 use super::file::GatewayFile;
-use super::{find_key_line, ConfigError};
+use super::spans::KeyLines;
+use super::ConfigError;
 use crate::stream::postprocess::Handler;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -111,12 +112,13 @@ impl GatewayConfig {
         } else {
             serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, e))?
         };
+        let lines = KeyLines::of(text);
         let addr = |key: &str, given: Option<&String>, default: &str| {
             let raw = given.map(String::as_str).unwrap_or(default);
             raw.parse::<SocketAddr>().map_err(|_| {
                 ConfigError::new(
                     path,
-                    find_key_line(text, key),
+                    lines.line(key),
                     format!("{key}: {raw:?} is not an address like 0.0.0.0:8080"),
                 )
             })
@@ -142,7 +144,7 @@ impl GatewayConfig {
         if threads == 0 || threads > 1024 {
             return Err(ConfigError::new(
                 path,
-                find_key_line(text, "threads"),
+                lines.line("threads"),
                 "threads must be between 1 and 1024",
             ));
         }
@@ -155,7 +157,7 @@ impl GatewayConfig {
             Some(name) => Some(Handler::from_name(name).ok_or_else(|| {
                 ConfigError::new(
                     path,
-                    find_key_line(text, "postprocess_default"),
+                    lines.line("postprocess_default"),
                     format!("postprocess_default: unknown handler {name:?} (strip_actual_usage, vllm_format, none)"),
                 )
             })?),
@@ -166,7 +168,7 @@ impl GatewayConfig {
         if client_idle_timeout < Duration::from_secs(1) || client_idle_timeout.subsec_nanos() != 0 {
             return Err(ConfigError::new(
                 path,
-                find_key_line(text, "client_idle_timeout"),
+                lines.line("client_idle_timeout"),
                 "client_idle_timeout must be a whole number of seconds, at least 1s",
             ));
         }
@@ -179,7 +181,7 @@ impl GatewayConfig {
         {
             return Err(ConfigError::new(
                 path,
-                find_key_line(text, "client_header_timeout"),
+                lines.line("client_header_timeout"),
                 "client_header_timeout must be between 100ms and 10m",
             ));
         }
@@ -188,7 +190,7 @@ impl GatewayConfig {
             Some(name) => StatusAccess::from_name(name).ok_or_else(|| {
                 ConfigError::new(
                     path,
-                    find_key_line(text, "status_endpoints"),
+                    lines.line("status_endpoints"),
                     format!("status_endpoints: {name:?} is not one of open, key, loopback"),
                 )
             })?,

@@ -10,6 +10,7 @@ pub mod catalog;
 mod file;
 mod gateway;
 mod route;
+mod spans;
 pub mod store;
 pub mod units;
 
@@ -107,60 +108,29 @@ pub fn load_routes_dir(
     Ok(out)
 }
 
-/// Best-effort line of `key:` for errors found after parsing (the YAML layer
-/// has no spans by then).
-pub(super) fn find_key_line(text: &str, key: &str) -> Option<usize> {
-    text.lines()
-        .position(|l| {
-            let t = l
-                .trim_start()
-                .trim_start_matches("- ")
-                .trim_start_matches('{');
-            t.starts_with(key) && t[key.len()..].trim_start().starts_with(':')
-        })
-        .map(|i| i + 1)
-}
-
-/// Line of the `index`-th item of the top-level `peers:` list.
-pub(super) fn peer_item_line(text: &str, index: usize) -> Option<usize> {
-    let lines: Vec<&str> = text.lines().collect();
-    let start = lines.iter().position(|l| l.starts_with("peers:"))?;
-    let mut item_indent = None;
-    let mut seen = 0;
-    for (i, line) in lines.iter().enumerate().skip(start + 1) {
-        let trimmed = line.trim_start();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        let indent = line.len() - trimmed.len();
-        if indent == 0 && !trimmed.starts_with('-') {
-            break;
-        }
-        if trimmed.starts_with('-') && item_indent.is_none_or(|ii| ii == indent) {
-            item_indent = Some(indent);
-            if seen == index {
-                return Some(i + 1);
-            }
-            seen += 1;
-        }
-    }
-    None
-}
-
-/// The top-level keys a route file may hold, as its parser knows them:
-/// serde names them all when it refuses an unknown one, so the catalog's
-/// coverage test cannot fall behind a field added to `RouteFile`.
+/// The keys a route file may hold, as its parser knows them (serde's own
+/// field lists): the top level and the `protection:` sections, dotted. The
+/// catalog's coverage test then cannot fall behind a field added to a file
+/// struct.
 #[cfg(test)]
 pub(crate) fn route_file_fields() -> Vec<String> {
-    let err = serde_yaml::from_str::<file::RouteFile>("__no_such_option__: 1")
-        .expect_err("an unknown key is refused");
-    let text = err.to_string();
-    let list = text.split("expected one of").nth(1).unwrap_or_default();
-    list.split('`')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_string)
-        .collect()
+    use file::{
+        AdaptiveFile, EwmaFile, ProtectionFile, RouteFile, SessionPrioFile, TpsFile, TtftFile,
+    };
+    use serde_aux::serde_introspection::serde_introspect as fields;
+    let sections: [(&str, &[&str]); 6] = [
+        ("protection", fields::<ProtectionFile>()),
+        ("protection.ttft", fields::<TtftFile>()),
+        ("protection.tps", fields::<TpsFile>()),
+        ("protection.ewma", fields::<EwmaFile>()),
+        ("protection.adaptive", fields::<AdaptiveFile>()),
+        ("protection.session_prio", fields::<SessionPrioFile>()),
+    ];
+    let top = fields::<RouteFile>().iter().map(|f| f.to_string());
+    let nested = sections
+        .iter()
+        .flat_map(|(at, names)| names.iter().map(move |f| format!("{at}.{f}")));
+    top.chain(nested).collect()
 }
 
 #[cfg(test)]

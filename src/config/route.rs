@@ -2,12 +2,13 @@
 //! reads as the file's sections, each validated by its own function.
 
 use super::file::{
-    BalancingFile, EngineMetricsFile, EngineMetricsSettingsFile, HealthFile, PeerFile, RouteFile,
-    TimeoutsFile,
+    keys_set, AdaptiveFile, BalancingFile, EngineMetricsFile, EngineMetricsSettingsFile,
+    HealthFile, PeerFile, ProtectionFile, RouteFile, SessionPrioFile, TimeoutsFile,
 };
 use super::gateway::GatewayConfig;
+use super::spans::KeyLines;
 use super::units::Flag;
-use super::{find_key_line, peer_item_line, ConfigError};
+use super::ConfigError;
 use crate::protect::limits::{
     judge_table, metric_limit, Direction, Judged, LimitSource, MetricLimit,
 };
@@ -171,8 +172,11 @@ pub struct RouteConfig {
     /// A file whose first line is the key the engines expect; sent as
     /// `Authorization: Bearer <key>` in place of the client's.
     pub engine_api_key_file: Option<PathBuf>,
-    /// Deprecation notices to log at load; the route still serves.
+    /// Values dropped or ignored, to log at load; the route still serves.
     pub warnings: Vec<String>,
+    /// Keys written in a deprecated spelling, each with its place now
+    /// (logged at load, printed by `check`).
+    pub deprecations: Vec<String>,
     /// The option keys the file wrote (`/_route_opts` tells them apart
     /// from defaults).
     pub keys_set: Vec<String>,
@@ -218,17 +222,35 @@ impl RouteConfig {
         text: &str,
         gateway: &GatewayConfig,
     ) -> Result<Self, ConfigError> {
-        let at = Locator { path, text };
+        let mut at = Locator {
+            path,
+            lines: KeyLines::of(text),
+            adopted: Vec::new(),
+        };
         if !valid_route_name(name) {
             return Err(at.error(
                 None,
                 format!("route name {name:?} (from the file name) must be letters, digits, '-', '_' or '.', not starting with '_' or '.'"),
             ));
         }
-        let file: RouteFile =
+        let mut file: RouteFile =
             serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, e))?;
+        at.adopted = file.adopt_flat_keys().map_err(|(flat, nested)| {
+            at.at_key(
+                flat,
+                format!("{flat} and {nested} are both set; keep {nested} ({flat} is its deprecated spelling)"),
+            )
+        })?;
+        let deprecations = at
+            .adopted
+            .iter()
+            .map(|(flat, nested)| match at.line(nested) {
+                Some(line) => format!("{flat} (line {line}) is deprecated: write it as {nested}"),
+                None => format!("{flat} is deprecated: write it as {nested}"),
+            })
+            .collect();
         let mut warnings = Vec::new();
-        let protection = parse_protection(&at, &file, &mut warnings)?;
+        let protection = parse_protection(&at, &file.protection, &mut warnings)?;
         let peers = parse_peers(&at, file.peers)?;
         let peers_by_model = parse_model_pools(&at, &peers, file.peers_by_model)?;
         let balancing = parse_balancing(&at, file.balancing.unwrap_or_default(), &mut warnings)?;
@@ -266,7 +288,8 @@ impl RouteConfig {
             protection,
             engine_api_key_file: file.engine_api_key_file,
             warnings,
-            keys_set: super::catalog::keys_set(text),
+            deprecations,
+            keys_set: keys_set(text),
         })
     }
 }
@@ -298,7 +321,7 @@ pub struct Protection {
 }
 
 /// The adaptive limit's settings that a route may set; the rest of the
-/// AIMD parameters keep the seed's values (`protect::aimd::AimdParams`).
+/// AIMD parameters keep the OpenResty gateway's values (`protect::aimd::AimdParams`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdaptiveConfig {
     /// Floor in slots; default `max(1, floor(0.4 × static max))` per pool.
@@ -326,7 +349,7 @@ impl AdaptiveConfig {
     }
 }
 
-/// Session turn priority settings (the seed's `session_prio_*`).
+/// Session turn priority settings (the OpenResty gateway's `session_prio_*`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionPrio {
     /// As configured; the runtime toggle may override.
@@ -403,7 +426,7 @@ impl Protection {
 /// A `ttft_metrics` / `tps_metrics` table, or `None` (with a warning) when
 /// any entry is bad: the route then falls back to its static limit.
 fn metric_table(
-    key: &str,
+    key: String,
     raw: Option<&serde_yaml::Value>,
     warnings: &mut Vec<String>,
 ) -> Option<Vec<MetricLimit>> {
@@ -456,26 +479,37 @@ fn metric_table(
 
 fn parse_protection(
     at: &Locator,
-    file: &RouteFile,
+    file: &ProtectionFile,
     warnings: &mut Vec<String>,
 ) -> Result<Protection, ConfigError> {
     let d = MeterConfig::default();
     let ms =
         |v: Option<super::units::Dur>, default: u64| v.map_or(default, |d| d.0.as_millis() as u64);
-    let positive = |key: &str, v: Option<f64>| -> Result<Option<f64>, ConfigError> {
+    let positive = |path: &str, v: Option<f64>| -> Result<Option<f64>, ConfigError> {
         match v {
-            Some(x) if !(x.is_finite() && x > 0.0) => {
-                Err(at.at_key(key, format!("{key} must be a positive number")))
-            }
+            Some(x) if !(x.is_finite() && x > 0.0) => Err(at.at_key(
+                path,
+                format!("{} must be a positive number", at.written(path)),
+            )),
             other => Ok(other),
         }
     };
-    let alpha = file.ewma_alpha.unwrap_or(d.alpha);
+    let (ttft, tps) = (&file.ttft, &file.tps);
+    let alpha = file.ewma.alpha.unwrap_or(d.alpha);
     if !alpha.is_finite() {
-        return Err(at.at_key("ewma_alpha", "ewma_alpha must be a number".into()));
+        let path = "protection.ewma.alpha";
+        return Err(at.at_key(path, format!("{} must be a number", at.written(path))));
     }
-    let ttft_metrics = metric_table("ttft_metrics", file.ttft_metrics.as_ref(), warnings);
-    let tps_metrics = metric_table("tps_metrics", file.tps_metrics.as_ref(), warnings);
+    let ttft_metrics = metric_table(
+        at.written("protection.ttft.metrics"),
+        ttft.metrics.as_ref(),
+        warnings,
+    );
+    let tps_metrics = metric_table(
+        at.written("protection.tps.metrics"),
+        tps.metrics.as_ref(),
+        warnings,
+    );
     let folds = |table: &Option<Vec<MetricLimit>>, default: Folds| {
         table
             .as_deref()
@@ -485,53 +519,51 @@ fn parse_protection(
     let meter = MeterConfig {
         ttft_folds: folds(&ttft_metrics, d.ttft_folds),
         tps_folds: folds(&tps_metrics, d.tps_folds),
-        ttft_window_ms: ms(file.ttft_window, d.ttft_window_ms).max(1),
-        tps_window_ms: ms(file.tps_window, d.tps_window_ms).max(1),
-        // Clamped as the seed does rather than refused: 1.5 means "all in".
+        ttft_window_ms: ms(ttft.window, d.ttft_window_ms).max(1),
+        tps_window_ms: ms(tps.window, d.tps_window_ms).max(1),
+        // Clamped as the OpenResty gateway does rather than refused: 1.5
+        // means "all in".
         alpha: alpha.clamp(0.0, 1.0),
-        ttl_ms: ms(file.ewma_ttl, d.ttl_ms).max(1),
-        tps_min_tokens: file.tps_min_tokens.unwrap_or(d.tps_min_tokens),
-        tps_min_decode_ms: positive("tps_min_decode_s", file.tps_min_decode_s)?
+        ttl_ms: ms(file.ewma.ttl, d.ttl_ms).max(1),
+        tps_min_tokens: tps.min_tokens.unwrap_or(d.tps_min_tokens),
+        tps_min_decode_ms: positive("protection.tps.min_decode_s", tps.min_decode_s)?
             .map_or(d.tps_min_decode_ms, |s| (s * 1000.0) as u64),
     };
     let mut by_model = Vec::new();
-    for (model, limit) in file.ttft_limit_by_model.clone().unwrap_or_default() {
-        let limit = positive("ttft_limit_by_model", Some(limit))?.unwrap_or(limit);
+    for (model, limit) in ttft.limit_by_model.clone().unwrap_or_default() {
+        let limit = positive("protection.ttft.limit_by_model", Some(limit))?.unwrap_or(limit);
         by_model.push((model, limit));
     }
+    let floor_set = tps.limit_tps.is_some() || tps.metrics.is_some();
     Ok(Protection {
         meter,
-        ttft_limit_ms: positive("ttft_limit_ms", file.ttft_limit_ms)?.unwrap_or(30_000.0),
+        ttft_limit_ms: positive("protection.ttft.limit_ms", ttft.limit_ms)?.unwrap_or(30_000.0),
         ttft_limit_by_model: by_model,
-        tps_limit_tps: positive("tps_limit_tps", file.tps_limit_tps)?,
+        tps_limit_tps: positive("protection.tps.limit_tps", tps.limit_tps)?,
         ttft_metrics,
         tps_metrics,
-        load_rate_limit: file.load_rate_limit.map(|f| f.0),
-        adaptive: adaptive_config(at, file)?,
-        session_prio: session_prio(at, file)?,
+        load_rate_limit: file.rate_limit.map(|f| f.0),
+        adaptive: adaptive_config(at, &file.adaptive, floor_set)?,
+        session_prio: session_prio(at, &file.session_prio)?,
         probes: file.probes.unwrap_or(5),
         probe_window: file.probe_window.map_or(Duration::from_secs(10), |d| d.0),
     })
 }
 
-fn session_prio(at: &Locator, file: &RouteFile) -> Result<SessionPrio, ConfigError> {
+fn session_prio(at: &Locator, file: &SessionPrioFile) -> Result<SessionPrio, ConfigError> {
     use crate::protect::prio::{default_table, validate_table, Bucket};
-    let severe = file.session_prio_severe.unwrap_or(1.5);
+    let refuse =
+        |path: &str, what: &str| at.at_key(path, format!("{} must be {what}", at.written(path)));
+    let severe = file.severe.unwrap_or(1.5);
     if severe.is_nan() || severe < 1.0 {
-        return Err(at.at_key(
-            "session_prio_severe",
-            "session_prio_severe must be at least 1".into(),
-        ));
+        return Err(refuse("protection.session_prio.severe", "at least 1"));
     }
-    let r_new = file.session_prio_r_new.unwrap_or(0.85);
+    let r_new = file.r_new.unwrap_or(0.85);
     if r_new.is_nan() || r_new <= 0.0 || r_new > 1.0 {
-        return Err(at.at_key(
-            "session_prio_r_new",
-            "session_prio_r_new must be in (0, 1]".into(),
-        ));
+        return Err(refuse("protection.session_prio.r_new", "in (0, 1]"));
     }
-    let table = match &file.session_prio_table {
-        None => default_table(r_new, file.session_prio_full_turn.unwrap_or(32), severe),
+    let table = match &file.table {
+        None => default_table(r_new, file.full_turn.unwrap_or(32), severe),
         Some(rows) => {
             let n = rows.len();
             let table: Vec<Bucket> = rows
@@ -547,30 +579,28 @@ fn session_prio(at: &Locator, file: &RouteFile) -> Result<SessionPrio, ConfigErr
                     }),
                 })
                 .collect();
+            let path = "protection.session_prio.table";
             validate_table(&table)
-                .map_err(|e| at.at_key("session_prio_table", format!("session_prio_table: {e}")))?;
+                .map_err(|e| at.at_key(path, format!("{}: {e}", at.written(path))))?;
             table
         }
     };
-    let in_range = |key: &str, v: Option<f64>, default: f64, ok: fn(f64) -> bool, what: &str| {
+    let in_range = |path: &str, v: Option<f64>, default: f64, ok: fn(f64) -> bool, what: &str| {
         let v = v.unwrap_or(default);
         if ok(v) {
             Ok(v)
         } else {
-            Err(at.at_key(key, format!("{key} must be {what} (got {v})")))
+            Err(refuse(path, &format!("{what} (got {v})")))
         }
     };
-    if file.session_prio_full_turn == Some(0) {
-        return Err(at.at_key(
-            "session_prio_full_turn",
-            "session_prio_full_turn must be at least 1".into(),
-        ));
+    if file.full_turn == Some(0) {
+        return Err(refuse("protection.session_prio.full_turn", "at least 1"));
     }
     Ok(SessionPrio {
-        enabled: flag(file.session_prio, false),
+        enabled: flag(file.enabled, false),
         table,
         rt_limit_factor: in_range(
-            "rt_limit_factor",
+            "protection.session_prio.rt_limit_factor",
             file.rt_limit_factor,
             1.0,
             |v| v.is_finite() && v > 0.0,
@@ -578,16 +608,16 @@ fn session_prio(at: &Locator, file: &RouteFile) -> Result<SessionPrio, ConfigErr
         )?,
         severe,
         release: in_range(
-            "session_prio_release",
-            file.session_prio_release,
+            "protection.session_prio.release",
+            file.release,
             0.9,
             |v| v > 0.0 && v <= 1.0,
             "in (0, 1]",
         )?,
-        t1_probes: file.session_prio_t1_probes.unwrap_or(1),
+        t1_probes: file.t1_probes.unwrap_or(1),
         warn_frac: in_range(
-            "session_prio_warn_frac",
-            file.session_prio_warn_frac,
+            "protection.session_prio.warn_frac",
+            file.warn_frac,
             0.2,
             |v| (0.0..=1.0).contains(&v),
             "in [0, 1]",
@@ -595,25 +625,27 @@ fn session_prio(at: &Locator, file: &RouteFile) -> Result<SessionPrio, ConfigErr
     })
 }
 
-fn adaptive_config(at: &Locator, file: &RouteFile) -> Result<Option<AdaptiveConfig>, ConfigError> {
-    let floor_set = file.tps_limit_tps.is_some() || file.tps_metrics.is_some();
-    let on = flag(file.adaptive_cc, floor_set);
+/// Adaptive concurrency is on by default when a decode-rate floor is set.
+fn adaptive_config(
+    at: &Locator,
+    file: &AdaptiveFile,
+    floor_set: bool,
+) -> Result<Option<AdaptiveConfig>, ConfigError> {
+    let on = flag(file.enabled, floor_set);
     // Checked even while off, so a bad value is found before it is used.
-    if file.adaptive_cc_min.is_some_and(|m| m.is_nan() || m < 1.0) {
-        return Err(at.at_key(
-            "adaptive_cc_min",
-            "adaptive_cc_min must be at least 1".into(),
-        ));
+    if file.min.is_some_and(|m| m.is_nan() || m < 1.0) {
+        let path = "protection.adaptive.min";
+        return Err(at.at_key(path, format!("{} must be at least 1", at.written(path))));
     }
     if !on {
         return Ok(None);
     }
     Ok(Some(AdaptiveConfig {
-        min: file.adaptive_cc_min,
-        init: file.adaptive_cc_init,
-        init_frac: file.adaptive_cc_init_frac,
-        hold_when_idle: flag(file.adaptive_cc_hold_when_idle, true),
-        use_ttft: flag(file.adaptive_cc_use_ttft, true),
+        min: file.min,
+        init: file.init,
+        init_frac: file.init_frac,
+        hold_when_idle: flag(file.hold_when_idle, true),
+        use_ttft: flag(file.use_ttft, true),
     }))
 }
 
@@ -621,11 +653,14 @@ fn flag(value: Option<Flag>, default: bool) -> bool {
     value.map(|f| f.0).unwrap_or(default)
 }
 
-/// Errors found after the YAML layer (which has no spans by then) point at
-/// the line of the key they are about, as well as it can be told.
+/// Errors found after the YAML layer point at the line of the key they are
+/// about (from the parser's positions, `spans.rs`) and name it as the file
+/// wrote it: a flat protection key keeps its own name and line.
 struct Locator<'a> {
     path: &'a Path,
-    text: &'a str,
+    lines: KeyLines,
+    /// The (flat, nested) protection keys this file wrote flat.
+    adopted: Vec<(&'static str, &'static str)>,
 }
 
 impl Locator<'_> {
@@ -633,8 +668,21 @@ impl Locator<'_> {
         ConfigError::new(self.path, line, message)
     }
 
-    fn at_key(&self, key: &str, message: String) -> ConfigError {
-        self.error(find_key_line(self.text, key), message)
+    /// `path` (dotted, as `protection.ttft.limit_ms`) as the file wrote it.
+    fn written(&self, path: &str) -> String {
+        self.adopted
+            .iter()
+            .find(|(_, nested)| *nested == path)
+            .map_or(path, |(flat, _)| flat)
+            .to_string()
+    }
+
+    fn line(&self, path: &str) -> Option<usize> {
+        self.lines.line(&self.written(path))
+    }
+
+    fn at_key(&self, path: &str, message: String) -> ConfigError {
+        self.error(self.line(path), message)
     }
 }
 
@@ -645,7 +693,7 @@ fn parse_peers(at: &Locator, raw: Option<Vec<PeerFile>>) -> Result<Vec<PeerConfi
     };
     let mut peers: Vec<PeerConfig> = Vec::with_capacity(raw_peers.len());
     for (i, p) in raw_peers.into_iter().enumerate() {
-        let line = peer_item_line(at.text, i);
+        let line = at.line(&format!("peers[{i}]"));
         if p.name.trim().is_empty() {
             return Err(at.error(line, format!("peers[{i}]: name must not be empty")));
         }
@@ -730,7 +778,7 @@ fn parse_model_pools(
 ) -> Result<Vec<(String, Vec<usize>)>, ConfigError> {
     let mut peers_by_model = Vec::new();
     for (model, names) in raw.unwrap_or_default() {
-        let line = find_key_line(at.text, &model);
+        let line = at.line(&format!("peers_by_model.{model}"));
         if names.is_empty() {
             return Err(at.error(line, format!("peers_by_model.{model}: lists no peers")));
         }
@@ -766,7 +814,7 @@ fn parse_balancing(
         None => Mode::LoadAware,
         Some(m) => Mode::parse(m).ok_or_else(|| {
             at.error(
-                find_key_line(at.text, "mode"),
+                at.line("balancing.mode"),
                 format!(
                     "balancing.mode: {m:?} is not one of load_aware, hash, least_conn, round_robin"
                 ),
@@ -776,7 +824,7 @@ fn parse_balancing(
     let affinity = bal.session_affinity;
     if affinity.is_some() && !matches!(mode, Mode::LoadAware | Mode::Hash) {
         return Err(at.error(
-            find_key_line(at.text, "session_affinity"),
+            at.line("balancing.session_affinity"),
             format!(
                 "balancing.session_affinity requires mode load_aware or hash (mode is {})",
                 mode.as_str()
@@ -793,7 +841,7 @@ fn parse_balancing(
     for h in affinity.headers.unwrap_or_default() {
         let parsed = http::HeaderName::from_bytes(h.trim().as_bytes()).map_err(|_| {
             at.error(
-                find_key_line(at.text, "headers"),
+                at.line("balancing.session_affinity.headers"),
                 format!("balancing.session_affinity.headers: {h:?} is not a header name"),
             )
         })?;
@@ -805,14 +853,14 @@ fn parse_balancing(
         .unwrap_or(Duration::from_secs(30 * 60));
     if !(MIN_IDLE_TIMEOUT..=MAX_IDLE_TIMEOUT).contains(&idle_timeout) {
         return Err(at.error(
-            find_key_line(at.text, "idle_timeout"),
+            at.line("balancing.session_affinity.idle_timeout"),
             "balancing.session_affinity.idle_timeout must be between 1m and 24h".into(),
         ));
     }
     let live_window = affinity.live_window.map_or(DEFAULT_LIVE_WINDOW, |d| d.0);
     if live_window < Duration::from_secs(1) || live_window > idle_timeout {
         return Err(at.at_key(
-            "live_window",
+            "balancing.session_affinity.live_window",
             "balancing.session_affinity.live_window must be between 1s and idle_timeout".into(),
         ));
     }
@@ -836,13 +884,13 @@ fn parse_health(at: &Locator, h: HealthFile) -> Result<HealthConfig, ConfigError
     };
     if health.interval < Duration::from_millis(50) {
         return Err(at.error(
-            find_key_line(at.text, "interval"),
+            at.line("health.interval"),
             "health.interval must be at least 50ms".into(),
         ));
     }
     if !health.probe_path.starts_with('/') {
         return Err(at.error(
-            find_key_line(at.text, "probe_path"),
+            at.line("health.probe_path"),
             "health.probe_path must start with '/'".into(),
         ));
     }
@@ -869,13 +917,13 @@ fn parse_engine_metrics(
     if let Some(m) = &engine_metrics {
         if !(0.0..=1.0).contains(&m.kv_full_threshold) || m.kv_full_threshold.is_nan() {
             return Err(at.error(
-                find_key_line(at.text, "kv_full_threshold"),
+                at.line("engine_metrics.kv_full_threshold"),
                 "engine_metrics.kv_full_threshold must be between 0 and 1".into(),
             ));
         }
         if m.interval < Duration::from_millis(50) {
             return Err(at.error(
-                find_key_line(at.text, "interval"),
+                at.line("engine_metrics.interval"),
                 "engine_metrics.interval must be at least 50ms".into(),
             ));
         }
@@ -898,16 +946,12 @@ fn parse_reject_rules(
 ) -> Result<serde_json::Value, ConfigError> {
     let reject_rules = match raw {
         None | Some(serde_yaml::Value::Null) => serde_json::Value::Array(Vec::new()),
-        Some(v) => serde_json::to_value(v).map_err(|e| {
-            at.error(
-                find_key_line(at.text, "reject_rules"),
-                format!("reject_rules: {e}"),
-            )
-        })?,
+        Some(v) => serde_json::to_value(v)
+            .map_err(|e| at.error(at.line("reject_rules"), format!("reject_rules: {e}")))?,
     };
     if !reject_rules.is_array() {
         return Err(at.error(
-            find_key_line(at.text, "reject_rules"),
+            at.line("reject_rules"),
             "reject_rules must be a list of rules".into(),
         ));
     }
@@ -924,7 +968,7 @@ fn parse_postprocess(
         Some("none") | Some("") => None,
         Some(name) => Some(Handler::from_name(name).ok_or_else(|| {
             at.error(
-                find_key_line(at.text, "postprocess"),
+                at.line("postprocess"),
                 format!(
                     "postprocess: unknown handler {name:?} (strip_actual_usage, vllm_format, none)"
                 ),

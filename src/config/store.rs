@@ -3,7 +3,8 @@
 //! by every replica.
 
 use super::file::SessionStoreFile;
-use super::{find_key_line, ConfigError};
+use super::spans::KeyLines;
+use super::ConfigError;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -38,16 +39,21 @@ pub(super) fn resolve(
     let Some(file) = file else {
         return Ok(SessionStoreConfig::Local);
     };
-    let at = |key: &str, message: String| ConfigError::new(path, find_key_line(text, key), message);
+    // `key` within the section; "" for the section itself.
+    let at = |key: &str, message: String| {
+        let place = match key {
+            "" => "session_store".to_string(),
+            key => format!("session_store.{key}"),
+        };
+        ConfigError::new(path, KeyLines::of(text).line(&place), message)
+    };
     match file.kind.as_deref().map(str::trim) {
         None | Some("local") => Ok(SessionStoreConfig::Local),
         Some("redis") => {
-            let url = file.url.clone().ok_or_else(|| {
-                at(
-                    "session_store",
-                    "session_store.kind redis needs a url".into(),
-                )
-            })?;
+            let url = file
+                .url
+                .clone()
+                .ok_or_else(|| at("", "session_store.kind redis needs a url".into()))?;
             let client = redis::Client::open(url.as_str());
             if let Err(e) = client {
                 return Err(at(

@@ -401,3 +401,152 @@ fn session_store_is_local_by_default_and_redis_is_validated_with_its_line() {
         assert!(e.message.contains("session_store"), "{e}");
     }
 }
+
+/// Every protection option, flat as the first route format wrote it and
+/// nested under `protection:`, each with a value other than its default.
+const FLAT_PROTECTION: &str = "\
+ttft_limit_ms: 12000
+ttft_limit_by_model: {m: 9000}
+ttft_window: 5s
+tps_limit_tps: 4
+tps_window: 7s
+tps_min_tokens: 8
+tps_min_decode_s: 0.25
+ewma_alpha: 0.5
+ewma_ttl: 30s
+probes: 3
+probe_window: 4s
+load_rate_limit: false
+adaptive_cc: true
+adaptive_cc_min: 2
+adaptive_cc_init: 3
+adaptive_cc_init_frac: 0.5
+adaptive_cc_hold_when_idle: false
+adaptive_cc_use_ttft: false
+session_prio: true
+session_prio_r_new: 0.7
+session_prio_full_turn: 16
+session_prio_severe: 2
+session_prio_release: 0.8
+session_prio_t1_probes: 2
+session_prio_warn_frac: 0.3
+rt_limit_factor: 1.5
+";
+
+const NESTED_PROTECTION: &str = "\
+protection:
+  ttft: {limit_ms: 12000, limit_by_model: {m: 9000}, window: 5s}
+  tps:
+    limit_tps: 4
+    window: 7s
+    min_tokens: 8
+    min_decode_s: 0.25
+  ewma: {alpha: 0.5, ttl: 30s}
+  probes: 3
+  probe_window: 4s
+  rate_limit: false
+  adaptive:
+    enabled: true
+    min: 2
+    init: 3
+    init_frac: 0.5
+    hold_when_idle: false
+    use_ttft: false
+  session_prio:
+    enabled: true
+    r_new: 0.7
+    full_turn: 16
+    severe: 2
+    release: 0.8
+    t1_probes: 2
+    warn_frac: 0.3
+    rt_limit_factor: 1.5
+";
+
+#[test]
+fn flat_protection_keys_load_as_their_place_under_protection() {
+    let flat = route(&format!("{MINIMAL}{FLAT_PROTECTION}")).unwrap();
+    let nested = route(&format!("{MINIMAL}{NESTED_PROTECTION}")).unwrap();
+    assert_eq!(flat.protection, nested.protection);
+    assert_eq!(catalog::values(&flat), catalog::values(&nested));
+    // Control: the values differ from the defaults, so the comparison
+    // compares something.
+    assert_ne!(route(MINIMAL).unwrap().protection, nested.protection);
+    assert!(nested.deprecations.is_empty(), "{:?}", nested.deprecations);
+    assert_eq!(
+        flat.deprecations.len(),
+        file::FLAT_PROTECTION_KEYS.len() - 3,
+        "one notice per flat key written (the file leaves out both metric tables and the bucket table)"
+    );
+    assert!(
+        flat.deprecations.contains(
+            &"ttft_limit_ms (line 4) is deprecated: write it as protection.ttft.limit_ms"
+                .to_string()
+        ),
+        "{:?}",
+        flat.deprecations
+    );
+}
+
+#[test]
+fn a_protection_key_written_both_ways_is_refused_at_the_flat_one() {
+    let e = route(&format!(
+        "{MINIMAL}protection:\n  ttft: {{limit_ms: 100}}\nttft_limit_ms: 200\n"
+    ))
+    .unwrap_err();
+    assert_eq!(e.line, Some(6), "{e}");
+    assert!(
+        e.message
+            .contains("ttft_limit_ms and protection.ttft.limit_ms are both set"),
+        "{e}"
+    );
+    // Control: either alone loads.
+    route(&format!(
+        "{MINIMAL}protection:\n  ttft: {{limit_ms: 100}}\n"
+    ))
+    .unwrap();
+    route(&format!("{MINIMAL}ttft_limit_ms: 200\n")).unwrap();
+}
+
+#[test]
+fn nested_protection_errors_name_the_nested_key_and_its_line() {
+    for (text, key, line) in [
+        (
+            "protection:\n  ttft:\n    limit_ms: -1\n",
+            "protection.ttft.limit_ms",
+            6,
+        ),
+        (
+            "protection:\n  session_prio: {release: 1.5}\n",
+            "protection.session_prio.release",
+            5,
+        ),
+        (
+            "protection:\n  adaptive:\n    enabled: true\n    min: 0\n",
+            "protection.adaptive.min",
+            7,
+        ),
+        (
+            "protection:\n  tps: {window: 5s, limit_tps: 0}\n",
+            "protection.tps.limit_tps",
+            5,
+        ),
+    ] {
+        let e = route(&format!("{MINIMAL}{text}")).unwrap_err();
+        assert_eq!(e.line, Some(line), "{text}: {e}");
+        assert!(e.message.starts_with(key), "{text}: {e}");
+    }
+    // An unknown key inside a section is refused with its line, as at the top.
+    let e = route(&format!("{MINIMAL}protection:\n  ttft:\n    limit: 5\n")).unwrap_err();
+    assert_eq!(e.line, Some(6), "{e}");
+    assert!(e.message.contains("limit"), "{e}");
+}
+
+#[test]
+fn errors_after_parsing_find_their_key_by_its_section() {
+    // `interval` is written twice; the engine scrape's is the bad one.
+    let text = format!("{MINIMAL}health:\n  interval: 5s\nengine_metrics:\n  interval: 1ms\n");
+    let e = route(&text).unwrap_err();
+    assert_eq!(e.line, Some(7), "{e}");
+    assert!(e.message.contains("engine_metrics.interval"), "{e}");
+}

@@ -151,8 +151,9 @@ impl Registry {
                 Ok(config) => {
                     report.warnings.extend(
                         config
-                            .warnings
+                            .deprecations
                             .iter()
+                            .chain(&config.warnings)
                             .map(|w| format!("{}: {w}", config.file.display())),
                     );
                     match old.get(&name) {
