@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Proxy overhead (issue 2): latency added by llm-gateway with ONE proxy worker
 # thread, next to the same engine reached directly and through nginx as a plain
-# reverse proxy. Results go to BENCHMARKS.md, "Proxy overhead (issue 2)".
+# reverse proxy. Results go to BENCHMARKS.md, "Proxy overhead (issues 13 and 2)".
 #
 #   bash benches/proxy_overhead.sh          # ~10 minutes, prints markdown tables
 #
