@@ -1,18 +1,24 @@
 //! llm-gateway: a session-affine, load-aware gateway for OpenAI-compatible
 //! inference engines, built on Pingora.
 //!
-//! Where things live (see README.md "Code map" for the longer version):
+//! Where things live (ARCHITECTURE.md is the map; README.md "Code map" the
+//! table):
 //! - `config`     gateway.yaml and route files → validated values
 //! - `registry`   the live route table, reload, runtime state kept across reloads
 //! - `proxy`      the Pingora `ProxyHttp` implementation, one file per phase group
-//! - `session`    session id extraction and the per-route session table
-//! - `placement`  load_aware / hash / least_conn peer choice (pure, clock-injected)
+//! - `balance`    peer choice on live state: pools, tiers, the admission queue,
+//!                Redis agreement; `placement` its pure rules and session table
+//! - `session`    session id extraction; `hash` the hashes of ids and keys
+//! - `request_view` what a request body says (model, stream, session), skimmed
+//! - `protect`    the load gates' pure cores: windows, EWMAs, limits, AIMD, turn priority
+//! - `reject`, `rewrite`  content rules; prefix-stability transforms of bodies
+//! - `stream`     the response pipeline: SSE, usage, first token, post-processing
+//! - `auth`       API keys
 //! - `health`     active probes and engine metric scraping
-//! - `admin`      /healthz, /metrics, /_routes and the per-route /_ endpoints
-//! - `controller`, `watch`  signals, reload on SIGHUP or on a file change, per-route tasks
-//! - `auth`, `reject`, `sse`, `postprocess`, `usage`: request guards and response rewriting
+//! - `admin`      /healthz, /metrics, /_routes, the dashboard and the per-route /_ endpoints
+//! - `controller`, `watch`, `lifecycle`  signals, reloads, the drain
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
-//! - `rewrite`    prefix-stability transforms of request bodies (cch_strip, kimi_normalize)
+//! - `store`      the shared session store (Redis)
 
 pub mod admin;
 pub mod auth;

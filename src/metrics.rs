@@ -76,7 +76,7 @@ fn histogram(
     h
 }
 
-/// The seed's buckets plus its overflow bucket (twice the last bound).
+/// The OpenResty gateway's buckets plus its overflow bucket (twice the last bound).
 fn with_overflow(bounds: &[f64]) -> Vec<f64> {
     let mut out = bounds.to_vec();
     out.extend(bounds.last().map(|b| b * 2.0));

@@ -1,4 +1,4 @@
-//! The listener's `/metrics`: what the seed's exporter derived from the
+//! The listener's `/metrics`: what the OpenResty gateway's exporter derived from the
 //! records, counted as each record is written (so the numbers are exactly
 //! those of the files): requests, tokens (prompt, cached, completion) and
 //! latency histograms by route, model, owner and status.

@@ -1,6 +1,6 @@
 //! The body-log wire format and the size caps, pure.
 //!
-//! One frame per request, big-endian as the seed's listener reads it:
+//! One frame per request, big-endian as the OpenResty gateway's listener reads it:
 //! `[u32 length excluding itself][u16 meta_len][meta JSON][u32 req_len][req][u32 resp_len][resp]`.
 //! The request keeps its first [`REQ_CAP`] bytes; the response its first
 //! [`RESP_HEAD`] and last [`RESP_TAIL`] bytes with a marker in between

@@ -5,7 +5,8 @@
 //! Everything here is pure and clock-injected: callers pass a snapshot of the
 //! route's peers ([`PeerLoad`]) and the current time in milliseconds, so every
 //! rule is unit-tested without a network or a real clock. The rules follow the
-//! load-aware session table design (`seeds/loadaware-session-table-pr.txt`):
+//! load-aware session table design (a published session-table change whose
+//! measured gains this gateway set out to keep):
 //! a session stays on the replica holding its prefix cache unless that replica
 //! is actually backed up, because every needless move re-prefills a long
 //! conversation on a cold replica.

@@ -1,5 +1,5 @@
 //! Adaptive concurrency: the AIMD step a pool's limit takes each tick, as a
-//! pure function of what the tick saw. The seed gateway's rules, in order:
+//! pure function of what the tick saw. The OpenResty gateway's rules, in order:
 //!
 //! 1. no decode-rate EWMA yet → no step (nothing to judge by);
 //! 2. overloaded (decode rate below its floor, or TTFT above its limit,
@@ -15,7 +15,7 @@
 //!
 //! then clamp to `[min, max]`. `desired = max(conc / 0.8, conc + abs)`.
 
-/// The tunables, with the seed's defaults in [`AimdParams::default`].
+/// The tunables, with the OpenResty gateway's defaults in [`AimdParams::default`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AimdParams {
     /// The static limit (the pool's summed `max_concurrency`): the ceiling.
@@ -37,7 +37,7 @@ pub struct AimdParams {
 }
 
 impl AimdParams {
-    /// The seed's defaults for a pool whose static limit is `max`:
+    /// The OpenResty gateway's defaults for a pool whose static limit is `max`:
     /// `min = max(1, floor(0.4 × max))`, `init = min`.
     pub fn for_max(max: f64) -> Self {
         let min = (0.4 * max).floor().max(1.0);

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// The measurement settings (route options, with the seed's defaults).
+/// The measurement settings (route options, with the OpenResty gateway's defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MeterConfig {
     pub ttft_window_ms: u64,

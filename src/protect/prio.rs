@@ -1,4 +1,4 @@
-//! Session turn priority (the seed's "Session turn priority"): a client
+//! Session turn priority (the OpenResty gateway's "Session turn priority"): a client
 //! gateway marks each request with `x-phanrouter-session: {"session_id",
 //! "turn"}`; under load, early turns (whose loss costs little cache) are
 //! refused before warm ones. Pure: header parsing, the bucket table, and

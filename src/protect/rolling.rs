@@ -1,5 +1,5 @@
 //! A rolling average over fixed buckets, pure and clock-injected: the
-//! per-pool in-flight `/_cluster_avg` reports (the seed's 5 minutes in
+//! per-pool in-flight `/_cluster_avg` reports (the OpenResty gateway's 5 minutes in
 //! 10 × 30 s buckets). Reported, not enforced.
 
 /// Buckets of `bucket_ms`, the last `N` kept.

@@ -201,7 +201,7 @@ pub struct Buckets {
     counts: Vec<u64>,
 }
 
-/// TTFT buckets in milliseconds, as the seed gateway uses.
+/// TTFT buckets in milliseconds, as the OpenResty gateway uses.
 pub const TTFT_MS_BUCKETS: &[f64] = &[
     250.0, 500.0, 1000.0, 1500.0, 2000.0, 3000.0, 5000.0, 8000.0, 12000.0, 20000.0, 30000.0,
     50000.0, 80000.0,

@@ -15,7 +15,9 @@
 //! All hooks still run once per request, keep-alive and retries keep working,
 //! and the client address and socket digest survive (same stream). Pinned to
 //! pingora =0.9.1; `tests/proxy.rs` fails loudly if a bump breaks this.
-//! Background: /work/shared/pingora-body.md.
+//! The other public way, Pingora's subrequest pipe with a preset body, was
+//! measured and not taken: it runs every hook twice, costs about 10 us of CPU
+//! per request, races the upstream connection pool, and is documented alpha.
 
 use bytes::BytesMut;
 use pingora::protocols::http::v1::client::http_req_header_to_wire;
