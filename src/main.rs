@@ -9,31 +9,14 @@ use clap::Parser;
 use cli::{Cli, Command};
 use std::process::ExitCode;
 
-// The process's allocator: mimalloc, in place of glibc's malloc.
-//
-// A request makes about a hundred allocations (Pingora's and the
-// gateway's), most of them small and freed within the request. glibc's
-// per-thread cache keeps at most 7 freed blocks of a size, none over
-// 1 KiB; past that each allocation takes the allocator's slower path
-// (bins, consolidation). Counted by callgrind (`benches/instructions.sh`,
-// `--separate-callers`), that slow path cost 13.4 k instructions per
-// 20-frame stream in the gateway against 6.8 k in bare Pingora, for about
-// as many allocations a frame (5.3 against 5.0). mimalloc's free
-// lists are per page and unbounded: with it the gateway counts 12 % fewer
-// instructions on a small request, 6 % on a 20-frame stream, 4 % on a
-// 300 KB body (BENCHMARKS.md, issue 13, stop 25).
-//
-// Long prompts: a body is kept in the pieces it was read in, 64 KiB each
-// (`proxy/request/pieces.rs`). glibc gave the freed pieces back to the
-// kernel after every request, and the next long prompt faulted them in
-// again (16 faults for a 300 KB body); `src/heap.rs` used to raise glibc's
-// trim and mmap thresholds against that. mimalloc returns a page only
-// after it has gone unused for its `purge_delay` (1 s by default), so a
-// steady flow of long prompts reuses the same pages (0.0 faults a
-// request in `benches/body_wallclock.sh`), and an idle gateway still
-// gives them back. Built without transparent huge pages (`no_thp`,
-// Cargo.toml): with them its arenas grew in 2 MiB steps, and 5,000 open
-// streams held 3.4x the memory (`benches/scale_streams.sh`).
+// The process's allocator: mimalloc, in place of glibc's malloc. A request
+// makes about a hundred small allocations; glibc's per-thread cache keeps
+// at most 7 freed blocks of a size, so most took its slow path, and with
+// mimalloc the gateway counts 12 % fewer instructions on a small request
+// (`benches/instructions.sh`). mimalloc also keeps freed pages for 1 s, so a
+// steady flow of long prompts stops faulting its body pieces in again
+// (`benches/body_wallclock.sh`). `no_thp` (Cargo.toml): with transparent huge
+// pages its arenas grew in 2 MiB steps (`benches/scale_streams.sh`).
 //
 // Declared here, in the binary, not in the library: a test binary may
 // set its own (`tests/body_memory.rs` counts allocations through one).

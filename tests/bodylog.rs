@@ -1,4 +1,4 @@
-//! Issue 10 end to end: body-log frames from the real gateway to a frame
+//! Body-log frames from the real gateway to a frame
 //! sink that parses the wire format itself, the queue when the listener is
 //! away, sampling toggles, and the `bodylog-listen` subcommand (hourly JSONL,
 //! SIGTERM, exporter metrics).

@@ -1,4 +1,4 @@
-//! Issue 10 part 6: the live dashboard on the admin listener, rendered in a
+//! The live dashboard on the admin listener, rendered in a
 //! real headless browser (Debian's `chromium`) against the gateway on
 //! simulated engines, and its JSON read directly.
 //!

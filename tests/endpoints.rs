@@ -1,4 +1,4 @@
-//! Issue 10, the remaining read-only endpoints: `/_route_opts` (the option
+//! The remaining read-only endpoints: `/_route_opts` (the option
 //! catalog with the values in effect), `/_cluster_avg` (in-flight per pool
 //! over 5 minutes), and `POST /_route_inspect` (where a request would go,
 //! changing nothing).

@@ -1,4 +1,4 @@
-//! Issue 12, faults: what a client sees when an engine is killed, stalls or
+//! Faults: what a client sees when an engine is killed, stalls or
 //! answers something that is not HTTP, when a client stops reading, and when
 //! the gateway runs out of file descriptors. Each test checks that every
 //! in-flight counter returns to 0, and has a control showing the same path

@@ -1,4 +1,4 @@
-//! Issue 9, the gates end to end: the fold (P80, not the mean), per-model
+//! The gates end to end: the fold (P80, not the mean), per-model
 //! limits, toggles, the EWMA's TTL, runtime overrides and metric tables,
 //! the decode-rate sample rules, adaptive growth, session priority's
 //! hysteresis and its byte-identical off state. Streams set their own TTFT

@@ -1,4 +1,4 @@
-//! Issue 12, part 4: hostile input. Each finding of the probe is a test
+//! Hostile input. Each finding of the probe is a test
 //! that failed before its fix, next to a control that the same request
 //! done right still succeeds.
 

@@ -1,4 +1,4 @@
-//! Issue 2: hot reload (SIGHUP), graceful shutdown (SIGTERM) and `check`.
+//! Hot reload (SIGHUP), graceful shutdown (SIGTERM) and `check`.
 
 mod common;
 
@@ -192,7 +192,7 @@ fn sigterm_drains_streams_then_exits_zero() {
     );
 }
 
-/// Issue 12: many long streams in flight at SIGTERM all finish intact,
+/// Many long streams in flight at SIGTERM all finish intact,
 /// new connections are refused meanwhile, and the exit is 0 within the
 /// grace period.
 #[test]
@@ -260,7 +260,7 @@ fn sigterm_with_50_streams_in_flight_finishes_every_one_then_exits_zero() {
     assert!(gw.log().contains("drained after"), "{}", gw.log());
 }
 
-/// Issue 12: a stream longer than the grace period is cut when it ends (no
+/// A stream longer than the grace period is cut when it ends (no
 /// clean end for its client), the exit is still 0, and the log says so; a
 /// short stream drained beside it finishes intact (control).
 #[test]

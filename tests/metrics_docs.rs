@@ -1,4 +1,4 @@
-//! Issue 10 part 7: the metrics as documented and as graphed cannot drift
+//! The metrics as documented and as graphed cannot drift
 //! from the code. A gateway is driven through every path that feeds a
 //! metric family (streams, a queued 429, API keys, a reject rule, a body-log
 //! frame); its `/metrics` is then the reference for the README's metric

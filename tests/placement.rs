@@ -1,4 +1,4 @@
-//! Issue 3 end to end: sessions stick where their cache is, move when their
+//! Sessions stick where their cache is, move when their
 //! peer goes away and stay moved, limits answer 429/503, pools and tiers,
 //! and no raw session id leaks.
 

@@ -1,4 +1,4 @@
-//! Issue 9, measurement: TTFT and decode-rate samples from the streams the
+//! Measurement: TTFT and decode-rate samples from the streams the
 //! gateway proxies, per pool and peer.
 
 mod common;

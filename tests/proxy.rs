@@ -1,4 +1,4 @@
-//! Issue 2: forwarding through the real binary — bodies of any size arrive
+//! Forwarding through the real binary — bodies of any size arrive
 //! byte-identical, streams pass frame by frame, failures answer JSON and
 //! leave no in-flight count behind.
 
@@ -124,7 +124,7 @@ fn bodies_survive_a_retry_from_a_refused_peer() {
     gw.wait_idle();
 }
 
-/// Issue 13: which way a pre-read body went back to Pingora.
+/// Which way a pre-read body went back to Pingora.
 fn forwards(gw: &Gateway, via: &str) -> f64 {
     gw.metric(
         "llm_gateway_request_body_forwards_total",
@@ -135,7 +135,7 @@ fn forwards(gw: &Gateway, via: &str) -> f64 {
 /// Pingora's retry buffer holds 64 KiB (pingora-core 0.9.1 BODY_BUF_LIMIT).
 const RETRY_BUFFER: usize = 64 * 1024;
 
-/// Issue 13: a body that fits Pingora's retry buffer is sent from it, with
+/// A body that fits Pingora's retry buffer is sent from it, with
 /// no replay: byte-identical, on one keep-alive connection, re-sent after a
 /// refused peer, and with `Expect: 100-continue` answered once and never
 /// passed to the engine.
@@ -187,7 +187,7 @@ fn a_body_that_fits_the_retry_buffer_is_sent_from_it() {
     gw.wait_idle();
 }
 
-/// Issue 13: one byte over the retry buffer goes through the replay, as
+/// One byte over the retry buffer goes through the replay, as
 /// every larger body does (`bodies_arrive_byte_identical_...` and
 /// `bodies_survive_a_retry_...` cover sizes up to 2 MB).
 #[test]
@@ -217,7 +217,7 @@ fn a_body_over_the_retry_buffer_goes_through_the_replay() {
     gw.wait_idle();
 }
 
-/// Issue 13: a long streaming prompt is forwarded in the pieces it was
+/// A long streaming prompt is forwarded in the pieces it was
 /// read in, with include_usage spliced between them: the engine gets the
 /// client's bytes plus exactly the inserted member, whether the body came
 /// with a Content-Length, in tiny chunks (copied together into pieces) or
@@ -668,7 +668,7 @@ fn upstream_failures_log_the_path_without_its_query() {
     assert!(!log.contains("gateway.test"), "{log}");
 }
 
-/// Issue 13: `work_stealing: false` gives each proxy thread a runtime of its
+/// `work_stealing: false` gives each proxy thread a runtime of its
 /// own (Pingora's no-steal runtimes), background services included. The
 /// gateway must still answer on every thread, reload and drain.
 #[test]

@@ -1,4 +1,4 @@
-//! Issue 8: the admission queue through the real binary. A request that no
+//! The admission queue through the real binary. A request that no
 //! engine can take waits for room (`queue_timeout`) and is placed when a slot
 //! frees; without a queue the same request is refused at once.
 

@@ -1,4 +1,4 @@
-//! Issue 12: reloads under load. Clients stream through the gateway without
+//! Reloads under load. Clients stream through the gateway without
 //! pause while the route file is rewritten and reloaded over and over, by
 //! SIGHUP and by the file watch in turn, with a broken file now and then.
 //! Every stream must end with `data: [DONE]`, no request may fail, the PID

@@ -1,4 +1,4 @@
-//! Issue 11: gateway replicas that agree on every session through a real
+//! Gateway replicas that agree on every session through a real
 //! Redis (started per test on an ephemeral port). Two gateway processes
 //! serve the same route file in front of the same simulated engines.
 

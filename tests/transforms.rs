@@ -1,4 +1,4 @@
-//! Issue 10, prefix-stability transforms end to end: what the engine
+//! Prefix-stability transforms end to end: what the engine
 //! receives with `cch_strip` / `kimi_normalize` on and off (the simulated
 //! engine echoes the exact body with `x-sim-echo: 1`), the runtime toggles,
 //! and the simulator's prefix cache across a session whose client changes

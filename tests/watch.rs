@@ -1,4 +1,4 @@
-//! Issue 12: reload on change (`watch`, on by default). The watch follows
+//! Reload on change (`watch`, on by default). The watch follows
 //! `routes_dir` and the API key files' directories and reloads exactly as
 //! SIGHUP does; every "it reloaded" below is read from
 //! `llm_gateway_reloads_total{trigger="watch"}` and the log as well as from

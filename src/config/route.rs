@@ -294,7 +294,7 @@ impl RouteConfig {
     }
 }
 
-/// The load gates of a route (issue 9): what is measured, and the limits.
+/// The load gates of a route: what is measured, and the limits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Protection {
     pub meter: MeterConfig,

@@ -359,7 +359,7 @@ fn watch_is_on_by_default_and_can_be_turned_off() {
     assert_switch_on_by_default("watch", |g| g.watch);
 }
 
-/// Pingora's default; `false` is measured in BENCHMARKS.md, issue 13.
+/// Pingora's default; `false` is measured in BENCHMARKS.md (proxy overhead).
 #[test]
 fn work_stealing_is_on_by_default_and_can_be_turned_off() {
     assert_switch_on_by_default("work_stealing", |g| g.work_stealing);

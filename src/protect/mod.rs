@@ -1,4 +1,4 @@
-//! The protection layer's pure cores (issue 9): measurement windows and
+//! The protection layer's pure cores: measurement windows and
 //! EWMAs (`window`), the adaptive-concurrency step (`aimd`), and session
 //! turn priority (`prio`), and which limit a gate holds its EWMA against
 //! (`limits`). Clock-injected and free of I/O, like

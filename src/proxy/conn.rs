@@ -19,7 +19,7 @@
 //! The same wrapper bounds an engine's silence (the route's `timeouts.read`)
 //! in place of Pingora's peer read timeout, which arms a timer on every read
 //! of the engine's socket: 2.3 k instructions a frame on a stream, more than
-//! the gateway's own work on it (BENCHMARKS.md, issue 13). Here one timer per
+//! the gateway's own work on it (BENCHMARKS.md, proxy overhead). Here one timer per
 //! connection, created once, is reset only when it fires (at most every
 //! quarter of the limit while a request waits on an engine) or when a request
 //! needs it sooner ([`EngineWatch`]). While a request is with the engine,
@@ -264,9 +264,9 @@ pub struct ClientStream {
 /// timer set to it. So a connection serving requests moves its timer about
 /// once per limit, not once per request, and an idle one is woken at most
 /// twice per wait; it closes at its limit (tokio's timer granularity
-/// aside). A quarter-limit tick with no clock read was tried first: 5,000
-/// idle connections then cost 0.1-0.2 s more CPU over 44 s than Pingora's
-/// timer (`BENCHMARKS.md`, issue 13, stop 25).
+/// aside). A quarter-limit tick with no clock read cost more: 5,000 idle
+/// connections took 0.1-0.2 s more CPU over 44 s than Pingora's timer
+/// (`benches/idle_connections.sh`).
 #[derive(Debug, Default)]
 struct IdleWatch {
     alarm: Alarm,

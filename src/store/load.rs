@@ -13,7 +13,7 @@
 //! by at most ~0.5 s. In-flight goes at the faster pace because it is what
 //! a spill weighs, turn by turn: at 250 ms, two replicas' TTFT p95 on the
 //! agent replay was 12-16 % over one replica's, at 50 ms level with it
-//! (BENCHMARKS.md, issue 11). Sessions change only at a session's first
+//! (BENCHMARKS.md, scale-out). Sessions change only at a session's first
 //! turn or a move, and their list grows with the cluster, so they keep the
 //! slower pace.
 

@@ -1,4 +1,4 @@
-//! The session store shared by gateway replicas (issue 11). With
+//! The session store shared by gateway replicas. With
 //! `session_store: {kind: redis}` every replica reads and writes session
 //! bindings in Redis, so a conversation's turns reach one engine whichever
 //! replica takes them; each replica also publishes its in-flight per peer

@@ -3,7 +3,7 @@
 //! escape-free strings, or objects of those.
 //!
 //! Hand-written because serde's typed read of a 100-byte usage object costs
-//! ~2.4k instructions (issue 13's callgrind counts) and is paid on every
+//! ~2.4k instructions (`benches/instructions.sh`) and is paid on every
 //! answer and every stream; this walk costs a fraction of it. On valid JSON
 //! it accepts only what it reads exactly as serde does: any other shape (an
 //! escape, a negative or fractional number, an array, a count past `u64`)

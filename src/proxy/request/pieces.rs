@@ -2,7 +2,7 @@
 //!
 //! Pingora hands a body out as copies of its 64 KiB read buffer. Joining
 //! them into one buffer copied every long prompt a second time (239 k of
-//! the 1.03 M instructions a 300 KB body cost, issue 13), and a streamed
+//! the 1.03 M instructions a 300 KB body cost, `benches/instructions.sh`), and a streamed
 //! one a third time for the include_usage edit. The view's skim reads
 //! across pieces, an include_usage edit splices a piece in, and the replay
 //! sends the pieces on one by one; a body is joined only for a reader that

@@ -1,4 +1,4 @@
-//! Issue 4 end to end: API keys, content reject rules, response
+//! API keys, content reject rules, response
 //! post-processing, include_usage injection and the loopback-only toggles.
 
 mod common;
