@@ -32,6 +32,7 @@ pub enum Command {
     /// Simulated engines in-process plus the gateway with a `demo` route.
     Demo(DemoArgs),
     /// Replay agent sessions through the gateway on simulated engines.
+    #[cfg(feature = "bench")]
     Bench(Box<llm_gateway_bench::BenchArgs>),
     /// Receive the gateway's body-log frames: hourly JSONL files in --dir
     /// and, with --metrics, the exporter's /metrics.

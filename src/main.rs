@@ -38,6 +38,7 @@ fn main() -> ExitCode {
         }
         Some(Command::Sim(args)) => exit_code(llm_gateway_sim::run(args)),
         Some(Command::Demo(args)) => demo::run(args),
+        #[cfg(feature = "bench")]
         Some(Command::Bench(args)) => exit_code(llm_gateway_bench::run(*args)),
         Some(Command::BodylogListen(args)) => {
             exit_code(llm_gateway::bodylog::listen::run(args.config()))
