@@ -18,8 +18,8 @@ use llm_gateway::clock::now_ms;
 use llm_gateway::config::{GatewayConfig, Overrides};
 use llm_gateway::protect::meter::StreamTiming;
 use llm_gateway::protect::prio::Turn;
+use llm_gateway::protect::route::TurnBucket;
 use llm_gateway::proxy::guards::load::check;
-use llm_gateway::proxy::guards::prio::TurnBucket;
 use llm_gateway::registry::{Registry, Route};
 
 fn route(dir: &Path, name: &str, extra: &str) -> Arc<Route> {
@@ -53,8 +53,8 @@ fn measured(route: &Route) {
     };
     route
         .runtime
-        .meter
-        .record(&cfg, "_", "e0", &timing, now_ms());
+        .protection
+        .count_stream(&cfg, "_", "e0", &timing, now_ms());
     std::thread::sleep(Duration::from_millis(5));
 }
 

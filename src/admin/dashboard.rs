@@ -167,8 +167,9 @@ fn status_class(code: &str) -> &'static str {
 /// 429s by gate and the tokens behind the hit rate, from `RouteRuntime`.
 fn runtime_counters(route: &Route, out: &mut BTreeMap<String, u64>) {
     let r = &route.runtime;
+    let refusals = r.protection.snapshot().refusals;
     for gate in Gate::ALL {
-        out.insert(format!("refusals/{}", gate.as_str()), r.refusals.get(gate));
+        out.insert(format!("refusals/{}", gate.as_str()), refusals.get(gate));
     }
     let (prompt, cached) = r.prompt_tokens();
     out.insert("tokens/prompt".into(), prompt);
@@ -188,11 +189,11 @@ struct PoolLimits {
 
 fn pool_limits(route: &Route, label: &str, now: u64) -> PoolLimits {
     let p = &route.config.protection;
-    let reading = route
-        .runtime
+    let protection = route.runtime.protection.snapshot();
+    let reading = protection
         .meter
         .reading(ScopeRef::Pool(label), p.meter.ttl_ms, now);
-    let o = &route.runtime.limit_overrides;
+    let o = protection.overrides;
     let model = (label != "_").then_some(label);
     let ttft = p.judge_ttft(&reading, model, o.ttft_ms.get(now));
     let tps = p.judge_tps(&reading, o.tps.get(now));

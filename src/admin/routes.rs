@@ -49,8 +49,8 @@ pub fn apply_limit_override(route: &Route, path_and_query: &str) -> Result<Value
     let name = limit_override_name(path_and_query)
         .ok_or_else(|| ErrorResponse::not_found("unknown limit"))?;
     let (o, key) = match name {
-        "ttft" => (&route.runtime.limit_overrides.ttft_ms, "ms"),
-        _ => (&route.runtime.limit_overrides.tps, "tps"),
+        "ttft" => (&route.runtime.protection.overrides().ttft_ms, "ms"),
+        _ => (&route.runtime.protection.overrides().tps, "tps"),
     };
     let query = path_and_query.split_once('?').map(|(_, q)| q).unwrap_or("");
     let param = |k: &str| {
@@ -98,7 +98,7 @@ pub fn apply_limit_override(route: &Route, path_and_query: &str) -> Result<Value
 fn limits_json(route: &Route) -> Value {
     let p = &route.config.protection;
     let now = now_ms();
-    let o = &route.runtime.limit_overrides;
+    let o = route.runtime.protection.overrides();
     let reading = crate::protect::meter::Reading::default();
     let override_json = |ov: &crate::protect::limits::Override| match ov.get(now) {
         Some(v) => {
@@ -228,7 +228,7 @@ fn rate_limit_json(route: &Route, registry: &Registry) -> Value {
             "route": route.config.protection.load_rate_limit,
             "gateway": gateway,
         },
-        "trips_while_off": gate_counts_json(&route.runtime.trips_while_off),
+        "trips_while_off": gate_counts_json(route.runtime.protection.snapshot().trips_while_off),
     })
 }
 
@@ -246,24 +246,26 @@ fn status_429(route: &Route, registry: &Registry, query: &str) -> Value {
     };
     let mut by_reason = serde_json::Map::new();
     for gate in crate::protect::gate::Gate::ALL {
-        let n: u64 = routes.iter().map(|r| r.runtime.refusals.get(gate)).sum();
+        let n: u64 = routes
+            .iter()
+            .map(|r| r.runtime.protection.snapshot().refusals.get(gate))
+            .sum();
         by_reason.insert(gate.as_str().into(), json!(n));
     }
     let out = json!({
         "scope": if param("all") { "all" } else { route.name() },
-        "total": routes.iter().map(|r| r.runtime.refusals.total()).sum::<u64>(),
+        "total": routes.iter().map(|r| r.runtime.protection.snapshot().refusals.total()).sum::<u64>(),
         "by_reason": by_reason,
         "by_route": routes.iter().map(|r| json!({
             "route": r.name(),
-            "total": r.runtime.refusals.total(),
-            "by_reason": gate_counts_json(&r.runtime.refusals),
+            "total": r.runtime.protection.snapshot().refusals.total(),
+            "by_reason": gate_counts_json(r.runtime.protection.snapshot().refusals),
         })).collect::<Vec<_>>(),
         "rate_limit": rate_limit_json(route, registry),
     });
     if param("reset") {
         for r in &routes {
-            r.runtime.refusals.reset();
-            r.runtime.trips_while_off.reset();
+            r.runtime.protection.reset_counts();
         }
     }
     out
@@ -417,7 +419,8 @@ fn measurement_status(route: &Route, registry: &Registry) -> Value {
     let protection = &route.config.protection;
     let cfg = protection.meter;
     let now = now_ms();
-    let meter = &route.runtime.meter;
+    let snapshot = route.runtime.protection.snapshot();
+    let meter = snapshot.meter;
     let series: Vec<Value> = meter
         .snapshot(cfg.ttl_ms, now)
         .into_iter()
@@ -543,7 +546,7 @@ fn adaptive_json(route: &Route) -> Value {
     let Some(cfg) = route.config.protection.adaptive else {
         return Value::Null;
     };
-    let state = route.runtime.adaptive.lock().clone();
+    let state = route.runtime.protection.adaptive_pools();
     let pools: Vec<Value> = route
         .pools()
         .into_iter()
@@ -570,7 +573,8 @@ fn adaptive_json(route: &Route) -> Value {
 fn session_status(route: &Route) -> Value {
     use std::sync::atomic::Ordering::Relaxed;
     let prio = &route.config.protection.session_prio;
-    let state = &route.runtime.prio;
+    let snapshot = route.runtime.protection.snapshot();
+    let state = snapshot.prio;
     let (on, source) = route.runtime.toggles.session_prio.effective(prio.enabled);
     let (prompt, cached) = route.runtime.prompt_tokens();
     json!({

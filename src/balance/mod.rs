@@ -113,7 +113,7 @@ pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Plac
                 }
                 return Err(Refusal::Full(err, gate));
             }
-            route.runtime.trips_while_off.add(gate);
+            route.runtime.protection.count(gate, false);
         }
     }
     let loads = peer_loads(route, &rule_view(route, pool, &cands, now), now);
@@ -145,7 +145,7 @@ pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Plac
         return Ok(placed);
     }
     if !limits_on {
-        route.runtime.trips_while_off.add(Gate::Concurrency);
+        route.runtime.protection.count(Gate::Concurrency, false);
         if let Some(placed) = overflow(route, &cands, |_| u32::MAX) {
             return Ok(placed);
         }

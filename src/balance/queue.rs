@@ -108,7 +108,7 @@ fn refused_full(
     waited: Option<Duration>,
 ) -> Refused {
     route.adaptive_rejected(label);
-    route.runtime.refusals.add(gate);
+    route.runtime.protection.count(gate, true);
     // Counted with the TTFT and decode-rate gates' refusals, so one metric
     // has every load-based 429 by its gate.
     route

@@ -9,10 +9,9 @@ use super::gateway::GatewayConfig;
 use super::spans::KeyLines;
 use super::units::Flag;
 use super::ConfigError;
-use crate::protect::limits::{
-    judge_table, metric_limit, Direction, Judged, LimitSource, MetricLimit,
-};
-use crate::protect::meter::{MeterConfig, Reading};
+pub use crate::protect::config::{AdaptiveConfig, Protection, SessionPrio};
+use crate::protect::limits::{metric_limit, MetricLimit};
+use crate::protect::meter::MeterConfig;
 use crate::protect::window::{Folds, MAX_FOLDS};
 use crate::reject::RuleSet;
 use crate::stream::postprocess::Handler;
@@ -290,135 +289,6 @@ impl RouteConfig {
             warnings,
             deprecations,
             keys_set: keys_set(text),
-        })
-    }
-}
-
-/// The load gates of a route: what is measured, and the limits.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Protection {
-    pub meter: MeterConfig,
-    /// TTFT EWMA (ms) at which new requests are refused; per model below.
-    pub ttft_limit_ms: f64,
-    pub ttft_limit_by_model: Vec<(String, f64)>,
-    /// Decode-rate floor (tok/s); `None`: no decode-rate gate.
-    pub tps_limit_tps: Option<f64>,
-    /// Declared metric tables: each entry a fold of the window with its own
-    /// threshold; they replace the static limits and the runtime overrides.
-    pub ttft_metrics: Option<Vec<MetricLimit>>,
-    pub tps_metrics: Option<Vec<MetricLimit>>,
-    /// The route's layer of the load-based 429s' master switch (`None`:
-    /// the gateway's).
-    pub load_rate_limit: Option<bool>,
-    /// Adaptive concurrency: the pool's limit moves by AIMD between its
-    /// bounds (on by default when a decode-rate floor is set).
-    pub adaptive: Option<AdaptiveConfig>,
-    /// Session turn priority: the gates grade by turn bucket.
-    pub session_prio: SessionPrio,
-    /// Requests per `probe_window` that pass a tripped gate.
-    pub probes: u32,
-    pub probe_window: Duration,
-}
-
-/// The adaptive limit's settings that a route may set; the rest of the
-/// AIMD parameters keep the OpenResty gateway's values (`protect::aimd::AimdParams`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdaptiveConfig {
-    /// Floor in slots; default `max(1, floor(0.4 × static max))` per pool.
-    pub min: Option<f64>,
-    /// Start point in slots, or as a fraction of the static max.
-    pub init: Option<f64>,
-    pub init_frac: Option<f64>,
-    pub hold_when_idle: bool,
-    pub use_ttft: bool,
-}
-
-impl AdaptiveConfig {
-    /// The AIMD parameters for a pool whose static limit is `max`. An init
-    /// outside `[min, max]` falls back to `min`.
-    pub fn params(&self, max: f64) -> crate::protect::aimd::AimdParams {
-        let mut p = crate::protect::aimd::AimdParams::for_max(max);
-        if let Some(min) = self.min {
-            p.min = min.clamp(1.0, max.max(1.0));
-        }
-        let init = self.init.or(self.init_frac.map(|f| (f * max).floor()));
-        p.init = init.filter(|i| (p.min..=max).contains(i)).unwrap_or(p.min);
-        p.hold_when_idle = self.hold_when_idle;
-        p.use_ttft = self.use_ttft;
-        p
-    }
-}
-
-/// Session turn priority settings (the OpenResty gateway's `session_prio_*`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SessionPrio {
-    /// As configured; the runtime toggle may override.
-    pub enabled: bool,
-    pub table: Vec<crate::protect::prio::Bucket>,
-    pub rt_limit_factor: f64,
-    pub severe: f64,
-    pub release: f64,
-    pub t1_probes: u32,
-    pub warn_frac: f64,
-}
-
-impl Protection {
-    /// The static TTFT limit for `model`: its own, else the route's.
-    pub fn ttft_limit_for(&self, model: Option<&str>) -> (f64, LimitSource) {
-        model
-            .and_then(|m| self.ttft_limit_by_model.iter().find(|(name, _)| name == m))
-            .map_or((self.ttft_limit_ms, LimitSource::Route), |(_, limit)| {
-                (*limit, LimitSource::Model)
-            })
-    }
-
-    /// What the TTFT gate holds against its limit: the metric table's worst
-    /// entry, else the P80 against the runtime override, the model's or the
-    /// route's limit.
-    pub fn judge_ttft(
-        &self,
-        reading: &Reading,
-        model: Option<&str>,
-        runtime: Option<f64>,
-    ) -> Judged {
-        if let Some(j) = self
-            .ttft_metrics
-            .as_deref()
-            .and_then(|t| judge_table(&reading.ttft_all, t, Direction::Above))
-        {
-            return j;
-        }
-        let (limit, source) = match runtime {
-            Some(v) => (v, LimitSource::Runtime),
-            None => self.ttft_limit_for(model),
-        };
-        Judged {
-            ewma: reading.ttft_ms,
-            limit,
-            fold: self.meter.ttft_folds.as_slice()[0],
-            source,
-        }
-    }
-
-    /// The decode-rate gate's view; `None` without any floor.
-    pub fn judge_tps(&self, reading: &Reading, runtime: Option<f64>) -> Option<Judged> {
-        if let Some(j) = self
-            .tps_metrics
-            .as_deref()
-            .and_then(|t| judge_table(&reading.tps_all, t, Direction::Below))
-        {
-            return Some(j);
-        }
-        let (limit, source) = match (runtime, self.tps_limit_tps) {
-            (Some(v), _) => (v, LimitSource::Runtime),
-            (None, Some(v)) => (v, LimitSource::Route),
-            (None, None) => return None,
-        };
-        Some(Judged {
-            ewma: reading.tps,
-            limit,
-            fold: self.meter.tps_folds.as_slice()[0],
-            source,
         })
     }
 }

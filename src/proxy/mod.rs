@@ -35,8 +35,10 @@ pub mod request;
 pub mod response;
 pub mod upstream;
 
+use crate::balance::{Granted, Refused};
 use crate::bodylog::Bodylog;
 use crate::errors;
+use crate::protect::route::TurnBucket;
 use crate::registry::Registry;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -101,61 +103,96 @@ impl Gateway {
     ) -> Result<(), Local> {
         let req = &mut ctx.request;
         req.pool = crate::balance::model_pool(route, req.model.as_deref())?;
-        let label = response::record::pool_label(route, req.model.as_deref());
-        let gateway_rate_limit = self.registry.gateway().load_rate_limit;
         let turn = guards::prio::turn_of(route, session, req.json_object);
-        if req.json_object {
-            let healthy = crate::balance::candidates(route, &req.pool, crate::clock::now_ms());
-            let model = req.model.as_deref();
-            let gates =
-                guards::load::check(route, label, model, healthy.len(), gateway_rate_limit, turn);
-            if let (Err(_), Some(t)) = (&gates, turn) {
-                route.runtime.prio.count(t.bucket, t.turn, false);
-            }
-            gates?;
+        self.load_gates(route, req, turn)?;
+        let outcome = self.placement(session, route, req, turn).await?;
+        record_placement(route, ctx, turn, outcome)
+    }
+
+    /// The TTFT and decode-rate gates on the request's pool (LLM requests
+    /// only); a refused turn is counted in its bucket.
+    fn load_gates(
+        &self,
+        route: &crate::registry::Route,
+        req: &ctx::Admitted,
+        turn: Option<TurnBucket>,
+    ) -> Result<(), Local> {
+        if !req.json_object {
+            return Ok(());
         }
+        let label = response::record::pool_label(route, req.model.as_deref());
+        let healthy = crate::balance::candidates(route, &req.pool, crate::clock::now_ms());
+        let gateway_rate_limit = self.registry.gateway().load_rate_limit;
+        let model = req.model.as_deref();
+        let gates =
+            guards::load::check(route, label, model, healthy.len(), gateway_rate_limit, turn);
+        if let (Err(_), Some(t)) = (&gates, turn) {
+            route.runtime.protection.count_turn(t, false);
+        }
+        Ok(gates?)
+    }
+
+    /// A peer with room, agreed with the other replicas, waiting in the
+    /// admission queue when the route has one; a client that hangs up
+    /// while queued leaves the queue at once.
+    async fn placement(
+        &self,
+        session: &mut Session,
+        route: &Arc<crate::registry::Route>,
+        req: &ctx::Admitted,
+        turn: Option<TurnBucket>,
+    ) -> Result<Result<Granted, Refused>, Local> {
         let demand = crate::balance::Demand {
             pool: &req.pool,
-            label,
+            label: response::record::pool_label(route, req.model.as_deref()),
             session: req.session.as_ref(),
             tokens: request::body::estimated_tokens(&req.body),
-            limits_on: route.rate_limit(gateway_rate_limit).0,
+            limits_on: route.rate_limit(self.registry.gateway().load_rate_limit).0,
             share: turn.map_or(1.0, |t| t.share),
         };
         let store = self.registry.store();
         let waiting = crate::balance::shared::place_agreed(route, store, &demand);
-        let outcome = tokio::select! {
-            outcome = waiting => outcome,
-            // A client that hangs up while queued leaves the queue at once.
-            _ = request::client_gone(session) => return Err(Local::ClientGone),
-        };
-        if let Some(t) = turn {
-            route.runtime.prio.count(t.bucket, t.turn, outcome.is_ok());
+        tokio::select! {
+            outcome = waiting => Ok(outcome),
+            _ = request::client_gone(session) => Err(Local::ClientGone),
         }
-        let (placed, waited) = match outcome {
-            Ok(admitted) => (admitted.placed, admitted.waited),
-            Err(refused) => {
-                ctx.request.queued = refused.waited;
-                record_queue_wait(route, refused.waited);
-                return Err(refused.error.into());
-            }
-        };
-        ctx.request.queued = waited;
-        record_queue_wait(route, waited);
-        let peer = &route.peers[placed.peer];
-        peer.metrics
-            .placements(
-                route.name(),
-                &peer.config.name,
-                placed.placement.kind.as_str(),
-                placed.placement.reason.map_or("none", |r| r.as_str()),
-            )
-            .inc();
-        ctx.request.placement = Some(placed.placement);
-        ctx.upstream.peer = Some(placed.peer);
-        ctx.upstream.slot = Some(placed.slot);
-        Ok(())
     }
+}
+
+/// What the placement decided, counted (the turn's bucket, the queue wait,
+/// the placement by kind and reason) and kept in the request's context.
+fn record_placement(
+    route: &crate::registry::Route,
+    ctx: &mut RequestCtx,
+    turn: Option<TurnBucket>,
+    outcome: Result<Granted, Refused>,
+) -> Result<(), Local> {
+    if let Some(t) = turn {
+        route.runtime.protection.count_turn(t, outcome.is_ok());
+    }
+    let (placed, waited) = match outcome {
+        Ok(admitted) => (admitted.placed, admitted.waited),
+        Err(refused) => {
+            ctx.request.queued = refused.waited;
+            record_queue_wait(route, refused.waited);
+            return Err(refused.error.into());
+        }
+    };
+    ctx.request.queued = waited;
+    record_queue_wait(route, waited);
+    let peer = &route.peers[placed.peer];
+    peer.metrics
+        .placements(
+            route.name(),
+            &peer.config.name,
+            placed.placement.kind.as_str(),
+            placed.placement.reason.map_or("none", |r| r.as_str()),
+        )
+        .inc();
+    ctx.request.placement = Some(placed.placement);
+    ctx.upstream.peer = Some(placed.peer);
+    ctx.upstream.slot = Some(placed.slot);
+    Ok(())
 }
 
 fn record_queue_wait(route: &crate::registry::Route, waited: Option<std::time::Duration>) {

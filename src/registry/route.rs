@@ -8,6 +8,7 @@ use super::toggles::Toggles;
 use super::Registry;
 use crate::config::{PeerConfig, RouteConfig};
 use crate::placement::{PeerId, SessionTable, TableConfig};
+use crate::protect::route::{PoolLoad, RouteProtection};
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -51,21 +52,6 @@ pub fn host_header(config: &PeerConfig) -> String {
     format!("{}:{}", config.host, config.port)
 }
 
-/// One pool's adaptive concurrency limit.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AdaptivePool {
-    /// `None`: fresh or expired (the next tick starts at init).
-    pub current: Option<f64>,
-    pub updated_ms: u64,
-    /// Concurrency refusals since the last tick.
-    pub rejected: u64,
-    pub last_step: Option<crate::protect::aimd::Step>,
-}
-
-/// An adaptive limit not moved for this long starts again at init, unless
-/// the route holds it when idle.
-const ADAPTIVE_TTL_MS: u64 = 300_000;
-
 /// Per-route state that survives reloads.
 pub struct RouteRuntime {
     peers: Mutex<HashMap<String, Arc<PeerState>>>,
@@ -73,21 +59,13 @@ pub struct RouteRuntime {
     pub sessions: SessionTable,
     /// Wakes the route's admission queue when room may have freed.
     pub queue: Arc<RoomSignal>,
-    /// TTFT and decode-rate measurement per pool and peer.
-    pub meter: crate::protect::meter::Meter,
-    /// 429s by gate, and the trips the rate-limit switch let through.
-    pub refusals: crate::protect::gate::GateCounts,
-    /// Session turn priority's counters and hold.
-    pub prio: crate::protect::prio::PrioState,
+    /// The load gates' measurements, counters, adaptive limits and
+    /// runtime overrides.
+    pub protection: RouteProtection,
     /// Prompt and cached prompt tokens the engines reported, for the cache
     /// hit rate in `/_session_status`.
     pub prompt_tokens: std::sync::atomic::AtomicU64,
     pub cached_tokens: std::sync::atomic::AtomicU64,
-    /// The adaptive limit of each pool (`"_"` without pools).
-    pub adaptive: Mutex<HashMap<String, AdaptivePool>>,
-    pub trips_while_off: crate::protect::gate::GateCounts,
-    /// `/_ttft_limit?ms=` and `/_tps_limit?tps=`, until they expire.
-    pub limit_overrides: LimitOverrides,
     /// In-flight per pool sampled every second, for `/_cluster_avg`.
     pub cluster_avg: Mutex<HashMap<String, ClusterAvg>>,
     /// Bumped on every reload that changes this route; background tasks of an
@@ -106,13 +84,6 @@ pub struct RouteRuntime {
 pub type ClusterAvg = crate::protect::rolling::Rolling<10>;
 pub const CLUSTER_AVG_BUCKET_MS: u64 = 30_000;
 
-/// The runtime overrides of a route's TTFT limit and decode-rate floor.
-#[derive(Debug, Default)]
-pub struct LimitOverrides {
-    pub ttft_ms: crate::protect::limits::Override,
-    pub tps: crate::protect::limits::Override,
-}
-
 impl RouteRuntime {
     /// (prompt, cached) tokens reported so far.
     pub fn prompt_tokens(&self) -> (u64, u64) {
@@ -129,14 +100,9 @@ impl RouteRuntime {
             next_peer_id: AtomicU32::new(0),
             sessions: SessionTable::new(table_config(config)),
             queue: Arc::default(),
-            meter: Default::default(),
-            refusals: Default::default(),
-            adaptive: Mutex::new(HashMap::new()),
-            prio: Default::default(),
+            protection: RouteProtection::default(),
             prompt_tokens: Default::default(),
             cached_tokens: Default::default(),
-            trips_while_off: Default::default(),
-            limit_overrides: Default::default(),
             cluster_avg: Mutex::new(HashMap::new()),
             generation: AtomicUsize::new(0),
             round_robin: AtomicUsize::new(0),
@@ -247,13 +213,8 @@ impl Route {
     /// Counts a gate's trip: a real 429 when the switch is on (true), or a
     /// trip let through when it is off (false).
     pub fn trip(&self, gate: crate::protect::gate::Gate, gateway_default: bool) -> bool {
-        if self.rate_limit(gateway_default).0 {
-            self.runtime.refusals.add(gate);
-            true
-        } else {
-            self.runtime.trips_while_off.add(gate);
-            false
-        }
+        let shed = self.rate_limit(gateway_default).0;
+        self.runtime.protection.count(gate, shed)
     }
 
     /// The pools of this route by label, with their peers.
@@ -281,60 +242,37 @@ impl Route {
 
     /// The adaptive limit in force for `label`, when the route has one.
     pub fn adaptive_limit(&self, label: &str, pool: &[usize]) -> Option<f64> {
-        let cfg = self.config.protection.adaptive?;
         let (max, _) = self.pool_load(pool);
-        let params = cfg.params(max);
-        let state = self.runtime.adaptive.lock().get(label).copied();
-        Some(state.and_then(|s| s.current).unwrap_or(params.init))
+        let p = &self.config.protection;
+        self.runtime.protection.adaptive_limit(p, label, max)
     }
 
     /// Notes a concurrency refusal for the pool's next tick.
     pub fn adaptive_rejected(&self, label: &str) {
-        if self.config.protection.adaptive.is_some() {
-            let mut pools = self.runtime.adaptive.lock();
-            pools.entry(label.to_string()).or_default().rejected += 1;
-        }
+        let p = &self.config.protection;
+        self.runtime.protection.count_adaptive_refusal(p, label);
     }
 
     /// One AIMD step for every pool (the route's sweeper calls it every
-    /// `tps_window`).
+    /// `protection.tps.window`), on the pools' loads as they are now.
     pub fn adaptive_tick(&self, now_ms: u64) {
-        let Some(cfg) = self.config.protection.adaptive else {
+        if self.config.protection.adaptive.is_none() {
             return;
-        };
-        let p = &self.config.protection;
-        for (label, pool) in self.pools() {
-            let (max, in_flight) = self.pool_load(&pool);
-            let params = cfg.params(max);
-            let reading = self.runtime.meter.reading(
-                crate::protect::meter::ScopeRef::Pool(label),
-                p.meter.ttl_ms,
-                now_ms,
-            );
-            let mut pools = self.runtime.adaptive.lock();
-            let state = pools.entry(label.to_string()).or_default();
-            let expired = !params.hold_when_idle
-                && now_ms.saturating_sub(state.updated_ms) >= ADAPTIVE_TTL_MS;
-            let overrides = &self.runtime.limit_overrides;
-            let model = (label != "_").then_some(label);
-            let ttft = p.judge_ttft(&reading, model, overrides.ttft_ms.get(now_ms));
-            let tps = p.judge_tps(&reading, overrides.tps.get(now_ms));
-            let input = crate::protect::aimd::TickInput {
-                current: state.current.filter(|_| !expired),
-                in_flight,
-                rejected: std::mem::take(&mut state.rejected),
-                tps: tps.map_or(reading.tps, |j| j.ewma),
-                tps_floor: tps.map(|j| j.limit),
-                ttft: ttft.ewma,
-                ttft_limit: Some(ttft.limit),
-            };
-            let (next, step) = crate::protect::aimd::step(&params, &input);
-            if step != crate::protect::aimd::Step::NoSignal {
-                state.updated_ms = now_ms;
-            }
-            state.current = next;
-            state.last_step = Some(step);
         }
+        let pools = self.pools();
+        let loads: Vec<PoolLoad> = pools
+            .iter()
+            .map(|(label, pool)| {
+                let (max, in_flight) = self.pool_load(pool);
+                PoolLoad {
+                    label,
+                    max,
+                    in_flight,
+                }
+            })
+            .collect();
+        let p = &self.config.protection;
+        self.runtime.protection.tick(p, &loads, now_ms);
     }
 
     /// Samples each pool's in-flight into its rolling average.

@@ -2,18 +2,10 @@
 //! turn falls in (from `x-phanrouter-session`), when the route has the
 //! feature on. With it off nothing is read and every path is unchanged.
 
-use crate::protect::prio::{bucket_of, parse_header, Turn, HEADER};
+use crate::protect::prio::{bucket_of, parse_header, HEADER};
+use crate::protect::route::TurnBucket;
 use crate::registry::Route;
 use pingora::proxy::Session;
-
-/// A request's place in the turn table.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TurnBucket {
-    pub turn: Turn,
-    pub bucket: usize,
-    /// The bucket's share of the concurrency limit.
-    pub share: f64,
-}
 
 /// The request's bucket, or `None` when session priority is off for the
 /// route (or the request is no LLM request).
@@ -32,10 +24,8 @@ pub fn turn_of(route: &Route, session: &Session, llm: bool) -> Option<TurnBucket
     if let Some((unusable, total)) =
         route
             .runtime
-            .prio
-            .no_header
-            .lock()
-            .note(turn, now, prio.warn_frac)
+            .protection
+            .count_turn_header(turn, now, prio.warn_frac)
     {
         log::warn!(
             "route {}: {unusable} of {total} requests this minute had no usable {HEADER} header (session_prio_warn_frac {}); they are treated as fully warm",

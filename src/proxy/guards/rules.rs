@@ -33,7 +33,10 @@ pub fn check(route: &Route, req: &Admitted) -> Result<(), ErrorResponse> {
     }) else {
         return Ok(());
     };
-    route.runtime.refusals.add(crate::protect::gate::Gate::Rule);
+    route
+        .runtime
+        .protection
+        .count(crate::protect::gate::Gate::Rule, true);
     metrics()
         .rejections
         .with_label_values(&[route.name(), &rule.name])

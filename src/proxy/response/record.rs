@@ -100,8 +100,8 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
     let cfg = &route.config.protection.meter;
     let tps = route
         .runtime
-        .meter
-        .record(cfg, pool, peer, &timing, now_ms());
+        .protection
+        .count_stream(cfg, pool, peer, &timing, now_ms());
     let handles = ctx
         .peer()
         .map_or(&route.metrics.unplaced, |(_, p)| &p.metrics);
