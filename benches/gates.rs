@@ -1,6 +1,6 @@
 //! Cost of the load gates' decision per LLM request (issue 9): the pool's
 //! reading, the limit in force, and the verdict, through the same
-//! `proxy::guards::load::check` the request path calls, on a route loaded
+//! `proxy::guards::gates::check` the request path calls, on a route loaded
 //! from a real route file.
 //!
 //! `cargo bench --bench gates`. Four states: no EWMA yet (fail-open, the
@@ -19,7 +19,7 @@ use llm_gateway::config::{GatewayConfig, Overrides};
 use llm_gateway::protect::meter::StreamTiming;
 use llm_gateway::protect::prio::Turn;
 use llm_gateway::protect::route::TurnBucket;
-use llm_gateway::proxy::guards::load::check;
+use llm_gateway::proxy::guards::gates::check;
 use llm_gateway::registry::{Registry, Route};
 
 fn route(dir: &Path, name: &str, extra: &str) -> Arc<Route> {

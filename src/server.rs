@@ -170,7 +170,7 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
         log::info!("session store: redis (bindings shared with every replica)");
         server.add_service(background_service(
             "session-store",
-            crate::store::load::StoreService {
+            crate::balance::sync::StoreService {
                 store,
                 registry: Arc::clone(&registry),
             },

@@ -140,3 +140,17 @@ fn the_architecture_maps_arrows_hold() {
     assert!(!offenders("proxy", &["crate::balance"]).is_empty());
     assert!(!offenders("stream", &["Instant::now"]).is_empty());
 }
+
+#[test]
+fn the_session_store_knows_nothing_of_routes() {
+    let above = [
+        "crate::registry",
+        "crate::balance",
+        "crate::placement",
+        "crate::proxy",
+    ];
+    let found = offenders("store", &above);
+    assert!(found.is_empty(), "store reaches up: {found:#?}");
+    // Control: the cluster sync, which bridges the two, does name the registry.
+    assert!(!offenders("balance", &["crate::registry"]).is_empty());
+}

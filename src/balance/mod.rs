@@ -15,15 +15,16 @@
 //! live here, next to `try_acquire`.
 
 mod explain;
-mod load;
 mod pools;
 mod queue;
 pub mod shared;
+mod snapshot;
+pub mod sync;
 
 pub use explain::explain;
-pub use load::{discount_completed, peer_loads};
 pub use pools::{candidates, model_pool, rule_view};
 pub use queue::{place_or_wait, Granted, Refused};
+pub use snapshot::{discount_completed, peer_loads};
 
 use crate::clock::now_ms;
 use crate::config::Mode;

@@ -5,14 +5,14 @@
 //! is written compare-and-set and a sticky turn refreshes the key's TTL.
 //! With `session_store: local`, or no session id, both are no-ops.
 
+use super::sync::{adopt, local_binding};
 use super::{candidates, peer_loads, rule_view};
 use crate::config::Mode;
 use crate::placement::{Placement, PlacementKind};
 use crate::registry::Route;
 use crate::session::SessionId;
 use crate::store::binding::StoredBinding;
-use crate::store::load::local_binding;
-use crate::store::{adopt, Cas, SessionStore};
+use crate::store::{Cas, SessionStore};
 use std::sync::Arc;
 
 /// What the agreement before placement saw, for the write after it.

@@ -125,7 +125,7 @@ impl Gateway {
         let gateway_rate_limit = self.registry.gateway().load_rate_limit;
         let model = req.model.as_deref();
         let gates =
-            guards::load::check(route, label, model, healthy.len(), gateway_rate_limit, turn);
+            guards::gates::check(route, label, model, healthy.len(), gateway_rate_limit, turn);
         if let (Err(_), Some(t)) = (&gates, turn) {
             route.runtime.protection.count_turn(t, false);
         }

@@ -94,7 +94,7 @@ impl PeerState {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// The other replicas' in-flight to this peer (see `store::load`).
+    /// The other replicas' in-flight to this peer (see `balance/sync.rs`).
     pub fn remote_in_flight(&self) -> u32 {
         self.remote_in_flight.load(Ordering::Relaxed)
     }

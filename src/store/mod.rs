@@ -17,7 +17,6 @@
 //!   `idle_timeout / 8` per session, not on every request.
 
 pub mod binding;
-pub mod load;
 
 use crate::config::store::{RedisStoreConfig, SessionStoreConfig};
 use crate::metrics::metrics;
@@ -389,20 +388,6 @@ impl RedisStore {
     pub fn take_dirty(&self) -> Vec<(Arc<str>, u64)> {
         std::mem::take(&mut *self.dirty.lock())
     }
-}
-
-/// Makes the local table follow a binding another replica wrote; a peer
-/// this replica does not have (a route file not yet reloaded here) is
-/// ignored, and the local placement rules decide.
-pub fn adopt(route: &crate::registry::Route, sid: u64, b: &StoredBinding, now_ms: u64) -> bool {
-    let Some(p) = route.peers.iter().find(|p| p.state.address == b.peer) else {
-        return false;
-    };
-    route
-        .runtime
-        .sessions
-        .adopt(sid, p.state.id, b.moved_ago_ms(now_ms), now_ms);
-    true
 }
 
 fn ttl_ms(ttl: Duration) -> u64 {

@@ -8,7 +8,7 @@
 //! from `Gateway::admit` between the content guards and placement.
 
 pub mod auth;
-pub mod load;
+pub mod gates;
 pub mod prefix;
 pub mod prio;
 pub mod rules;

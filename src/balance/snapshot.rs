@@ -42,7 +42,7 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                 bound: p.state.bound(
                     bound_of(p.state.id),
                     now_ms,
-                    crate::store::load::CLUSTER_VIEW_MAX_AGE_MS,
+                    super::sync::CLUSTER_VIEW_MAX_AGE_MS,
                 ),
                 kv_capacity_tokens: p.config.kv_capacity_tokens.or(p.state.kv_capacity_tokens()),
             }

@@ -1,4 +1,6 @@
-//! The shared store's background task: keeps the connections open,
+//! The cluster sync: the background task that shares this replica's
+//! placement state through the session store (`crate::store`, which knows
+//! nothing of routes). It keeps the connections open,
 //! publishes this replica's in-flight per peer and reads the others'
 //! (every `IN_FLIGHT_MS`), publishes and reads the live sessions (every
 //! `SESSIONS_EVERY`-th time, 250 ms; a replica's numbers expire
@@ -17,10 +19,10 @@
 //! turn or a move, and their list grows with the cluster, so they keep the
 //! slower pace.
 
-use super::binding::{live_key, load_key, replicas_key, StoredBinding};
-use super::{RedisStore, SessionStore};
 use crate::clock::now_ms;
 use crate::registry::{Registry, Route};
+use crate::store::binding::{live_key, load_key, replicas_key, StoredBinding};
+use crate::store::{RedisStore, SessionStore};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use std::collections::HashMap;
@@ -252,7 +254,7 @@ async fn write_back(redis: &RedisStore, registry: &Registry, now: u64) {
         match redis.set_if_absent(&route_name, sid, &stored, ttl).await {
             Ok(None) => written += 1,
             Ok(Some(winner)) => {
-                super::adopt(&route, sid, &winner, now);
+                adopt(&route, sid, &winner, now);
             }
             Err(()) => {
                 redis.mark_dirty(&route_name, sid);
@@ -275,6 +277,20 @@ pub fn local_binding(route: &Route, sid: u64, now: u64) -> Option<StoredBinding>
         moved_at_ms: moved_ago.map_or(0, |ago| now.saturating_sub(ago).max(1)),
         last_seen_ms: now,
     })
+}
+
+/// Makes the local table follow a binding another replica wrote; a peer
+/// this replica does not have (a route file not yet reloaded here) is
+/// ignored, and the local placement rules decide.
+pub fn adopt(route: &Route, sid: u64, b: &StoredBinding, now_ms: u64) -> bool {
+    let Some(p) = route.peers.iter().find(|p| p.state.address == b.peer) else {
+        return false;
+    };
+    route
+        .runtime
+        .sessions
+        .adopt(sid, p.state.id, b.moved_ago_ms(now_ms), now_ms);
+    true
 }
 
 #[cfg(test)]
