@@ -40,6 +40,7 @@ pub mod registry;
 pub mod reject;
 pub mod request_view;
 pub mod rewrite;
+pub mod route_endpoints;
 pub mod server;
 pub mod session;
 pub mod store;

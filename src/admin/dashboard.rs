@@ -2,7 +2,7 @@
 //! page, its CSS and JS inline, embedded in the binary) and the JSON it
 //! polls, `GET /dashboard.json`.
 //!
-//! The live values are the per-route endpoints' own (`routes::respond`),
+//! The live values are the per-route endpoints' own (`route_endpoints::respond`),
 //! picked and joined per peer, so the page can never disagree with
 //! `/_route_state` or `/_ttft_status`. The time series come from
 //! `History` (pure, `history.rs`), one per route, filled every
@@ -10,7 +10,6 @@
 //! Nothing here carries a session id or a key: peers, pools and counts only.
 
 use super::history::History;
-use super::routes;
 use crate::clock::now_ms;
 use crate::metrics::metrics;
 use crate::protect::gate::Gate;
@@ -289,7 +288,8 @@ fn by_name(list: &Value, filter: impl Fn(&Value) -> bool) -> HashMap<&str, &Valu
 }
 
 fn route_json(route: &Route, registry: &Registry, history: Option<&History>, now: u64) -> Value {
-    let get = |path: &str| routes::respond(route, registry, path).unwrap_or(Value::Null);
+    let get =
+        |path: &str| crate::route_endpoints::respond(route, registry, path).unwrap_or(Value::Null);
     let state = get("/_route_state");
     let health = get("/_health_status");
     let measured = get("/_ttft_status");

@@ -4,7 +4,6 @@
 
 pub mod dashboard;
 pub mod history;
-pub mod routes;
 
 use crate::clock::now_ms;
 use crate::lifecycle::is_draining;

@@ -5,12 +5,12 @@
 //! them, so the hook reads as one `?` per phase.
 
 use super::Local;
-use crate::admin::routes as endpoints;
 use crate::bodylog::Bodylog;
 use crate::config::StatusAccess;
 use crate::errors::ErrorResponse;
 use crate::proxy::guards::{auth, is_loopback_peer};
 use crate::registry::{Registry, Route};
+use crate::route_endpoints as endpoints;
 use pingora::proxy::Session;
 
 /// `/_bodylog_status` and `/_bodylog_toggle`: gateway-wide, so served at
@@ -221,7 +221,7 @@ pub async fn inspect(
         "candidates": candidates.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
         "mode": route.config.balancing.mode.as_str(),
         "placement": placement,
-        "transforms": crate::admin::routes::preview(route, &body),
+        "transforms": crate::route_endpoints::preview(route, &body),
     });
     Err(Local::Json(200, shown(answer, local)))
 }

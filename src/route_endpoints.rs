@@ -1,7 +1,10 @@
-//! Per-route read-only endpoints on the main listener, `/<route>/_…`.
-//! They report state; none of them changes anything (`/_route_debug`
-//! explains a placement without making it). No raw session id is ever
-//! echoed: only its hash.
+//! Per-route endpoints on the main listener, `/<route>/_…`: dispatched by
+//! `proxy/request/endpoints.rs`, and read by the admin listener's
+//! dashboard too, which is why they live outside `proxy`.
+//! The status endpoints report state and change nothing (`/_route_debug`
+//! explains a placement without making it); the toggles and the limit
+//! overrides (loopback only, checked by the caller) set the route's
+//! runtime switches. No raw session id is ever echoed: only its hash.
 
 use crate::balance;
 use crate::clock::now_ms;
