@@ -441,7 +441,7 @@ pub fn reject_rules(data: &[u8]) {
     let Ok(yaml) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
         return;
     };
-    // As config/route.rs turns the route file's `reject_rules` into JSON.
+    // As config/route/sections.rs turns the route file's `reject_rules` into JSON.
     let Ok(rules) = serde_json::to_value(yaml) else {
         return;
     };

@@ -1,0 +1,336 @@
+//! `routes/<name>.yaml` → [`RouteConfig`]: one validated route. `parse`
+//! reads as the file's sections, each validated by its own function:
+//! `peers.rs`, `protection.rs`, and `sections.rs` for the rest.
+
+use super::file::{keys_set, RouteFile};
+use super::gateway::GatewayConfig;
+use super::spans::KeyLines;
+use super::units::Flag;
+use super::ConfigError;
+pub use crate::protect::config::{AdaptiveConfig, Protection, SessionPrio};
+use crate::reject::RuleSet;
+use crate::stream::postprocess::Handler;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+mod peers;
+mod protection;
+mod sections;
+
+use peers::{parse_model_pools, parse_peers};
+use protection::parse_protection;
+use sections::{
+    parse_balancing, parse_engine_metrics, parse_health, parse_postprocess, parse_reject_rules,
+    parse_timeouts,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The session table: stick to where the cache is, move only under real pressure.
+    LoadAware,
+    /// Rendezvous hashing of the session id over the ready peers.
+    Hash,
+    /// Ignore sessions; lowest in-flight / max_concurrency.
+    LeastConn,
+    /// Ignore sessions; rotate over the ready peers. A baseline for benchmarks.
+    RoundRobin,
+}
+
+impl Mode {
+    pub fn parse(text: &str) -> Option<Mode> {
+        match text.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "load_aware" | "loadaware" => Some(Mode::LoadAware),
+            "hash" => Some(Mode::Hash),
+            "least_conn" | "leastconn" => Some(Mode::LeastConn),
+            "round_robin" | "roundrobin" => Some(Mode::RoundRobin),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::LoadAware => "load_aware",
+            Mode::Hash => "hash",
+            Mode::LeastConn => "least_conn",
+            Mode::RoundRobin => "round_robin",
+        }
+    }
+}
+
+/// One engine endpoint of a route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerConfig {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    /// Lower value = preferred tier (0 is the primary tier), as in Envoy.
+    pub priority: i32,
+    pub max_concurrency: u32,
+    pub probe_path: Option<String>,
+    /// The engine's KV capacity in tokens, for KV-aware admission; when
+    /// unset, read from the engine's metrics (`vllm:cache_config_info`,
+    /// `sglang:max_total_num_tokens`) where it reports it.
+    pub kv_capacity_tokens: Option<u64>,
+}
+
+impl PeerConfig {
+    /// The identity runtime state is keyed by across reloads.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Balancing {
+    pub mode: Mode,
+    /// Route-specific session headers, tried before the built-in ones.
+    pub session_headers: Vec<http::HeaderName>,
+    pub idle_timeout: Duration,
+    /// A session used within this long counts as holding KV on its engine.
+    pub live_window: Duration,
+    pub cross_tier_fallback: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthConfig {
+    pub enabled: bool,
+    pub interval: Duration,
+    pub ban_ttl: Duration,
+    pub probe_path: String,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineMetricsConfig {
+    pub interval: Duration,
+    pub kv_full_threshold: f64,
+    pub path: String,
+}
+
+impl EngineMetricsConfig {
+    /// A sample is fresh, and two samples are consecutive, within two
+    /// scrape intervals: one slow or lost scrape does not blind placement.
+    pub fn max_age_ms(&self) -> u64 {
+        2 * self.interval.as_millis() as u64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    /// Also bounds the wait for the response header, so a non-stream
+    /// generation needs a generous value, and each write of a long prompt
+    /// to an engine that stopped reading it.
+    pub read: Duration,
+    pub idle: Duration,
+}
+
+/// A validated route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfig {
+    pub name: String,
+    pub file: PathBuf,
+    pub peers: Vec<PeerConfig>,
+    /// model name → indices into `peers`. Empty: one pool, any model.
+    pub peers_by_model: Vec<(String, Vec<usize>)>,
+    pub max_body_size: u64,
+    pub balancing: Balancing,
+    pub health: HealthConfig,
+    pub engine_metrics: Option<EngineMetricsConfig>,
+    pub timeouts: Timeouts,
+    pub routed_headers: bool,
+    /// The route's own key file instead of the gateway's shared one.
+    pub api_keys_file: Option<PathBuf>,
+    /// Content reject rules, compiled. An invalid rule is dropped (the
+    /// route still serves) and its error kept in `reject_rule_errors`.
+    pub reject_rules: Arc<RuleSet>,
+    /// One error per dropped rule, naming it: logged at load, fatal for
+    /// `llm-gateway check`.
+    pub reject_rule_errors: Vec<String>,
+    pub reject_rules_enabled: bool,
+    /// None: responses pass unchanged.
+    pub postprocess: Option<Handler>,
+    /// Add `stream_options.include_usage` to streaming requests that lack it.
+    pub include_usage: bool,
+    /// Remove the per-request `cch=<hash>;` field from Claude Code's billing
+    /// line at the start of the system prompt (`crate::rewrite::cch`).
+    pub cch_strip: bool,
+    /// Renumber Kimi tool-call ids by first appearance (`crate::rewrite::kimi`).
+    pub kimi_normalize: bool,
+    /// Send the client's `Authorization`/`x-api-key` on to the engine. Off by
+    /// default: a key the gateway checks is the client's credential for the
+    /// gateway, not for the engines behind it.
+    pub forward_client_key: bool,
+    /// Let a request with `Upgrade` (WebSocket, h2c) through and an
+    /// engine's `101 Switching Protocols` turn the connection into a raw
+    /// tunnel. Off by default: past a 101 nothing the gateway checks (the
+    /// `/v1/` restriction, body limits, rules) applies any more.
+    pub allow_upgrade: bool,
+    /// How long a request that no peer can take (every slot busy, or a new
+    /// session that fits no engine's KV) waits for room before its 429.
+    /// Zero answers at once.
+    pub queue_timeout: Duration,
+    /// TTFT and decode-rate measurement and the gates on them.
+    pub protection: Protection,
+    /// A file whose first line is the key the engines expect; sent as
+    /// `Authorization: Bearer <key>` in place of the client's.
+    pub engine_api_key_file: Option<PathBuf>,
+    /// Values dropped or ignored, to log at load; the route still serves.
+    pub warnings: Vec<String>,
+    /// Keys written in a deprecated spelling, each with its place now
+    /// (logged at load, printed by `check`).
+    pub deprecations: Vec<String>,
+    /// The option keys the file wrote (`/_route_opts` tells them apart
+    /// from defaults).
+    pub keys_set: Vec<String>,
+}
+
+pub const DEFAULT_LIVE_WINDOW: Duration = Duration::from_secs(10);
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// A route name is the first path segment, so it must be URL-safe and must
+/// not collide with the `/_…` endpoints.
+pub fn valid_route_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('_')
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// The route name a file in `routes/` serves, or None if the file is not a route file.
+pub fn route_name_of(path: &Path) -> Option<String> {
+    let ext = path.extension()?.to_str()?;
+    if ext != "yaml" && ext != "yml" {
+        return None;
+    }
+    let stem = path.file_stem()?.to_str()?;
+    Some(stem.to_string())
+}
+
+impl RouteConfig {
+    pub fn load(path: &Path, gateway: &GatewayConfig) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, None, format!("cannot read: {e}")))?;
+        let name = route_name_of(path)
+            .ok_or_else(|| ConfigError::new(path, None, "route files must end in .yaml"))?;
+        Self::parse(&name, path, &text, gateway)
+    }
+
+    pub fn parse(
+        name: &str,
+        path: &Path,
+        text: &str,
+        gateway: &GatewayConfig,
+    ) -> Result<Self, ConfigError> {
+        let mut at = Locator {
+            path,
+            lines: KeyLines::of(text),
+            adopted: Vec::new(),
+        };
+        if !valid_route_name(name) {
+            return Err(at.error(
+                None,
+                format!("route name {name:?} (from the file name) must be letters, digits, '-', '_' or '.', not starting with '_' or '.'"),
+            ));
+        }
+        let mut file: RouteFile =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, e))?;
+        at.adopted = file.adopt_flat_keys().map_err(|(flat, nested)| {
+            at.at_key(
+                flat,
+                format!("{flat} and {nested} are both set; keep {nested} ({flat} is its deprecated spelling)"),
+            )
+        })?;
+        let deprecations = at
+            .adopted
+            .iter()
+            .map(|(flat, nested)| match at.line(nested) {
+                Some(line) => format!("{flat} (line {line}) is deprecated: write it as {nested}"),
+                None => format!("{flat} is deprecated: write it as {nested}"),
+            })
+            .collect();
+        let mut warnings = Vec::new();
+        let protection = parse_protection(&at, &file.protection, &mut warnings)?;
+        let peers = parse_peers(&at, file.peers)?;
+        let peers_by_model = parse_model_pools(&at, &peers, file.peers_by_model)?;
+        let balancing = parse_balancing(&at, file.balancing.unwrap_or_default(), &mut warnings)?;
+        let health = parse_health(&at, file.health.unwrap_or_default())?;
+        let engine_metrics = parse_engine_metrics(&at, file.engine_metrics)?;
+        let timeouts = parse_timeouts(file.timeouts.unwrap_or_default());
+        let (reject_rules, reject_rule_errors) =
+            RuleSet::compile(&parse_reject_rules(&at, file.reject_rules)?);
+        let postprocess = parse_postprocess(&at, file.postprocess.as_deref(), gateway)?;
+        Ok(RouteConfig {
+            name: name.to_string(),
+            file: path.to_path_buf(),
+            peers,
+            peers_by_model,
+            max_body_size: file
+                .max_body_size
+                .map(|s| s.0)
+                .unwrap_or(gateway.max_body_size),
+            balancing,
+            health,
+            engine_metrics,
+            timeouts,
+            routed_headers: flag(file.routed_headers, true),
+            api_keys_file: file.api_keys_file,
+            reject_rules: Arc::new(reject_rules),
+            reject_rule_errors,
+            reject_rules_enabled: flag(file.reject_rules_enabled, true),
+            postprocess,
+            include_usage: flag(file.include_usage, false),
+            cch_strip: flag(file.cch_strip, false),
+            kimi_normalize: flag(file.kimi_normalize, false),
+            forward_client_key: flag(file.forward_client_key, false),
+            allow_upgrade: flag(file.allow_upgrade, false),
+            queue_timeout: file.queue_timeout.map_or(Duration::ZERO, |d| d.0),
+            protection,
+            engine_api_key_file: file.engine_api_key_file,
+            warnings,
+            deprecations,
+            keys_set: keys_set(text),
+        })
+    }
+}
+
+pub(super) fn flag(value: Option<Flag>, default: bool) -> bool {
+    value.map(|f| f.0).unwrap_or(default)
+}
+
+/// Errors found after the YAML layer point at the line of the key they are
+/// about (from the parser's positions, `spans.rs`) and name it as the file
+/// wrote it: a flat protection key keeps its own name and line.
+pub(super) struct Locator<'a> {
+    path: &'a Path,
+    lines: KeyLines,
+    /// The (flat, nested) protection keys this file wrote flat.
+    adopted: Vec<(&'static str, &'static str)>,
+}
+
+impl Locator<'_> {
+    pub(super) fn error(&self, line: Option<usize>, message: String) -> ConfigError {
+        ConfigError::new(self.path, line, message)
+    }
+
+    /// `path` (dotted, as `protection.ttft.limit_ms`) as the file wrote it.
+    pub(super) fn written(&self, path: &str) -> String {
+        self.adopted
+            .iter()
+            .find(|(_, nested)| *nested == path)
+            .map_or(path, |(flat, _)| flat)
+            .to_string()
+    }
+
+    pub(super) fn line(&self, path: &str) -> Option<usize> {
+        self.lines.line(&self.written(path))
+    }
+
+    pub(super) fn at_key(&self, path: &str, message: String) -> ConfigError {
+        self.error(self.line(path), message)
+    }
+}
