@@ -6,7 +6,7 @@
 //!   `LLM_GATEWAY_UNSAFE_PINGORA_DEBUG=1`.
 //! - Pingora logs an ERROR for every connection whose request head was cut
 //!   short (the client closed or reset it, or `client_header_timeout`
-//!   closed it, see `proxy/conn.rs`). Any client can cause one per
+//!   closed it, see `proxy/conn/`). Any client can cause one per
 //!   connection, without a key, so they would flood the log and drown the
 //!   errors someone should look at: they are logged at debug instead, with
 //!   a fixed text (Pingora's has nothing the operator needs).

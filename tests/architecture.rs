@@ -142,7 +142,7 @@ fn every_path_and_name_the_architecture_map_gives_exists() {
 fn the_check_finds_a_moved_file_and_a_renamed_function() {
     // Control: the same check on a map that names one real and one gone
     // thing of each kind reports exactly the gone ones.
-    let map = "`proxy/conn.rs` `proxy/gone.rs` `head_complete` `head_was_complete` \
+    let map = "`proxy/conn/` `proxy/gone.rs` `head_complete` `head_was_complete` \
                `SessionTable::adopt` `SessionTable::adopt_all` `balance/shared.rs::place_agreed` \
                `balance/shared.rs::place_agreed_later` `fuzz/corpus/<target>/` `nowhere/<x>/`";
     assert_eq!(
