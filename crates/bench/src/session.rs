@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
 use crate::analysis;
-use crate::client::{Conn, Exchange};
+use crate::client::{post_stream, Conn, Exchange};
 use crate::record::Record;
 use crate::reference::Placer;
 use crate::workload::Workload;
@@ -108,9 +108,8 @@ impl Ctx {
                     .connection(addr)
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
-                let (ex, reusable) = c
-                    .post_stream(host, path, &[("x-session-id", session)], body, started)
-                    .await;
+                let (ex, reusable) =
+                    post_stream(c, host, path, &[("x-session-id", session)], body, started).await;
                 let engine = ex
                     .head
                     .as_ref()
@@ -137,7 +136,7 @@ impl Ctx {
                         Ok(c) => {
                             let host = addr.to_string();
                             let (ex, reusable) =
-                                c.post_stream(&host, DIRECT_PATH, &[], body, started).await;
+                                post_stream(c, &host, DIRECT_PATH, &[], body, started).await;
                             return Ok((ex, reusable, Some(e)));
                         }
                         Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
