@@ -7,10 +7,11 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::analysis::{self, PrefillBound, Spread};
-use super::stats::{percentile, sum};
+use super::stats::percentile;
 use crate::plan::{fmt_secs, Plan};
 use crate::record::Record;
 use crate::window::{placements_by_reason, Window};
+use llm_gateway_prom::sum;
 
 /// How often the sessions bound to each engine are counted from the records.
 const BINDINGS_EVERY: Duration = Duration::from_millis(500);

@@ -12,8 +12,9 @@ use parking_lot::Mutex;
 use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::client;
-use crate::stats::{self, Sample};
+use crate::stats;
 use crate::ROUTE;
+use llm_gateway_prom::Sample;
 use llm_gateway_sim::EngineStats;
 
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
@@ -31,7 +32,7 @@ pub(crate) struct Snapshot {
 
 pub(crate) async fn scrape(addr: SocketAddr) -> Vec<Sample> {
     match client::get(addr, "/metrics", Duration::from_secs(3)).await {
-        Ok((200, body)) => stats::parse_prometheus(&String::from_utf8_lossy(&body)),
+        Ok((200, body)) => llm_gateway_prom::parse(&String::from_utf8_lossy(&body)),
         _ => Vec::new(),
     }
 }
