@@ -13,7 +13,7 @@
 //! - `protect`    the load gates' pure cores: windows, EWMAs, limits, AIMD, turn priority
 //! - `reject`, `rewrite`  content rules; prefix-stability transforms of bodies
 //! - `stream`     the response pipeline: SSE, usage, first token, post-processing
-//! - `auth`       API keys
+//! - `auth`       API keys; `query` the `/_…` endpoints' query-string parameters
 //! - `health`     active probes and engine metric scraping
 //! - `admin`      /healthz, /metrics, /_routes, the dashboard and the per-route /_ endpoints
 //! - `controller`, `watch`, `lifecycle`  signals, reloads, the drain
@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod placement;
 pub mod protect;
 pub mod proxy;
+pub mod query;
 pub mod registry;
 pub mod reject;
 pub mod request_view;
