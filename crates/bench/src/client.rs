@@ -148,7 +148,49 @@ pub async fn post_stream(
         error: None,
         elapsed: Duration::ZERO,
     };
-    let reusable = match exchange(conn, host, path, headers, body, start, &mut ex).await {
+    let exchange = async {
+        let mut all = vec![
+            ("host", host),
+            ("content-type", "application/json"),
+            ("accept", "text/event-stream"),
+        ];
+        all.extend_from_slice(headers);
+        conn.send("POST", path, &all, body).await?;
+
+        let head = conn.read_head().await?;
+        ex.status = head.status;
+        ex.head = Some(head.clone());
+        let chunked = head.chunked();
+        let framed = chunked || head.content_length().is_some();
+        let close = head.close();
+        if ex.status != 200 {
+            let body = conn.read_body(&head).await?;
+            let snippet = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+            ex.error = Some(format!("status {}: {snippet}", ex.status));
+            return Ok(!close && framed);
+        }
+        if !chunked {
+            // Pingora re-frames streams as chunked; anything else is read
+            // whole, timed as it comes.
+            let body = conn.read_body(&head).await?;
+            ex.timer.feed(&body, start.elapsed());
+        } else {
+            let timer = &mut ex.timer;
+            conn.read_chunked(|data| timer.feed(data, start.elapsed()))
+                .await?;
+        }
+        if let Some(e) = ex.timer.error.clone() {
+            ex.error = Some(e);
+        } else if !ex.timer.done {
+            ex.error = Some("stream ended without [DONE]".into());
+        } else if ex.timer.usage.is_none() {
+            ex.error = Some("stream had no usage frame".into());
+        } else if ex.timer.first_content.is_none() {
+            ex.error = Some("stream had no content".into());
+        }
+        Ok::<bool, String>(!close && framed)
+    };
+    let reusable = match exchange.await {
         Ok(reusable) => reusable,
         Err(e) => {
             ex.error.get_or_insert(e);
@@ -157,57 +199,6 @@ pub async fn post_stream(
     };
     ex.elapsed = start.elapsed();
     (ex, reusable)
-}
-
-async fn exchange(
-    conn: &mut Conn,
-    host: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    start: Instant,
-    ex: &mut Exchange,
-) -> Result<bool, String> {
-    let mut all = vec![
-        ("host", host),
-        ("content-type", "application/json"),
-        ("accept", "text/event-stream"),
-    ];
-    all.extend_from_slice(headers);
-    conn.send("POST", path, &all, body).await?;
-
-    let head = conn.read_head().await?;
-    ex.status = head.status;
-    ex.head = Some(head.clone());
-    let chunked = head.chunked();
-    let framed = chunked || head.content_length().is_some();
-    let close = head.close();
-    if ex.status != 200 {
-        let body = conn.read_body(&head).await?;
-        let snippet = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
-        ex.error = Some(format!("status {}: {snippet}", ex.status));
-        return Ok(!close && framed);
-    }
-    if !chunked {
-        // Pingora re-frames streams as chunked; anything else is read
-        // whole, timed as it comes.
-        let body = conn.read_body(&head).await?;
-        ex.timer.feed(&body, start.elapsed());
-    } else {
-        let timer = &mut ex.timer;
-        conn.read_chunked(|data| timer.feed(data, start.elapsed()))
-            .await?;
-    }
-    if let Some(e) = ex.timer.error.clone() {
-        ex.error = Some(e);
-    } else if !ex.timer.done {
-        ex.error = Some("stream ended without [DONE]".into());
-    } else if ex.timer.usage.is_none() {
-        ex.error = Some("stream had no usage frame".into());
-    } else if ex.timer.first_content.is_none() {
-        ex.error = Some("stream had no content".into());
-    }
-    Ok(!close && framed)
 }
 
 #[cfg(test)]
