@@ -10,12 +10,13 @@
 //! - `placement`  the pure rules of peer choice and the session table
 //! - `session`    session id extraction; `hash` the hashes of ids and keys
 //! - `request_view` what a request body says (model, stream, session), skimmed
-//! - `protect`    the load gates' pure cores: windows, EWMAs, limits, AIMD, turn priority
+//! - `protect`    the load gates: one owner per route (`RouteProtection`) and its pure cores
 //! - `reject`, `rewrite`  content rules; prefix-stability transforms of bodies
 //! - `stream`     the response pipeline: SSE, usage, first token, post-processing
-//! - `auth`       API keys
+//! - `auth`       API keys; `query` the `/_…` endpoints' query-string parameters
 //! - `health`     active probes and engine metric scraping
-//! - `admin`      /healthz, /metrics, /_routes, the dashboard and the per-route /_ endpoints
+//! - `admin`      /healthz, /metrics, /_routes and the dashboard (the admin listener)
+//! - `route_endpoints` the per-route `/_…` endpoints of the main listener
 //! - `controller`, `watch`, `lifecycle`  signals, reloads, the drain
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod placement;
 pub mod protect;
 pub mod proxy;
+pub mod query;
 pub mod registry;
 pub mod reject;
 pub mod request_view;

@@ -56,13 +56,9 @@ pub fn apply_limit_override(route: &Route, path_and_query: &str) -> Result<Value
         _ => (&route.runtime.protection.overrides().tps, "tps"),
     };
     let query = path_and_query.split_once('?').map(|(_, q)| q).unwrap_or("");
-    let param = |k: &str| {
-        query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
-    };
+    let param = |k: &str| crate::query::param(query, k);
     let now = now_ms();
-    match (param(key), param("reset")) {
+    match (param(key).as_deref(), param("reset").as_deref()) {
         (_, Some("1")) => o.clear(),
         (Some(v), _) => {
             let value = v
@@ -72,7 +68,7 @@ pub fn apply_limit_override(route: &Route, path_and_query: &str) -> Result<Value
                 .ok_or_else(|| {
                     ErrorResponse::bad_request(format!("{key} must be a positive number"))
                 })?;
-            let ttl = match param("ttl") {
+            let ttl = match param("ttl").as_deref() {
                 None => {
                     std::time::Duration::from_secs(crate::protect::limits::DEFAULT_OVERRIDE_TTL_S)
                 }
@@ -158,12 +154,8 @@ pub fn apply_toggle(route: &Route, path_and_query: &str) -> Result<Value, ErrorR
         .by_name(name)
         .ok_or_else(|| ErrorResponse::not_found("unknown toggle"))?;
     let query = path_and_query.split_once('?').map(|(_, q)| q).unwrap_or("");
-    let param = |key: &str| {
-        query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-    };
-    match (param("on"), param("reset")) {
+    let param = |key: &str| crate::query::param(query, key);
+    match (param("on").as_deref(), param("reset").as_deref()) {
         (_, Some("1")) => toggle.reset(),
         (Some("1"), _) => toggle.set(true),
         (Some("0"), _) => toggle.set(false),
@@ -238,7 +230,7 @@ fn rate_limit_json(route: &Route, registry: &Registry) -> Value {
 /// `/_429_status`: this route's 429s by gate, or with `all=1` every
 /// route's; `reset=1` (loopback only, checked by the caller) zeroes them.
 fn status_429(route: &Route, registry: &Registry, query: &str) -> Value {
-    let param = |key: &str| query.split('&').any(|kv| kv == format!("{key}=1"));
+    let param = |key: &str| crate::query::flag(query, key);
     let snapshot = registry.snapshot();
     let routes: Vec<&std::sync::Arc<Route>> = if param("all") {
         let mut all: Vec<_> = snapshot.values().collect();
@@ -668,8 +660,7 @@ fn sessions(route: &Route) -> Value {
 }
 
 fn route_debug(route: &Route, query: &str) -> Value {
-    let raw = query
-        .split('&')
+    let raw = crate::query::raw_pieces(query)
         .find_map(|kv| kv.strip_prefix("sid="))
         .map(percent_decode)
         .unwrap_or_default();

@@ -190,8 +190,7 @@ pub fn redact_uri(path_and_query: &str) -> String {
     let Some((path, query)) = path_and_query.split_once('?') else {
         return path_and_query.to_string();
     };
-    let params: Vec<String> = query
-        .split('&')
+    let params: Vec<String> = crate::query::raw_pieces(query)
         .map(|kv| {
             let name = kv.split('=').next().unwrap_or("");
             if CREDENTIAL_PARAMS

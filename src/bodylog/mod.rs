@@ -235,25 +235,21 @@ impl Bodylog {
     /// `/_bodylog_toggle?on=0|1&pct=N` (either or both) or `?reset=1`
     /// (back to gateway.yaml's values). The caller checked loopback.
     pub fn apply_toggle(&self, query: &str) -> Result<Value, String> {
-        let param = |key: &str| {
-            query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-        };
-        let on = match param("on") {
+        let param = |key: &str| crate::query::param(query, key);
+        let on = match param("on").as_deref() {
             None => None,
             Some("1") => Some(true),
             Some("0") => Some(false),
             Some(v) => return Err(format!("on={v:?}: use on=0 or on=1")),
         };
-        let pct = match param("pct") {
+        let pct = match param("pct").as_deref() {
             None => None,
             Some(v) => match v.parse::<u8>() {
                 Ok(p) if p <= 100 => Some(p),
                 _ => return Err(format!("pct={v:?}: use a whole percentage 0-100")),
             },
         };
-        let reset = param("reset") == Some("1");
+        let reset = param("reset").as_deref() == Some("1");
         if on.is_none() && pct.is_none() && !reset {
             return Err("use ?on=0|1, ?pct=N (0-100), both, or ?reset=1".into());
         }

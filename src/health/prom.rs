@@ -1,5 +1,7 @@
 //! Reading engine load out of Prometheus text from vLLM and SGLang.
 
+use llm_gateway_prom::samples;
+
 use crate::placement::EngineLoad;
 
 /// Sums each known metric over its label sets (an engine serving several
@@ -9,38 +11,20 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
     let mut waiting = None::<f64>;
     let mut running = None::<f64>;
     let mut kv = None::<f64>;
-    for line in text.lines() {
-        if line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let name = &line[..name_end];
+    for sample in samples(text) {
         let is_kv = matches!(
-            name,
+            sample.name,
             "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage"
         );
-        let slot = match name {
+        let slot = match sample.name {
             "vllm:num_requests_waiting" | "sglang:num_queue_reqs" => &mut waiting,
             "vllm:num_requests_running" | "sglang:num_running_reqs" => &mut running,
             _ if is_kv => &mut kv,
             _ => continue,
         };
-        // The value follows the (possibly labelled) name; a timestamp may follow it.
-        // rfind: a label value may itself contain '}', the sample value never does.
-        let after_labels = match line.rfind('}') {
-            Some(close) if line[name_end..].starts_with('{') => &line[close + 1..],
-            _ => &line[name_end..],
-        };
-        let Some(value) = after_labels
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
+        let Some(value) = sample.value().filter(|v| v.is_finite()) else {
             continue;
         };
-        if !value.is_finite() {
-            continue;
-        }
         // KV usage is a fraction per engine: the busiest series is what matters.
         if is_kv {
             *slot = Some(slot.map_or(value, |v: f64| v.max(value)));
@@ -62,30 +46,22 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
 /// `vllm:cache_config_info{num_gpu_blocks, block_size}` (an info gauge whose
 /// labels carry the numbers) or SGLang's `sglang:max_total_num_tokens`.
 pub fn parse_kv_capacity(text: &str) -> Option<u64> {
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        if let Some(rest) = line.strip_prefix("sglang:max_total_num_tokens") {
-            let value = rest.rsplit('}').next().unwrap_or(rest);
-            if let Some(n) = value
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<f64>().ok())
-            {
-                if n.is_finite() && n >= 1.0 {
+    for sample in samples(text) {
+        match sample.name {
+            "sglang:max_total_num_tokens" => {
+                if let Some(n) = sample.value().filter(|n| n.is_finite() && *n >= 1.0) {
                     return Some(n as u64);
                 }
             }
-        }
-        if let Some(labels) = line.strip_prefix("vllm:cache_config_info{") {
-            let label = |name: &str| -> Option<u64> {
-                let at = labels.find(&format!("{name}=\""))? + name.len() + 2;
-                let end = labels[at..].find('"')? + at;
-                labels[at..end].parse().ok()
-            };
-            if let (Some(blocks), Some(size)) = (label("num_gpu_blocks"), label("block_size")) {
-                if blocks > 0 && size > 0 {
-                    return Some(blocks.saturating_mul(size));
+            "vllm:cache_config_info" => {
+                let label = |name: &str| -> Option<u64> { sample.label(name)?.parse().ok() };
+                if let (Some(blocks), Some(size)) = (label("num_gpu_blocks"), label("block_size")) {
+                    if blocks > 0 && size > 0 {
+                        return Some(blocks.saturating_mul(size));
+                    }
                 }
             }
+            _ => {}
         }
     }
     None

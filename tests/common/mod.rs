@@ -306,7 +306,7 @@ impl Gateway {
         std::fs::remove_file(self.routes_dir.join(format!("{name}.yaml"))).expect("remove route");
     }
 
-    /// Sum of `name{...}` samples whose label text contains every `filters` entry.
+    /// Sum of `name{...}` samples whose labels match every `filters` entry (`k="v"`).
     pub fn metric(&self, name: &str, filters: &[&str]) -> f64 {
         let text = http::get(self.admin, "/metrics").text();
         metric_sum(&text, name, filters)
@@ -344,16 +344,17 @@ impl Gateway {
     }
 }
 
+/// Sum of the samples `name` whose labels match every `filters` entry, each
+/// written as in the text: `route="chat"`.
 pub fn metric_sum(text: &str, name: &str, filters: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+    let pairs: Vec<(&str, &str)> = filters
+        .iter()
+        .map(|f| {
+            let (k, v) = f.split_once('=').expect("a filter is label=\"value\"");
+            (k, v.trim_matches('"'))
         })
-        .filter(|l| filters.iter().all(|f| l.contains(f)))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
+        .collect();
+    llm_gateway_prom::sum(&llm_gateway_prom::parse(text), name, &pairs)
 }
 
 pub fn engines(n: usize) -> SimCluster {

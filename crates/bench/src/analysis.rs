@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::Record;
+use crate::record::Record;
 
 /// Prompt tokens the engines computed, against the fewest a perfect prefix
 /// cache (one that forgets nothing and is shared by every engine) would have.

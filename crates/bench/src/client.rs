@@ -1,108 +1,19 @@
-//! A small HTTP/1.1 client on plain tokio: one keep-alive connection per
-//! session, a streaming POST whose SSE frames are timed as they arrive, and a
-//! one-shot GET for metrics.
+//! The bench's streaming request: a POST on a keep-alive connection (the
+//! one HTTP client, `llm_gateway_sim::client`) whose SSE frames are timed as
+//! they arrive.
 //!
-//! The parsers ([`Chunked`], [`StreamTimer`], [`parse_head`]) are pure and
-//! unit-tested; the bench deliberately does not reuse the gateway's own SSE
-//! code, so a framing bug there cannot hide itself here.
+//! [`StreamTimer`] is pure and unit-tested; the bench deliberately does not
+//! reuse the gateway's own SSE code, so a framing bug there cannot hide
+//! itself here.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
 use memchr::memmem;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-const MAX_HEAD: usize = 64 * 1024;
-/// Header slots for httparse: Pingora forwards at most 256 upstream headers
-/// and adds a few of its own.
-const MAX_HEADERS: usize = 512;
-const MAX_ERROR_BODY: usize = 64 * 1024;
-
-/// Decodes a chunked body incrementally.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Chunked {
-    state: ChunkState,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    #[default]
-    Size,
-    Data(usize),
-    DataEnd,
-    Trailer,
-    Done,
-}
-
-impl Chunked {
-    /// Consumes what it can of `input`, appending body bytes to `out`.
-    /// Returns true once the terminating chunk and trailer are read.
-    pub fn decode(&mut self, input: &mut BytesMut, out: &mut Vec<u8>) -> Result<bool, String> {
-        loop {
-            match self.state {
-                ChunkState::Done => return Ok(true),
-                ChunkState::Size => {
-                    let Some(end) = memmem::find(input, b"\r\n") else {
-                        return if input.len() > 4096 {
-                            Err("chunk size line too long".into())
-                        } else {
-                            Ok(false)
-                        };
-                    };
-                    // Not httparse::parse_chunk_size: it reads an empty size
-                    // line as the last chunk.
-                    let line = std::str::from_utf8(&input[..end])
-                        .map_err(|_| "chunk size is not UTF-8".to_string())?;
-                    let hex = line.split(';').next().unwrap_or("").trim();
-                    let size = usize::from_str_radix(hex, 16)
-                        .map_err(|_| format!("bad chunk size {hex:?}"))?;
-                    input.advance(end + 2);
-                    self.state = if size == 0 {
-                        ChunkState::Trailer
-                    } else {
-                        ChunkState::Data(size)
-                    };
-                }
-                ChunkState::Data(left) => {
-                    if input.is_empty() {
-                        return Ok(false);
-                    }
-                    let n = left.min(input.len());
-                    out.extend_from_slice(&input[..n]);
-                    input.advance(n);
-                    self.state = if n == left {
-                        ChunkState::DataEnd
-                    } else {
-                        ChunkState::Data(left - n)
-                    };
-                }
-                ChunkState::DataEnd => {
-                    if input.len() < 2 {
-                        return Ok(false);
-                    }
-                    if &input[..2] != b"\r\n" {
-                        return Err("chunk data longer than its size".into());
-                    }
-                    input.advance(2);
-                    self.state = ChunkState::Size;
-                }
-                ChunkState::Trailer => {
-                    let Some(end) = memmem::find(input, b"\r\n") else {
-                        return Ok(false);
-                    };
-                    input.advance(end + 2);
-                    if end == 0 {
-                        self.state = ChunkState::Done;
-                    }
-                }
-            }
-        }
-    }
-}
+pub use llm_gateway_sim::client::nonblocking::{get, Conn};
+use llm_gateway_sim::client::Head;
 
 /// Token counts from a stream's usage frame.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -208,74 +119,6 @@ impl StreamTimer {
     }
 }
 
-/// A response head: status, lower-cased header names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Head {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-}
-
-impl Head {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn chunked(&self) -> bool {
-        self.header("transfer-encoding")
-            .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"))
-    }
-
-    fn close(&self) -> bool {
-        self.header("connection")
-            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
-    }
-
-    fn content_length(&self) -> Option<usize> {
-        self.header("content-length").and_then(|v| v.parse().ok())
-    }
-}
-
-/// Parses a head from the start of `buf`; `Ok(None)` if it is incomplete.
-/// On success the head's bytes are removed from `buf`.
-pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, String> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut slots);
-    // Header lines the bench cannot read are skipped, not fatal: it only
-    // needs the framing headers and the ones it reports.
-    let end = match httparse::ParserConfig::default()
-        .ignore_invalid_headers_in_responses(true)
-        .allow_spaces_after_header_name_in_responses(true)
-        .parse_response(&mut parsed, buf)
-    {
-        Ok(httparse::Status::Complete(end)) => end,
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-            return Err("response head too large".into())
-        }
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(format!("bad response head: {e}")),
-    };
-    let status = parsed.code.ok_or("response head without a status")?;
-    let headers = parsed
-        .headers
-        .iter()
-        .map(|h| {
-            let value = std::str::from_utf8(h.value).map_err(|_| "response head is not UTF-8")?;
-            Ok((h.name.to_ascii_lowercase(), value.to_string()))
-        })
-        .collect::<Result<_, String>>()?;
-    buf.advance(end);
-    Ok(Some(Head { status, headers }))
-}
-
-/// One keep-alive connection.
-pub struct Conn {
-    stream: TcpStream,
-    buf: BytesMut,
-}
-
 /// How one streaming request went.
 #[derive(Debug)]
 pub struct Exchange {
@@ -288,144 +131,53 @@ pub struct Exchange {
     pub elapsed: Duration,
 }
 
-impl Conn {
-    pub async fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Conn {
-            stream,
-            buf: BytesMut::with_capacity(16 * 1024),
-        })
-    }
+/// Sends a POST on `conn` and reads the response, timing SSE frames from
+/// `start`. Returns whether the connection can carry another request.
+pub async fn post_stream(
+    conn: &mut Conn,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    start: Instant,
+) -> (Exchange, bool) {
+    let mut ex = Exchange {
+        status: 0,
+        head: None,
+        timer: StreamTimer::default(),
+        error: None,
+        elapsed: Duration::ZERO,
+    };
+    let exchange = async {
+        let mut all = vec![
+            ("host", host),
+            ("content-type", "application/json"),
+            ("accept", "text/event-stream"),
+        ];
+        all.extend_from_slice(headers);
+        conn.send("POST", path, &all, body).await?;
 
-    /// Whether the peer has closed this idle connection (or sent bytes
-    /// nobody asked for): a keep-alive pool checks before reusing one, so a
-    /// connection an engine dropped while the session was thinking costs a
-    /// reconnect, not a failed request.
-    pub fn is_closed(&self) -> bool {
-        let mut probe = [0u8; 1];
-        match self.stream.try_read(&mut probe) {
-            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-            Ok(_) => true,
-        }
-    }
-
-    async fn fill(&mut self) -> Result<usize, String> {
-        self.buf.reserve(16 * 1024);
-        self.stream
-            .read_buf(&mut self.buf)
-            .await
-            .map_err(|e| format!("read: {e}"))
-    }
-
-    async fn read_head(&mut self) -> Result<Head, String> {
-        loop {
-            if let Some(head) = parse_head(&mut self.buf)? {
-                // Interim 1xx responses carry no body; the real one follows.
-                if (100..200).contains(&head.status) {
-                    continue;
-                }
-                return Ok(head);
-            }
-            if self.fill().await? == 0 {
-                return Err("connection closed before the response head".into());
-            }
-        }
-    }
-
-    /// Sends a POST and reads the response, timing SSE frames from `start`.
-    /// Returns whether the connection can carry another request.
-    pub async fn post_stream(
-        &mut self,
-        host: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        start: Instant,
-    ) -> (Exchange, bool) {
-        let mut ex = Exchange {
-            status: 0,
-            head: None,
-            timer: StreamTimer::default(),
-            error: None,
-            elapsed: Duration::ZERO,
-        };
-        let reusable = match self
-            .exchange(host, path, headers, body, start, &mut ex)
-            .await
-        {
-            Ok(reusable) => reusable,
-            Err(e) => {
-                ex.error.get_or_insert(e);
-                false
-            }
-        };
-        ex.elapsed = start.elapsed();
-        (ex, reusable)
-    }
-
-    async fn exchange(
-        &mut self,
-        host: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        start: Instant,
-        ex: &mut Exchange,
-    ) -> Result<bool, String> {
-        let mut req = format!(
-            "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n\
-             accept: text/event-stream\r\ncontent-length: {}\r\n",
-            body.len()
-        );
-        for (n, v) in headers {
-            req.push_str(n);
-            req.push_str(": ");
-            req.push_str(v);
-            req.push_str("\r\n");
-        }
-        req.push_str("\r\n");
-        let mut out = Vec::with_capacity(req.len() + body.len());
-        out.extend_from_slice(req.as_bytes());
-        out.extend_from_slice(body);
-        self.stream
-            .write_all(&out)
-            .await
-            .map_err(|e| format!("write: {e}"))?;
-
-        let head = self.read_head().await?;
+        let head = conn.read_head().await?;
         ex.status = head.status;
+        ex.head = Some(head.clone());
         let chunked = head.chunked();
-        let length = head.content_length();
+        let framed = chunked || head.content_length().is_some();
         let close = head.close();
-        ex.head = Some(head);
         if ex.status != 200 {
-            let body = self.read_plain_body(chunked, length).await?;
+            let body = conn.read_body(&head).await?;
             let snippet = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
             ex.error = Some(format!("status {}: {snippet}", ex.status));
-            return Ok(!close && (chunked || length.is_some()));
+            return Ok(!close && framed);
         }
         if !chunked {
             // Pingora re-frames streams as chunked; anything else is read
             // whole, timed as it comes.
-            let body = self.read_plain_body(false, length).await?;
+            let body = conn.read_body(&head).await?;
             ex.timer.feed(&body, start.elapsed());
         } else {
-            let mut decoder = Chunked::default();
-            let mut data = Vec::with_capacity(4096);
-            loop {
-                data.clear();
-                let finished = decoder.decode(&mut self.buf, &mut data)?;
-                if !data.is_empty() {
-                    ex.timer.feed(&data, start.elapsed());
-                }
-                if finished {
-                    break;
-                }
-                if self.fill().await? == 0 {
-                    return Err("stream cut: connection closed mid-body".into());
-                }
-            }
+            let timer = &mut ex.timer;
+            conn.read_chunked(|data| timer.feed(data, start.elapsed()))
+                .await?;
         }
         if let Some(e) = ex.timer.error.clone() {
             ex.error = Some(e);
@@ -436,70 +188,17 @@ impl Conn {
         } else if ex.timer.first_content.is_none() {
             ex.error = Some("stream had no content".into());
         }
-        Ok(!close && (chunked || length.is_some()))
-    }
-
-    async fn read_plain_body(
-        &mut self,
-        chunked: bool,
-        length: Option<usize>,
-    ) -> Result<Vec<u8>, String> {
-        let mut body = Vec::new();
-        if chunked {
-            let mut decoder = Chunked::default();
-            while !decoder.decode(&mut self.buf, &mut body)? {
-                if body.len() > MAX_ERROR_BODY * 16 || self.fill().await? == 0 {
-                    return Err("body cut or too large".into());
-                }
-            }
-            return Ok(body);
-        }
-        match length {
-            Some(n) => {
-                while self.buf.len() < n {
-                    if self.fill().await? == 0 {
-                        return Err("connection closed mid-body".into());
-                    }
-                }
-                body.extend_from_slice(&self.buf[..n]);
-                self.buf.advance(n);
-            }
-            None => loop {
-                body.extend_from_slice(&self.buf);
-                self.buf.clear();
-                if body.len() > MAX_ERROR_BODY * 16 || self.fill().await? == 0 {
-                    break;
-                }
-            },
-        }
-        Ok(body)
-    }
-}
-
-/// `GET path` on a fresh connection, bounded by `timeout`; the status and body.
-pub async fn get(
-    addr: SocketAddr,
-    path: &str,
-    timeout: Duration,
-) -> Result<(u16, Vec<u8>), String> {
-    let run = async {
-        let mut conn = Conn::connect(addr)
-            .await
-            .map_err(|e| format!("connect {addr}: {e}"))?;
-        let req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-        conn.stream
-            .write_all(req.as_bytes())
-            .await
-            .map_err(|e| format!("write: {e}"))?;
-        let head = conn.read_head().await?;
-        let body = conn
-            .read_plain_body(head.chunked(), head.content_length())
-            .await?;
-        Ok((head.status, body))
+        Ok::<bool, String>(!close && framed)
     };
-    tokio::time::timeout(timeout, run)
-        .await
-        .map_err(|_| format!("GET {addr}{path} timed out"))?
+    let reusable = match exchange.await {
+        Ok(reusable) => reusable,
+        Err(e) => {
+            ex.error.get_or_insert(e);
+            false
+        }
+    };
+    ex.elapsed = start.elapsed();
+    (ex, reusable)
 }
 
 #[cfg(test)]
@@ -580,60 +279,5 @@ mod tests {
         t.feed(b": comment\n\ndata: not json\n\n", ms(1));
         assert!(t.error.as_deref().unwrap().contains("not JSON"));
         assert_eq!(t.decode_tok_per_s(), None);
-    }
-
-    #[test]
-    fn chunked_decodes_across_any_split() {
-        let wire = b"4\r\nabcd\r\na;ext=1\r\n0123456789\r\n0\r\nx-trailer: 1\r\n\r\nNEXT";
-        for cut in 0..wire.len() {
-            let mut d = Chunked::default();
-            let mut out = Vec::new();
-            let mut buf = BytesMut::from(&wire[..cut]);
-            let done_early = d.decode(&mut buf, &mut out).expect("valid");
-            buf.extend_from_slice(&wire[cut..]);
-            let done = done_early || d.decode(&mut buf, &mut out).expect("valid");
-            assert!(done, "cut at {cut}");
-            assert_eq!(out, b"abcd0123456789", "cut at {cut}");
-            assert_eq!(&buf[..], b"NEXT", "cut at {cut}");
-        }
-        let mut d = Chunked::default();
-        let mut out = Vec::new();
-        assert!(d
-            .decode(&mut BytesMut::from(&b"zz\r\n"[..]), &mut out)
-            .is_err());
-        let mut d = Chunked::default();
-        assert!(d
-            .decode(&mut BytesMut::from(&b"2\r\nabc\r\n"[..]), &mut out)
-            .is_err());
-    }
-
-    #[tokio::test]
-    async fn an_idle_connection_the_peer_closed_is_noticed() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let conn = Conn::connect(addr).await.unwrap();
-        let (server_side, _) = listener.accept().await.unwrap();
-        assert!(!conn.is_closed());
-        drop(server_side);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !conn.is_closed() {
-            assert!(Instant::now() < deadline, "close not seen");
-            tokio::time::sleep(ms(10)).await;
-        }
-    }
-
-    #[test]
-    fn head_parses_status_and_lowercases_names() {
-        let mut buf = BytesMut::from(
-            &b"HTTP/1.1 200 OK\r\nX-Routed-Peer: e1\r\nTransfer-Encoding: chunked\r\n\r\nrest"[..],
-        );
-        let head = parse_head(&mut buf).expect("valid").expect("complete");
-        assert_eq!(head.status, 200);
-        assert_eq!(head.header("x-routed-peer"), Some("e1"));
-        assert!(head.chunked() && !head.close());
-        assert_eq!(&buf[..], b"rest");
-        let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\n"[..]);
-        assert_eq!(parse_head(&mut partial), Ok(None));
-        assert!(parse_head(&mut BytesMut::from(&b"SPDY 200\r\n\r\n"[..])).is_err());
     }
 }

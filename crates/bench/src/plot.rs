@@ -76,8 +76,8 @@ fn draw_scenario(block: &Area, s: &ScenarioResult) -> DrawResult {
         p.scenario,
         p.opts.engines,
         p.sessions_per_engine,
-        super::fmt_secs(p.opts.duration),
-        super::fmt_secs(p.warmup),
+        crate::plan::fmt_secs(p.opts.duration),
+        crate::plan::fmt_secs(p.warmup),
     );
     let body = block.titled(&title, (FONT, 22))?;
     let (left, right) = body.split_horizontally(CDF_W);
@@ -270,7 +270,8 @@ fn format_seconds(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::options::{Options, Plan};
+    use crate::options::Options;
+    use crate::plan::Plan;
 
     #[test]
     fn cdf_is_sorted_thinned_and_ends_at_one() {

@@ -7,9 +7,14 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::analysis::{self, PrefillBound, Spread};
-use super::options::{fmt_secs, Plan};
-use super::stats::{percentile, sum};
-use super::{placements_by_reason, Record, Window, BINDINGS_EVERY};
+use super::stats::percentile;
+use crate::plan::{fmt_secs, Plan};
+use crate::record::Record;
+use crate::window::{placements_by_reason, Window};
+use llm_gateway_prom::sum;
+
+/// How often the sessions bound to each engine are counted from the records.
+const BINDINGS_EVERY: Duration = Duration::from_millis(500);
 
 /// One scenario's plan and its cells, in the order they ran.
 pub struct ScenarioResult {
@@ -180,7 +185,7 @@ pub fn summarize(
     };
     let mut placements = BTreeMap::new();
     for s in after.placements.iter().filter(|s| {
-        s.name == "llm_gateway_placements_total" && s.label("route") == Some(super::ROUTE)
+        s.name == "llm_gateway_placements_total" && s.label("route") == Some(crate::ROUTE)
     }) {
         let prev: f64 = before
             .placements

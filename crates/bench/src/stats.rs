@@ -1,4 +1,4 @@
-//! Pure helpers: percentiles, Prometheus text, `/proc/<pid>/stat`.
+//! Pure helpers: percentiles, `/proc/<pid>/stat`.
 
 /// The `p`-th percentile (0..=100) of `values` by linear interpolation
 /// between closest ranks (numpy's default). None for no values.
@@ -13,103 +13,6 @@ pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
     let hi = rank.ceil() as usize;
     let frac = rank - lo as f64;
     Some(sorted[lo] + (sorted[hi] - sorted[lo]) * frac)
-}
-
-/// One sample of the Prometheus text format.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: Vec<(String, String)>,
-    pub value: f64,
-}
-
-impl Sample {
-    pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Parses the samples of a Prometheus text exposition; comments and lines
-/// that do not parse are skipped.
-pub fn parse_prometheus(text: &str) -> Vec<Sample> {
-    text.lines().filter_map(parse_sample).collect()
-}
-
-fn parse_sample(line: &str) -> Option<Sample> {
-    let line = line.trim();
-    if line.is_empty() || line.starts_with('#') {
-        return None;
-    }
-    let (name, labels, rest) = match line.find('{') {
-        Some(open) => {
-            let close = open + line[open..].find('}')?;
-            (
-                &line[..open],
-                parse_labels(&line[open + 1..close])?,
-                &line[close + 1..],
-            )
-        }
-        None => {
-            let (name, rest) = line.split_once(char::is_whitespace)?;
-            (name, Vec::new(), rest)
-        }
-    };
-    let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
-    Some(Sample {
-        name: name.trim().to_string(),
-        labels,
-        value,
-    })
-}
-
-/// `a="x",b="y"` with `\"`, `\\` and `\n` escapes in values.
-fn parse_labels(s: &str) -> Option<Vec<(String, String)>> {
-    let mut out = Vec::new();
-    let mut chars = s.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
-            chars.next();
-        }
-        if chars.peek().is_none() {
-            return Some(out);
-        }
-        let mut name = String::new();
-        for c in chars.by_ref() {
-            if c == '=' {
-                break;
-            }
-            name.push(c);
-        }
-        if chars.next()? != '"' {
-            return None;
-        }
-        let mut value = String::new();
-        loop {
-            match chars.next()? {
-                '"' => break,
-                '\\' => match chars.next()? {
-                    'n' => value.push('\n'),
-                    c => value.push(c),
-                },
-                c => value.push(c),
-            }
-        }
-        out.push((name.trim().to_string(), value));
-    }
-}
-
-/// Sum of the samples named `name` whose labels include every `(k, v)` of
-/// `filter`.
-pub fn sum(samples: &[Sample], name: &str, filter: &[(&str, &str)]) -> f64 {
-    samples
-        .iter()
-        .filter(|s| s.name == name)
-        .filter(|s| filter.iter().all(|(k, v)| s.label(k) == Some(*v)))
-        .map(|s| s.value)
-        .sum()
 }
 
 /// User + system CPU time in clock ticks from the text of `/proc/<pid>/stat`.
@@ -153,30 +56,6 @@ mod tests {
         assert_eq!(percentile(&[7.0], 95.0), Some(7.0));
         assert_eq!(percentile(&[], 50.0), None);
         assert_eq!(percentile(&[f64::NAN], 50.0), None);
-    }
-
-    #[test]
-    fn prometheus_samples_with_and_without_labels() {
-        let text = "# HELP x y\n# TYPE x counter\n\
-            llm_gateway_placements_total{kind=\"spill\",peer=\"e0\",reason=\"waiting\",route=\"bench\"} 3\n\
-            llm_gateway_placements_total{kind=\"new\",peer=\"e1\",reason=\"none\",route=\"bench\"} 12\n\
-            vllm:num_requests_waiting{model_name=\"a \\\"q\\\" b\"} 2.5\n\
-            plain_metric 4e3\n\
-            garbage{ 1\n";
-        let s = parse_prometheus(text);
-        assert_eq!(s.len(), 4);
-        assert_eq!(s[0].label("reason"), Some("waiting"));
-        assert_eq!(s[2].label("model_name"), Some("a \"q\" b"));
-        assert_eq!(s[2].value, 2.5);
-        assert_eq!(s[3].value, 4000.0);
-        assert_eq!(
-            sum(&s, "llm_gateway_placements_total", &[("route", "bench")]),
-            15.0
-        );
-        assert_eq!(
-            sum(&s, "llm_gateway_placements_total", &[("kind", "spill")]),
-            3.0
-        );
     }
 
     #[test]

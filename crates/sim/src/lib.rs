@@ -23,6 +23,7 @@
 //! - `x-sim-echo: 1`           answer 200 with the request body bytes verbatim
 
 mod cli;
+pub mod client;
 mod engine;
 mod http;
 mod kv;

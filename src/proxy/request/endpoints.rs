@@ -140,7 +140,7 @@ pub fn answer(
     let local = status_allowed(Some(route), registry, session)?;
     let resets = rest
         .split_once('?')
-        .is_some_and(|(_, query)| query.split('&').any(|kv| kv == "reset=1"));
+        .is_some_and(|(_, query)| crate::query::flag(query, "reset"));
     if resets && !local {
         return Err(ErrorResponse::new(
             403,

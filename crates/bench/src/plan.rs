@@ -1,0 +1,442 @@
+//! A scenario's plan: the workload and engine settings derived from the
+//! options, and the header that explains them.
+
+use std::time::Duration;
+
+use crate::options::Options;
+use crate::scenario::{self, Failover, OverloadThink, Scenario};
+use crate::workload::{LongSessions, Shape, WorkloadParams};
+use llm_gateway_sim::EngineConfig;
+
+/// Everything one scenario's cells use, with the defaults that depend on
+/// other options resolved.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub opts: Options,
+    pub scenario: Scenario,
+    /// `opts.sessions_per_engine`, doubled by `overload`.
+    pub sessions_per_engine: usize,
+    pub workload: WorkloadParams,
+    /// The configuration most engines have (all but `slow-engine`'s e0).
+    pub engine: EngineConfig,
+    /// One per engine, in order.
+    pub engines: Vec<EngineConfig>,
+    pub failover: Option<Failover>,
+    pub overload: Option<OverloadThink>,
+    pub warmup: Duration,
+}
+
+impl Plan {
+    /// The `uniform` plan, for options that `resolve` accepted.
+    #[cfg(test)]
+    pub fn new(opts: Options) -> Plan {
+        Plan::build(opts, Scenario::Uniform)
+    }
+
+    /// The plan of `scenario`, or why the options do not fit it.
+    pub fn for_scenario(opts: Options, scenario: Scenario) -> Result<Plan, String> {
+        let p = Plan::build(opts, scenario);
+        let w = &p.workload;
+        let room = |shape: Shape| {
+            w.system_tokens + shape.user_tokens.1 + w.max_tokens.1 < shape.max_context
+        };
+        if !room(w.common()) || !room(w.shape(0)) {
+            return Err(
+                "the context limit leaves no room for a turn after the system prompt".into(),
+            );
+        }
+        Ok(p)
+    }
+
+    fn build(opts: Options, scenario: Scenario) -> Plan {
+        let scale = opts.time_scale;
+        let scaled = |v: u64| ((v as f64) * scale).round() as u64;
+        let spe = match scenario {
+            Scenario::Overload => opts.sessions_per_engine * 2,
+            _ => opts.sessions_per_engine,
+        };
+        let mut workload = WorkloadParams {
+            seed: opts.seed,
+            slots: (opts.engines * spe) as u32,
+            system_tokens: opts.system_tokens,
+            user_tokens: opts.user_tokens,
+            max_tokens: opts.max_tokens,
+            think_ms: (scaled(opts.think_ms.0), scaled(opts.think_ms.1)),
+            max_context: opts.max_context,
+            long: None,
+        };
+        if scenario == Scenario::Skewed {
+            // Many short chats, and one long agent session per engine: a
+            // placement that counts sessions can still pile two 120k
+            // contexts onto one engine, whose KV holds one.
+            workload.user_tokens = scenario::SKEWED_SHORT_USER;
+            workload.max_context = opts.system_tokens + scenario::SKEWED_SHORT_CONTEXT_PAST_SYSTEM;
+            workload.long = Some(LongSessions {
+                slots: opts.engines as u32,
+                user_tokens: scenario::SKEWED_LONG_USER,
+                max_context: scenario::SKEWED_LONG_CONTEXT,
+            });
+        }
+        // Why these defaults (also printed in the output header):
+        // - max_running at 3/4 of the sessions an engine serves: a session
+        //   spends a little over half its time waiting on the engine (reply
+        //   plus first token, against think time), so a balanced engine
+        //   averages ~4.5 running sequences out of 6 and queues only at
+        //   peaks, while an engine carrying a few extra sessions, or busy
+        //   re-prefilling cold contexts, queues persistently. (The simulator
+        //   admits by slot count, not by KV room, so max_running is what
+        //   stands in for "the batch is full".)
+        // - KV at 1.75x the engine's share of live context: its own sessions
+        //   (sessions x mean context) fit with room for growth, everyone's
+        //   (engines times that) does not, so spreading a session over every
+        //   engine evicts prefixes before they are reused. `overload` keeps
+        //   the KV of the engines sized for the sessions it doubles: the
+        //   same fleet under twice the demand.
+        let max_running = opts
+            .max_running
+            .unwrap_or_else(|| (spe * 3).div_ceil(4).max(1));
+        let block_tokens = 16;
+        let kv = opts.kv_tokens.unwrap_or_else(|| {
+            let share = opts.sessions_per_engine * workload.mean_context();
+            (share * 7 / 4).div_ceil(block_tokens) * block_tokens
+        });
+        let engine = EngineConfig {
+            name: "sim-model".to_string(),
+            max_running,
+            kv_capacity_tokens: kv,
+            prefill_us_per_token: scaled(opts.prefill_us),
+            decode_ms_per_token: scaled(opts.decode_ms).max(1),
+            default_max_tokens: opts.max_tokens.1,
+            block_tokens,
+            prefill_decode_interference: opts.prefill_interference,
+        };
+        let mut engines = vec![engine.clone(); opts.engines];
+        if scenario == Scenario::SlowEngine {
+            engines[0] = scenario::slowed(&engine);
+        }
+        let overload = (scenario == Scenario::Overload).then(|| {
+            let t = scenario::overload_think(
+                turn_busy_s(&workload, &engine),
+                spe,
+                workload.mean_context(),
+                kv,
+            );
+            workload.think_ms = t.think_ms;
+            t
+        });
+        let warmup = opts.warmup.unwrap_or(opts.duration / 6);
+        let failover =
+            (scenario == Scenario::Failover).then(|| Failover::within(warmup, opts.duration));
+        Plan {
+            opts,
+            scenario,
+            sessions_per_engine: spe,
+            workload,
+            engine,
+            engines,
+            failover,
+            overload,
+            warmup,
+        }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.opts.engines * self.sessions_per_engine
+    }
+
+    /// The parameters and the reasoning behind the engine timings, for the
+    /// output header.
+    pub fn describe(&self) -> String {
+        let w = &self.workload;
+        let e = &self.engine;
+        let common = w.common();
+        let mean = |r: (usize, usize)| (r.0 + r.1) as f64 / 2.0;
+        let prefill_s = |tokens: f64| tokens * e.prefill_us_per_token as f64 / 1e6;
+        let cold = prefill_s(common.max_context as f64);
+        let warm_new = mean(common.user_tokens) + mean(w.max_tokens);
+        let warm = prefill_s(warm_new);
+        let decode = mean(w.max_tokens) * e.decode_ms_per_token as f64 / 1e3;
+        let think = (w.think_ms.0 + w.think_ms.1) as f64 / 2e3;
+        let busy = (warm + decode) / (warm + decode + think);
+        let spe = self.sessions_per_engine;
+        let share = spe * w.mean_context();
+        let mut out = format!(
+            "scenario {}: {}\n\
+             engines {} x sessions/engine {} = {} concurrent sessions; seed {}; {} per cell \
+             ({} warm-up not measured); gateway threads {}\n\
+             workload: system prompt {} tokens shared by all; per turn a user message of {}-{} \
+             tokens and max_tokens {}-{}; think {}-{} ms; a session ends near {} tokens \
+             (~{} turns) and a new one takes its slot; first sessions pre-aged to a random turn; \
+             streaming with include_usage\n\
+             engine: decode {} ms/token ({:.0} tok/s per sequence), prefill {} us per uncached \
+             token, decode slowed x{} per prefill in progress, max_running {}, KV {} tokens, \
+             {}-token blocks\n\
+             why: a cold {}-token context costs {:.1} s of prefill, a warm turn ~{:.0} new tokens \
+             = {:.2} s, so cache misses show in TTFT. A session waits on the engine ~{:.0}% of the \
+             time ({:.1} s decode vs {:.2} s think), so {} sessions keep ~{:.1} sequences busy per \
+             engine against max_running {}: balanced engines queue at peaks, overloaded or \
+             cold-prefilling ones queue persistently (the `waiting` signal). KV {} holds {:.1}x an \
+             engine's share of live context ({} sessions x {} mean = {}), not all {} sessions' \
+             ({}), so spreading sessions over every engine evicts prefixes before reuse.",
+            self.scenario,
+            self.scenario_note(),
+            self.opts.engines,
+            spe,
+            self.slots(),
+            self.opts.seed,
+            fmt_secs(self.opts.duration),
+            fmt_secs(self.warmup),
+            self.opts.threads,
+            w.system_tokens,
+            common.user_tokens.0,
+            common.user_tokens.1,
+            w.max_tokens.0,
+            w.max_tokens.1,
+            w.think_ms.0,
+            w.think_ms.1,
+            common.max_context,
+            w.expected_turns(common),
+            e.decode_ms_per_token,
+            1000.0 / e.decode_ms_per_token as f64,
+            e.prefill_us_per_token,
+            1.0 + e.prefill_decode_interference,
+            e.max_running,
+            e.kv_capacity_tokens,
+            e.block_tokens,
+            common.max_context,
+            cold,
+            warm_new,
+            warm,
+            busy * 100.0,
+            decode,
+            think,
+            spe,
+            busy * spe as f64,
+            e.max_running,
+            e.kv_capacity_tokens,
+            e.kv_capacity_tokens as f64 / share as f64,
+            spe,
+            w.mean_context(),
+            share,
+            self.slots(),
+            self.slots() * w.mean_context(),
+        );
+        if let Some(route_extra) = self.opts.route_extra.as_deref() {
+            let one_line = route_extra.trim().replace('\n', "; ");
+            out.push_str(&format!(
+                "\nroute file of the gateway cells ends with: {one_line}"
+            ));
+        }
+        if self.opts.replicas > 1 || self.opts.session_store != "local" {
+            out.push_str(&format!(
+                "\n{} gateway replica(s), each request sent to one at random; session store: {}",
+                self.opts.replicas, self.opts.session_store
+            ));
+        }
+        out
+    }
+
+    /// What the scenario changes, with the numbers it derived.
+    fn scenario_note(&self) -> String {
+        let w = &self.workload;
+        let e = &self.engine;
+        match self.scenario {
+            Scenario::Uniform => {
+                "every session has the shape below, on identical engines".to_string()
+            }
+            Scenario::Skewed => {
+                let long = w.shape(0);
+                let cold = long.max_context as f64 * e.prefill_us_per_token as f64 / 1e6;
+                format!(
+                    "{} long agent sessions (slots 0-{}) with user turns of {}-{} tokens and \
+                     contexts to {} (~{} turns; cold, one costs {:.1} s of prefill) among {} short \
+                     chats (below); KV {} holds one long context and the engine's share of chats, \
+                     not two long ones, so placing by session count alone is not enough",
+                    w.long_slots(),
+                    w.long_slots().saturating_sub(1),
+                    long.user_tokens.0,
+                    long.user_tokens.1,
+                    long.max_context,
+                    w.expected_turns(long),
+                    cold,
+                    self.slots() - w.long_slots() as usize,
+                    e.kv_capacity_tokens,
+                )
+            }
+            Scenario::SlowEngine => {
+                let s = &self.engines[0];
+                format!(
+                    "engine e0 runs at {:.1}x speed: decode {} ms/token, prefill {} us per \
+                     uncached token ({:.1}x the others, below); the rest are identical",
+                    scenario::SLOW_SPEED,
+                    s.decode_ms_per_token,
+                    s.prefill_us_per_token,
+                    1.0 / scenario::SLOW_SPEED,
+                )
+            }
+            Scenario::Failover => match self.failover {
+                Some(f) => format!(
+                    "engine e{} is shut down at {} (connections refused, open ones cut) and a \
+                     new engine with an empty cache starts on its port at {} ({} out)",
+                    f.engine,
+                    fmt_secs(f.at),
+                    fmt_secs(f.back()),
+                    fmt_secs(f.outage),
+                ),
+                None => String::new(),
+            },
+            Scenario::Overload => match self.overload {
+                Some(t) => format!(
+                    "2x the sessions ({} per engine) on the engines sized for {} (KV {}), \
+                     max_running {}; think times derived ({}-{} ms, overriding --think-ms): a \
+                     turn keeps a sequence in the engine ~{:.2} s, so each session is in the \
+                     engine {:.0}% of the time, ~{:.1} sequences x {} mean context = {:.0} tokens \
+                     = {:.0}% of KV committed to running sequences",
+                    self.sessions_per_engine,
+                    self.opts.sessions_per_engine,
+                    e.kv_capacity_tokens,
+                    e.max_running,
+                    t.think_ms.0,
+                    t.think_ms.1,
+                    t.busy_s,
+                    t.in_engine * 100.0,
+                    t.sequences,
+                    w.mean_context(),
+                    t.committed_tokens,
+                    t.committed_tokens / e.kv_capacity_tokens.max(1) as f64 * 100.0,
+                ),
+                None => String::new(),
+            },
+        }
+    }
+}
+
+/// Seconds a typical turn keeps a sequence in an engine: the warm prefill
+/// of its new tokens and its decode.
+fn turn_busy_s(w: &WorkloadParams, e: &EngineConfig) -> f64 {
+    let mean = |r: (usize, usize)| (r.0 + r.1) as f64 / 2.0;
+    let new_tokens = mean(w.common().user_tokens) + mean(w.max_tokens);
+    new_tokens * e.prefill_us_per_token as f64 / 1e6
+        + mean(w.max_tokens) * e.decode_ms_per_token as f64 / 1e3
+}
+
+pub fn fmt_secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}s")
+    } else {
+        format!("{s:.1}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::tests::parse;
+
+    #[test]
+    fn defaults_and_derived_engine_settings() {
+        let o = parse("").unwrap();
+        assert_eq!(o, Options::default());
+        let p = Plan::new(o);
+        assert_eq!(p.engine.max_running, 6);
+        // 1.75 x 8 sessions x 31k mean context, block-aligned.
+        assert_eq!(p.engine.kv_capacity_tokens, 434_000);
+        assert_eq!(p.warmup, Duration::from_secs(10));
+        assert_eq!(p.slots(), 32);
+        assert!(p.describe().contains("max_running 6"));
+    }
+
+    fn plan(args: &str, scenario: Scenario) -> Plan {
+        Plan::for_scenario(parse(args).unwrap(), scenario).unwrap()
+    }
+
+    #[test]
+    fn uniform_is_the_workload_the_bench_always_had() {
+        let u = plan("", Scenario::Uniform);
+        let old = Plan::new(parse("").unwrap());
+        assert_eq!(u.workload, old.workload);
+        assert_eq!(u.workload.long, None);
+        assert_eq!(u.engines.len(), 4);
+        assert!(u
+            .engines
+            .iter()
+            .all(|e| e.decode_ms_per_token == 10 && e.kv_capacity_tokens == 434_000));
+        assert_eq!((u.failover, u.overload), (None, None));
+        assert!(u.describe().starts_with("scenario uniform: "));
+    }
+
+    #[test]
+    fn skewed_mixes_one_long_session_per_engine_into_short_chats() {
+        let p = plan("", Scenario::Skewed);
+        let w = &p.workload;
+        assert_eq!((w.slots, w.long_slots()), (32, 4));
+        assert_eq!(w.shape(0).user_tokens, (4_000, 12_000));
+        assert_eq!(w.shape(3).max_context, 120_000);
+        assert_eq!(w.shape(4).user_tokens, (100, 1_000));
+        assert_eq!(w.shape(31).max_context, 8_000);
+        // (4 x 61k + 28 x 5k) / 32 = 12k mean; KV 1.75 x 8 x 12k.
+        assert_eq!(w.mean_context(), 12_000);
+        assert_eq!(p.engine.kv_capacity_tokens, 168_000);
+        let d = p.describe();
+        assert!(d.contains("4 long agent sessions"), "{d}");
+        assert!(d.contains("among 28 short chats"), "{d}");
+        // The long sessions must fit a turn after the system prompt.
+        let err = Plan::for_scenario(
+            parse("--system-tokens 108000 --max-context 200000").unwrap(),
+            Scenario::Skewed,
+        );
+        assert!(err.is_err());
+        assert!(parse("--system-tokens 108000 --max-context 200000 --scenario skewed").is_err());
+    }
+
+    #[test]
+    fn slow_engine_slows_only_e0() {
+        let p = plan("--time-scale 2", Scenario::SlowEngine);
+        let speeds: Vec<(u64, u64)> = p
+            .engines
+            .iter()
+            .map(|e| (e.decode_ms_per_token, e.prefill_us_per_token))
+            .collect();
+        assert_eq!(speeds, vec![(50, 250), (20, 100), (20, 100), (20, 100)]);
+        assert!(p
+            .describe()
+            .contains("e0 runs at 0.4x speed: decode 50 ms/token"));
+    }
+
+    #[test]
+    fn failover_is_scheduled_inside_the_window() {
+        let p = plan("", Scenario::Failover);
+        let f = p.failover.unwrap();
+        assert_eq!((f.engine, f.at, f.back()), (0, secs(20), secs(40)));
+        let q = plan("--quick", Scenario::Failover);
+        assert_eq!(
+            q.failover.map(|f| (f.at, f.back())),
+            Some((secs(4), secs(8)))
+        );
+        assert!(p.describe().contains("e0 is shut down at 20s"));
+    }
+
+    #[test]
+    fn overload_doubles_sessions_on_the_same_kv_and_derives_think_times() {
+        let p = plan("", Scenario::Overload);
+        assert_eq!((p.sessions_per_engine, p.slots()), (16, 64));
+        assert_eq!(p.workload.slots, 64);
+        // KV of the engines sized for 8 sessions; 3/4 of 16 may run.
+        assert_eq!(p.engine.kv_capacity_tokens, 434_000);
+        assert_eq!(p.engine.max_running, 12);
+        // A turn is busy (1750 + 200) x 50 us + 200 x 10 ms = 2.0975 s; 80%
+        // of 434k over 16 x 31k is 70% in the engine: 0.899 s mean think.
+        let t = p.overload.unwrap();
+        assert_eq!(p.workload.think_ms, (449, 1348));
+        assert_eq!(t.think_ms, p.workload.think_ms);
+        assert!((t.in_engine - 0.7).abs() < 1e-6);
+        let d = p.describe();
+        assert!(d.contains("80% of KV committed"), "{d}");
+        assert!(d.contains("sessions/engine 16 = 64 concurrent"), "{d}");
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+}
