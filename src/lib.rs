@@ -7,7 +7,7 @@
 //! - `registry`   the live route table, reload, runtime state kept across reloads
 //! - `proxy`      the Pingora `ProxyHttp` implementation, one file per phase group
 //! - `balance`    peer choice on live state: pools, tiers, the admission queue,
-//!                Redis agreement; `placement` its pure rules and session table
+//!   Redis agreement; `placement` its pure rules and session table
 //! - `session`    session id extraction; `hash` the hashes of ids and keys
 //! - `request_view` what a request body says (model, stream, session), skimmed
 //! - `protect`    the load gates' pure cores: windows, EWMAs, limits, AIMD, turn priority
