@@ -32,7 +32,7 @@ use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 
-use super::load::rendezvous;
+use super::pick::rendezvous;
 use super::rules::{self, Limits, Verdict};
 use super::{KvRoom, PeerId, PeerLoad, Placement, PlacementKind, Reason};
 
