@@ -11,7 +11,7 @@
 //! - `session`    session id extraction; `hash` the hashes of ids and keys
 //! - `request_view` what a request body says (model, stream, session), skimmed
 //! - `protect`    the load gates' pure cores: windows, EWMAs, limits, AIMD, turn priority
-//! - `reject`, `rewrite`  content rules; prefix-stability transforms of bodies
+//! - `reject`, `rewrite`  content rules; request-body rewrites (include_usage, prefix stability)
 //! - `stream`     the response pipeline: SSE, usage, first token, post-processing
 //! - `auth`       API keys
 //! - `health`     active probes and engine metric scraping
@@ -30,6 +30,7 @@ pub mod controller;
 pub mod errors;
 pub mod hash;
 pub mod health;
+pub(crate) mod json_bytes;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;

@@ -9,6 +9,8 @@
 //! no cache hit, and whoever reads the line downstream still sees which
 //! client sent it. The rest of the prompt is left exactly as written.
 
+use bytes::Bytes;
+
 use super::{next_char, span_in, CchStripped, Edit, Step};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -61,7 +63,7 @@ pub fn strip(
     Some((
         Edit {
             at: cut,
-            with: Vec::new(),
+            with: Bytes::new(),
         },
         CchStripped { removed, location },
     ))

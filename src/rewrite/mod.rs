@@ -1,25 +1,33 @@
-//! Prefix-stability transforms of a request body: edits that make the
-//! prompt an engine renders the same bytes from one request of a session
-//! to the next, so its prefix cache keeps hitting.
+//! Rewrites of a request body, each made of [`Edit`]s of the original bytes.
+//!
+//! - `include_usage`: `stream_options.include_usage` added to a streaming
+//!   request, so the stream reports its token usage.
+//!
+//! The prefix-stability transforms make the prompt an engine renders the
+//! same bytes from one request of a session to the next, so its prefix
+//! cache keeps hitting:
 //!
 //! - `cch`: the per-request `cch=<hash>;` field of Claude Code's billing
 //!   line at the start of the system prompt.
 //! - `kimi`: Kimi tool-call ids (`functions.<name>:<n>`) renumbered by
 //!   order of first appearance.
 //!
-//! Like include_usage (`stream::usage`), the body is edited in place, never
-//! re-serialized: a re-encoding that changed escaping, spacing or key order
-//! anywhere in `messages` would change the rendered prompt and cost the very
-//! cache hit these transforms exist for. Each transform finds byte spans of
-//! the original body (through borrowed `RawValue`s, whose text is a slice of
-//! it) and [`splice`] replaces just those. Whatever cannot be edited safely
+//! A body is edited in place, never re-serialized: a re-encoding that
+//! changed escaping, spacing or key order anywhere in `messages` would
+//! change the rendered prompt and cost the very cache hit these transforms
+//! exist for. Each rewrite finds byte spans of the original body (the
+//! transforms through borrowed `RawValue`s, whose text is a slice of it) and
+//! [`apply_edits`] replaces just those, into one buffer ([`splice`]) or
+//! between the pieces a body was read in. Whatever cannot be edited safely
 //! yields no edit: the body then goes on as the client sent it.
 //!
-//! Pure: no clock, no route; the proxy's `guards::prefix` decides per route.
+//! Pure: no clock, no route; the proxy decides per route which rewrites run.
 
 pub mod cch;
+pub mod include_usage;
 pub mod kimi;
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -38,11 +46,13 @@ impl Options {
     }
 }
 
-/// One replacement of `raw[at]` by `with`.
+/// One replacement of `raw[at]` by `with`: the one edit type of request
+/// bodies. `with` is `Bytes` so that a body kept in pieces takes it as a
+/// piece of its own, shared, between the untouched pieces around it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edit {
     pub at: Range<usize>,
-    pub with: Vec<u8>,
+    pub with: Bytes,
 }
 
 /// What the transforms changed in one body.
@@ -159,23 +169,56 @@ pub fn preview(raw: &[u8], opts: Options) -> Value {
     out
 }
 
-/// `raw` with every edit applied. `None` if an edit is out of bounds or two
-/// overlap: the edits then do not describe one consistent change.
-pub fn splice(raw: &[u8], edits: &mut [Edit]) -> Option<Vec<u8>> {
+/// Where applied edits go: the spans of the original kept between them, and
+/// their replacements.
+pub trait EditSink {
+    /// `span` of the original, in order; `None` when it is out of bounds.
+    fn keep(&mut self, span: Range<usize>) -> Option<()>;
+    fn insert(&mut self, with: &Bytes);
+}
+
+/// Applies `edits` to an original of `len` bytes, in order of position, into
+/// `out`. `None` if an edit is out of bounds or two overlap: the edits then
+/// do not describe one consistent change.
+pub fn apply_edits(len: usize, edits: &mut [Edit], out: &mut impl EditSink) -> Option<()> {
     edits.sort_by_key(|e| e.at.start);
-    let grow: usize = edits.iter().map(|e| e.with.len()).sum();
-    let mut out = Vec::with_capacity(raw.len() + grow);
     let mut done = 0;
     for e in edits.iter() {
         if e.at.start < done || e.at.start > e.at.end {
             return None;
         }
-        out.extend_from_slice(raw.get(done..e.at.start)?);
-        out.extend_from_slice(&e.with);
+        out.keep(done..e.at.start)?;
+        out.insert(&e.with);
         done = e.at.end;
     }
-    out.extend_from_slice(raw.get(done..)?);
-    Some(out)
+    if done > len {
+        return None;
+    }
+    out.keep(done..len)
+}
+
+/// `raw` with every edit applied, in one new buffer (see [`apply_edits`]).
+pub fn splice(raw: &[u8], edits: &mut [Edit]) -> Option<Vec<u8>> {
+    struct Joined<'a> {
+        raw: &'a [u8],
+        out: Vec<u8>,
+    }
+    impl EditSink for Joined<'_> {
+        fn keep(&mut self, span: Range<usize>) -> Option<()> {
+            self.out.extend_from_slice(self.raw.get(span)?);
+            Some(())
+        }
+        fn insert(&mut self, with: &Bytes) {
+            self.out.extend_from_slice(with);
+        }
+    }
+    let grow: usize = edits.iter().map(|e| e.with.len()).sum();
+    let mut joined = Joined {
+        raw,
+        out: Vec::with_capacity(raw.len() + grow),
+    };
+    apply_edits(raw.len(), edits, &mut joined)?;
+    Some(joined.out)
 }
 
 /// The byte span of `value` inside `raw`. `RawValue`s deserialized from
@@ -319,7 +362,7 @@ mod tests {
         let raw = b"0123456789";
         let e = |a: usize, b: usize, w: &str| Edit {
             at: a..b,
-            with: w.as_bytes().to_vec(),
+            with: w.as_bytes().to_vec().into(),
         };
         assert_eq!(
             splice(raw, &mut [e(8, 9, "X"), e(1, 3, ""), e(5, 5, "ins")]).unwrap(),

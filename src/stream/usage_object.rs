@@ -13,7 +13,7 @@
 //! for: the counts beside it are read, where serde would read none.
 
 use super::scan::skip_json_ws;
-use super::usage::Usage;
+use super::Usage;
 
 /// Nesting this walk follows before giving the object to serde.
 const MAX_DEPTH: usize = 4;

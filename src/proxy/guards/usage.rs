@@ -4,7 +4,8 @@ use crate::proxy::ctx::Admitted;
 use crate::proxy::request::pieces::RequestBody;
 use crate::registry::Route;
 use crate::request_view::RequestView;
-use crate::stream::usage::{include_usage_at_top, include_usage_splice};
+use crate::rewrite::include_usage::{include_usage_at_top, include_usage_edit};
+use crate::rewrite::splice;
 
 /// `body` with `stream_options.include_usage` added, for a streaming
 /// request that lacks it (in a body of several pieces, an edit spliced
@@ -24,15 +25,15 @@ pub fn rewrite(route: &Route, body: &RequestBody, view: &RequestView) -> Option<
     let edit = match include_usage_at_top(body.first_piece(), view, view_of_body) {
         Some(edit) => edit,
         // The walk of the body's members reads it whole.
-        None => include_usage_splice(&body.whole(), view)?,
+        None => include_usage_edit(&body.whole(), view)?,
     };
-    Some(match body.pieces() {
+    match body.pieces() {
         // A body in one piece is most often one read (at most 64 KiB),
         // sent whole from the retry buffer: one new buffer costs less than
         // pieces joined again there.
-        [one] => RequestBody::one(edit.apply(one).into()),
-        _ => body.spliced(&edit),
-    })
+        [one] => Some(RequestBody::one(splice(one, &mut [edit])?.into())),
+        _ => body.spliced(&mut [edit]),
+    }
 }
 
 /// Puts the rewritten body in place once the content guards passed; the
