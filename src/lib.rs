@@ -10,6 +10,7 @@
 //!   Redis agreement; `placement` its pure rules and session table
 //! - `session`    session id extraction; `hash` the hashes of ids and keys
 //! - `request_view` what a request body says (model, stream, session), skimmed
+//! - `json_bytes` byte-level JSON primitives the hand-written walkers share
 //! - `protect`    the load gates' pure cores: windows, EWMAs, limits, AIMD, turn priority
 //! - `reject`, `rewrite`  content rules; request-body rewrites (include_usage, prefix stability)
 //! - `stream`     the response pipeline: SSE, usage, first token, post-processing

@@ -11,7 +11,8 @@
 
 use bytes::Bytes;
 
-use super::{next_char, span_in, CchStripped, Edit, Step};
+use super::{span_in, CchStripped, Edit};
+use crate::json_bytes::{next_char, Step};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;

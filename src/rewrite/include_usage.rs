@@ -10,8 +10,8 @@
 use bytes::Bytes;
 
 use super::{splice, Edit};
+use crate::json_bytes::{key_equals, skip_value, skip_ws, string_end};
 use crate::request_view::{member, RequestView};
-use crate::stream::scan::{find_byte, skip_json_ws};
 
 const TOP_LEVEL_INSERT: &[u8] = b"\"stream_options\":{\"include_usage\":true}";
 const TOP_LEVEL_INSERT_COMMA: &[u8] = b"\"stream_options\":{\"include_usage\":true},";
@@ -41,7 +41,7 @@ pub fn inject_include_usage(raw: &[u8], parsed: &RequestView) -> Option<Vec<u8>>
 /// the body itself (`view_of_body`): its members borrow from the bytes
 /// they were read from. `None` when the walk must decide.
 pub fn include_usage_at_top(head: &[u8], parsed: &RequestView, view_of_body: bool) -> Option<Edit> {
-    let open = skip_json_ws(head, 0);
+    let open = skip_ws(head, 0);
     (parsed.is_stream()
         && parsed.stream_options.is_none()
         && view_of_body
@@ -67,7 +67,7 @@ pub fn include_usage_edit(raw: &[u8], parsed: &RequestView) -> Option<Edit> {
     if let Some(edit) = include_usage_at_top(raw, parsed, view_of(raw, parsed)) {
         return Some(edit);
     }
-    let open = skip_json_ws(raw, 0);
+    let open = skip_ws(raw, 0);
     match find_member(raw, open, "stream_options")? {
         Member::Missing { empty } => {
             if parsed.stream_options.is_some() {
@@ -143,19 +143,19 @@ fn find_member(raw: &[u8], open: usize, name: &str) -> Option<Member> {
     if raw.get(open) != Some(&b'{') {
         return None;
     }
-    let mut i = skip_json_ws(raw, open + 1);
+    let mut i = skip_ws(raw, open + 1);
     if raw.get(i) == Some(&b'}') {
         return Some(Member::Missing { empty: true });
     }
     let mut found = None;
     loop {
-        let key_end = skip_string(raw, i)?;
+        let (key_end, _) = string_end(raw, i)?;
         let is_name = key_equals(&raw[i..key_end], name)?;
-        i = skip_json_ws(raw, key_end);
+        i = skip_ws(raw, key_end);
         if raw.get(i) != Some(&b':') {
             return None;
         }
-        let start = skip_json_ws(raw, i + 1);
+        let start = skip_ws(raw, i + 1);
         let end = skip_value(raw, start)?;
         if is_name {
             if found.is_some() {
@@ -163,77 +163,11 @@ fn find_member(raw: &[u8], open: usize, name: &str) -> Option<Member> {
             }
             found = Some(Member::Found { start, end });
         }
-        i = skip_json_ws(raw, end);
+        i = skip_ws(raw, end);
         match raw.get(i)? {
-            b',' => i = skip_json_ws(raw, i + 1),
+            b',' => i = skip_ws(raw, i + 1),
             b'}' => return Some(found.unwrap_or(Member::Missing { empty: false })),
             _ => return None,
-        }
-    }
-}
-
-/// Compares a quoted JSON key with `name`. Keys are compared decoded, so
-/// `"stream\u005foptions"` is recognised too; `None` if it cannot be decoded.
-fn key_equals(quoted: &[u8], name: &str) -> Option<bool> {
-    let inner = quoted.get(1..quoted.len().checked_sub(1)?)?;
-    if find_byte(inner, b'\\').is_none() {
-        return Some(inner == name.as_bytes());
-    }
-    let decoded: String = serde_json::from_slice(quoted).ok()?;
-    Some(decoded == name)
-}
-
-/// `raw[at]` must be `"`; returns the index just past the closing quote.
-fn skip_string(raw: &[u8], at: usize) -> Option<usize> {
-    if raw.get(at) != Some(&b'"') {
-        return None;
-    }
-    let mut i = at + 1;
-    loop {
-        match raw.get(i)? {
-            b'"' => return Some(i + 1),
-            // Whatever follows a backslash cannot end the string; the
-            // digits of `\uXXXX` are ordinary bytes.
-            b'\\' => i += 2,
-            _ => i += 1,
-        }
-    }
-}
-
-/// Returns the index just past the value starting at `at`. Containers are
-/// walked with a depth counter rather than recursion, so no input can
-/// exhaust the stack.
-fn skip_value(raw: &[u8], at: usize) -> Option<usize> {
-    match raw.get(at)? {
-        b'"' => skip_string(raw, at),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut i = at;
-            while let Some(&b) = raw.get(i) {
-                match b {
-                    b'"' => {
-                        i = skip_string(raw, i)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth = depth.checked_sub(1)?;
-                        if depth == 0 {
-                            return Some(i + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                i += 1;
-            }
-            None
-        }
-        _ => {
-            let len = raw[at..]
-                .iter()
-                .position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
-                .unwrap_or(raw.len() - at);
-            (len > 0).then_some(at + len)
         }
     }
 }

@@ -33,8 +33,8 @@ macro_rules! scalars_are {
     };
 }
 
-use super::scan::skip_json_ws;
 use super::Usage;
+use crate::json_bytes::skip_ws;
 
 /// The top-level `usage` of a response body or stream frame. `None` when it
 /// is absent, null or not an object; a missing or non-integer count reads
@@ -117,7 +117,7 @@ pub fn answer_usage(json: &[u8]) -> Option<Usage> {
 }
 
 fn trailing_usage(json: &[u8]) -> Option<Usage> {
-    if json.get(skip_json_ws(json, 0)) != Some(&b'{') {
+    if json.get(skip_ws(json, 0)) != Some(&b'{') {
         return None;
     }
     let at = super::scan::last_key_value(json, &USAGE_KEY)?;
@@ -141,25 +141,25 @@ fn trailing_usage(json: &[u8]) -> Option<Usage> {
 /// checking them, and here what follows the usage must be valid JSON for
 /// the shortcut to read what the whole parse reads.
 fn members_close_the_object(tail: &[u8]) -> bool {
-    let mut i = skip_json_ws(tail, 0);
+    let mut i = skip_ws(tail, 0);
     loop {
         match tail.get(i) {
-            Some(b'}') => return skip_json_ws(tail, i + 1) == tail.len(),
+            Some(b'}') => return skip_ws(tail, i + 1) == tail.len(),
             Some(b',') => {}
             _ => return false,
         }
-        i = skip_json_ws(tail, i + 1);
+        i = skip_ws(tail, i + 1);
         let mut key = serde_json::Deserializer::from_slice(&tail[i..])
             .into_iter::<crate::request_view::JsonStr>();
         match key.next() {
             Some(Ok(k)) if k.0 != "usage" => i += key.byte_offset(),
             _ => return false,
         }
-        i = skip_json_ws(tail, i);
+        i = skip_ws(tail, i);
         if tail.get(i) != Some(&b':') {
             return false;
         }
-        i = skip_json_ws(tail, i + 1);
+        i = skip_ws(tail, i + 1);
         let mut value = serde_json::Deserializer::from_slice(&tail[i..]).into_iter::<IgnoredAny>();
         match value.next() {
             Some(Ok(_)) => i += value.byte_offset(),
@@ -235,7 +235,7 @@ fn choices_say_usage_only(data: &[u8]) -> Option<bool> {
     }
     let rest = &data[value..];
     let empty = match rest.first() {
-        Some(b'[') => rest.get(skip_json_ws(rest, 1)) == Some(&b']'),
+        Some(b'[') => rest.get(skip_ws(rest, 1)) == Some(&b']'),
         Some(b'n') => rest.starts_with(b"null"),
         _ => false,
     };
