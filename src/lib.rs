@@ -10,8 +10,9 @@
 //! - `placement`  the pure rules of peer choice and the session table
 //! - `session`    session id extraction; `hash` the hashes of ids and keys
 //! - `request_view` what a request body says (model, stream, session), skimmed
+//! - `json_bytes` byte-level JSON primitives the hand-written walkers share
 //! - `protect`    the load gates: one owner per route (`RouteProtection`) and its pure cores
-//! - `reject`, `rewrite`  content rules; prefix-stability transforms of bodies
+//! - `reject`, `rewrite`  content rules; request-body rewrites (include_usage, prefix stability)
 //! - `stream`     the response pipeline: SSE, usage, first token, post-processing
 //! - `auth`       API keys; `query` the `/_…` endpoints' query-string parameters
 //! - `health`     active probes and engine metric scraping
@@ -31,6 +32,7 @@ pub mod controller;
 pub mod errors;
 pub mod hash;
 pub mod health;
+pub(crate) mod json_bytes;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;

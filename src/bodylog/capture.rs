@@ -46,7 +46,7 @@ pub struct Outcome<'a> {
     pub mode: Option<&'a str>,
     pub status: u16,
     pub attempts: u32,
-    pub usage: Option<crate::stream::usage::Usage>,
+    pub usage: Option<crate::stream::Usage>,
     /// The gateway added `stream_options.include_usage` to the body.
     pub usage_injected: bool,
     /// The body as the engine received it.

@@ -18,11 +18,11 @@
 //! not, and the engine sees traffic from other gateway replicas and requests
 //! this gateway has already stopped counting.
 
-mod load;
+mod pick;
 mod rules;
 mod table;
 
-pub use load::{hash_place, least_conn, rendezvous};
+pub use pick::{hash_place, least_conn, rendezvous};
 pub use table::{Admission, Incoming, SessionTable, TableConfig};
 
 /// Stable id of a peer, assigned by the registry per (route, host:port) in order

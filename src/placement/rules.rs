@@ -4,7 +4,7 @@
 //! Kept apart from the table so that the table owns storage, locking and time,
 //! and these rules can be read (and reasoned about) on one screen.
 
-use super::load::{best_home, least_bound, least_loaded};
+use super::pick::{best_home, least_bound, least_loaded};
 use super::{Incoming, KvRoom, PeerId, PeerLoad, Reason};
 
 /// The tunables the rules read, copied out of the table config per call.

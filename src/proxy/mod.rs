@@ -79,8 +79,8 @@ impl Gateway {
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
         ctx.request.client_held = conn::hold_client_bytes(session);
         guards::rules::check(&route, &ctx.request)?;
-        guards::usage::apply(&mut ctx.request);
-        guards::prefix::apply(&route, &mut ctx.request);
+        request::rewrites::include_usage(&mut ctx.request);
+        request::rewrites::prefix_transforms(&route, &mut ctx.request);
         self.place(session, &route, ctx).await?;
         response::bodylog::begin(
             self.bodylog.as_deref(),

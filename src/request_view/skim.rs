@@ -26,6 +26,8 @@
 use bytes::Bytes;
 use memchr::memchr2;
 
+use crate::json_bytes::{is_ws, unescape};
+
 /// The members the view keeps, in this order (see [`super::KEPT`]).
 pub(super) type Found<'a> = [Option<&'a [u8]>; super::KEPT.len()];
 
@@ -158,7 +160,7 @@ impl<'a> Reader<'a> {
 
     /// JSON's four whitespace bytes, as serde_json skips them.
     fn ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
+        while self.peek().is_some_and(is_ws) {
             self.at += 1;
         }
     }
@@ -236,7 +238,6 @@ impl<'a> Reader<'a> {
                 return Some(());
             }
             match self.next()? {
-                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
                 b'u' => {
                     let mut unit = 0u32;
                     for _ in 0..4 {
@@ -247,7 +248,9 @@ impl<'a> Reader<'a> {
                         return None;
                     }
                 }
-                _ => return None,
+                letter => {
+                    unescape(letter)?;
+                }
             }
         }
     }

@@ -9,7 +9,10 @@
 //! no cache hit, and whoever reads the line downstream still sees which
 //! client sent it. The rest of the prompt is left exactly as written.
 
-use super::{next_char, span_in, CchStripped, Edit, Step};
+use bytes::Bytes;
+
+use super::{span_in, CchStripped, Edit};
+use crate::json_bytes::{next_char, Step};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -61,7 +64,7 @@ pub fn strip(
     Some((
         Edit {
             at: cut,
-            with: Vec::new(),
+            with: Bytes::new(),
         },
         CchStripped { removed, location },
     ))

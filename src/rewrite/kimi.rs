@@ -93,7 +93,7 @@ pub fn renumber(raw: &[u8], messages: &[&RawValue]) -> Option<Renumbered> {
             }
             out.edits.push(Edit {
                 at: digits_start..digits_end,
-                with: new_digits.into_bytes(),
+                with: new_digits.into_bytes().into(),
             });
             out.occurrences += 1;
         }

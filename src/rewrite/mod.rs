@@ -1,25 +1,33 @@
-//! Prefix-stability transforms of a request body: edits that make the
-//! prompt an engine renders the same bytes from one request of a session
-//! to the next, so its prefix cache keeps hitting.
+//! Rewrites of a request body, each made of [`Edit`]s of the original bytes.
+//!
+//! - `include_usage`: `stream_options.include_usage` added to a streaming
+//!   request, so the stream reports its token usage.
+//!
+//! The prefix-stability transforms make the prompt an engine renders the
+//! same bytes from one request of a session to the next, so its prefix
+//! cache keeps hitting:
 //!
 //! - `cch`: the per-request `cch=<hash>;` field of Claude Code's billing
 //!   line at the start of the system prompt.
 //! - `kimi`: Kimi tool-call ids (`functions.<name>:<n>`) renumbered by
 //!   order of first appearance.
 //!
-//! Like include_usage (`stream::usage`), the body is edited in place, never
-//! re-serialized: a re-encoding that changed escaping, spacing or key order
-//! anywhere in `messages` would change the rendered prompt and cost the very
-//! cache hit these transforms exist for. Each transform finds byte spans of
-//! the original body (through borrowed `RawValue`s, whose text is a slice of
-//! it) and [`splice`] replaces just those. Whatever cannot be edited safely
+//! A body is edited in place, never re-serialized: a re-encoding that
+//! changed escaping, spacing or key order anywhere in `messages` would
+//! change the rendered prompt and cost the very cache hit these transforms
+//! exist for. Each rewrite finds byte spans of the original body (the
+//! transforms through borrowed `RawValue`s, whose text is a slice of it) and
+//! [`apply_edits`] replaces just those, into one buffer ([`splice`]) or
+//! between the pieces a body was read in. Whatever cannot be edited safely
 //! yields no edit: the body then goes on as the client sent it.
 //!
-//! Pure: no clock, no route; the proxy's `guards::prefix` decides per route.
+//! Pure: no clock, no route; the proxy decides per route which rewrites run.
 
 pub mod cch;
+pub mod include_usage;
 pub mod kimi;
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -38,11 +46,13 @@ impl Options {
     }
 }
 
-/// One replacement of `raw[at]` by `with`.
+/// One replacement of `raw[at]` by `with`: the one edit type of request
+/// bodies. `with` is `Bytes` so that a body kept in pieces takes it as a
+/// piece of its own, shared, between the untouched pieces around it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edit {
     pub at: Range<usize>,
-    pub with: Vec<u8>,
+    pub with: Bytes,
 }
 
 /// What the transforms changed in one body.
@@ -159,23 +169,56 @@ pub fn preview(raw: &[u8], opts: Options) -> Value {
     out
 }
 
-/// `raw` with every edit applied. `None` if an edit is out of bounds or two
-/// overlap: the edits then do not describe one consistent change.
-pub fn splice(raw: &[u8], edits: &mut [Edit]) -> Option<Vec<u8>> {
+/// Where applied edits go: the spans of the original kept between them, and
+/// their replacements.
+pub trait EditSink {
+    /// `span` of the original, in order; `None` when it is out of bounds.
+    fn keep(&mut self, span: Range<usize>) -> Option<()>;
+    fn insert(&mut self, with: &Bytes);
+}
+
+/// Applies `edits` to an original of `len` bytes, in order of position, into
+/// `out`. `None` if an edit is out of bounds or two overlap: the edits then
+/// do not describe one consistent change.
+pub fn apply_edits(len: usize, edits: &mut [Edit], out: &mut impl EditSink) -> Option<()> {
     edits.sort_by_key(|e| e.at.start);
-    let grow: usize = edits.iter().map(|e| e.with.len()).sum();
-    let mut out = Vec::with_capacity(raw.len() + grow);
     let mut done = 0;
     for e in edits.iter() {
         if e.at.start < done || e.at.start > e.at.end {
             return None;
         }
-        out.extend_from_slice(raw.get(done..e.at.start)?);
-        out.extend_from_slice(&e.with);
+        out.keep(done..e.at.start)?;
+        out.insert(&e.with);
         done = e.at.end;
     }
-    out.extend_from_slice(raw.get(done..)?);
-    Some(out)
+    if done > len {
+        return None;
+    }
+    out.keep(done..len)
+}
+
+/// `raw` with every edit applied, in one new buffer (see [`apply_edits`]).
+pub fn splice(raw: &[u8], edits: &mut [Edit]) -> Option<Vec<u8>> {
+    struct Joined<'a> {
+        raw: &'a [u8],
+        out: Vec<u8>,
+    }
+    impl EditSink for Joined<'_> {
+        fn keep(&mut self, span: Range<usize>) -> Option<()> {
+            self.out.extend_from_slice(self.raw.get(span)?);
+            Some(())
+        }
+        fn insert(&mut self, with: &Bytes) {
+            self.out.extend_from_slice(with);
+        }
+    }
+    let grow: usize = edits.iter().map(|e| e.with.len()).sum();
+    let mut joined = Joined {
+        raw,
+        out: Vec::with_capacity(raw.len() + grow),
+    };
+    apply_edits(raw.len(), edits, &mut joined)?;
+    Some(joined.out)
 }
 
 /// The byte span of `value` inside `raw`. `RawValue`s deserialized from
@@ -188,138 +231,16 @@ pub(crate) fn span_in(raw: &[u8], value: &RawValue) -> Option<Range<usize>> {
     (end <= raw.len()).then_some(start..end)
 }
 
-/// One step through the text of a JSON string.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// A decoded character and the index just past its raw spelling.
-    Char(char, usize),
-    /// The closing quote; the index just past it.
-    End(usize),
-}
-
-/// Decodes the character whose raw spelling starts at `raw[i]` (inside a
-/// string). `None` for text that is not a valid JSON string, lone
-/// surrogates included: the caller then leaves the string alone.
-pub(crate) fn next_char(raw: &[u8], i: usize) -> Option<Step> {
-    match *raw.get(i)? {
-        b'"' => Some(Step::End(i + 1)),
-        b'\\' => {
-            let c = match *raw.get(i + 1)? {
-                b'"' => '"',
-                b'\\' => '\\',
-                b'/' => '/',
-                b'b' => '\u{8}',
-                b'f' => '\u{c}',
-                b'n' => '\n',
-                b'r' => '\r',
-                b't' => '\t',
-                b'u' => return unicode_escape(raw, i),
-                _ => return None,
-            };
-            Some(Step::Char(c, i + 2))
-        }
-        b if b < 0x20 => None,
-        b => {
-            let len = match b {
-                0x00..=0x7f => 1,
-                0xc0..=0xdf => 2,
-                0xe0..=0xef => 3,
-                0xf0..=0xf7 => 4,
-                _ => return None,
-            };
-            let s = std::str::from_utf8(raw.get(i..i + len)?).ok()?;
-            Some(Step::Char(s.chars().next()?, i + len))
-        }
-    }
-}
-
-fn hex4(raw: &[u8], at: usize) -> Option<u32> {
-    let digits = std::str::from_utf8(raw.get(at..at + 4)?).ok()?;
-    u32::from_str_radix(digits, 16).ok()
-}
-
-/// `\uXXXX` at `raw[i]`, with its low half when it is a high surrogate.
-fn unicode_escape(raw: &[u8], i: usize) -> Option<Step> {
-    let hi = hex4(raw, i + 2)?;
-    if (0xd800..0xdc00).contains(&hi) {
-        if raw.get(i + 6..i + 8)? != b"\\u" {
-            return None;
-        }
-        let lo = hex4(raw, i + 8)?;
-        if !(0xdc00..0xe000).contains(&lo) {
-            return None;
-        }
-        let c = char::from_u32(0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00))?;
-        return Some(Step::Char(c, i + 12));
-    }
-    Some(Step::Char(char::from_u32(hi)?, i + 6))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn chars(raw: &str) -> Option<Vec<(char, usize)>> {
-        let raw = raw.as_bytes();
-        let mut i = 1;
-        let mut out = Vec::new();
-        loop {
-            match next_char(raw, i)? {
-                Step::Char(c, next) => {
-                    out.push((c, next));
-                    i = next;
-                }
-                Step::End(end) => {
-                    assert_eq!(end, raw.len());
-                    return Some(out);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn decodes_like_serde() {
-        for raw in [
-            r#""plain""#,
-            r#""a\"b\\c\/d\b\f\n\r\t""#,
-            r#""caf\u00e9 é \ud83d\ude00 😀""#,
-            r#""""#,
-        ] {
-            let ours: String = chars(raw).unwrap().into_iter().map(|(c, _)| c).collect();
-            let theirs: String = serde_json::from_str(raw).unwrap();
-            assert_eq!(ours, theirs, "{raw}");
-        }
-        // Each character's raw spelling ends where the next one starts.
-        let ends: Vec<usize> = chars(r#""a\u00e9\n😀""#)
-            .unwrap()
-            .into_iter()
-            .map(|(_, e)| e)
-            .collect();
-        assert_eq!(ends, vec![2, 8, 10, 14]);
-    }
-
-    #[test]
-    fn refuses_what_is_not_a_json_string() {
-        for raw in [
-            r#""\ud83d""#,
-            r#""\ud83dx""#,
-            r#""\ude00""#,
-            r#""\x""#,
-            r#""\u12""#,
-            "\"a\nb\"",
-            r#""unterminated"#,
-        ] {
-            assert_eq!(chars(raw), None, "{raw}");
-        }
-        assert_eq!(next_char(b"\"\xff\"", 1), None);
-    }
 
     #[test]
     fn splice_applies_in_order_and_refuses_overlaps() {
         let raw = b"0123456789";
         let e = |a: usize, b: usize, w: &str| Edit {
             at: a..b,
-            with: w.as_bytes().to_vec(),
+            with: w.as_bytes().to_vec().into(),
         };
         assert_eq!(
             splice(raw, &mut [e(8, 9, "X"), e(1, 3, ""), e(5, 5, "ins")]).unwrap(),

@@ -18,3 +18,12 @@ pub mod usage;
 mod usage_object;
 
 pub use pipeline::{BodyKind, ResponsePipeline};
+
+/// Token counts as reported by the engine.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// `prompt_tokens_details.cached_tokens`; 0 when absent or null.
+    pub cached_tokens: u64,
+}

@@ -2,7 +2,8 @@
 //! SSE event carries generated output, and the engine's token usage.
 
 use super::scan::{first_nonempty_string, nonempty_string_at, Key};
-use super::usage::{self, Usage};
+use super::usage;
+use super::Usage;
 use std::sync::LazyLock;
 
 /// What the proxy learns from a stream without changing it.

@@ -12,7 +12,8 @@
 use super::observe::{observe_event, ContentHint, StreamStats};
 use super::postprocess::{write_event, Handler, MAX_HELD_JSON_BYTES, MAX_PENDING_EVENT_BYTES};
 use super::sse::{event_data, SseSplitter};
-use super::usage::{answer_usage, is_usage_only_event, Usage};
+use super::usage::{answer_usage, is_usage_only_event};
+use super::Usage;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use std::time::Instant;

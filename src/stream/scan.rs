@@ -1,7 +1,9 @@
 //! Byte-level scans over JSON text that the stream path uses instead of
-//! parsing: finding a key, skipping whitespace. Searches go through memchr.
+//! parsing: finding a key and its value. Searches go through memchr.
 
 use memchr::memmem::{Finder, FinderRev};
+
+use crate::json_bytes::{quote_is_unescaped, skip_ws};
 
 /// A JSON key (its quotes included) with its searchers built once: building
 /// a memmem searcher costs more than running it over an SSE frame, and the
@@ -25,9 +27,9 @@ pub(crate) fn last_key_value(data: &[u8], key: &Key) -> Option<usize> {
     let mut end = data.len();
     while let Some(at) = key.1.rfind(&data[..end]) {
         if quote_is_unescaped(data, at) {
-            let i = skip_json_ws(data, at + len);
+            let i = skip_ws(data, at + len);
             if data.get(i) == Some(&b':') {
-                return Some(skip_json_ws(data, i + 1));
+                return Some(skip_ws(data, i + 1));
             }
         }
         // Overlapping matches too, as forwards.
@@ -60,8 +62,8 @@ fn value_after_key(data: &[u8], at: usize, key: &Key) -> Option<usize> {
     if !quote_is_unescaped(data, at) {
         return None;
     }
-    let i = skip_json_ws(data, at + key.0.needle().len());
-    (data.get(i) == Some(&b':')).then(|| skip_json_ws(data, i + 1))
+    let i = skip_ws(data, at + key.0.needle().len());
+    (data.get(i) == Some(&b':')).then(|| skip_ws(data, i + 1))
 }
 
 fn is_nonempty_string(data: &[u8], i: usize) -> bool {
@@ -86,18 +88,6 @@ pub(crate) fn nonempty_string_at(data: &[u8], at: usize, key: &Key) -> bool {
 /// Is there a member `key` whose value is an object?
 pub(crate) fn key_has_object(data: &[u8], key: &Key) -> bool {
     key_values(data, key).any(|(_, i)| data.get(i) == Some(&b'{'))
-}
-
-/// A `"` preceded by an odd number of backslashes is inside a string.
-fn quote_is_unescaped(data: &[u8], at: usize) -> bool {
-    let backslashes = data[..at].iter().rev().take_while(|&&b| b == b'\\').count();
-    backslashes % 2 == 0
-}
-pub(crate) fn skip_json_ws(data: &[u8], mut i: usize) -> usize {
-    while matches!(data.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-        i += 1;
-    }
-    i
 }
 
 /// Position of the first `needle` byte.

@@ -12,8 +12,8 @@
 //! JSON inside a string (a raw control character, bad UTF-8) is not looked
 //! for: the counts beside it are read, where serde would read none.
 
-use super::scan::skip_json_ws;
-use super::usage::Usage;
+use super::Usage;
+use crate::json_bytes::{skip_ws, string_end};
 
 /// Nesting this walk follows before giving the object to serde.
 const MAX_DEPTH: usize = 4;
@@ -46,7 +46,7 @@ impl<'a> Walk<'a> {
     }
 
     fn ws(&mut self) {
-        self.at = skip_json_ws(self.bytes, self.at);
+        self.at = skip_ws(self.bytes, self.at);
     }
 
     fn eat(&mut self, byte: u8) -> Option<()> {
@@ -89,15 +89,15 @@ impl<'a> Walk<'a> {
 
     /// A string without escapes: its bytes are its value. Raw control
     /// characters and bad UTF-8, which serde would refuse, are not looked
-    /// for (see the module note). memchr is ~90 instructions even on these
-    /// dozen-byte strings, and still half of what a byte loop costs.
+    /// for (see the module note).
     fn string(&mut self) -> Option<&'a [u8]> {
-        self.eat(b'"')?;
         let start = self.at;
-        let len = memchr::memchr2(b'"', b'\\', &self.bytes[start..])?;
-        self.at = start + len;
-        self.eat(b'"')?;
-        Some(&self.bytes[start..start + len])
+        let (end, escaped) = string_end(self.bytes, start)?;
+        if escaped {
+            return None;
+        }
+        self.at = end;
+        Some(&self.bytes[start + 1..end - 1])
     }
 
     /// An unsigned integer that fits `u64`, written as JSON writes one.

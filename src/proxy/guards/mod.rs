@@ -1,7 +1,7 @@
 //! Request guards that run before placement: API keys (`auth`), content
-//! reject rules (`rules`), the include_usage rewrite (`usage`), the
-//! prefix-stability transforms (`prefix`), and who counts as local for the
-//! toggles.
+//! reject rules (`rules`), the load gates (`load`, `prio`), and who counts
+//! as local for the toggles. The body's rewrites are not guards: they are
+//! in `proxy::request::rewrites`.
 //!
 //! Where new guards go: load-based refusals (TTFT/decode-rate shedding,
 //! session turn priority, the rate-limit switch) are modules here, called
@@ -9,10 +9,8 @@
 
 pub mod auth;
 pub mod gates;
-pub mod prefix;
 pub mod prio;
 pub mod rules;
-pub mod usage;
 
 use pingora::proxy::Session;
 

@@ -2,10 +2,10 @@
 //! route's `max_body_size`), and parsing an LLM endpoint's JSON.
 
 use super::pieces::{Gather, RequestBody};
+use super::rewrites;
 use super::Local;
 use crate::errors::ErrorResponse;
 use crate::proxy::ctx::Admitted;
-use crate::proxy::guards::usage;
 use crate::registry::Route;
 use crate::request_view::RequestView;
 use crate::session::extract_session;
@@ -70,7 +70,7 @@ fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> 
         &route.config.balancing.session_headers,
         view.as_ref(),
     );
-    req.usage_rewrite = view.and_then(|v| usage::rewrite(route, &req.body, &v));
+    req.usage_rewrite = view.and_then(|v| rewrites::with_include_usage(route, &req.body, &v));
     Ok(())
 }
 

@@ -6,6 +6,7 @@ pub mod body;
 pub mod endpoints;
 pub mod pieces;
 pub mod replay;
+pub mod rewrites;
 
 use crate::errors::ErrorResponse;
 use crate::metrics::{body_forwarded, BodyVia};

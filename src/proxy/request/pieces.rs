@@ -9,10 +9,11 @@
 //! needs it whole (content rules, prefix transforms, the body log) and for
 //! Pingora's retry buffer, which takes one buffer (at most 64 KiB).
 
-use crate::stream::usage::Splice;
+use crate::rewrite::{apply_edits, Edit, EditSink};
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 use std::borrow::Cow;
+use std::ops::Range;
 
 /// Read chunks shorter than this are copied together into a piece of at
 /// least this size, so that a client sending a chunked body in tiny chunks
@@ -97,32 +98,48 @@ impl RequestBody {
             .any(|piece| piece.as_ptr_range().contains(&ptr))
     }
 
-    /// The body with `edit` made; the pieces around it are shared, not
-    /// copied.
-    pub fn spliced(&self, edit: &Splice) -> RequestBody {
-        let Splice { at, remove, insert } = *edit;
-        let cut_end = at + remove;
-        let mut out = RequestBody::default();
-        let mut inserted = false;
+    /// The body with `edits` made; the pieces around them are shared, not
+    /// copied. `None` when the edits do not fit the body (see
+    /// [`apply_edits`]).
+    pub fn spliced(&self, edits: &mut [Edit]) -> Option<RequestBody> {
+        let mut out = Shared {
+            from: self,
+            out: RequestBody::default(),
+        };
+        apply_edits(self.len, edits, &mut out)?;
+        Some(out.out)
+    }
+}
+
+/// Edits applied between a body's pieces: what is kept is sliced out of
+/// them, each replacement is a piece of its own.
+struct Shared<'a> {
+    from: &'a RequestBody,
+    out: RequestBody,
+}
+
+impl EditSink for Shared<'_> {
+    fn keep(&mut self, span: Range<usize>) -> Option<()> {
+        if span.start > span.end || span.end > self.from.len {
+            return None;
+        }
         let mut start = 0;
-        for piece in &self.pieces {
+        for piece in &self.from.pieces {
             let end = start + piece.len();
-            if start < at {
-                out.push(piece.slice(..at.min(end) - start));
-            }
-            if !inserted && at <= end {
-                out.push(Bytes::from_static(insert));
-                inserted = true;
-            }
-            if end > cut_end {
-                out.push(piece.slice(cut_end.max(start) - start..));
+            if start < span.end && span.start < end {
+                self.out
+                    .push(piece.slice(span.start.max(start) - start..span.end.min(end) - start));
             }
             start = end;
+            if start >= span.end {
+                break;
+            }
         }
-        if !inserted {
-            out.push(Bytes::from_static(insert));
-        }
-        out
+        Some(())
+    }
+
+    fn insert(&mut self, with: &Bytes) {
+        self.out.push(with.clone());
     }
 }
 
@@ -217,20 +234,22 @@ mod tests {
         for (at, remove) in [(0, 0), (1, 0), (5, 0), (5, 3), (4, 2), (whole.len(), 0)] {
             let mut want = whole.clone();
             want.splice(at..at + remove, b"XY".iter().copied());
-            let got = body.spliced(&Splice {
-                at,
-                remove,
-                insert: b"XY",
-            });
+            let got = body
+                .spliced(&mut [Edit {
+                    at: at..at + remove,
+                    with: Bytes::from_static(b"XY"),
+                }])
+                .unwrap();
             assert_eq!(got.whole().into_owned(), want, "at {at} remove {remove}");
             assert_eq!(got.len(), want.len());
         }
         // The long piece is shared by the edited body.
-        let edited = body.spliced(&Splice {
-            at: 1,
-            remove: 0,
-            insert: b"XY",
-        });
+        let edited = body
+            .spliced(&mut [Edit {
+                at: 1..1,
+                with: Bytes::from_static(b"XY"),
+            }])
+            .unwrap();
         assert!(edited.holds(body.pieces()[1].as_ptr()));
         assert!(!edited.holds(b"elsewhere".as_ptr()));
     }

@@ -1,0 +1,260 @@
+//! Live accounting: which bound sessions hold KV on their peer now, and
+//! what they add to its counts.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
+use super::storage::{Binding, ShardMap, TICK_MS};
+use super::SessionTable;
+use crate::placement::{Bound, PeerId, WHOLE};
+
+/// When a session counts as live on its peer, in ticks.
+#[derive(Debug, Clone, Copy)]
+struct LiveRule {
+    /// Before its first answer: the configured window since the turn began.
+    configured_ticks: u64,
+    /// After an answer: the configured window, or the learned one if shorter.
+    after_answer_ticks: u64,
+    /// A turn in flight holds its KV however long it runs; the idle timeout
+    /// bounds one whose end was never seen.
+    in_flight_ticks: u64,
+}
+
+impl LiveRule {
+    pub(super) fn holds(&self, binding: &Binding, now: u32) -> bool {
+        let since = |t: u32| u64::from(now.saturating_sub(t));
+        match binding.answered_at() {
+            Some(answered) if !binding.in_flight() => since(answered) < self.after_answer_ticks,
+            Some(_) => since(binding.last_seen) < self.in_flight_ticks,
+            None => since(binding.last_seen) < self.configured_ticks,
+        }
+    }
+}
+
+/// A peer's [`Bound`], in atomics: placements add to it as they go, the
+/// recount stores it whole.
+#[derive(Debug, Default)]
+pub(super) struct LiveCounts {
+    pub(super) sessions: AtomicU32,
+    pub(super) returning_milli: AtomicU64,
+    pub(super) tokens: AtomicU64,
+    pub(super) returning_tokens: AtomicU64,
+}
+
+impl LiveCounts {
+    pub(super) fn load(&self) -> Bound {
+        Bound {
+            sessions: self.sessions.load(Relaxed),
+            returning_milli: self.returning_milli.load(Relaxed),
+            tokens: self.tokens.load(Relaxed),
+            returning_tokens: self.returning_tokens.load(Relaxed),
+        }
+    }
+
+    pub(super) fn store(&self, bound: Bound) {
+        self.sessions.store(bound.sessions, Relaxed);
+        self.returning_milli.store(bound.returning_milli, Relaxed);
+        self.tokens.store(bound.tokens, Relaxed);
+        self.returning_tokens.store(bound.returning_tokens, Relaxed);
+    }
+
+    /// Replaces one session's `was` share with `is` (racing placements
+    /// may interleave; the recount corrects any drift every second).
+    pub(super) fn change(&self, was: Share, is: Share) {
+        let shift = |c: &AtomicU64, was: u64, is: u64| {
+            if was != is {
+                let _ = c.fetch_update(Relaxed, Relaxed, |n| {
+                    Some(n.saturating_add(is).saturating_sub(was))
+                });
+            }
+        };
+        if was.sessions != is.sessions {
+            let _ = self.sessions.fetch_update(Relaxed, Relaxed, |n| {
+                Some(n.saturating_add(is.sessions).saturating_sub(was.sessions))
+            });
+        }
+        let milli = |s: Share| u64::from(s.returning_milli);
+        shift(&self.returning_milli, milli(was), milli(is));
+        let tokens = |s: Share| u64::from(s.tokens);
+        shift(&self.tokens, tokens(was), tokens(is));
+        shift(
+            &self.returning_tokens,
+            was.returning_tokens(),
+            is.returning_tokens(),
+        );
+    }
+}
+
+/// What one session adds to its peer's [`Bound`]; all zero when it is not live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Share {
+    pub(super) sessions: u32,
+    /// Its chance of coming back, in thousandths (see `live_share`).
+    pub(super) returning_milli: u32,
+    pub(super) tokens: u32,
+}
+
+impl Share {
+    fn returning_tokens(&self) -> u64 {
+        u64::from(self.tokens) * u64::from(self.returning_milli) / u64::from(WHOLE)
+    }
+
+    fn add_to(&self, bound: &mut Bound) {
+        bound.sessions = bound.sessions.saturating_add(self.sessions);
+        bound.returning_milli += u64::from(self.returning_milli);
+        bound.tokens += u64::from(self.tokens);
+        bound.returning_tokens += self.returning_tokens();
+    }
+}
+
+impl SessionTable {
+    /// Recounts the live sessions and tokens of every peer exactly, so that
+    /// sessions that left the live window stop counting, and takes their
+    /// median size and the learned live window afresh. O(n), one shard
+    /// lock at a time; the route's sweeper calls it every second.
+    pub fn refresh_live(&self, now_ms: u64) {
+        let now = self.tick(now_ms);
+        let mut counts: HashMap<PeerId, Bound> = HashMap::new();
+        let mut sizes: Vec<u32> = Vec::new();
+        self.think.update();
+        let rule = self.live_rule();
+        for shard in self.shards.iter() {
+            let map = shard.map.lock();
+            for binding in map.values().filter(|b| rule.holds(b, now)) {
+                self.live_share(binding, now)
+                    .add_to(counts.entry(binding.peer).or_default());
+                // Adopted from another replica and not yet served here: size unknown.
+                if binding.tokens > 0 {
+                    sizes.push(binding.tokens);
+                }
+            }
+        }
+        let median = match sizes.len() {
+            0 => 0,
+            n => *sizes.select_nth_unstable(n / 2).1,
+        };
+        self.median_live_tokens.store(u64::from(median), Relaxed);
+        let mut live = self.live.write();
+        for (peer, c) in live.iter() {
+            c.store(counts.remove(peer).unwrap_or_default());
+        }
+        for (peer, bound) in counts {
+            let c = LiveCounts::default();
+            c.store(bound);
+            live.insert(peer, c);
+        }
+    }
+
+    /// Every live session: (peer, session hash, context tokens). O(n); the
+    /// shared store's task calls it a few times a second to publish what
+    /// this replica holds.
+    pub fn live_sessions(&self, now_ms: u64) -> Vec<(PeerId, u64, u32)> {
+        let now = self.tick(now_ms);
+        let rule = self.live_rule();
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let map = shard.map.lock();
+            out.extend(
+                map.iter()
+                    .filter(|(_, b)| rule.holds(b, now))
+                    .map(|(sid, b)| (b.peer, *sid, b.tokens)),
+            );
+        }
+        out
+    }
+
+    /// Live sessions bound to `peer` and their tokens.
+    pub fn live_of(&self, peer: PeerId) -> Bound {
+        self.live
+            .read()
+            .get(&peer)
+            .map_or(Bound::default(), LiveCounts::load)
+    }
+
+    /// Live sessions and their tokens, per peer the table has seen (the
+    /// request path reads one peer at a time with [`live_of`](Self::live_of)).
+    #[cfg(test)]
+    pub fn live_per_peer(&self) -> Vec<(PeerId, Bound)> {
+        let live = self.live.read();
+        let mut out: Vec<(PeerId, Bound)> =
+            live.iter().map(|(peer, c)| (*peer, c.load())).collect();
+        out.sort_unstable_by_key(|(peer, _)| *peer);
+        out
+    }
+
+    /// The liveness rule in force now (read once per scan, not per binding).
+    fn live_rule(&self) -> LiveRule {
+        let config = self.config.load();
+        let configured = config.live_window_ms / TICK_MS;
+        let learned = self.think.window().map_or(u64::MAX, u64::from);
+        LiveRule {
+            configured_ticks: configured,
+            after_answer_ticks: configured.min(learned),
+            in_flight_ticks: config.idle_timeout_ms / TICK_MS,
+        }
+    }
+
+    fn is_live(&self, binding: &Binding, now: u32) -> bool {
+        self.live_rule().holds(binding, now)
+    }
+
+    /// What a session known to be live adds to its peer's counts: one
+    /// session, its tokens, and its chance of coming back, in thousandths:
+    /// whole while a turn is in flight or before its first answer; after an
+    /// answer, what the route's answers say of sessions idle that long
+    /// (`ThinkGaps::update`). The live window keeps a session that ended
+    /// for up to twice the 90th percentile of gaps; weighed by its chance,
+    /// a chat that ended a few seconds ago counts little and one answered a
+    /// moment ago nearly whole. Measured on the skewed replay: with whole
+    /// counts, engines where chats had just ended looked as full as ever,
+    /// and new sessions went to an engine truly holding 11 sessions while
+    /// another held 4.
+    fn live_share(&self, binding: &Binding, now: u32) -> Share {
+        let returning_milli = match binding.answered_at() {
+            Some(answered) if !binding.in_flight() => {
+                self.think.returning_milli(now.saturating_sub(answered))
+            }
+            _ => WHOLE,
+        };
+        Share {
+            sessions: 1,
+            returning_milli,
+            tokens: binding.tokens,
+        }
+    }
+
+    /// The live window in force after an answer, in milliseconds: learned
+    /// or configured.
+    pub fn live_window_ms(&self) -> u64 {
+        self.live_rule().after_answer_ticks.saturating_mul(TICK_MS)
+    }
+
+    /// What `binding` adds to its peer's counts now.
+    pub(super) fn share_of(&self, binding: &Binding, now: u32) -> Share {
+        if !self.is_live(binding, now) {
+            return Share::default();
+        }
+        self.live_share(binding, now)
+    }
+
+    pub(super) fn share_in(&self, map: &ShardMap, sid: u64, now: u32) -> Share {
+        map.get(&sid)
+            .map_or(Share::default(), |b| self.share_of(b, now))
+    }
+
+    /// One session's share of `peer`'s counts went from `was` to `is`.
+    pub(super) fn live_change(&self, peer: PeerId, was: Share, is: Share) {
+        if was == is {
+            return;
+        }
+        if let Some(c) = self.live.read().get(&peer) {
+            return c.change(was, is);
+        }
+        self.live.write().entry(peer).or_default().change(was, is);
+    }
+
+    pub(super) fn live_move(&self, from: PeerId, was: Share, to: PeerId, is: Share) {
+        self.live_change(from, was, Share::default());
+        self.live_change(to, Share::default(), is);
+    }
+}
