@@ -7,13 +7,6 @@
 //! - `registry`   the live route table, reload, runtime state kept across reloads
 //! - `proxy`      the Pingora `ProxyHttp` implementation, one file per phase group
 //! - `balance`    peer choice on live state: pools, tiers, the queue, Redis agreement
-//! - `placement`  the pure rules of peer choice and the session table
-//! - `session`    session id extraction; `hash` the hashes of ids and keys
-//! - `request_view` what a request body says (model, stream, session), skimmed
-//! - `json_bytes` byte-level JSON primitives the hand-written walkers share
-//! - `protect`    the load gates: one owner per route (`RouteProtection`) and its pure cores
-//! - `reject`, `rewrite`  content rules; request-body rewrites (include_usage, prefix stability)
-//! - `stream`     the response pipeline: SSE, usage, first token, post-processing
 //! - `auth`       API keys; `query` the `/_…` endpoints' query-string parameters
 //! - `health`     active probes and engine metric scraping
 //! - `admin`      /healthz, /metrics, /_routes and the dashboard (the admin listener)
@@ -21,6 +14,10 @@
 //! - `controller`, `watch`, `lifecycle`  signals, reloads, the drain
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
+//!
+//! The pure core (`crates/core`: `placement`, `protect`, `reject`, `rewrite`,
+//! `stream`, `request_view`, `session`, `hash`, `json_bytes`) is re-exported
+//! at the end of this file under the same names.
 
 pub mod admin;
 pub mod auth;
@@ -30,23 +27,21 @@ pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod errors;
-pub mod hash;
 pub mod health;
-pub(crate) mod json_bytes;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
-pub mod placement;
-pub mod protect;
 pub mod proxy;
 pub mod query;
 pub mod registry;
-pub mod reject;
-pub mod request_view;
-pub mod rewrite;
 pub mod route_endpoints;
 pub mod server;
-pub mod session;
 pub mod store;
-pub mod stream;
 pub mod watch;
+
+// The pure core, a crate of its own so that the compiler keeps it free of
+// pingora, tokio and the rest of the gateway; re-exported so that every
+// `crate::placement::…` path reads as before.
+pub use llm_gateway_core::{
+    hash, json_bytes, placement, protect, reject, request_view, rewrite, session, stream,
+};

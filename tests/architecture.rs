@@ -76,12 +76,19 @@ fn defined(sources: &str, name: &str) -> bool {
     Regex::new(&item).unwrap().is_match(sources) || Regex::new(&member).unwrap().is_match(sources)
 }
 
+/// The source roots a module path (`proxy/conn/`, `placement/rules.rs`) is
+/// relative to: the gateway's and its pure core's.
+const SOURCE_ROOTS: [&str; 2] = ["src", "crates/core/src"];
+
 /// Whether `token` names an existing file or directory: from the root,
-/// from `src/`, or, for a bare file name, anywhere under `src/`. A template
-/// (`fuzz/corpus/<target>/`) is checked up to its first placeholder.
+/// from a source root, or, for a bare file name, anywhere under one. A
+/// template (`fuzz/corpus/<target>/`) is checked up to its first placeholder.
 fn exists(root: &Path, token: &str, src_files: &[PathBuf]) -> bool {
     let token = token.split('<').next().unwrap_or(token);
-    if root.join(token).exists() || root.join("src").join(token).exists() {
+    let under_a_root = SOURCE_ROOTS
+        .iter()
+        .any(|r| root.join(r).join(token).exists());
+    if root.join(token).exists() || under_a_root {
         return true;
     }
     !token.contains('/') && src_files.iter().any(|p| p.ends_with(token))
@@ -91,7 +98,9 @@ fn exists(root: &Path, token: &str, src_files: &[PathBuf]) -> bool {
 fn missing(map: &str, root: &Path) -> Vec<String> {
     let sources = rust_sources(root);
     let mut src_files = Vec::new();
-    files(&root.join("src"), &mut src_files);
+    for r in SOURCE_ROOTS {
+        files(&root.join(r), &mut src_files);
+    }
     let ident =
         Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*(\(\))?!?$").unwrap();
     let pathlike = Regex::new(

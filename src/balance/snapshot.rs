@@ -70,8 +70,13 @@ pub fn discount_completed(load: EngineLoad, completed: u64) -> EngineLoad {
 mod tests {
     use super::*;
 
+    /// A sample: this queue, KV half used.
     fn load(waiting: u32, running: u32) -> EngineLoad {
-        EngineLoad::half_full(waiting, running)
+        EngineLoad {
+            waiting,
+            running,
+            kv_usage: 0.5,
+        }
     }
 
     #[test]

@@ -266,8 +266,13 @@ mod tests {
     use super::*;
     use crate::balance::discount_completed;
 
+    /// A sample: this queue, KV half used.
     fn load(waiting: u32, running: u32) -> EngineLoad {
-        EngineLoad::half_full(waiting, running)
+        EngineLoad {
+            waiting,
+            running,
+            kv_usage: 0.5,
+        }
     }
 
     #[test]

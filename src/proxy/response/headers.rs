@@ -61,7 +61,8 @@ pub fn prepare_pipeline(head: &mut Parts, ctx: &mut RequestCtx) -> Result<()> {
         &head.headers,
         handler,
         ctx.request.usage_injected,
-    );
+    )
+    .map(|p| p.with_clock(std::time::Instant::now));
     if pipeline.as_ref().is_some_and(ResponsePipeline::rewrites) {
         head.headers.remove(CONTENT_LENGTH);
         insert(

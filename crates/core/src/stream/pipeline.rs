@@ -89,6 +89,9 @@ pub struct ResponsePipeline {
     content_hint: ContentHint,
     first_content_at: Option<Instant>,
     last_content_at: Option<Instant>,
+    /// Reads the time a content frame is seen; the caller's (`with_clock`),
+    /// so the pipeline reads no clock itself. `None`: frames are not timed.
+    clock: Option<fn() -> Instant>,
     handler: Option<Handler>,
     drop_usage_frame: bool,
 }
@@ -133,9 +136,17 @@ impl ResponsePipeline {
             content_hint: ContentHint::default(),
             first_content_at: None,
             last_content_at: None,
+            clock: None,
             handler,
             drop_usage_frame: drop_usage_frame && kind == BodyKind::Sse,
         }
+    }
+
+    /// Times the first and last content frame with `clock` (the proxy
+    /// passes `Instant::now`; TTFT and the decode rate come from them).
+    pub fn with_clock(mut self, clock: fn() -> Instant) -> Self {
+        self.clock = Some(clock);
+        self
     }
 
     /// Whether the bytes may change, so Content-Length must go.
@@ -168,13 +179,17 @@ impl ResponsePipeline {
         let rewrites = self.rewrites();
         let (handler, drop_usage) = (self.handler, self.drop_usage_frame);
         let stats = (&mut self.stats, &mut self.content_hint);
-        let times = (&mut self.first_content_at, &mut self.last_content_at);
+        let times = (
+            self.clock,
+            &mut self.first_content_at,
+            &mut self.last_content_at,
+        );
         let mut out = Out::default();
         self.splitter.push_events(&chunk, |event| {
             let data = event.data();
             let usage_only = data
                 .as_deref()
-                .is_some_and(|d| observe(d, stats.0, stats.1, times.0, times.1));
+                .is_some_and(|d| observe(d, stats.0, stats.1, times.0, times.1, times.2));
             if rewrites {
                 transform_event(
                     handler,
@@ -269,13 +284,14 @@ fn observe(
     data: &[u8],
     stats: &mut StreamStats,
     hint: &mut ContentHint,
+    clock: Option<fn() -> Instant>,
     first: &mut Option<Instant>,
     last: &mut Option<Instant>,
 ) -> bool {
     let before = stats.content_events;
     let usage_only = observe_event(data, stats, hint);
-    if stats.content_events > before {
-        let now = Instant::now();
+    if let Some(clock) = clock.filter(|_| stats.content_events > before) {
+        let now = clock();
         first.get_or_insert(now);
         *last = Some(now);
     }
@@ -375,6 +391,7 @@ mod tests {
         drop_usage_frame: bool,
     ) -> Option<ResponsePipeline> {
         ResponsePipeline::for_response(status, &headers, handler, drop_usage_frame)
+            .map(|p| p.with_clock(Instant::now))
     }
 
     fn run(p: &mut ResponsePipeline, chunks: &[&str]) -> String {

@@ -40,18 +40,6 @@ pub struct EngineLoad {
     pub kv_usage: f64,
 }
 
-#[cfg(test)]
-impl EngineLoad {
-    /// A test sample: this queue, KV half used.
-    pub(crate) fn half_full(waiting: u32, running: u32) -> Self {
-        EngineLoad {
-            waiting,
-            running,
-            kv_usage: 0.5,
-        }
-    }
-}
-
 /// One peer of a route, as the placement rules see it at this instant.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PeerLoad {
