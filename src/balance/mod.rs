@@ -24,6 +24,8 @@ pub mod sync;
 pub use explain::explain;
 pub use pools::{candidates, model_pool, rule_view};
 pub use queue::{place_or_wait, Granted, Refused};
+#[cfg(test)]
+pub(crate) use snapshot::half_full;
 pub use snapshot::{discount_completed, peer_loads};
 
 use crate::clock::now_ms;

@@ -66,18 +66,20 @@ pub fn discount_completed(load: EngineLoad, completed: u64) -> EngineLoad {
     }
 }
 
+/// A sample for the tests of what reads engine loads: this queue, KV half used.
+#[cfg(test)]
+pub(crate) fn half_full(waiting: u32, running: u32) -> EngineLoad {
+    EngineLoad {
+        waiting,
+        running,
+        kv_usage: 0.5,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::half_full as load;
     use super::*;
-
-    /// A sample: this queue, KV half used.
-    fn load(waiting: u32, running: u32) -> EngineLoad {
-        EngineLoad {
-            waiting,
-            running,
-            kv_usage: 0.5,
-        }
-    }
 
     #[test]
     fn completions_since_a_scrape_drain_the_queue_first() {

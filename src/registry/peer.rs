@@ -264,16 +264,7 @@ impl Drop for InFlightGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balance::discount_completed;
-
-    /// A sample: this queue, KV half used.
-    fn load(waiting: u32, running: u32) -> EngineLoad {
-        EngineLoad {
-            waiting,
-            running,
-            kv_usage: 0.5,
-        }
-    }
+    use crate::balance::{discount_completed, half_full as load};
 
     #[test]
     fn a_released_slot_counts_as_a_completion_against_the_sample() {
