@@ -19,6 +19,10 @@ pub(crate) struct KeyLines {
     lines: HashMap<String, usize>,
 }
 
+/// The path of what has none: a complex key, an alias used as a key, and
+/// their values. No lookup ever names it.
+const NO_PATH: &str = "\u{0}";
+
 enum Frame {
     Map {
         path: String,
@@ -47,13 +51,13 @@ impl KeyLines {
             let line = span.start.line();
             match event {
                 Event::Scalar(value, ..) => {
-                    out.node(&mut stack, line, Some(&value));
+                    out.node(&mut stack, line, Some(&value), false);
                 }
                 Event::Alias(_) => {
-                    out.node(&mut stack, line, None);
+                    out.node(&mut stack, line, None, false);
                 }
                 Event::MappingStart(..) | Event::SequenceStart(..) => {
-                    let (path, is_key) = out.node(&mut stack, line, None);
+                    let (path, is_key) = out.node(&mut stack, line, None, true);
                     stack.push(if matches!(event, Event::MappingStart(..)) {
                         Frame::Map {
                             path,
@@ -76,7 +80,7 @@ impl KeyLines {
                     // A complex key leaves its mapping awaiting the value,
                     // which has no path of its own.
                     if let Some(Frame::Map { key, .. }) = stack.last_mut() {
-                        *key = was_key.then(String::new);
+                        *key = was_key.then(|| NO_PATH.to_string());
                     }
                 }
                 _ => {}
@@ -87,8 +91,15 @@ impl KeyLines {
 
     /// Records a node that starts at `line` in the frame on top of `stack`
     /// and returns its path and whether it stands as a mapping's key.
-    /// `scalar` is the text of a scalar node, which may name a key.
-    fn node(&mut self, stack: &mut [Frame], line: usize, scalar: Option<&str>) -> (String, bool) {
+    /// `scalar` is the text of a scalar node, which may name a key; `opens`
+    /// says the node is a mapping or a sequence, whose end comes later.
+    fn node(
+        &mut self,
+        stack: &mut [Frame],
+        line: usize,
+        scalar: Option<&str>,
+        opens: bool,
+    ) -> (String, bool) {
         match stack.last_mut() {
             None => (String::new(), false),
             Some(Frame::Seq { path, next, .. }) => {
@@ -100,8 +111,13 @@ impl KeyLines {
             Some(Frame::Map { path, key, .. }) => match key.take() {
                 None => {
                     let Some(name) = scalar else {
-                        // A complex key: what is inside it has no path.
-                        return (String::new(), true);
+                        // A complex key or an alias as a key: neither it
+                        // nor its value has a path. A complex key's value
+                        // is awaited once the key ends.
+                        if !opens {
+                            *key = Some(NO_PATH.to_string());
+                        }
+                        return (NO_PATH.to_string(), true);
                     };
                     let full = if path.is_empty() {
                         name.to_string()
@@ -160,9 +176,14 @@ protection:
 
     #[test]
     fn a_complex_key_or_a_broken_file_gives_no_lines_rather_than_wrong_ones() {
-        let at = KeyLines::of("? [a, b]\n: 1\nc: 2\n");
+        let at = KeyLines::of("? [a, b]\n: {x: 1}\nc: 2\n");
         assert_eq!(at.line("c"), Some(3));
-        assert_eq!(at.line("a"), None);
+        assert_eq!((at.line("a"), at.line("x")), (None, None));
+        let at = KeyLines::of("k: &k key\n*k : {x: 1}\nc: 2\n");
+        assert_eq!(
+            (at.line("c"), at.line("x"), at.line("1")),
+            (Some(3), None, None)
+        );
         let at = KeyLines::of("a: [1, 2\nb: 3\n");
         assert_eq!(at.line("b"), None);
     }
