@@ -64,7 +64,7 @@ pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
                 return ExitCode::FAILURE;
             }
             Ok(route) => {
-                for w in route.deprecations.iter().chain(&route.warnings) {
+                for w in route.notices() {
                     eprintln!("warning: {}: {w}", route.file.display());
                 }
                 println!("ok: route {name} ({} peers)", route.peers.len());

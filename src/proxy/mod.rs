@@ -103,9 +103,11 @@ impl Gateway {
     ) -> Result<(), Local> {
         let req = &mut ctx.request;
         req.pool = crate::balance::model_pool(route, req.model.as_deref())?;
+        let req = &*req;
+        let label = response::record::pool_label(route, req.model.as_deref());
         let turn = guards::prio::turn_of(route, session, req.json_object);
-        self.load_gates(route, req, turn)?;
-        let outcome = self.placement(session, route, req, turn).await?;
+        self.load_gates(route, req, label, turn)?;
+        let outcome = self.placement(session, route, req, label, turn).await?;
         record_placement(route, ctx, turn, outcome)
     }
 
@@ -115,12 +117,12 @@ impl Gateway {
         &self,
         route: &crate::registry::Route,
         req: &ctx::Admitted,
+        label: &str,
         turn: Option<TurnBucket>,
     ) -> Result<(), Local> {
         if !req.json_object {
             return Ok(());
         }
-        let label = response::record::pool_label(route, req.model.as_deref());
         let healthy = crate::balance::candidates(route, &req.pool, crate::clock::now_ms());
         let gateway_rate_limit = self.registry.gateway().load_rate_limit;
         let model = req.model.as_deref();
@@ -140,11 +142,12 @@ impl Gateway {
         session: &mut Session,
         route: &Arc<crate::registry::Route>,
         req: &ctx::Admitted,
+        label: &str,
         turn: Option<TurnBucket>,
     ) -> Result<Result<Granted, Refused>, Local> {
         let demand = crate::balance::Demand {
             pool: &req.pool,
-            label: response::record::pool_label(route, req.model.as_deref()),
+            label,
             session: req.session.as_ref(),
             tokens: request::body::estimated_tokens(&req.body),
             limits_on: route.rate_limit(self.registry.gateway().load_rate_limit).0,

@@ -151,9 +151,7 @@ impl Registry {
                 Ok(config) => {
                     report.warnings.extend(
                         config
-                            .deprecations
-                            .iter()
-                            .chain(&config.warnings)
+                            .notices()
                             .map(|w| format!("{}: {w}", config.file.display())),
                     );
                     match old.get(&name) {

@@ -212,6 +212,12 @@ pub fn route_name_of(path: &Path) -> Option<String> {
 }
 
 impl RouteConfig {
+    /// What to tell at load (and in `check`) of a route that loaded: keys
+    /// in a deprecated spelling, then values dropped or ignored.
+    pub fn notices(&self) -> impl Iterator<Item = &String> {
+        self.deprecations.iter().chain(&self.warnings)
+    }
+
     pub fn load(path: &Path, gateway: &GatewayConfig) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(path, None, format!("cannot read: {e}")))?;

@@ -154,10 +154,9 @@ impl RouteProtection {
         judged: &Judged,
     ) -> bool {
         let budget = self.meter.probe_budget(req.pool, gate.as_str());
-        let window = cfg.probe_window.as_millis() as u64;
         match req.turn {
             Some(t) => self.graded(cfg, req.now_ms, &budget, gate, judged, t),
-            None => budget.take(req.now_ms, window, cfg.probes),
+            None => budget.take(req.now_ms, cfg.probe_window.as_millis() as u64, cfg.probes),
         }
     }
 
