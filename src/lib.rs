@@ -43,5 +43,5 @@ pub mod watch;
 // pingora, tokio and the rest of the gateway; re-exported so that every
 // `crate::placement::…` path reads as before.
 pub use llm_gateway_core::{
-    hash, json_bytes, placement, protect, reject, request_view, rewrite, session, stream,
+    api, hash, json_bytes, placement, protect, reject, request_view, rewrite, session, stream,
 };

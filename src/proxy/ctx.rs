@@ -40,6 +40,9 @@ pub struct Admitted {
     pub retry_buffered: bool,
     /// The body goes upstream through the replay, in pieces.
     pub replayed: bool,
+    /// The LLM API the path names (`None`: an endpoint passed through
+    /// unread, unless its model picks the pool).
+    pub api: Option<crate::api::Api>,
     /// The body was read as a JSON object (an LLM request, or a body whose
     /// model picks the pool).
     pub json_object: bool,

@@ -4,6 +4,7 @@
 //! So every rule here is unit-tested without a gateway, and the compiler
 //! keeps pingora and tokio out (they are not dependencies).
 //!
+//! - `api`        which LLM API a path is (chat, completions, messages, responses)
 //! - `placement`  load_aware / hash / least_conn peer choice and the session table
 //! - `protect`    the load gates: one owner per route (`RouteProtection`) and its pure cores
 //! - `reject`     content reject rules, compiled and evaluated
@@ -13,6 +14,7 @@
 //! - `session`    session id extraction; `hash` the hashes of ids and keys
 //! - `json_bytes` byte-level JSON primitives the hand-written walkers share
 
+pub mod api;
 pub mod hash;
 pub mod json_bytes;
 pub mod placement;

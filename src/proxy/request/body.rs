@@ -45,7 +45,8 @@ pub async fn read(
 /// object; other endpoints are looked at only when the route picks a pool by
 /// model. The session comes from the headers first, then the body.
 fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> Result<(), Local> {
-    let llm = is_llm_endpoint(rest);
+    req.api = crate::api::Api::of_path(rest);
+    let llm = req.api.is_some();
     let viewed = llm || !(route.config.peers_by_model.is_empty() || req.body.is_empty());
     // The skim reads most bodies in their pieces; the few it cannot (an
     // invalid body, a key cut by a piece boundary) are joined and read
@@ -106,12 +107,6 @@ impl Framing {
 /// (about 4 bytes a token, as BPE tokenizers give on English and code).
 pub fn estimated_tokens(body: &RequestBody) -> u64 {
     (body.len() / 4) as u64
-}
-
-/// Endpoints whose body must be an OpenAI-style JSON request.
-pub fn is_llm_endpoint(path: &str) -> bool {
-    let path = path.split('?').next().unwrap_or(path);
-    matches!(path, "/v1/chat/completions" | "/v1/completions")
 }
 
 /// Whether the request carries a body at all (by its framing headers).
@@ -196,14 +191,6 @@ pub fn parse_llm_body(body: &[u8]) -> Result<RequestView<'_>, Local> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn llm_endpoints() {
-        assert!(is_llm_endpoint("/v1/chat/completions"));
-        assert!(is_llm_endpoint("/v1/completions?x=1"));
-        assert!(!is_llm_endpoint("/v1/models"));
-        assert!(!is_llm_endpoint("/v1/embeddings"));
-    }
 
     #[test]
     fn llm_body_must_be_an_object() {
