@@ -32,24 +32,47 @@ pub struct RequestView<'a> {
     pub metadata: Option<&'a RawValue>,
     pub litellm_metadata: Option<&'a RawValue>,
     pub user: Option<&'a RawValue>,
+    /// OpenAI's routing key (chat, completions, responses).
+    pub prompt_cache_key: Option<&'a RawValue>,
+    /// The Responses API's link to the turn before.
+    pub previous_response_id: Option<&'a RawValue>,
+    /// The Responses API's conversation: an id, or `{"id": …}`.
+    pub conversation: Option<&'a RawValue>,
 }
 
 /// The members [`RequestView`] keeps, in the order of its fields.
-const KEPT: [&str; 6] = [
+const KEPT: [&str; 9] = [
     "model",
     "stream",
     "stream_options",
     "metadata",
     "litellm_metadata",
     "user",
+    "prompt_cache_key",
+    "previous_response_id",
+    "conversation",
 ];
 
 impl<'a> RequestView<'a> {
     /// The view of `body`, which must be one JSON object.
     pub fn parse(body: &'a [u8]) -> Result<Self, serde_json::Error> {
-        match skim::skim_pieces(body, &[]).and_then(Self::from_skim) {
+        Self::parse_into(body, None)
+    }
+
+    /// [`Self::parse`], the conversation's blocks gathered into `sink` when
+    /// the skim reads the body (a body only serde reads gives none).
+    pub fn parse_into(
+        body: &'a [u8],
+        mut sink: Option<&mut crate::session::content::BlockSink>,
+    ) -> Result<Self, serde_json::Error> {
+        match skim::skim_pieces(body, &[], sink.as_deref_mut()).and_then(Self::from_skim) {
             Some(view) => Ok(view),
-            None => Self::parse_with_serde(body),
+            None => {
+                if let Some(sink) = sink {
+                    *sink = Default::default();
+                }
+                Self::parse_with_serde(body)
+            }
         }
     }
 
@@ -57,8 +80,17 @@ impl<'a> RequestView<'a> {
     /// them; `None` leaves the verdict to [`Self::parse`] of the pieces
     /// joined (an invalid body, or a key or kept member cut by a boundary).
     pub fn parse_pieces(pieces: &'a [Bytes]) -> Option<Self> {
+        Self::parse_pieces_into(pieces, None)
+    }
+
+    /// [`Self::parse_pieces`], the conversation's blocks gathered into
+    /// `sink` on the way (only when the skim reads the body).
+    pub fn parse_pieces_into(
+        pieces: &'a [Bytes],
+        sink: Option<&mut crate::session::content::BlockSink>,
+    ) -> Option<Self> {
         let (first, rest) = pieces.split_first()?;
-        skim::skim_pieces(first, rest).and_then(Self::from_skim)
+        skim::skim_pieces(first, rest, sink).and_then(Self::from_skim)
     }
 
     /// The view of a body the skim accepted. It accepts only bodies the
@@ -79,6 +111,9 @@ impl<'a> RequestView<'a> {
             metadata: next()?,
             litellm_metadata: next()?,
             user: next()?,
+            prompt_cache_key: next()?,
+            previous_response_id: next()?,
+            conversation: next()?,
         })
     }
 
@@ -109,6 +144,9 @@ impl<'a> RequestView<'a> {
             self.metadata,
             self.litellm_metadata,
             self.user,
+            self.prompt_cache_key,
+            self.previous_response_id,
+            self.conversation,
         ];
         for value in kept.into_iter().flatten() {
             let mut de = serde_json::Deserializer::from_str(value.get());
@@ -233,6 +271,9 @@ impl<'de> Visitor<'de> for TopLevel {
                 "metadata" => &mut view.metadata,
                 "litellm_metadata" => &mut view.litellm_metadata,
                 "user" => &mut view.user,
+                "prompt_cache_key" => &mut view.prompt_cache_key,
+                "previous_response_id" => &mut view.previous_response_id,
+                "conversation" => &mut view.conversation,
                 _ => {
                     map.next_value::<Skip>()?;
                     continue;

@@ -27,6 +27,7 @@ use bytes::Bytes;
 use memchr::memchr2;
 
 use crate::json_bytes::{is_ws, unescape};
+use crate::session::content::{BlockSink, Member, Source};
 
 /// The members the view keeps, in this order (see [`super::KEPT`]).
 pub(super) type Found<'a> = [Option<&'a [u8]>; super::KEPT.len()];
@@ -39,11 +40,18 @@ pub(super) const MAX_DEPTH: usize = 100;
 /// when the serde path must decide.
 #[cfg(test)]
 pub(super) fn skim(body: &[u8]) -> Option<Found<'_>> {
-    skim_pieces(body, &[])
+    skim_pieces(body, &[], None)
 }
 
-/// [`skim`] of the body made of `first` followed by `rest`.
-pub(super) fn skim_pieces<'a>(first: &'a [u8], rest: &'a [Bytes]) -> Option<Found<'a>> {
+/// [`skim`] of the body made of `first` followed by `rest`; with a `sink`,
+/// the conversation's blocks go into it on the way (the verdict is the
+/// same either way).
+pub(super) fn skim_pieces<'a>(
+    first: &'a [u8],
+    rest: &'a [Bytes],
+    mut sink: Option<&mut BlockSink>,
+) -> Option<Found<'a>> {
+    let src = sink.is_some().then(|| Source::new(first, rest));
     let mut r = Reader {
         cur: first,
         rest,
@@ -72,7 +80,10 @@ pub(super) fn skim_pieces<'a>(first: &'a [u8], rest: &'a [Bytes]) -> Option<Foun
             r.ws();
             r.peek()?;
             let value_start = r.mark();
-            r.value(2)?;
+            match (sink.as_deref_mut(), &src, Member::of_key(key)) {
+                (Some(sink), Some(src), Some(member)) => r.member(member, sink, src)?,
+                _ => r.value(2)?,
+            }
             if let Some(slot) = super::KEPT.iter().position(|name| name.as_bytes() == key) {
                 found[slot] = Some(r.since(value_start, 0)?);
             }
@@ -205,6 +216,99 @@ impl<'a> Reader<'a> {
                 b if b == close => return Some(()),
                 _ => return None,
             }
+        }
+    }
+
+    /// A conversation member's value, as [`Self::value`] reads it, its
+    /// blocks into `sink`: an array's elements one each, anything else one.
+    fn member(&mut self, member: Member, sink: &mut BlockSink, src: &Source) -> Option<()> {
+        if self.peek()? != b'[' {
+            sink.begin(member);
+            self.walk(2, sink, src, true)?;
+            sink.end();
+            return Some(());
+        }
+        self.at += 1;
+        self.ws();
+        if self.peek()? == b']' {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            sink.begin(member);
+            self.walk(3, sink, src, true)?;
+            sink.end();
+            self.ws();
+            match self.next()? {
+                b',' => self.ws(),
+                b']' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    /// [`Self::value`] inside a conversation element: its strings into
+    /// `sink`, `cache_control` skipped, the element's own `role` or `type`
+    /// (`root`) told to it. The checks are `value`'s, so the verdict is.
+    fn walk(&mut self, depth: usize, sink: &mut BlockSink, src: &Source, root: bool) -> Option<()> {
+        match self.next()? {
+            b'"' => {
+                self.peek()?;
+                let start = src.offset(self.piece, self.at);
+                self.string()?;
+                sink.string(src, start, src.offset(self.piece, self.at - 1));
+                Some(())
+            }
+            open @ (b'{' | b'[') => {
+                if depth > MAX_DEPTH {
+                    return None;
+                }
+                let close = if open == b'{' { b'}' } else { b']' };
+                self.ws();
+                if self.peek()? == close {
+                    self.at += 1;
+                    return Some(());
+                }
+                loop {
+                    let mut key = None;
+                    if close == b'}' {
+                        self.eat(b'"')?;
+                        self.peek()?;
+                        let key_start = self.mark();
+                        self.string()?;
+                        key = self.since(key_start, 1);
+                        self.ws();
+                        self.eat(b':')?;
+                        self.ws();
+                    }
+                    match key {
+                        Some(b"cache_control") => self.value(depth + 1)?,
+                        Some(b"role" | b"type") if root && self.peek()? == b'"' => {
+                            self.at += 1;
+                            self.peek()?;
+                            let value_start = self.mark();
+                            let start = src.offset(self.piece, self.at);
+                            self.string()?;
+                            if let Some(kind) = self.since(value_start, 1) {
+                                sink.kind(kind);
+                            }
+                            sink.string(src, start, src.offset(self.piece, self.at - 1));
+                        }
+                        _ => self.walk(depth + 1, sink, src, false)?,
+                    }
+                    self.ws();
+                    match self.next()? {
+                        b',' => self.ws(),
+                        b if b == close => return Some(()),
+                        _ => return None,
+                    }
+                }
+            }
+            b't' => self.literal(b"rue"),
+            b'f' => self.literal(b"alse"),
+            b'n' => self.literal(b"ull"),
+            first @ (b'-' | b'0'..=b'9') => self.number(first),
+            _ => None,
         }
     }
 
@@ -359,7 +463,7 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
-    fn raw_members(view: &RequestView) -> [Option<String>; 6] {
+    fn raw_members(view: &RequestView) -> [Option<String>; 9] {
         [
             view.model,
             view.stream,
@@ -367,11 +471,14 @@ mod tests {
             view.metadata,
             view.litellm_metadata,
             view.user,
+            view.prompt_cache_key,
+            view.previous_response_id,
+            view.conversation,
         ]
         .map(|v| v.map(|v| v.get().to_string()))
     }
 
-    fn as_text(found: Found) -> [Option<String>; 6] {
+    fn as_text(found: Found) -> [Option<String>; 9] {
         found.map(|v| v.map(|v| String::from_utf8(v.to_vec()).unwrap()))
     }
 
@@ -523,10 +630,10 @@ mod tests {
         pieces
     }
 
-    fn skim_cut(body: &[u8], cuts: &[usize]) -> Option<[Option<String>; 6]> {
+    fn skim_cut(body: &[u8], cuts: &[usize]) -> Option<[Option<String>; 9]> {
         let pieces = cut(body, cuts);
         let (first, rest) = pieces.split_first().unwrap();
-        skim_pieces(first, rest).map(as_text)
+        skim_pieces(first, rest, None).map(as_text)
     }
 
     /// A cut anywhere in the messages (inside a multi-byte character, an
@@ -583,6 +690,8 @@ mod tests {
                     Just("model".to_string()), Just("stream".to_string()),
                     Just("stream_options".to_string()), Just("metadata".to_string()),
                     Just("litellm_metadata".to_string()), Just("user".to_string()),
+                    Just("messages".to_string()), Just("input".to_string()),
+                    Just("system".to_string()), Just("prompt".to_string()),
                     "[a-z]{0,4}",
                 ], value_strategy()),
                 0..6,
@@ -609,6 +718,12 @@ mod tests {
             if let Some(in_pieces) = skim_cut(&body, &cuts) {
                 prop_assert_eq!(Some(in_pieces), skim(&body).map(as_text));
             }
+            // Gathering the conversation's blocks changes no verdict.
+            let mut sink = BlockSink::default();
+            prop_assert_eq!(
+                skim_pieces(&body, &[], Some(&mut sink)).map(as_text),
+                skim(&body).map(as_text)
+            );
             if let Some(found) = skim(&body) {
                 let serde = serde.expect("the skim accepted a body serde refuses");
                 prop_assert_eq!(as_text(found), raw_members(&serde));

@@ -4,6 +4,7 @@
 //! [`extract`]); the per-route session table that remembers where each
 //! session runs lives in [`crate::placement`], next to the rules that use it.
 
+pub mod content;
 pub mod extract;
 
 pub use extract::{

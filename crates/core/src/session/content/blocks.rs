@@ -1,0 +1,283 @@
+//! A request's conversation as a list of block digests, gathered while the
+//! skim (`request_view/skim.rs`) walks the body, so the body is read once.
+//!
+//! A block is one element of a conversation member (a message, a
+//! Responses item, a tool, a system block), or a [`CHUNK_BYTES`] slice of
+//! a long string inside one: a string that grows in place (a completion
+//! prompt, a message streamed into) keeps the digests of its full chunks,
+//! so its chain extends the earlier one.
+//!
+//! Tokenizer-free and bounded: a string is not hashed whole but by
+//! samples (its length, and [`WINDOW`] bytes at its start, its thirds and
+//! its end, per chunk), a few dozen instructions per block whatever its
+//! size. An edit inside a long chunk that keeps its length and misses the
+//! windows goes unseen; the cost of that is a placement hint, never a
+//! wrong answer, since the engine's own cache decides what it reuses.
+//! What moves from turn to turn without changing the conversation is left
+//! out: `cache_control` (Anthropic clients move their breakpoints every
+//! turn) and the keys' names.
+
+use bytes::Bytes;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Raw string bytes per chunk block: about a thousand tokens.
+pub const CHUNK_BYTES: usize = 4096;
+/// Bytes read at each sample point of a string or chunk.
+const WINDOW: usize = 16;
+/// Strings up to this long are read whole.
+const WHOLE: usize = 4 * WINDOW;
+
+/// Where a member's blocks go in the chain: the prompt's order as engines
+/// render it (tools and the system text first), whatever order the
+/// client wrote the members in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Member {
+    Tools = 0,
+    System = 1,
+    Turns = 2,
+}
+
+impl Member {
+    /// The conversation member a top-level key names, for any API.
+    pub fn of_key(key: &[u8]) -> Option<Member> {
+        match key {
+            b"tools" => Some(Member::Tools),
+            b"system" | b"instructions" => Some(Member::System),
+            b"messages" | b"input" | b"prompt" => Some(Member::Turns),
+            _ => None,
+        }
+    }
+}
+
+/// One block: its digest (unkeyed; the index keys it) and whether it is
+/// the model's own output (an assistant message, a Responses
+/// `function_call` or `reasoning` item), which is what a conversation's
+/// next turn adds after the request it continues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    pub digest: u64,
+    pub assistant: bool,
+    /// A chunk of a string that went on past it (not the end of its element).
+    pub chunk: bool,
+}
+
+/// The body the skim reads, for the samples: its pieces and where each
+/// starts.
+pub struct Source<'a> {
+    pieces: Vec<(usize, &'a [u8])>,
+}
+
+impl<'a> Source<'a> {
+    pub fn new(first: &'a [u8], rest: &'a [Bytes]) -> Self {
+        let mut at = 0;
+        let mut pieces = Vec::with_capacity(1 + rest.len());
+        for piece in std::iter::once(first).chain(rest.iter().map(|b| &b[..])) {
+            pieces.push((at, piece));
+            at += piece.len();
+        }
+        Source { pieces }
+    }
+
+    /// The absolute offset of `at` in piece `piece`.
+    pub fn offset(&self, piece: usize, at: usize) -> usize {
+        self.pieces.get(piece).map_or(0, |(start, _)| start + at)
+    }
+
+    /// Copies the bytes from `from` into `out` (fewer at the body's end).
+    fn copy(&self, from: usize, out: &mut [u8]) -> usize {
+        let mut written = 0;
+        let first = self
+            .pieces
+            .partition_point(|(start, p)| start + p.len() <= from);
+        for (start, piece) in &self.pieces[first..] {
+            if written == out.len() {
+                break;
+            }
+            let skip = (from + written).saturating_sub(*start);
+            let Some(bytes) = piece.get(skip..) else {
+                continue;
+            };
+            let n = bytes.len().min(out.len() - written);
+            out[written..written + n].copy_from_slice(&bytes[..n]);
+            written += n;
+        }
+        written
+    }
+}
+
+/// Collects the blocks of one body as the skim walks it.
+#[derive(Default)]
+pub struct BlockSink {
+    members: [Vec<Block>; 3],
+    /// The element being read: its member, running digest, first block.
+    current: Option<(Member, u64, usize)>,
+    assistant: bool,
+    /// Cap on blocks: past it the rest of the body adds none (work and
+    /// memory per request stay bounded).
+    full: bool,
+}
+
+/// Blocks a request contributes at most (4 MiB of prompt in chunks).
+pub const MAX_BLOCKS: usize = 1024;
+
+impl BlockSink {
+    /// An element of `member` starts (a message; or a whole string member).
+    pub fn begin(&mut self, member: Member) {
+        let first = self.members[member as usize].len();
+        self.current = Some((member, 0x9e37_79b9_7f4a_7c15, first));
+        self.assistant = false;
+    }
+
+    /// A string of the current element, from `start` to `end` (absolute
+    /// offsets of its raw bytes, quotes excluded); long ones close a block
+    /// per full chunk.
+    pub fn string(&mut self, src: &Source, start: usize, end: usize) {
+        let Some((member, mut digest, first)) = self.current else {
+            return;
+        };
+        let mut at = start;
+        while end - at > CHUNK_BYTES {
+            digest = fold(digest, sample(src, at, at + CHUNK_BYTES));
+            self.push(member, digest, true);
+            at += CHUNK_BYTES;
+        }
+        digest = fold(digest, sample(src, at, end));
+        self.current = Some((member, digest, first));
+    }
+
+    /// A role or item type of the current element: the model's own output?
+    pub fn kind(&mut self, value: &[u8]) {
+        self.assistant |= matches!(value, b"assistant" | b"reasoning")
+            || (value.ends_with(b"_call") && value != b"function_call_output");
+    }
+
+    /// The current element ends: its last block, and every block of it
+    /// marked with what its role said.
+    pub fn end(&mut self) {
+        let Some((member, digest, first)) = self.current.take() else {
+            return;
+        };
+        self.push(member, fold(digest, 0x5a), false);
+        if self.assistant {
+            for b in self.members[member as usize].iter_mut().skip(first) {
+                b.assistant = true;
+            }
+        }
+    }
+
+    fn push(&mut self, member: Member, digest: u64, chunk: bool) {
+        if self.full || self.members.iter().map(Vec::len).sum::<usize>() >= MAX_BLOCKS {
+            self.full = true;
+            return;
+        }
+        self.members[member as usize].push(Block {
+            digest,
+            assistant: false,
+            chunk,
+        });
+    }
+
+    /// The blocks in prompt order.
+    pub fn finish(self) -> Vec<Block> {
+        let [mut tools, system, turns] = self.members;
+        tools.extend(system);
+        tools.extend(turns);
+        tools
+    }
+}
+
+fn fold(digest: u64, sample: u64) -> u64 {
+    crate::hash::mix64(digest, sample)
+}
+
+/// The digest of the raw bytes `start..end` by their samples.
+fn sample(src: &Source, start: usize, end: usize) -> u64 {
+    let len = end.saturating_sub(start);
+    let mut buf = [0u8; WHOLE + 8];
+    buf[..8].copy_from_slice(&(len as u64).to_le_bytes());
+    let n = if len <= WHOLE {
+        src.copy(start, &mut buf[8..8 + len])
+    } else {
+        let points = [start, start + len / 3, start + 2 * len / 3, end - WINDOW];
+        let mut n = 0;
+        for p in points {
+            n += src.copy(p, &mut buf[8 + n..8 + n + WINDOW]);
+        }
+        n
+    };
+    xxh3_64(&buf[..8 + n])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest_of(text: &str) -> Vec<Block> {
+        let src = Source::new(text.as_bytes(), &[]);
+        let mut sink = BlockSink::default();
+        sink.begin(Member::Turns);
+        sink.string(&src, 0, text.len());
+        sink.end();
+        sink.finish()
+    }
+
+    #[test]
+    fn a_growing_string_keeps_its_full_chunks() {
+        let short = "a".repeat(CHUNK_BYTES * 2 + 10);
+        let long = format!("{short}{}", "b".repeat(CHUNK_BYTES));
+        let (s, l) = (digest_of(&short), digest_of(&long));
+        assert_eq!(s.len(), 3);
+        assert_eq!(l.len(), 4);
+        assert_eq!(s[..2], l[..2]);
+        assert_ne!(s[2], l[2]);
+        assert!(s[0].chunk && !s[2].chunk);
+    }
+
+    #[test]
+    fn samples_read_across_pieces() {
+        let text = "0123456789".repeat(1000);
+        let whole = digest_of(&text);
+        let bytes = Bytes::from(text.clone().into_bytes());
+        let rest = [bytes.slice(17..5000), bytes.slice(5000..)];
+        let src = Source::new(&bytes[..17], &rest);
+        let mut sink = BlockSink::default();
+        sink.begin(Member::Turns);
+        sink.string(&src, 0, text.len());
+        sink.end();
+        assert_eq!(sink.finish(), whole);
+    }
+
+    #[test]
+    fn members_in_prompt_order_and_roles_marked() {
+        let text = "system text, then a message";
+        let src = Source::new(text.as_bytes(), &[]);
+        let mut sink = BlockSink::default();
+        sink.begin(Member::Turns);
+        sink.kind(b"assistant");
+        sink.string(&src, 18, text.len());
+        sink.end();
+        sink.begin(Member::System);
+        sink.string(&src, 0, 11);
+        sink.end();
+        let blocks = sink.finish();
+        assert_eq!(blocks.len(), 2);
+        assert!(!blocks[0].assistant && blocks[1].assistant);
+        assert_eq!(blocks[0], digest_of("system text")[0]);
+    }
+
+    #[test]
+    fn kinds() {
+        let mut sink = BlockSink::default();
+        for (kind, assistant) in [
+            (&b"user"[..], false),
+            (b"function_call_output", false),
+            (b"message", false),
+            (b"function_call", true),
+            (b"reasoning", true),
+        ] {
+            sink.begin(Member::Turns);
+            sink.kind(kind);
+            assert_eq!(sink.assistant, assistant, "{kind:?}");
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The route's memory of conversations it has seen, by content: the keyed
+//! hash of every prefix of every request's chain of blocks (a node), the
+//! session each node belongs to, and each session's latest request.
+//!
+//! A request is matched by its longest known prefix:
+//! - none: a new conversation, its session the keyed hash of its last node
+//!   (the same on every replica that shares the key);
+//! - the latest request of session S, whole (or, when that request ended
+//!   in a string still growing, its last full chunk), continued by the
+//!   model's own output: a later turn of S. A request that continues it
+//!   with a user message instead is a sub-agent handed the parent's
+//!   history: a fork;
+//! - any other node of S: a fork (an edited or regenerated turn, a
+//!   sub-agent): a session of its own, placed next to S where the shared
+//!   prefix is cached;
+//! - a node with [`ContentConfig::template_fanout`] distinct continuations
+//!   or more (a system prompt, a template, a few-shot block shared by many
+//!   conversations): it decides nothing, the request is a new conversation
+//!   placed by load. Counting continuations is what keeps the prefix-tree
+//!   routers' failure (every conversation on the engine holding the
+//!   shared system prompt) away.
+//!
+//! Bounded: nodes and sessions unused for `idle_ms` are swept, and past
+//! `max_nodes` a new conversation is not remembered (it is still served).
+//! Only keyed hashes are kept (SipHash-1-3 under the route's key of each
+//! chain value), never content.
+
+use ahash::AHashMap;
+use parking_lot::Mutex;
+use siphasher::sip::SipHasher13;
+use std::hash::Hasher;
+
+use super::blocks::Block;
+
+/// Probes from the request's end before the search halves the rest: a
+/// later turn adds an assistant message and a user one, a few blocks.
+const NEAR_PROBES: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContentConfig {
+    /// Distinct continuations that make a node a template (0: no
+    /// template rule, every shared prefix links conversations).
+    pub template_fanout: u16,
+    pub idle_ms: u64,
+    pub max_nodes: usize,
+}
+
+impl Default for ContentConfig {
+    fn default() -> Self {
+        ContentConfig {
+            template_fanout: 4,
+            idle_ms: 30 * 60 * 1000,
+            max_nodes: 500_000,
+        }
+    }
+}
+
+/// What the index made of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recognised {
+    pub session: u64,
+    pub how: How,
+    /// Blocks of the request found in the index (its longest known prefix).
+    pub matched: usize,
+    pub blocks: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    /// First seen: a new conversation (or one sharing only a template).
+    New,
+    /// A later turn of a known conversation (or the same request again).
+    Continued,
+    /// A new conversation branching off `parent`'s history.
+    Forked { parent: u64 },
+}
+
+impl How {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            How::New => "new",
+            How::Continued => "continued",
+            How::Forked { .. } => "forked",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    session: u64,
+    /// Distinct continuations seen (saturating).
+    children: u16,
+    last_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Latest {
+    /// The keyed node of the session's latest request's last block, and
+    /// its depth (blocks).
+    tip: (u64, usize),
+    /// Its last full chunk when its last string went on past one.
+    stem: Option<(u64, usize)>,
+    last_ms: u64,
+}
+
+#[derive(Default)]
+struct State {
+    nodes: AHashMap<u64, Node>,
+    sessions: AHashMap<u64, Latest>,
+    last_sweep_ms: u64,
+}
+
+pub struct ContentIndex {
+    key: (u64, u64),
+    config: ContentConfig,
+    state: Mutex<State>,
+}
+
+impl ContentIndex {
+    pub fn new(key: (u64, u64), config: ContentConfig) -> Self {
+        ContentIndex {
+            key,
+            config,
+            state: Mutex::default(),
+        }
+    }
+
+    pub fn config(&self) -> ContentConfig {
+        self.config
+    }
+
+    /// The chain of `blocks`: each value covers every block up to its own.
+    pub fn chain(blocks: &[Block]) -> Vec<u64> {
+        let mut at = 0x243f_6a88_85a3_08d3u64;
+        blocks
+            .iter()
+            .map(|b| {
+                at = crate::hash::mix64(at, b.digest);
+                at
+            })
+            .collect()
+    }
+
+    fn keyed(&self, chain: u64) -> u64 {
+        let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
+        h.write_u64(chain);
+        h.finish()
+    }
+
+    /// The session of a request whose conversation is `blocks`; `None`
+    /// for a request with no conversation in it.
+    pub fn recognise(&self, blocks: &[Block], now_ms: u64) -> Option<Recognised> {
+        if blocks.is_empty() {
+            return None;
+        }
+        let chain = Self::chain(blocks);
+        let keys: Vec<u64> = chain.iter().map(|&c| self.keyed(c)).collect();
+        let mut state = self.state.lock();
+        self.sweep_if_due(&mut state, now_ms);
+        let idle = self.config.idle_ms;
+        let live = |n: &Node, st: &State| {
+            now_ms.saturating_sub(n.last_ms) <= idle
+                || st
+                    .sessions
+                    .get(&n.session)
+                    .is_some_and(|s| now_ms.saturating_sub(s.last_ms) <= idle)
+        };
+        let known = |i: usize, st: &State| st.nodes.get(&keys[i]).is_some_and(|n| live(n, st));
+        let matched = longest_known(keys.len(), |i| known(i, &state));
+        let n = keys.len();
+        let last = keys[n - 1];
+        let (session, how) = match matched {
+            None => (last, How::New),
+            Some(m) => {
+                let node = state.nodes[&keys[m]];
+                let latest = state.sessions.get(&node.session).copied();
+                let next_is_output = blocks.get(m + 1).is_none_or(|b| b.assistant);
+                // Ends exactly at `at`, a node of this request at `m`.
+                let ends_at = |at: Option<(u64, usize)>| {
+                    at.is_some_and(|(key, depth)| depth == m + 1 && keys[m] == key)
+                };
+                let continues = latest
+                    .is_some_and(|l| ends_at(Some(l.tip)) && next_is_output || ends_at(l.stem));
+                let template =
+                    self.config.template_fanout > 0 && node.children >= self.config.template_fanout;
+                if m + 1 == n || continues {
+                    (node.session, How::Continued)
+                } else if template || latest.is_none() {
+                    (last, How::New)
+                } else {
+                    (
+                        last,
+                        How::Forked {
+                            parent: node.session,
+                        },
+                    )
+                }
+            }
+        };
+        let from = matched.map_or(0, |m| m + 1);
+        if let Some(m) = matched {
+            if let Some(node) = state.nodes.get_mut(&keys[m]) {
+                node.last_ms = now_ms;
+                if from < n {
+                    node.children = node.children.saturating_add(1);
+                }
+            }
+        }
+        let room = self.config.max_nodes.saturating_sub(state.nodes.len());
+        if n - from <= room {
+            for (i, &key) in keys.iter().enumerate().skip(from) {
+                state.nodes.insert(
+                    key,
+                    Node {
+                        session,
+                        children: u16::from(i + 1 < n),
+                        last_ms: now_ms,
+                    },
+                );
+            }
+        }
+        // A last string still growing: its next turn passes through its
+        // last full chunk, not through its end.
+        let stem = (n >= 2 && blocks[n - 2].chunk).then(|| (keys[n - 2], n - 1));
+        state.sessions.insert(
+            session,
+            Latest {
+                tip: (last, n),
+                stem,
+                last_ms: now_ms,
+            },
+        );
+        Some(Recognised {
+            session,
+            how,
+            matched: matched.map_or(0, |m| m + 1),
+            blocks: n,
+        })
+    }
+
+    /// Nodes and sessions held (for `/_route_inspect` and the tests).
+    pub fn len(&self) -> (usize, usize) {
+        let state = self.state.lock();
+        (state.nodes.len(), state.sessions.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len().0 == 0
+    }
+
+    /// Drops what has not been used for `idle_ms`.
+    pub fn sweep(&self, now_ms: u64) {
+        let mut state = self.state.lock();
+        self.sweep_now(&mut state, now_ms);
+    }
+
+    fn sweep_if_due(&self, state: &mut State, now_ms: u64) {
+        if now_ms.saturating_sub(state.last_sweep_ms) >= (self.config.idle_ms / 4).max(1000) {
+            self.sweep_now(state, now_ms);
+        }
+    }
+
+    fn sweep_now(&self, state: &mut State, now_ms: u64) {
+        let idle = self.config.idle_ms;
+        state
+            .sessions
+            .retain(|_, s| now_ms.saturating_sub(s.last_ms) <= idle);
+        let State {
+            nodes, sessions, ..
+        } = state;
+        nodes.retain(|_, n| {
+            now_ms.saturating_sub(n.last_ms) <= idle || sessions.contains_key(&n.session)
+        });
+        state.last_sweep_ms = now_ms;
+    }
+
+    /// Approximate heap bytes per node and per session, for the README.
+    pub const BYTES_PER_NODE: usize = 40;
+    pub const BYTES_PER_SESSION: usize = 72;
+}
+
+/// The deepest `i` with `known(i)`: the last few from the end one by one
+/// (a later turn), then halving the rest, which a conversation's own
+/// nodes make a prefix-closed set.
+fn longest_known(n: usize, known: impl Fn(usize) -> bool) -> Option<usize> {
+    let near_end = n.saturating_sub(NEAR_PROBES);
+    if let Some(i) = (near_end..n).rev().find(|&i| known(i)) {
+        return Some(i);
+    }
+    let (mut lo, mut hi) = (0, near_end);
+    let mut best = None;
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if known(mid) {
+            best = Some(mid);
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    best
+}

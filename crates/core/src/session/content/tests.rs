@@ -1,0 +1,262 @@
+use super::*;
+use crate::placement::{PeerId, PeerLoad, SessionTable, TableConfig};
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+const MIN: u64 = 60_000;
+
+fn index(fanout: u16) -> ContentIndex {
+    ContentIndex::new(
+        (1, 2),
+        ContentConfig {
+            template_fanout: fanout,
+            idle_ms: 30 * MIN,
+            max_nodes: 100_000,
+        },
+    )
+}
+
+fn blocks(body: &Value) -> Vec<Block> {
+    blocks_of(&[Bytes::from(body.to_string())])
+}
+
+fn chat(messages: &[(&str, &str)]) -> Value {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect();
+    json!({"model": "m", "messages": messages, "stream": true})
+}
+
+const SYS: &str = "You are a coding agent. Follow the rules of the repository.";
+
+fn see(ix: &ContentIndex, body: &Value, now: u64) -> Recognised {
+    ix.recognise(&blocks(body), now).expect("a conversation")
+}
+
+#[test]
+fn a_later_turn_continues_its_conversation() {
+    let ix = index(4);
+    let t1 = see(&ix, &chat(&[("system", SYS), ("user", "fix the bug")]), 0);
+    assert_eq!(t1.how, How::New);
+    let t2 = see(
+        &ix,
+        &chat(&[
+            ("system", SYS),
+            ("user", "fix the bug"),
+            ("assistant", "done"),
+            ("user", "test it"),
+        ]),
+        1000,
+    );
+    assert_eq!(
+        (t2.session, t2.how, t2.matched),
+        (t1.session, How::Continued, 2)
+    );
+    let t3 = see(
+        &ix,
+        &chat(&[
+            ("system", SYS),
+            ("user", "fix the bug"),
+            ("assistant", "done"),
+            ("user", "test it"),
+            ("assistant", "green"),
+            ("user", "commit"),
+        ]),
+        2000,
+    );
+    assert_eq!((t3.session, t3.how), (t1.session, How::Continued));
+    // The same request again (a retry) is the same conversation.
+    let again = see(
+        &ix,
+        &chat(&[("system", SYS), ("user", "fix the bug")]),
+        3000,
+    );
+    assert_eq!(again.session, t1.session);
+}
+
+#[test]
+fn a_fork_gets_its_own_session_and_the_parent_goes_on() {
+    let ix = index(4);
+    let history = [("system", SYS), ("user", "refactor the parser")];
+    let parent = see(&ix, &chat(&history), 0);
+    let mut sub = history.to_vec();
+    sub.push(("user", "sub-agent: read lexer.rs"));
+    let fork = see(&ix, &chat(&sub), 10);
+    assert_eq!(
+        fork.how,
+        How::Forked {
+            parent: parent.session
+        }
+    );
+    assert_ne!(fork.session, parent.session);
+    // The parent's own next turn is still the parent.
+    let mut next = history.to_vec();
+    next.extend([("assistant", "spawned two agents"), ("user", "results: ok")]);
+    let p2 = see(&ix, &chat(&next), 20);
+    assert_eq!((p2.session, p2.how), (parent.session, How::Continued));
+    // And the fork's next turn is the fork.
+    sub.extend([("assistant", "lexer read"), ("user", "now the parser")]);
+    assert_eq!(see(&ix, &chat(&sub), 30).session, fork.session);
+}
+
+#[test]
+fn an_edited_message_is_a_new_session_from_that_block_on() {
+    let ix = index(4);
+    let turns = [
+        ("system", SYS),
+        ("user", "step one"),
+        ("assistant", "ok one"),
+        ("user", "step two"),
+        ("assistant", "ok two"),
+        ("user", "step three"),
+    ];
+    let first = see(&ix, &chat(&turns[..2]), 0);
+    see(&ix, &chat(&turns[..4]), 1);
+    see(&ix, &chat(&turns), 2);
+    let mut edited = turns.to_vec();
+    edited[3].1 = "step TWO, done differently";
+    let e = see(&ix, &chat(&edited), 3);
+    assert_eq!(e.matched, 3, "the history up to the edit is known");
+    assert_eq!(
+        e.how,
+        How::Forked {
+            parent: first.session
+        }
+    );
+    assert_ne!(e.session, first.session);
+}
+
+/// 50 conversations share a system prompt and differ from their first
+/// user message. Forks are placed next to their parent (adopted onto its
+/// peer), the rest by load: with the template rule the 50 spread; without
+/// it they all hang off the first and collapse onto its engine.
+#[test]
+fn a_shared_system_prompt_does_not_pin_every_conversation() {
+    fn engines_used(fanout: u16) -> (usize, usize) {
+        let ix = index(fanout);
+        let table = SessionTable::new(TableConfig::default());
+        let peers: Vec<PeerLoad> = (0..4).map(|i| PeerLoad::idle(i as PeerId, 64)).collect();
+        let mut used = std::collections::HashSet::new();
+        let mut forks = 0;
+        for i in 0..50 {
+            let question = format!("question number {i}: why does test {i} fail?");
+            let r = see(&ix, &chat(&[("system", SYS), ("user", &question)]), i);
+            let peer = match r.how {
+                How::Forked { parent } => {
+                    forks += 1;
+                    let (peer, _) = table.binding_of(parent, i).expect("parent bound");
+                    table.adopt(r.session, peer, None, i);
+                    peer
+                }
+                _ => table.place(r.session, &peers, i).expect("placed").peer,
+            };
+            used.insert(peer);
+        }
+        (used.len(), forks)
+    }
+    let (spread, forks) = engines_used(4);
+    assert_eq!(spread, 4, "placed by load");
+    assert!(
+        forks <= 3,
+        "only until the prompt counts as a template: {forks}"
+    );
+    let (collapsed, forks) = engines_used(0);
+    assert_eq!(
+        (collapsed, forks),
+        (1, 49),
+        "control: without the rule they collapse"
+    );
+}
+
+#[test]
+fn a_growing_prompt_continues_through_its_full_chunks() {
+    let ix = index(4);
+    let p1 = "x".repeat(blocks::CHUNK_BYTES * 2 + 100);
+    let t1 = see(&ix, &json!({"model": "m", "prompt": p1}), 0);
+    let p2 = format!("{p1} and then more text appended by the next turn");
+    let t2 = see(&ix, &json!({"model": "m", "prompt": p2}), 1);
+    assert_eq!((t2.session, t2.how), (t1.session, How::Continued));
+}
+
+#[test]
+fn the_index_forgets_after_idle_and_keeps_its_cap() {
+    let ix = index(4);
+    let t1 = see(&ix, &chat(&[("system", SYS), ("user", "hello")]), 0);
+    let later = chat(&[
+        ("system", SYS),
+        ("user", "hello"),
+        ("assistant", "hi"),
+        ("user", "bye"),
+    ]);
+    ix.sweep(31 * MIN);
+    assert!(ix.is_empty());
+    let t2 = see(&ix, &later, 31 * MIN);
+    assert_eq!(t2.how, How::New, "forgotten");
+    // Control: within idle_timeout it is remembered.
+    let ix = index(4);
+    let t1b = see(&ix, &chat(&[("system", SYS), ("user", "hello")]), 0);
+    assert_eq!(t1b.session, t1.session, "the same key, the same session");
+    ix.sweep(29 * MIN);
+    assert_eq!(see(&ix, &later, 29 * MIN).session, t1.session);
+
+    let small = ContentIndex::new(
+        (1, 2),
+        ContentConfig {
+            template_fanout: 4,
+            idle_ms: 30 * MIN,
+            max_nodes: 10,
+        },
+    );
+    for i in 0..100 {
+        see(
+            &small,
+            &chat(&[("system", SYS), ("user", &format!("q{i}"))]),
+            i,
+        );
+        assert!(small.len().0 <= 10);
+    }
+}
+
+#[test]
+fn anthropic_cache_control_moving_does_not_break_the_chain() {
+    let ix = index(4);
+    let t1 = json!({"model": "m", "system": [{"type": "text", "text": SYS, "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]});
+    let t2 = json!({"model": "m", "system": [{"type": "text", "text": SYS, "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                     {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+                     {"role": "user", "content": [{"type": "text", "text": "more", "cache_control": {"type": "ephemeral"}}]}]});
+    let a = see(&ix, &t1, 0);
+    let b = see(&ix, &t2, 1);
+    assert_eq!((b.session, b.how), (a.session, How::Continued));
+}
+
+#[test]
+fn responses_items_chain_like_messages() {
+    let ix = index(4);
+    let t1 = json!({"model": "m", "instructions": SYS, "input": [{"type": "message", "role": "user", "content": "list files"}]});
+    let t2 = json!({"model": "m", "instructions": SYS, "input": [
+        {"type": "message", "role": "user", "content": "list files"},
+        {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.rs b.rs"}]});
+    let a = see(&ix, &t1, 0);
+    assert_eq!(see(&ix, &t2, 1).session, a.session);
+}
+
+#[test]
+fn a_body_cut_into_pieces_gives_the_same_blocks() {
+    let body = chat(&[
+        ("system", &SYS.repeat(200)),
+        ("user", "hello"),
+        ("assistant", "hi"),
+    ])
+    .to_string();
+    let whole = blocks_of(&[Bytes::from(body.clone())]);
+    assert!(whole.len() > 4);
+    let bytes = Bytes::from(body);
+    for cut in [1, 100, 4000, 9000, bytes.len() - 3] {
+        let pieces = [bytes.slice(..cut), bytes.slice(cut..)];
+        assert_eq!(blocks_of(&pieces), whole, "cut at {cut}");
+    }
+}
