@@ -15,6 +15,7 @@
 //! live here, next to `try_acquire`.
 
 mod explain;
+pub mod forks;
 mod pools;
 mod queue;
 pub mod shared;

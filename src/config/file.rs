@@ -141,6 +141,23 @@ pub(super) struct SessionAffinityFile {
     pub headers: Option<Vec<String>>,
     pub idle_timeout: Option<Dur>,
     pub live_window: Option<Dur>,
+    pub content: Option<ContentFile>,
+}
+
+/// `balancing.session_affinity.content`: `on` / `off`, or its settings
+/// (which switch it on).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum ContentFile {
+    Switch(Flag),
+    Settings(ContentSettingsFile),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ContentSettingsFile {
+    pub template_fanout: Option<u16>,
+    pub max_blocks: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -55,6 +55,9 @@ pub struct Admitted {
     pub pool: Vec<usize>,
     /// The request's session (hash and source only, never the raw value).
     pub session: Option<SessionId>,
+    /// How the content index recognised the conversation, when the
+    /// session came from it.
+    pub content: Option<crate::session::content::Recognised>,
     /// What placement decided (X-Routed-Mode).
     pub placement: Option<Placement>,
     /// How long the request waited in the admission queue, if it did.

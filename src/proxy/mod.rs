@@ -92,9 +92,9 @@ impl Gateway {
         request::forward(&route, session, &rest, &mut ctx.request).await
     }
 
-    /// Model pool, load gates, placement: the peer and its reserved slot,
-    /// after a wait in the route's admission queue if it has one and no
-    /// peer has room.
+    /// Model pool, load gates, a fork bound next to its parent, placement:
+    /// the peer and its reserved slot, after a wait in the route's
+    /// admission queue if it has one and no peer has room.
     async fn place(
         &self,
         session: &mut Session,
@@ -107,6 +107,7 @@ impl Gateway {
         let label = response::record::pool_label(route, req.model.as_deref());
         let turn = guards::prio::turn_of(route, session, req.json_object);
         self.load_gates(route, req, label, turn)?;
+        crate::balance::forks::start_near_parent(route, req.session.as_ref(), req.content.as_ref());
         let outcome = self.placement(session, route, req, label, turn).await?;
         record_placement(route, ctx, turn, outcome)
     }

@@ -64,6 +64,8 @@ pub struct Registry {
     /// Where session bindings are shared with other replicas; set once at
     /// start (local until then, and in tests that never set it).
     store: std::sync::OnceLock<Arc<crate::store::SessionStore>>,
+    /// The key of every route's content index (`route::content_key`).
+    content_key: (u64, u64),
 }
 
 impl Registry {
@@ -78,6 +80,7 @@ impl Registry {
                 keys: None,
                 scope: "shared",
             }),
+            content_key: route::content_key(&gateway.session_store),
             gateway,
             reload_lock: Mutex::new(()),
             store: std::sync::OnceLock::new(),
@@ -226,7 +229,7 @@ impl Registry {
             Arc::clone(
                 runtimes
                     .entry(config.name.clone())
-                    .or_insert_with(|| Arc::new(RouteRuntime::new(&config))),
+                    .or_insert_with(|| Arc::new(RouteRuntime::new(&config, self.content_key))),
             )
         };
         let addresses: Vec<String> = config.peers.iter().map(PeerConfig::address).collect();
@@ -234,6 +237,9 @@ impl Registry {
             runtime.sessions.forget_peer(gone);
         }
         runtime.sessions.set_config(table_config(&config));
+        if let Some(content) = config.balancing.content {
+            runtime.content.set_config(content);
+        }
         runtime.generation.fetch_add(1, Ordering::AcqRel);
         let peers = config
             .peers

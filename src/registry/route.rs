@@ -57,6 +57,9 @@ pub struct RouteRuntime {
     peers: Mutex<HashMap<String, Arc<PeerState>>>,
     next_peer_id: AtomicU32,
     pub sessions: SessionTable,
+    /// Conversations recognised by content (used when the route has
+    /// `session_affinity.content` on), and Responses API response ids.
+    pub content: crate::session::content::ContentIndex,
     /// Wakes the route's admission queue when room may have freed.
     pub queue: Arc<RoomSignal>,
     /// The load gates' measurements, counters, adaptive limits and
@@ -94,11 +97,15 @@ impl RouteRuntime {
         )
     }
 
-    pub(super) fn new(config: &RouteConfig) -> Self {
+    pub(super) fn new(config: &RouteConfig, content_key: (u64, u64)) -> Self {
         RouteRuntime {
             peers: Mutex::new(HashMap::new()),
             next_peer_id: AtomicU32::new(0),
             sessions: SessionTable::new(table_config(config)),
+            content: crate::session::content::ContentIndex::new(
+                content_key,
+                config.balancing.content.unwrap_or_default(),
+            ),
             queue: Arc::default(),
             protection: RouteProtection::default(),
             prompt_tokens: Default::default(),
@@ -153,6 +160,45 @@ pub(super) fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
             None
         }
     }
+}
+
+/// The key of the content indexes' hashes. Replicas sharing a Redis
+/// store must agree on it, so it is derived from what they share: the
+/// store's address, its key prefix and its password (a secret they all
+/// read), none of which reaches Redis in this form. A local store keeps
+/// its index to itself: a key random to the process.
+pub(super) fn content_key(store: &crate::config::store::SessionStoreConfig) -> (u64, u64) {
+    use sha2::{Digest, Sha256};
+    use std::hash::BuildHasher;
+    let mut digest = Sha256::new();
+    digest.update(b"llm-gateway content index v1\0");
+    match store {
+        crate::config::store::SessionStoreConfig::Redis(redis) => {
+            digest.update(redis.url.as_bytes());
+            digest.update(b"\0");
+            digest.update(redis.key_prefix.as_bytes());
+            if let Some(password) = redis
+                .password_file
+                .as_ref()
+                .and_then(|p| std::fs::read(p).ok())
+            {
+                digest.update(b"\0");
+                digest.update(password);
+            }
+        }
+        crate::config::store::SessionStoreConfig::Local => {
+            let random = std::collections::hash_map::RandomState::new();
+            digest.update(random.hash_one(0u64).to_le_bytes());
+            digest.update(random.hash_one(1u64).to_le_bytes());
+        }
+    }
+    let out = digest.finalize();
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&out[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    (word(0), word(8))
 }
 
 pub(super) fn table_config(config: &RouteConfig) -> TableConfig {

@@ -90,6 +90,9 @@ pub struct Balancing {
     /// A session used within this long counts as holding KV on its engine.
     pub live_window: Duration,
     pub cross_tier_fallback: bool,
+    /// Conversations recognised by content for requests that name no
+    /// session (`None`: off). Its `idle_ms` is `idle_timeout`'s.
+    pub content: Option<crate::session::content::ContentConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

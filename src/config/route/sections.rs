@@ -7,11 +7,13 @@ use super::{
     MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
 };
 use crate::config::file::{
-    BalancingFile, EngineMetricsFile, EngineMetricsSettingsFile, HealthFile, TimeoutsFile,
+    BalancingFile, ContentFile, EngineMetricsFile, EngineMetricsSettingsFile, HealthFile,
+    TimeoutsFile,
 };
 use crate::config::gateway::GatewayConfig;
 use crate::config::units::Flag;
 use crate::config::ConfigError;
+use crate::session::content::ContentConfig;
 use crate::stream::postprocess::Handler;
 use std::time::Duration;
 
@@ -75,13 +77,46 @@ pub(super) fn parse_balancing(
         ));
     }
 
+    let content = parse_content(at, mode, affinity.content, idle_timeout)?;
     Ok(Balancing {
         mode,
         session_headers,
         idle_timeout,
         live_window,
         cross_tier_fallback: flag(bal.cross_tier_fallback, false),
+        content,
     })
+}
+
+/// Content recognition: on by default in the modes that keep sessions.
+fn parse_content(
+    at: &Locator,
+    mode: Mode,
+    file: Option<ContentFile>,
+    idle_timeout: Duration,
+) -> Result<Option<ContentConfig>, ConfigError> {
+    let settings = match file {
+        Some(ContentFile::Switch(Flag(false))) => return Ok(None),
+        Some(ContentFile::Switch(Flag(true))) | None => Default::default(),
+        Some(ContentFile::Settings(s)) => s,
+    };
+    if !matches!(mode, Mode::LoadAware | Mode::Hash) {
+        return Ok(None);
+    }
+    let defaults = ContentConfig::default();
+    let max_nodes = settings.max_blocks.unwrap_or(defaults.max_nodes);
+    if !(1_000..=50_000_000).contains(&max_nodes) {
+        return Err(at.at_key(
+            "balancing.session_affinity.content.max_blocks",
+            "balancing.session_affinity.content.max_blocks must be between 1000 and 50000000"
+                .into(),
+        ));
+    }
+    Ok(Some(ContentConfig {
+        template_fanout: settings.template_fanout.unwrap_or(defaults.template_fanout),
+        idle_ms: u64::try_from(idle_timeout.as_millis()).unwrap_or(u64::MAX),
+        max_nodes,
+    }))
 }
 
 pub(super) fn parse_health(at: &Locator, h: HealthFile) -> Result<HealthConfig, ConfigError> {

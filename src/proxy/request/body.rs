@@ -43,22 +43,32 @@ pub async fn read(
 
 /// One pass over the body's view: an LLM endpoint's body must be a JSON
 /// object; other endpoints are looked at only when the route picks a pool by
-/// model. The session comes from the headers first, then the body.
+/// model. The session comes from the headers first, then the body, then
+/// the conversation's content (whose blocks the same pass gathers).
 fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> Result<(), Local> {
     req.api = crate::api::Api::of_path(rest);
     let llm = req.api.is_some();
     let viewed = llm || !(route.config.peers_by_model.is_empty() || req.body.is_empty());
+    let headers = &session.req_header().headers;
+    let named = extract_session(headers, &route.config.balancing.session_headers, None);
+    let mut sink = super::session::sink_for(route, req.api, named.is_some());
     // The skim reads most bodies in their pieces; the few it cannot (an
     // invalid body, a key cut by a piece boundary) are joined and read
     // whole, which also words the error.
-    let view = match viewed.then(|| RequestView::parse_pieces(req.body.pieces())) {
-        None => None,
-        Some(Some(view)) => Some(view),
-        Some(None) => {
+    let in_pieces = viewed
+        .then(|| RequestView::parse_pieces_into(req.body.pieces(), sink.as_mut()))
+        .flatten();
+    let view = match (viewed, in_pieces) {
+        (false, _) => None,
+        (true, Some(view)) => Some(view),
+        (true, None) => {
             req.body.make_whole();
             let whole = req.body.first_piece();
+            if let Some(sink) = sink.as_mut() {
+                *sink = Default::default();
+            }
             if llm {
-                Some(parse_llm_body(whole)?)
+                Some(parse_llm_body(whole, sink.as_mut())?)
             } else {
                 RequestView::parse(whole).ok()
             }
@@ -66,11 +76,7 @@ fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> 
     };
     req.json_object = view.is_some();
     req.model = view.and_then(|v| v.model()).map(Cow::into_owned);
-    req.session = extract_session(
-        &session.req_header().headers,
-        &route.config.balancing.session_headers,
-        view.as_ref(),
-    );
+    (req.session, req.content) = super::session::resolve(route, named, view.as_ref(), sink, true);
     req.usage_rewrite = view.and_then(|v| rewrites::with_include_usage(route, &req.body, &v));
     Ok(())
 }
@@ -173,12 +179,16 @@ async fn read_framed(
     Ok(gather.finish())
 }
 
-/// Views an LLM request body; anything but a JSON object is a client error.
-pub fn parse_llm_body(body: &[u8]) -> Result<RequestView<'_>, Local> {
+/// Views an LLM request body, its conversation's blocks into `sink`;
+/// anything but a JSON object is a client error.
+pub fn parse_llm_body<'a>(
+    body: &'a [u8],
+    sink: Option<&mut crate::session::content::BlockSink>,
+) -> Result<RequestView<'a>, Local> {
     if body.is_empty() {
         return Err(ErrorResponse::bad_request("request body must be a JSON object").into());
     }
-    RequestView::parse(body).map_err(|e| {
+    RequestView::parse_into(body, sink).map_err(|e| {
         let message = if e.is_data() {
             "request body must be a JSON object".to_string()
         } else {
@@ -194,9 +204,9 @@ mod tests {
 
     #[test]
     fn llm_body_must_be_an_object() {
-        assert!(parse_llm_body(b"{\"model\":\"m\"}").is_ok());
-        assert!(parse_llm_body(b"[1]").is_err());
-        assert!(parse_llm_body(b"").is_err());
-        assert!(parse_llm_body(b"{not json").is_err());
+        assert!(parse_llm_body(b"{\"model\":\"m\"}", None).is_ok());
+        assert!(parse_llm_body(b"[1]", None).is_err());
+        assert!(parse_llm_body(b"", None).is_err());
+        assert!(parse_llm_body(b"{not json", None).is_err());
     }
 }

@@ -182,18 +182,21 @@ pub async fn inspect(
         .into());
     }
     let body = super::body::read_body(session, route.config.max_body_size).await?;
+    let headers = &session.req_header().headers;
+    let named =
+        crate::session::extract_session(headers, &route.config.balancing.session_headers, None);
+    // The body is read as an LLM request, whatever its API: its
+    // conversation's blocks are gathered the same way for all of them.
+    let mut sink = super::session::sink_for(route, Some(crate::api::Api::Chat), named.is_some());
     let view = match body.is_empty() {
         true => None,
-        false => Some(crate::request_view::RequestView::parse(&body).map_err(|_| {
-            ErrorResponse::bad_request("the body to inspect must be a JSON object")
-        })?),
+        false => Some(
+            crate::request_view::RequestView::parse_into(&body, sink.as_mut()).map_err(|_| {
+                ErrorResponse::bad_request("the body to inspect must be a JSON object")
+            })?,
+        ),
     };
-    let headers = &session.req_header().headers;
-    let sid = crate::session::extract_session(
-        headers,
-        &route.config.balancing.session_headers,
-        view.as_ref(),
-    );
+    let (sid, content) = super::session::resolve(route, named, view.as_ref(), sink, false);
     let model = view
         .as_ref()
         .and_then(|v| v.model())
@@ -215,6 +218,15 @@ pub async fn inspect(
     let answer = serde_json::json!({
         "route": route.name(),
         "session": sid.as_ref().map(|s| serde_json::json!({"hash": s.hex(), "source": s.source.as_str()})),
+        "content": content.map(|c| serde_json::json!({
+            "how": c.how.as_str(),
+            "matched_blocks": c.matched,
+            "blocks": c.blocks,
+            "parent": match c.how {
+                crate::session::content::How::Forked { parent } => Some(crate::hash::hex16(parent)),
+                _ => None,
+            },
+        })),
         "model": model,
         "pool": pool.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
         "active_tier": tier,

@@ -7,6 +7,7 @@ pub mod endpoints;
 pub mod pieces;
 pub mod replay;
 pub mod rewrites;
+pub mod session;
 
 use crate::errors::ErrorResponse;
 use crate::metrics::{body_forwarded, BodyVia};

@@ -7,7 +7,14 @@
 //! 4. body `metadata.user_id.session_id`, where `user_id` is an object or a
 //!    string holding a JSON object (Claude Code sends the latter);
 //! 5. body `metadata.user_id` when it is a string or a number;
-//! 6. body `user` (the OpenAI field).
+//! 6. body `user` (the OpenAI field);
+//! 7. body `prompt_cache_key` (OpenAI's routing key);
+//! 8. body `previous_response_id` (Responses API: the caller maps the id to
+//!    the session that produced it, [`SessionSource::BodyPreviousResponseId`]);
+//! 9. body `conversation` (Responses API), a string or `{"id": …}`.
+//!
+//! A request with none of them may still be recognised by its content
+//! (`session::content`), which the caller tries last.
 //!
 //! A value is usable when, after trimming surrounding whitespace, it is not
 //! empty and at most [`MAX_SESSION_VALUE_BYTES`] long; an unusable value is
@@ -110,6 +117,13 @@ pub enum SessionSource {
     BodyUserIdSessionId,
     BodyUserId,
     BodyUser,
+    BodyPromptCacheKey,
+    /// The hash is the response id's until the caller maps it to the
+    /// session that produced that response.
+    BodyPreviousResponseId,
+    BodyConversation,
+    /// No id: the conversation recognised by its content.
+    Content,
 }
 
 impl SessionSource {
@@ -132,6 +146,10 @@ impl SessionSource {
             SessionSource::BodyUserIdSessionId => "body:metadata.user_id.session_id",
             SessionSource::BodyUserId => "body:metadata.user_id",
             SessionSource::BodyUser => "body:user",
+            SessionSource::BodyPromptCacheKey => "body:prompt_cache_key",
+            SessionSource::BodyPreviousResponseId => "body:previous_response_id",
+            SessionSource::BodyConversation => "body:conversation",
+            SessionSource::Content => "content",
         }
     }
 
@@ -147,6 +165,10 @@ impl SessionSource {
             SessionSource::BodyUserIdSessionId => Some("body:metadata.user_id.session_id"),
             SessionSource::BodyUserId => Some("body:metadata.user_id"),
             SessionSource::BodyUser => Some("body:user"),
+            SessionSource::BodyPromptCacheKey => Some("body:prompt_cache_key"),
+            SessionSource::BodyPreviousResponseId => Some("body:previous_response_id"),
+            SessionSource::BodyConversation => Some("body:conversation"),
+            SessionSource::Content => Some("content"),
         }
     }
 
@@ -191,10 +213,12 @@ pub fn extract_session(
             });
         }
     }
-    body.and_then(extract_from_body)
+    body.and_then(session_from_body)
 }
 
-fn extract_from_body(body: &RequestView) -> Option<SessionId> {
+/// The body's sources alone (3. to 9.), for a caller that read the
+/// headers already.
+pub fn session_from_body(body: &RequestView) -> Option<SessionId> {
     let found = |hash, source| Some(SessionId { hash, source });
     let metadata = body.metadata;
 
@@ -219,6 +243,19 @@ fn extract_from_body(body: &RequestView) -> Option<SessionId> {
     }
     if let Some(hash) = body.user.and_then(hash_scalar) {
         return found(hash, SessionSource::BodyUser);
+    }
+    if let Some(hash) = body.prompt_cache_key.and_then(hash_scalar) {
+        return found(hash, SessionSource::BodyPromptCacheKey);
+    }
+    if let Some(hash) = body.previous_response_id.and_then(hash_scalar) {
+        return found(hash, SessionSource::BodyPreviousResponseId);
+    }
+    let conversation = body
+        .conversation
+        .map(|c| member(c, "id").unwrap_or(c))
+        .and_then(hash_scalar);
+    if let Some(hash) = conversation {
+        return found(hash, SessionSource::BodyConversation);
     }
     None
 }
@@ -339,6 +376,37 @@ mod tests {
 
     fn source_and_hash(found: Option<SessionId>) -> Option<(String, u64)> {
         found.map(|s| (s.source.as_str().to_owned(), s.hash))
+    }
+
+    #[test]
+    fn openai_and_responses_sources_after_the_seeds() {
+        let src = |body: Value| source_and_hash(extract(&[], &[], Some(body)));
+        assert_eq!(
+            src(json!({"prompt_cache_key": "pk", "previous_response_id": "resp_1"})),
+            Some(("body:prompt_cache_key".into(), h("pk")))
+        );
+        assert_eq!(
+            src(json!({"previous_response_id": "resp_1", "conversation": "conv_1"})),
+            Some(("body:previous_response_id".into(), h("resp_1")))
+        );
+        assert_eq!(
+            src(json!({"conversation": {"id": "conv_1"}})),
+            Some(("body:conversation".into(), h("conv_1")))
+        );
+        assert_eq!(
+            src(json!({"conversation": "conv_1"})),
+            Some(("body:conversation".into(), h("conv_1")))
+        );
+        // The seed's sources still come first.
+        assert_eq!(
+            src(json!({"user": "u", "prompt_cache_key": "pk"})),
+            Some(("body:user".into(), h("u")))
+        );
+        assert_eq!(
+            src(json!({"metadata": {"user_id": "claude"}, "prompt_cache_key": "pk"})),
+            Some(("body:metadata.user_id".into(), h("claude")))
+        );
+        assert_eq!(src(json!({"prompt_cache_key": ""})), None);
     }
 
     #[test]

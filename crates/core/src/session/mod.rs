@@ -8,5 +8,6 @@ pub mod content;
 pub mod extract;
 
 pub use extract::{
-    extract_session, is_session_header, SessionId, SessionSource, MAX_SESSION_VALUE_BYTES,
+    extract_session, is_session_header, session_from_body, SessionId, SessionSource,
+    MAX_SESSION_VALUE_BYTES,
 };

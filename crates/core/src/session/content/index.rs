@@ -105,14 +105,16 @@ struct Latest {
 
 #[derive(Default)]
 struct State {
+    config: ContentConfig,
     nodes: AHashMap<u64, Node>,
     sessions: AHashMap<u64, Latest>,
+    /// A Responses API response id (its hash) → the session it answered.
+    responses: AHashMap<u64, (u64, u64)>,
     last_sweep_ms: u64,
 }
 
 pub struct ContentIndex {
     key: (u64, u64),
-    config: ContentConfig,
     state: Mutex<State>,
 }
 
@@ -120,13 +122,40 @@ impl ContentIndex {
     pub fn new(key: (u64, u64), config: ContentConfig) -> Self {
         ContentIndex {
             key,
-            config,
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                config,
+                ..State::default()
+            }),
         }
     }
 
     pub fn config(&self) -> ContentConfig {
-        self.config
+        self.state.lock().config
+    }
+
+    /// A reload's settings; what is remembered stays.
+    pub fn set_config(&self, config: ContentConfig) {
+        self.state.lock().config = config;
+    }
+
+    /// The session that produced response `response` (a hash of its id),
+    /// for the next turn's `previous_response_id`.
+    pub fn session_of_response(&self, response: u64, now_ms: u64) -> Option<u64> {
+        let state = self.state.lock();
+        let idle = state.config.idle_ms;
+        state
+            .responses
+            .get(&response)
+            .filter(|(_, at)| now_ms.saturating_sub(*at) <= idle)
+            .map(|(session, _)| *session)
+    }
+
+    /// Response `response` answered a turn of `session`.
+    pub fn remember_response(&self, response: u64, session: u64, now_ms: u64) {
+        let mut state = self.state.lock();
+        if state.responses.len() < state.config.max_nodes {
+            state.responses.insert(response, (session, now_ms));
+        }
     }
 
     /// The chain of `blocks`: each value covers every block up to its own.
@@ -147,17 +176,31 @@ impl ContentIndex {
         h.finish()
     }
 
-    /// The session of a request whose conversation is `blocks`; `None`
-    /// for a request with no conversation in it.
+    /// The session of a request whose conversation is `blocks`, and the
+    /// request remembered for the next; `None` for a request with no
+    /// conversation in it.
     pub fn recognise(&self, blocks: &[Block], now_ms: u64) -> Option<Recognised> {
+        self.judge(blocks, now_ms, true)
+    }
+
+    /// What [`recognise`](Self::recognise) would answer, remembering
+    /// nothing (`/_route_inspect`).
+    pub fn peek(&self, blocks: &[Block], now_ms: u64) -> Option<Recognised> {
+        self.judge(blocks, now_ms, false)
+    }
+
+    fn judge(&self, blocks: &[Block], now_ms: u64, remember: bool) -> Option<Recognised> {
         if blocks.is_empty() {
             return None;
         }
         let chain = Self::chain(blocks);
         let keys: Vec<u64> = chain.iter().map(|&c| self.keyed(c)).collect();
         let mut state = self.state.lock();
-        self.sweep_if_due(&mut state, now_ms);
-        let idle = self.config.idle_ms;
+        if remember {
+            self.sweep_if_due(&mut state, now_ms);
+        }
+        let config = state.config;
+        let idle = config.idle_ms;
         let live = |n: &Node, st: &State| {
             now_ms.saturating_sub(n.last_ms) <= idle
                 || st
@@ -182,7 +225,7 @@ impl ContentIndex {
                 let continues = latest
                     .is_some_and(|l| ends_at(Some(l.tip)) && next_is_output || ends_at(l.stem));
                 let template =
-                    self.config.template_fanout > 0 && node.children >= self.config.template_fanout;
+                    config.template_fanout > 0 && node.children >= config.template_fanout;
                 if m + 1 == n || continues {
                     (node.session, How::Continued)
                 } else if template || latest.is_none() {
@@ -197,6 +240,15 @@ impl ContentIndex {
                 }
             }
         };
+        let recognised = Recognised {
+            session,
+            how,
+            matched: matched.map_or(0, |m| m + 1),
+            blocks: n,
+        };
+        if !remember {
+            return Some(recognised);
+        }
         let from = matched.map_or(0, |m| m + 1);
         if let Some(m) = matched {
             if let Some(node) = state.nodes.get_mut(&keys[m]) {
@@ -206,7 +258,7 @@ impl ContentIndex {
                 }
             }
         }
-        let room = self.config.max_nodes.saturating_sub(state.nodes.len());
+        let room = config.max_nodes.saturating_sub(state.nodes.len());
         if n - from <= room {
             for (i, &key) in keys.iter().enumerate().skip(from) {
                 state.nodes.insert(
@@ -230,12 +282,7 @@ impl ContentIndex {
                 last_ms: now_ms,
             },
         );
-        Some(Recognised {
-            session,
-            how,
-            matched: matched.map_or(0, |m| m + 1),
-            blocks: n,
-        })
+        Some(recognised)
     }
 
     /// Nodes and sessions held (for `/_route_inspect` and the tests).
@@ -255,16 +302,19 @@ impl ContentIndex {
     }
 
     fn sweep_if_due(&self, state: &mut State, now_ms: u64) {
-        if now_ms.saturating_sub(state.last_sweep_ms) >= (self.config.idle_ms / 4).max(1000) {
+        if now_ms.saturating_sub(state.last_sweep_ms) >= (state.config.idle_ms / 4).max(1000) {
             self.sweep_now(state, now_ms);
         }
     }
 
     fn sweep_now(&self, state: &mut State, now_ms: u64) {
-        let idle = self.config.idle_ms;
+        let idle = state.config.idle_ms;
         state
             .sessions
             .retain(|_, s| now_ms.saturating_sub(s.last_ms) <= idle);
+        state
+            .responses
+            .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= idle);
         let State {
             nodes, sessions, ..
         } = state;

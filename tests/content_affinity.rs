@@ -1,0 +1,196 @@
+//! Conversations without a session id, recognised by their content: the
+//! turns of one conversation stay on the engine holding its cache, an
+//! explicit id wins, a shared system prompt pins nobody, and the switch
+//! turns it off.
+
+mod common;
+
+use common::http;
+use common::*;
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+
+const CHAT: &str = "/chat/v1/chat/completions";
+const COMPLETIONS: &str = "/chat/v1/completions";
+
+fn long_text(tag: &str, tokens: usize) -> String {
+    (0..tokens).map(|i| format!("{tag}{i:04} ")).collect()
+}
+
+fn chat(messages: &[(String, String)]) -> Value {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect();
+    json!({"model": "sim-model", "max_tokens": 4, "messages": messages})
+}
+
+fn cached(r: &http::Response) -> u64 {
+    r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Four turns of a conversation that names no session: one session,
+/// recognised by content, on one engine, its cache hits growing.
+#[test]
+fn a_conversation_without_an_id_stays_on_its_engine() {
+    let cluster = engines(3);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let mut history = vec![
+        ("system".to_string(), long_text("sys", 300)),
+        ("user".to_string(), long_text("task", 200)),
+    ];
+    let (mut peers, mut sessions, mut hits) = (HashSet::new(), HashSet::new(), Vec::new());
+    for turn in 0..4 {
+        let r = http::post_json(gw.addr, CHAT, &[], &chat(&history));
+        assert_eq!(r.status(), 200, "{}", r.text());
+        assert_eq!(r.header("x-routed-source"), Some("content"));
+        peers.insert(r.header("x-routed-peer").unwrap_or("?").to_string());
+        sessions.insert(r.header("x-routed-session").unwrap_or("?").to_string());
+        hits.push(cached(&r));
+        history.push(("assistant".into(), format!("answer {turn}")));
+        history.push(("user".into(), long_text(&format!("t{turn}-"), 100)));
+    }
+    assert_eq!(sessions.len(), 1, "one conversation: {sessions:?}");
+    assert_eq!(peers.len(), 1, "one engine: {peers:?}");
+    assert!(
+        hits.windows(2).all(|w| w[1] > w[0]),
+        "cache hits grow: {hits:?}"
+    );
+}
+
+/// Control of the test above: with content recognition off the same
+/// requests carry no session at all.
+#[test]
+fn content_off_leaves_requests_without_a_session() {
+    let cluster = engines(2);
+    let extra = "balancing:\n  session_affinity:\n    content: off\n";
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), extra))]);
+    let body = chat(&[("user".into(), "hello".into())]);
+    let r = http::post_json(gw.addr, CHAT, &[], &body);
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.header("x-routed-session"), None);
+    assert_eq!(r.header("x-routed-source"), None);
+}
+
+#[test]
+fn an_explicit_id_wins_over_content() {
+    let cluster = engines(2);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let mut body = chat(&[("user".into(), "hello".into())]);
+    let r = http::post_json(gw.addr, CHAT, &[("x-session-id", "mine")], &body);
+    assert_eq!(r.header("x-routed-source"), Some("header:x-session-id"));
+    body["prompt_cache_key"] = json!("key-1");
+    let r = http::post_json(gw.addr, CHAT, &[], &body);
+    assert_eq!(r.header("x-routed-source"), Some("body:prompt_cache_key"));
+    // The same body without either: content.
+    body.as_object_mut().map(|o| o.remove("prompt_cache_key"));
+    let r = http::post_json(gw.addr, CHAT, &[], &body);
+    assert_eq!(r.header("x-routed-source"), Some("content"));
+}
+
+/// A completion prompt that grows turn by turn is one conversation.
+#[test]
+fn a_growing_completion_prompt_is_one_conversation() {
+    let cluster = engines(3);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let mut prompt = long_text("doc", 3000);
+    let mut sessions = HashSet::new();
+    let mut peers = HashSet::new();
+    for turn in 0..3 {
+        let body = json!({"model": "sim-model", "max_tokens": 4, "prompt": prompt});
+        let r = http::post_json(gw.addr, COMPLETIONS, &[], &body);
+        assert_eq!(r.status(), 200, "{}", r.text());
+        assert_eq!(r.header("x-routed-source"), Some("content"));
+        sessions.insert(r.header("x-routed-session").unwrap_or("?").to_string());
+        peers.insert(r.header("x-routed-peer").unwrap_or("?").to_string());
+        prompt.push_str(&long_text(&format!("more{turn}-"), 300));
+    }
+    assert_eq!(
+        (sessions.len(), peers.len()),
+        (1, 1),
+        "{sessions:?} {peers:?}"
+    );
+}
+
+/// Twenty conversations that share a long system prompt and differ from
+/// their first user message: twenty sessions, spread over the engines.
+#[test]
+fn a_shared_system_prompt_spreads_by_load() {
+    let cluster = engines(3);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let system = long_text("shared-sys", 400);
+    let mut per_peer: HashMap<String, usize> = HashMap::new();
+    let mut sessions = HashSet::new();
+    let mut conns: Vec<http::Conn> = Vec::new();
+    for i in 0..20 {
+        // Held open, so each new conversation sees the others' load.
+        let gate = format!("g{i}");
+        let mut conn = http::Conn::open(gw.addr);
+        let body = json!({"model": "sim-model", "stream": true, "max_tokens": 4,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": format!("question {i}")}]});
+        conn.send(
+            "POST",
+            CHAT,
+            &[("content-type", "application/json"), ("x-sim-gate", &gate)],
+            body.to_string().as_bytes(),
+            http::Upload::Length,
+        );
+        let head = conn.read_head();
+        assert_eq!(head.status, 200);
+        assert_eq!(head.header("x-routed-source"), Some("content"));
+        sessions.insert(head.header("x-routed-session").unwrap_or("?").to_string());
+        *per_peer
+            .entry(head.header("x-routed-peer").unwrap_or("?").to_string())
+            .or_default() += 1;
+        conns.push(conn);
+    }
+    for i in 0..20 {
+        for engine in &cluster.engines {
+            engine.open_gate(&format!("g{i}"));
+        }
+    }
+    assert_eq!(sessions.len(), 20, "every conversation its own session");
+    assert_eq!(per_peer.len(), 3, "spread: {per_peer:?}");
+    assert!(
+        per_peer.values().all(|&n| n <= 9),
+        "no engine holds most of them: {per_peer:?}"
+    );
+}
+
+/// `/_route_inspect` says how a body's conversation was found, and
+/// remembers nothing.
+#[test]
+fn route_inspect_tells_content_matches_without_remembering() {
+    let cluster = engines(2);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let turn1 = chat(&[
+        ("system".into(), "be brief".into()),
+        ("user".into(), "hi".into()),
+    ]);
+    let inspect = |body: &Value| {
+        let r = http::post_json(gw.addr, "/chat/_route_inspect", &[], body);
+        assert_eq!(r.status(), 200, "{}", r.text());
+        r.json()
+    };
+    let before = inspect(&turn1);
+    assert_eq!(before["session"]["source"], "content");
+    assert_eq!(before["content"]["how"], "new");
+    // Inspecting twice remembered nothing: still new.
+    assert_eq!(inspect(&turn1)["content"]["how"], "new");
+    let r = http::post_json(gw.addr, CHAT, &[], &turn1);
+    assert_eq!(r.status(), 200);
+    let turn2 = chat(&[
+        ("system".into(), "be brief".into()),
+        ("user".into(), "hi".into()),
+        ("assistant".into(), "hello".into()),
+        ("user".into(), "bye".into()),
+    ]);
+    let after = inspect(&turn2);
+    assert_eq!(after["content"]["how"], "continued");
+    assert_eq!(after["content"]["matched_blocks"], 2);
+    assert_eq!(after["content"]["blocks"], 4);
+    assert_eq!(after["session"]["hash"], before["session"]["hash"]);
+}
