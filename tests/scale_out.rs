@@ -252,3 +252,55 @@ fn a_replica_counts_the_sessions_another_replica_holds_on_each_engine() {
     assert_eq!(live_sessions(&la), 6);
     assert_eq!(live_sessions(&lb), 0);
 }
+
+/// The turns of one conversation that names no session, alternating
+/// between the replicas: (the sessions they were given, the engines).
+fn anonymous_conversation(a: &Gateway, b: &Gateway, turns: usize) -> (Vec<String>, Vec<String>) {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": "You are a careful coding agent."}),
+        serde_json::json!({"role": "user", "content": "rename the module"}),
+    ];
+    let (mut sessions, mut peers) = (Vec::new(), Vec::new());
+    for t in 0..turns {
+        let gw = if t % 2 == 0 { a } else { b };
+        let body = serde_json::json!({"model": "sim-model", "max_tokens": 4, "messages": messages});
+        let r = http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
+        assert_eq!(r.status(), 200, "{}", r.text());
+        assert_eq!(
+            r.header("x-routed-source"),
+            Some("content"),
+            "turn {t}: {:?} {}",
+            r.head,
+            gw.log()
+        );
+        sessions.push(r.header("x-routed-session").unwrap_or("?").to_string());
+        peers.push(r.header("x-routed-peer").unwrap_or("?").to_string());
+        messages
+            .push(serde_json::json!({"role": "assistant", "content": format!("step {t} done")}));
+        messages
+            .push(serde_json::json!({"role": "user", "content": format!("now step {}", t + 1)}));
+    }
+    (sessions, peers)
+}
+
+#[test]
+fn with_redis_two_replicas_agree_on_a_conversation_recognised_by_content() {
+    let cluster = engines(4);
+    let redis = Redis::start();
+    let (a, b) = replicas(&cluster, &store(&redis));
+    let (sessions, peers) = anonymous_conversation(&a, &b, 6);
+    assert!(sessions.iter().all(|s| *s == sessions[0]), "{sessions:?}");
+    assert!(peers.iter().all(|p| *p == peers[0]), "{peers:?}");
+}
+
+/// Control: without a shared store each replica knows only its own half
+/// of the conversation, and gives it a session of its own.
+#[test]
+fn without_redis_replicas_do_not_share_content_recognition() {
+    let cluster = engines(4);
+    let (a, b) = replicas(&cluster, "");
+    let (sessions, _) = anonymous_conversation(&a, &b, 4);
+    assert_ne!(sessions[0], sessions[1], "{sessions:?}");
+    // Each replica still follows its own half.
+    assert_eq!(sessions[0], sessions[2]);
+}

@@ -55,6 +55,9 @@ pub struct Admitted {
     pub pool: Vec<usize>,
     /// The request's session (hash and source only, never the raw value).
     pub session: Option<SessionId>,
+    /// The conversation's blocks, while the content phase has still to
+    /// recognise a request that named no session.
+    pub blocks: Option<Vec<crate::session::content::Block>>,
     /// How the content index recognised the conversation, when the
     /// session came from it.
     pub content: Option<crate::session::content::Recognised>,

@@ -77,6 +77,7 @@ impl Gateway {
         guards::auth::check(&route, &self.registry, session)?;
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
+        request::session::by_content(&route, self.registry.store(), &mut ctx.request).await;
         ctx.request.client_held = conn::hold_client_bytes(session);
         guards::rules::check(&route, &ctx.request)?;
         request::rewrites::include_usage(&mut ctx.request);

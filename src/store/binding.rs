@@ -56,6 +56,31 @@ pub fn binding_key(prefix: &str, route: &str, sid: u64) -> String {
     format!("{prefix}s:{route}:{sid:016x}")
 }
 
+/// The key of a content-index node of `route` (a keyed hash already).
+pub fn content_key(prefix: &str, route: &str, node: u64) -> String {
+    format!("{prefix}c:{route}:{node:016x}")
+}
+
+/// A content-index node's value: the session whose latest request it
+/// ends, at what depth, and whether it is that request's stem (the last
+/// full chunk of a string still growing) rather than its end.
+pub fn encode_content(session: u64, depth: usize, stem: bool) -> String {
+    format!("{session:016x}:{depth}{}", if stem { ":s" } else { "" })
+}
+
+/// [`encode_content`] read back; `None` for anything else.
+pub fn decode_content(text: &str) -> Option<(u64, usize, bool)> {
+    let mut parts = text.split(':');
+    let session = u64::from_str_radix(parts.next()?, 16).ok()?;
+    let depth = parts.next()?.parse().ok()?;
+    let stem = match parts.next() {
+        None => false,
+        Some("s") => true,
+        Some(_) => return None,
+    };
+    parts.next().is_none().then_some((session, depth, stem))
+}
+
 /// The hash where a replica publishes its in-flight per peer of `route`.
 pub fn load_key(prefix: &str, route: &str, replica: &str) -> String {
     format!("{prefix}load:{route}:{replica}")
@@ -99,6 +124,17 @@ mod tests {
             "v1|h:1|1|2|3|4",
         ] {
             assert_eq!(StoredBinding::decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn content_values_round_trip() {
+        for (session, depth, stem) in [(1u64, 3usize, false), (u64::MAX, 1024, true)] {
+            let text = encode_content(session, depth, stem);
+            assert_eq!(decode_content(&text), Some((session, depth, stem)));
+        }
+        for bad in ["", "zz:1", "01:x", "01:2:q", "01:2:s:extra"] {
+            assert_eq!(decode_content(bad), None, "{bad}");
         }
     }
 

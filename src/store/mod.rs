@@ -329,6 +329,42 @@ impl RedisStore {
         }
     }
 
+    /// Which of `nodes` (keyed content-index nodes) Redis knows, and as
+    /// what: the session, the depth, whether a stem. `None`: no answer
+    /// in time.
+    pub async fn content_get(
+        &self,
+        route: &str,
+        nodes: &[(u64, usize)],
+    ) -> Option<Vec<Option<(u64, usize, bool)>>> {
+        let mut cmd = redis::cmd("MGET");
+        for (node, _) in nodes {
+            cmd.arg(binding::content_key(&self.cfg.key_prefix, route, *node));
+        }
+        let values: Vec<Option<String>> = self.query("content_get", &cmd).await?;
+        Some(
+            values
+                .iter()
+                .map(|v| v.as_deref().and_then(binding::decode_content))
+                .collect(),
+        )
+    }
+
+    /// Writes where a request's conversation goes on (its tip, and its
+    /// stem if any), for the other replicas, expiring with `ttl`.
+    pub async fn content_put(&self, route: &str, nodes: &[(u64, u64, usize, bool)], ttl: Duration) {
+        let mut pipe = redis::pipe();
+        for &(node, session, depth, stem) in nodes {
+            pipe.cmd("SET")
+                .arg(binding::content_key(&self.cfg.key_prefix, route, node))
+                .arg(binding::encode_content(session, depth, stem))
+                .arg("PX")
+                .arg(ttl_ms(ttl))
+                .ignore();
+        }
+        let _: Option<()> = self.pipeline("content_put", &pipe).await;
+    }
+
     /// Refreshes the key's TTL (a sticky turn).
     pub async fn refresh_ttl(&self, route: &str, sid: u64, ttl: Duration) {
         let key = binding_key(&self.cfg.key_prefix, route, sid);

@@ -76,7 +76,10 @@ fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> 
     };
     req.json_object = view.is_some();
     req.model = view.and_then(|v| v.model()).map(Cow::into_owned);
-    (req.session, req.content) = super::session::resolve(route, named, view.as_ref(), sink, true);
+    req.session = super::session::named(route, named, view.as_ref());
+    if req.session.is_none() {
+        req.blocks = sink.map(crate::session::content::BlockSink::finish);
+    }
     req.usage_rewrite = view.and_then(|v| rewrites::with_include_usage(route, &req.body, &v));
     Ok(())
 }

@@ -196,7 +196,17 @@ pub async fn inspect(
             })?,
         ),
     };
-    let (sid, content) = super::session::resolve(route, named, view.as_ref(), sink, false);
+    let sid = super::session::named(route, named, view.as_ref());
+    let content = match sid {
+        Some(_) => None,
+        None => super::session::peek(route, sink),
+    };
+    let sid = sid.or_else(|| {
+        content.map(|c| crate::session::SessionId {
+            hash: c.session,
+            source: crate::session::SessionSource::Content,
+        })
+    });
     let model = view
         .as_ref()
         .and_then(|v| v.model())

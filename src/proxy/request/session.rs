@@ -5,10 +5,12 @@
 //! (`session/content/`), on routes with `session_affinity.content` on.
 
 use crate::api::Api;
+use crate::proxy::ctx::Admitted;
 use crate::registry::Route;
 use crate::request_view::RequestView;
 use crate::session::content::{BlockSink, Recognised};
 use crate::session::{session_from_body, SessionId, SessionSource};
+use crate::store::SessionStore;
 
 /// A sink for the conversation's blocks when content may decide the
 /// session: an LLM API, content on, and no id in the headers (the body's
@@ -18,44 +20,78 @@ pub fn sink_for(route: &Route, api: Option<Api>, named: bool) -> Option<BlockSin
     (api.is_some() && !named && route.config.balancing.content.is_some()).then(BlockSink::default)
 }
 
-/// The session of a request whose headers named none (`named` is what
-/// they named), from its body's view and blocks; `remember`: the content
-/// index keeps this request for the next turn (`/_route_inspect` peeks).
-pub fn resolve(
+/// The session the client named: in the headers (`named`), else in the
+/// body's sources, a `previous_response_id` mapped to the session whose
+/// turn produced it.
+pub fn named(
     route: &Route,
     named: Option<SessionId>,
     view: Option<&RequestView>,
-    sink: Option<BlockSink>,
-    remember: bool,
-) -> (Option<SessionId>, Option<Recognised>) {
+) -> Option<SessionId> {
     if named.is_some() {
-        return (named, None);
+        return named;
     }
-    let now = crate::clock::now_ms();
-    match view.and_then(session_from_body) {
-        Some(mut id) => {
-            if id.source == SessionSource::BodyPreviousResponseId {
-                // An id this route has not seen (another replica's, or
-                // forgotten) stands for its own chain from here on.
-                if let Some(session) = route.runtime.content.session_of_response(id.hash, now) {
-                    id.hash = session;
+    let mut id = view.and_then(session_from_body)?;
+    if id.source == SessionSource::BodyPreviousResponseId {
+        // An id this route has not seen (another replica's, or forgotten)
+        // stands for its own chain from here on.
+        let now = crate::clock::now_ms();
+        if let Some(session) = route.runtime.content.session_of_response(id.hash, now) {
+            id.hash = session;
+        }
+    }
+    Some(id)
+}
+
+/// A request that named no session: the conversation its blocks continue,
+/// asking the other replicas (through the shared store, bounded by its
+/// timeout) when this one knows nothing near its end, and telling them
+/// where the conversation now ends.
+pub async fn by_content(route: &Route, store: &SessionStore, req: &mut Admitted) {
+    let Some(blocks) = req.blocks.take() else {
+        return;
+    };
+    let index = &route.runtime.content;
+    let redis = store
+        .redis()
+        .filter(|_| route.config.balancing.content.is_some());
+    if let Some(redis) = redis {
+        if let Some(near) = index.missing_near(&blocks, crate::clock::now_ms()) {
+            if let Some(found) = redis.content_get(route.name(), &near).await {
+                let now = crate::clock::now_ms();
+                for (&(node, _), value) in near.iter().zip(found) {
+                    if let Some((session, depth, stem)) = value {
+                        index.adopt(node, depth, session, stem, now);
+                    }
                 }
             }
-            (Some(id), None)
-        }
-        None => {
-            let blocks = sink.map(BlockSink::finish).unwrap_or_default();
-            let index = &route.runtime.content;
-            let found = if remember {
-                index.recognise(&blocks, now)
-            } else {
-                index.peek(&blocks, now)
-            };
-            let id = found.map(|r| SessionId {
-                hash: r.session,
-                source: SessionSource::Content,
-            });
-            (id, found)
         }
     }
+    let Some(found) = index.recognise(&blocks, crate::clock::now_ms()) else {
+        return;
+    };
+    req.session = Some(SessionId {
+        hash: found.session,
+        source: SessionSource::Content,
+    });
+    req.content = Some(found);
+    if let Some(redis) = redis {
+        let mut nodes = vec![(found.tip.0, found.session, found.tip.1, false)];
+        if let Some((stem, depth)) = found.stem {
+            nodes.push((stem, found.session, depth, true));
+        }
+        // Written before the request goes on (one round trip, bounded by
+        // the store's timeout), so that the next turn finds it on any
+        // replica however soon it comes: a write spawned off the path
+        // could lose that race to a fast engine.
+        let ttl = route.config.balancing.idle_timeout;
+        redis.content_put(route.name(), &nodes, ttl).await;
+    }
+}
+
+/// What [`by_content`] would find from this replica's index alone,
+/// remembering nothing (`/_route_inspect`).
+pub fn peek(route: &Route, sink: Option<BlockSink>) -> Option<Recognised> {
+    let blocks = sink?.finish();
+    route.runtime.content.peek(&blocks, crate::clock::now_ms())
 }

@@ -63,6 +63,11 @@ pub struct Recognised {
     /// Blocks of the request found in the index (its longest known prefix).
     pub matched: usize,
     pub blocks: usize,
+    /// The request's last node (keyed) and its depth, and its stem (the
+    /// last full chunk of a string still growing): what the next turn
+    /// passes through, for another replica to find.
+    pub tip: (u64, usize),
+    pub stem: Option<(u64, usize)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,7 +199,16 @@ impl ContentIndex {
             return None;
         }
         let chain = Self::chain(blocks);
-        let keys: Vec<u64> = chain.iter().map(|&c| self.keyed(c)).collect();
+        // Keyed only where looked at or written: a later turn probes and
+        // adds a few nodes of a chain that may hold hundreds.
+        let keyed: Vec<std::cell::Cell<Option<u64>>> = vec![Default::default(); chain.len()];
+        let key = |i: usize| {
+            keyed[i].get().unwrap_or_else(|| {
+                let k = self.keyed(chain[i]);
+                keyed[i].set(Some(k));
+                k
+            })
+        };
         let mut state = self.state.lock();
         if remember {
             self.sweep_if_due(&mut state, now_ms);
@@ -208,19 +222,19 @@ impl ContentIndex {
                     .get(&n.session)
                     .is_some_and(|s| now_ms.saturating_sub(s.last_ms) <= idle)
         };
-        let known = |i: usize, st: &State| st.nodes.get(&keys[i]).is_some_and(|n| live(n, st));
-        let matched = longest_known(keys.len(), |i| known(i, &state));
-        let n = keys.len();
-        let last = keys[n - 1];
+        let known = |i: usize, st: &State| st.nodes.get(&key(i)).is_some_and(|n| live(n, st));
+        let n = chain.len();
+        let matched = longest_known(n, |i| known(i, &state));
+        let last = key(n - 1);
         let (session, how) = match matched {
             None => (last, How::New),
             Some(m) => {
-                let node = state.nodes[&keys[m]];
+                let node = state.nodes[&key(m)];
                 let latest = state.sessions.get(&node.session).copied();
                 let next_is_output = blocks.get(m + 1).is_none_or(|b| b.assistant);
                 // Ends exactly at `at`, a node of this request at `m`.
                 let ends_at = |at: Option<(u64, usize)>| {
-                    at.is_some_and(|(key, depth)| depth == m + 1 && keys[m] == key)
+                    at.is_some_and(|(at_key, depth)| depth == m + 1 && key(m) == at_key)
                 };
                 let continues = latest
                     .is_some_and(|l| ends_at(Some(l.tip)) && next_is_output || ends_at(l.stem));
@@ -240,18 +254,23 @@ impl ContentIndex {
                 }
             }
         };
+        // A last string still growing: its next turn passes through its
+        // last full chunk, not through its end.
+        let stem = (n >= 2 && blocks[n - 2].chunk).then(|| (key(n - 2), n - 1));
         let recognised = Recognised {
             session,
             how,
             matched: matched.map_or(0, |m| m + 1),
             blocks: n,
+            tip: (last, n),
+            stem,
         };
         if !remember {
             return Some(recognised);
         }
         let from = matched.map_or(0, |m| m + 1);
         if let Some(m) = matched {
-            if let Some(node) = state.nodes.get_mut(&keys[m]) {
+            if let Some(node) = state.nodes.get_mut(&key(m)) {
                 node.last_ms = now_ms;
                 if from < n {
                     node.children = node.children.saturating_add(1);
@@ -260,9 +279,9 @@ impl ContentIndex {
         }
         let room = config.max_nodes.saturating_sub(state.nodes.len());
         if n - from <= room {
-            for (i, &key) in keys.iter().enumerate().skip(from) {
+            for i in from..n {
                 state.nodes.insert(
-                    key,
+                    key(i),
                     Node {
                         session,
                         children: u16::from(i + 1 < n),
@@ -271,9 +290,6 @@ impl ContentIndex {
                 );
             }
         }
-        // A last string still growing: its next turn passes through its
-        // last full chunk, not through its end.
-        let stem = (n >= 2 && blocks[n - 2].chunk).then(|| (keys[n - 2], n - 1));
         state.sessions.insert(
             session,
             Latest {
@@ -283,6 +299,53 @@ impl ContentIndex {
             },
         );
         Some(recognised)
+    }
+
+    /// The nodes another replica may know this request by, when this
+    /// index knows none of them: its last few (keyed, with their depth),
+    /// where a later turn finds the request it continues. `None` when
+    /// the index has an answer of its own nearby.
+    pub fn missing_near(&self, blocks: &[Block], now_ms: u64) -> Option<Vec<(u64, usize)>> {
+        let chain = Self::chain(blocks);
+        let n = chain.len();
+        let near: Vec<(u64, usize)> = (n.saturating_sub(NEAR_PROBES)..n)
+            .rev()
+            .map(|i| (self.keyed(chain[i]), i + 1))
+            .collect();
+        let state = self.state.lock();
+        let idle = state.config.idle_ms;
+        let known = near.iter().any(|(k, _)| {
+            state
+                .nodes
+                .get(k)
+                .is_some_and(|node| now_ms.saturating_sub(node.last_ms) <= idle)
+        });
+        (!near.is_empty() && !known).then_some(near)
+    }
+
+    /// Takes what another replica wrote: node `key` at `depth` is the end
+    /// of `session`'s latest request (or, `stem`, its last full chunk).
+    pub fn adopt(&self, key: u64, depth: usize, session: u64, stem: bool, now_ms: u64) {
+        let mut state = self.state.lock();
+        if state.nodes.len() >= state.config.max_nodes {
+            return;
+        }
+        state.nodes.entry(key).or_insert(Node {
+            session,
+            children: 0,
+            last_ms: now_ms,
+        });
+        let latest = state.sessions.entry(session).or_insert(Latest {
+            tip: (key, depth),
+            stem: None,
+            last_ms: now_ms,
+        });
+        latest.last_ms = now_ms;
+        if stem {
+            latest.stem = Some((key, depth));
+        } else if latest.tip.1 <= depth {
+            latest.tip = (key, depth);
+        }
     }
 
     /// Nodes and sessions held (for `/_route_inspect` and the tests).

@@ -260,3 +260,43 @@ fn a_body_cut_into_pieces_gives_the_same_blocks() {
         assert_eq!(blocks_of(&pieces), whole, "cut at {cut}");
     }
 }
+
+/// Two replicas with one key: what one writes (the tip, the stem), the
+/// other adopts, and it then recognises the next turn as the first did.
+#[test]
+fn a_second_replica_continues_what_the_first_wrote() {
+    let (a, b) = (index(4), index(4));
+    let t1 = chat(&[("system", SYS), ("user", "hello")]);
+    let t2 = chat(&[
+        ("system", SYS),
+        ("user", "hello"),
+        ("assistant", "hi"),
+        ("user", "more"),
+    ]);
+    let first = see(&a, &t1, 0);
+    // Control: without the shared write, b takes turn 2 for a new one.
+    let probes = b
+        .missing_near(&blocks(&t2), 1)
+        .expect("b knows nothing near");
+    assert_eq!(b.peek(&blocks(&t2), 1).unwrap().how, How::New);
+    let (key, depth) = first.tip;
+    assert!(probes.contains(&(key, depth)), "b asks for a's tip");
+    b.adopt(key, depth, first.session, false, 1);
+    assert!(b.missing_near(&blocks(&t2), 1).is_none());
+    let second = see(&b, &t2, 1);
+    assert_eq!(
+        (second.session, second.how),
+        (first.session, How::Continued)
+    );
+}
+
+#[test]
+fn peek_remembers_nothing() {
+    let ix = index(4);
+    let t1 = chat(&[("system", SYS), ("user", "hello")]);
+    assert_eq!(ix.peek(&blocks(&t1), 0).unwrap().how, How::New);
+    assert!(ix.is_empty());
+    // Control: recognise does remember.
+    see(&ix, &t1, 0);
+    assert!(!ix.is_empty());
+}
