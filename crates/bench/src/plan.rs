@@ -178,7 +178,12 @@ impl Plan {
         let decode = mean(w.max_tokens) * e.decode_ms_per_token as f64 / 1e3;
         let think = (w.think_ms.0 + w.think_ms.1) as f64 / 2e3;
         let busy = (warm + decode) / (warm + decode + think);
-        let spe = self.sessions_per_engine;
+        // `forks`: the live sessions (parents and sub-agents) are about
+        // --sessions, the engines' sizing.
+        let spe = match self.scenario {
+            Scenario::Forks => self.opts.sessions_per_engine,
+            _ => self.sessions_per_engine,
+        };
         let share = spe * w.mean_context();
         let mut out = format!(
             "scenario {}: {}\n\
@@ -201,7 +206,7 @@ impl Plan {
             self.scenario,
             self.scenario_note(),
             self.opts.engines,
-            spe,
+            self.sessions_per_engine,
             self.slots(),
             self.opts.seed,
             fmt_secs(self.opts.duration),
@@ -238,8 +243,8 @@ impl Plan {
             spe,
             w.mean_context(),
             share,
-            self.slots(),
-            self.slots() * w.mean_context(),
+            self.opts.engines * spe,
+            self.opts.engines * spe * w.mean_context(),
         );
         if let Some(route_extra) = self.opts.route_extra.as_deref() {
             let one_line = route_extra.trim().replace('\n', "; ");
@@ -521,6 +526,9 @@ mod tests {
         let d = p.describe();
         assert!(d.contains("6 parent agents per engine (3/4 of 8)"), "{d}");
         assert!(d.contains("~7.8 per engine"), "{d}");
+        // The engines' reasoning counts the live sessions, not the parents.
+        assert!(d.contains("sessions/engine 6 = 24 concurrent"), "{d}");
+        assert!(d.contains("so 8 sessions keep"), "{d}");
         assert!(d.contains("session ids: header"), "{d}");
         let m = plan("--session-id mixed --id-share 0.3", Scenario::Forks);
         assert!(m.describe().contains("session ids: mixed (30% of sessions"));
