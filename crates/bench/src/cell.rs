@@ -13,6 +13,7 @@ use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
 use crate::client;
 use crate::gateway::{self, GatewayProcess, RouteSpec, TempDir};
+use crate::ids::SessionIds;
 use crate::options::REFERENCE;
 use crate::plan::{fmt_secs, Plan};
 use crate::progress::{self, Progress};
@@ -250,6 +251,11 @@ fn open_cell(plan: &Plan, workload: &Arc<Workload>, target: Target) -> Arc<Ctx> 
     Arc::new(Ctx {
         workload: Arc::clone(workload),
         target,
+        ids: SessionIds {
+            mode: plan.opts.session_id,
+            share: plan.opts.id_share,
+            seed: plan.opts.seed,
+        },
         start,
         end,
         hard_end: end + DRAIN,

@@ -12,10 +12,13 @@
 //! (the run opens with every slot's first, pre-aged session arriving cold
 //! everywhere). Measured per cell: TTFT, per-request decode speed, output
 //! tokens/s, prompt cache hit rate, prefill against a perfect cache and how
-//! sessions were bound to engines (`analysis.rs`), errors, the gateway's
-//! placement counters (spills, migrations) over the measured window, and
-//! how the engines' load was spread (`window.rs`). Progress goes to stderr every few seconds;
-//! `--plot` draws the results (`plot.rs`).
+//! sessions were bound to engines (`analysis.rs`), how the gateway
+//! recognised sessions (its `X-Routed-Session` against the bench's own
+//! sessions; `--session-id`, `ids.rs`, decides how requests name theirs),
+//! errors, the gateway's placement counters (spills, migrations) over the
+//! measured window, and how the engines' load was spread (`window.rs`).
+//! Progress goes to stderr every few seconds; `--plot` draws the results
+//! (`plot.rs`).
 //!
 //! Everything listens on 127.0.0.1; the gateway process is killed on every
 //! way out (see `gateway.rs`), Ctrl-C and SIGTERM included.
@@ -24,6 +27,7 @@ mod analysis;
 mod cell;
 mod client;
 mod gateway;
+mod ids;
 mod options;
 mod plan;
 mod plot;

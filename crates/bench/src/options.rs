@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::ids::SessionIdMode;
 use crate::plan::Plan;
 use crate::scenario::Scenario;
 
@@ -78,6 +79,17 @@ pub struct BenchArgs {
     /// each engine over the measured window
     #[arg(long, value_name = "FILE.svg", help_heading = "Run shape")]
     pub plot: Option<PathBuf>,
+    /// How requests name their session: the x-session-id header, none
+    /// (the gateway must recognise conversations by content),
+    /// prompt-cache-key (the body's prompt_cache_key field), or mixed
+    /// (--id-share of the sessions the header, the rest nothing); the
+    /// reference cell sends none either way [default: header]
+    #[arg(long, value_name = "HOW", help_heading = "Run shape")]
+    pub session_id: Option<SessionIdMode>,
+    /// With --session-id mixed: the share of sessions that send the header,
+    /// chosen per session from the seed [default: 0.5]
+    #[arg(long, value_name = "F", value_parser = unit_share, help_heading = "Run shape")]
+    pub id_share: Option<f64>,
 
     /// Shared system prompt [default: 2000]
     #[arg(long, value_name = "N", value_parser = positive::<usize>, help_heading = "Workload (per session)")]
@@ -174,6 +186,9 @@ pub struct Options {
     pub gateway: Option<PathBuf>,
     pub records: Option<PathBuf>,
     pub plot: Option<PathBuf>,
+    pub session_id: SessionIdMode,
+    /// `mixed`: the share of sessions that send the header.
+    pub id_share: f64,
     pub route_extra: Option<String>,
     pub replicas: usize,
     /// "local" or "redis".
@@ -206,6 +221,8 @@ impl Default for Options {
             gateway: None,
             records: None,
             plot: None,
+            session_id: SessionIdMode::Header,
+            id_share: 0.5,
             route_extra: None,
             replicas: 1,
             session_store: "local".into(),
@@ -229,6 +246,13 @@ fn positive<T: std::str::FromStr + PartialOrd + Default>(v: &str) -> Result<T, S
         .ok()
         .filter(|n| *n > T::default())
         .ok_or_else(|| "must be a positive number".to_string())
+}
+
+fn unit_share(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|f| (0.0..=1.0).contains(f))
+        .ok_or_else(|| "must be a share between 0 and 1".to_string())
 }
 
 fn non_negative(v: &str) -> Result<f64, String> {
@@ -282,6 +306,8 @@ impl BenchArgs {
             gateway: self.gateway,
             records: self.records,
             plot: self.plot,
+            session_id: self.session_id.unwrap_or(d.session_id),
+            id_share: self.id_share.unwrap_or(d.id_share),
             route_extra: self.route_extra,
             replicas: self.replicas.unwrap_or(d.replicas),
             session_store: self.session_store.unwrap_or(d.session_store),
@@ -303,6 +329,9 @@ impl BenchArgs {
         }
         if o.warmup.is_some_and(|w| w >= o.duration) {
             return Err("--warmup must be shorter than --duration".into());
+        }
+        if self.id_share.is_some() && o.session_id != SessionIdMode::Mixed {
+            return Err("--id-share applies to --session-id mixed only".into());
         }
         if o.user_tokens.0 == 0 || o.max_tokens.0 == 0 {
             return Err("--user-tokens and --max-tokens must start above 0".into());
@@ -394,6 +423,31 @@ pub(crate) mod tests {
         assert_eq!(o.plot, Some(PathBuf::from("/tmp/x.svg")));
         // The reference cell needs no gateway binary.
         assert!(parse("--gateway /nonexistent/gw --modes reference").is_ok());
+        assert!(parse("--scenario forks").unwrap().scenarios == vec![Forks]);
+    }
+
+    #[test]
+    fn session_ids_default_to_the_header() {
+        use crate::ids::SessionIdMode::*;
+        let d = parse("").unwrap();
+        assert_eq!((d.session_id, d.id_share), (Header, 0.5));
+        for (arg, mode) in [
+            ("header", Header),
+            ("none", None),
+            ("prompt-cache-key", PromptCacheKey),
+            ("mixed", Mixed),
+        ] {
+            assert_eq!(
+                parse(&format!("--session-id {arg}")).unwrap().session_id,
+                mode
+            );
+        }
+        let m = parse("--session-id=mixed --id-share 0.25").unwrap();
+        assert_eq!((m.session_id, m.id_share), (Mixed, 0.25));
+        assert_eq!(
+            parse("--session-id mixed --id-share 1").unwrap().id_share,
+            1.0
+        );
     }
 
     #[test]
@@ -411,6 +465,11 @@ pub(crate) mod tests {
             "--scenario nope",
             "--scenario",
             "--gateway /nonexistent/gw",
+            "--session-id anonymous",
+            "--id-share 0.5",
+            "--session-id none --id-share 0.5",
+            "--session-id mixed --id-share 1.5",
+            "--session-id mixed --id-share -0.1",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use crate::ids::SessionIdMode;
 use crate::options::Options;
 use crate::scenario::{self, Failover, OverloadThink, Scenario};
-use crate::workload::{LongSessions, Shape, WorkloadParams};
+use crate::workload::{Forks, LongSessions, Shape, WorkloadParams};
 use llm_gateway_sim::EngineConfig;
 
 /// Everything one scenario's cells use, with the defaults that depend on
@@ -14,7 +15,8 @@ use llm_gateway_sim::EngineConfig;
 pub struct Plan {
     pub opts: Options,
     pub scenario: Scenario,
-    /// `opts.sessions_per_engine`, doubled by `overload`.
+    /// `opts.sessions_per_engine`, doubled by `overload`; in `forks`, the
+    /// parents (3/4 of it).
     pub sessions_per_engine: usize,
     pub workload: WorkloadParams,
     /// The configuration most engines have (all but `slow-engine`'s e0).
@@ -53,6 +55,10 @@ impl Plan {
         let scaled = |v: u64| ((v as f64) * scale).round() as u64;
         let spe = match scenario {
             Scenario::Overload => opts.sessions_per_engine * 2,
+            Scenario::Forks => {
+                let (num, den) = scenario::FORK_PARENTS;
+                (opts.sessions_per_engine * num).div_ceil(den).max(1)
+            }
             _ => opts.sessions_per_engine,
         };
         let mut workload = WorkloadParams {
@@ -64,6 +70,7 @@ impl Plan {
             think_ms: (scaled(opts.think_ms.0), scaled(opts.think_ms.1)),
             max_context: opts.max_context,
             long: None,
+            forks: None,
         };
         if scenario == Scenario::Skewed {
             // Many short chats, and one long agent session per engine: a
@@ -75,6 +82,13 @@ impl Plan {
                 slots: opts.engines as u32,
                 user_tokens: scenario::SKEWED_LONG_USER,
                 max_context: scenario::SKEWED_LONG_CONTEXT,
+            });
+        }
+        if scenario == Scenario::Forks {
+            workload.forks = Some(Forks {
+                one_in: scenario::FORK_ONE_IN,
+                agents: scenario::FORK_AGENTS,
+                turns: scenario::FORK_AGENT_TURNS,
             });
         }
         // Why these defaults (also printed in the output header):
@@ -92,9 +106,15 @@ impl Plan {
         //   engine evicts prefixes before they are reused. `overload` keeps
         //   the KV of the engines sized for the sessions it doubles: the
         //   same fleet under twice the demand.
+        // `forks` has fewer parents but about as many live sessions: the
+        // engines of --sessions.
+        let live_spe = match scenario {
+            Scenario::Forks => opts.sessions_per_engine,
+            _ => spe,
+        };
         let max_running = opts
             .max_running
-            .unwrap_or_else(|| (spe * 3).div_ceil(4).max(1));
+            .unwrap_or_else(|| (live_spe * 3).div_ceil(4).max(1));
         let block_tokens = 16;
         let kv = opts.kv_tokens.unwrap_or_else(|| {
             let share = opts.sessions_per_engine * workload.mean_context();
@@ -158,7 +178,12 @@ impl Plan {
         let decode = mean(w.max_tokens) * e.decode_ms_per_token as f64 / 1e3;
         let think = (w.think_ms.0 + w.think_ms.1) as f64 / 2e3;
         let busy = (warm + decode) / (warm + decode + think);
-        let spe = self.sessions_per_engine;
+        // `forks`: the live sessions (parents and sub-agents) are about
+        // --sessions, the engines' sizing.
+        let spe = match self.scenario {
+            Scenario::Forks => self.opts.sessions_per_engine,
+            _ => self.sessions_per_engine,
+        };
         let share = spe * w.mean_context();
         let mut out = format!(
             "scenario {}: {}\n\
@@ -181,7 +206,7 @@ impl Plan {
             self.scenario,
             self.scenario_note(),
             self.opts.engines,
-            spe,
+            self.sessions_per_engine,
             self.slots(),
             self.opts.seed,
             fmt_secs(self.opts.duration),
@@ -218,8 +243,8 @@ impl Plan {
             spe,
             w.mean_context(),
             share,
-            self.slots(),
-            self.slots() * w.mean_context(),
+            self.opts.engines * spe,
+            self.opts.engines * spe * w.mean_context(),
         );
         if let Some(route_extra) = self.opts.route_extra.as_deref() {
             let one_line = route_extra.trim().replace('\n', "; ");
@@ -227,6 +252,7 @@ impl Plan {
                 "\nroute file of the gateway cells ends with: {one_line}"
             ));
         }
+        out.push_str(&format!("\nsession ids: {}", self.session_ids()));
         if self.opts.replicas > 1 || self.opts.session_store != "local" {
             out.push_str(&format!(
                 "\n{} gateway replica(s), each request sent to one at random; session store: {}",
@@ -234,6 +260,28 @@ impl Plan {
             ));
         }
         out
+    }
+
+    /// How the gateway cells' requests name their session.
+    pub fn session_ids(&self) -> String {
+        let how = match self.opts.session_id {
+            SessionIdMode::Header => "every request sends the header x-session-id".to_string(),
+            SessionIdMode::None => {
+                "none sent (the gateway must recognise conversations by content)".to_string()
+            }
+            SessionIdMode::PromptCacheKey => {
+                "in the body's prompt_cache_key field, no header".to_string()
+            }
+            SessionIdMode::Mixed => format!(
+                "{:.0}% of sessions (chosen per session from the seed) send the header \
+                 x-session-id, the rest nothing",
+                self.opts.id_share * 100.0
+            ),
+        };
+        format!(
+            "{} ({how}; the reference cell sends none)",
+            self.opts.session_id
+        )
     }
 
     /// What the scenario changes, with the numbers it derived.
@@ -305,6 +353,31 @@ impl Plan {
                     t.committed_tokens,
                     t.committed_tokens / e.kv_capacity_tokens.max(1) as f64 * 100.0,
                 ),
+                None => String::new(),
+            },
+            Scenario::Forks => match w.forks {
+                Some(f) => {
+                    let live = f.mean_live();
+                    format!(
+                        "{} parent agents per engine (3/4 of {}); after a successful turn a \
+                         parent spawns, with a chance of 1 in {}, {}-{} sub-agents whose first \
+                         request is its last request's messages, the reply to it and a \
+                         sub-task; each runs {}-{} turns of its own while the parent waits, \
+                         then the parent's next message is their results (a tool message). \
+                         ~{:.2} live sessions per parent, so ~{:.1} per engine; max_running \
+                         and KV as for {} sessions per engine",
+                        self.sessions_per_engine,
+                        self.opts.sessions_per_engine,
+                        f.one_in,
+                        f.agents.0,
+                        f.agents.1,
+                        f.turns.0,
+                        f.turns.1,
+                        live,
+                        live * self.sessions_per_engine as f64,
+                        self.opts.sessions_per_engine,
+                    )
+                }
                 None => String::new(),
             },
         }
@@ -434,6 +507,31 @@ mod tests {
         let d = p.describe();
         assert!(d.contains("80% of KV committed"), "{d}");
         assert!(d.contains("sessions/engine 16 = 64 concurrent"), "{d}");
+    }
+
+    #[test]
+    fn forks_has_fewer_parents_on_the_engines_of_uniform() {
+        let p = plan("", Scenario::Forks);
+        let u = plan("", Scenario::Uniform);
+        assert_eq!((p.sessions_per_engine, p.slots()), (6, 24));
+        assert_eq!(p.workload.slots, 24);
+        // The engines of uniform: max_running and KV for 8 sessions each.
+        assert_eq!(p.engine.max_running, u.engine.max_running);
+        assert_eq!(p.engine.kv_capacity_tokens, u.engine.kv_capacity_tokens);
+        let f = p.workload.forks.unwrap();
+        assert_eq!((f.one_in, f.agents, f.turns), (12, (2, 3), (2, 4)));
+        // ~1.3 live sessions per parent: ~7.8 per engine, uniform's 8.
+        assert!((f.mean_live() * 6.0 - 7.8).abs() < 1e-9);
+        assert_eq!(u.workload.forks, None);
+        let d = p.describe();
+        assert!(d.contains("6 parent agents per engine (3/4 of 8)"), "{d}");
+        assert!(d.contains("~7.8 per engine"), "{d}");
+        // The engines' reasoning counts the live sessions, not the parents.
+        assert!(d.contains("sessions/engine 6 = 24 concurrent"), "{d}");
+        assert!(d.contains("so 8 sessions keep"), "{d}");
+        assert!(d.contains("session ids: header"), "{d}");
+        let m = plan("--session-id mixed --id-share 0.3", Scenario::Forks);
+        assert!(m.describe().contains("session ids: mixed (30% of sessions"));
     }
 
     fn secs(n: u64) -> Duration {

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::client::Usage;
+use crate::ids::IdVia;
 
 /// One finished (or failed, or cut) request.
 #[derive(Debug, Clone, Default)]
@@ -13,6 +14,19 @@ pub struct Record {
     /// The slot's session: (slot, generation) names it.
     pub generation: u32,
     pub turn: u32,
+    /// The session's id (the ground truth: what `x-session-id` would say).
+    pub session: String,
+    /// A sub-agent's parent session, as (slot, generation).
+    pub parent: Option<(u32, u32)>,
+    /// A sub-agent's: the tokens of the parent's history it starts from
+    /// (the parent's last prompt + completion), which a perfect prefix
+    /// cache already holds.
+    pub inherited_tokens: Option<u64>,
+    /// The session's planned last turn (sub-agents end; a parent's session
+    /// ends when its slot starts the next).
+    pub ends_session: bool,
+    /// How the request carried its session id.
+    pub id_via: IdVia,
     /// Offsets from the start of the cell.
     pub start: Duration,
     pub end: Duration,
@@ -30,11 +44,22 @@ pub struct Record {
     pub routed_mode: Option<String>,
     /// Time the gateway held it in its admission queue (`x-routed-queued-ms`).
     pub queued_ms: Option<u64>,
+    /// The session the gateway attached it to (`x-routed-session`, 16 hex
+    /// digits), and where it found it (`x-routed-source`).
+    pub routed_session: Option<String>,
+    pub routed_source: Option<String>,
     /// The first request of its session: a new-session placement.
     pub first_of_session: bool,
     /// For a later request: whether it landed on another peer than the
     /// session's previous successful one.
     pub switched_peer: Option<bool>,
+}
+
+impl Record {
+    /// The ground-truth session: (slot, generation).
+    pub fn session_key(&self) -> (u32, u32) {
+        (self.slot, self.generation)
+    }
 }
 
 /// Appends the cell's requests to `path`, one JSON object per line.
@@ -57,6 +82,12 @@ pub(crate) fn write_records(
             "slot": r.slot,
             "generation": r.generation,
             "turn": r.turn,
+            "session": r.session,
+            "parent_slot": r.parent.map(|p| p.0),
+            "parent_generation": r.parent.map(|p| p.1),
+            "inherited_tokens": r.inherited_tokens,
+            "ends_session": r.ends_session,
+            "id_via": r.id_via.name(),
             "start_s": r.start.as_secs_f64(),
             "end_s": r.end.as_secs_f64(),
             "ok": r.ok,
@@ -71,6 +102,8 @@ pub(crate) fn write_records(
             "engine": r.engine,
             "routed_mode": r.routed_mode,
             "queued_ms": r.queued_ms,
+            "routed_session": r.routed_session,
+            "routed_source": r.routed_source,
             "first_of_session": r.first_of_session,
             "switched_peer": r.switched_peer,
         });

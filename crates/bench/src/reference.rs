@@ -2,9 +2,11 @@
 //! what an ideal sticky router would do with what a client can know. A
 //! session's first turn goes to the engine with the fewest of this client's
 //! requests in flight (ties: the fewest sessions bound there, then the lowest
-//! index), and every later turn to the same engine. An engine that refuses a
-//! connection is avoided for [`DOWN_FOR`] (about what a health check takes to
-//! notice), and the session that met the refusal is placed again.
+//! index), and every later turn to the same engine; a sub-agent (`forks`)
+//! starts on its parent's engine, which holds their shared history. An
+//! engine that refuses a connection is avoided for [`DOWN_FOR`] (about what
+//! a health check takes to notice), and the session that met the refusal is
+//! placed again.
 
 use std::time::Duration;
 
@@ -59,6 +61,14 @@ impl Placer {
         let e = choose(&s.in_flight, &s.sessions, &usable)?;
         s.sessions[e] += 1;
         Some(e)
+    }
+
+    /// Binds a session to `engine` without placing it (a sub-agent starts
+    /// where its parent is, which holds their shared history).
+    pub fn bind(&self, engine: usize) {
+        if let Some(n) = self.state.lock().sessions.get_mut(engine) {
+            *n += 1;
+        }
     }
 
     /// The session bound to `engine` ended or moves.
@@ -146,6 +156,9 @@ mod tests {
         assert_eq!(p.place(now + DOWN_FOR), Some(0));
         assert_eq!(p.counts(), (vec![0, 0], vec![2, 2]));
         p.unbind(7);
+        p.bind(1);
+        assert_eq!(p.counts(), (vec![0, 0], vec![2, 3]));
+        p.bind(7);
         assert_eq!(Placer::new(0).place(now), None);
     }
 }

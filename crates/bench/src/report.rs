@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::analysis::{self, PrefillBound, Spread};
+use super::analysis::{self, PrefillBound, Recognition, Spread};
 use super::stats::percentile;
+use crate::ids::SessionIdMode;
+use crate::options::REFERENCE;
 use crate::plan::{fmt_secs, Plan};
 use crate::record::Record;
 use crate::window::{placements_by_reason, Window};
@@ -66,6 +68,9 @@ pub struct ModeResult {
     pub switch_rate: Option<f64>,
     /// Peer of each session's first request, whole run.
     pub new_sessions_per_peer: BTreeMap<String, usize>,
+    /// How the gateway attached the measured requests to sessions, against
+    /// the ground truth; None for the reference cell.
+    pub recognition: Option<Recognition>,
     /// Mean requests in each engine (queued or running) over the window.
     pub engine_load: Vec<f64>,
     /// Mean requests queued beyond max_running in each engine.
@@ -209,6 +214,7 @@ pub fn summarize(
             .or_insert(0) += 1;
     }
     let prefill = analysis::prefill_bound(records, plan.workload.system_tokens as u64, is_measured);
+    let recognition = (mode != REFERENCE).then(|| analysis::recognition(records, is_measured));
     let times: Vec<Duration> = std::iter::successors(Some(warm), |t| Some(*t + BINDINGS_EVERY))
         .take_while(|t| *t < end)
         .collect();
@@ -255,6 +261,7 @@ pub fn summarize(
         switch_rate: (!switches.is_empty())
             .then(|| switches.iter().filter(|s| **s).count() as f64 / switches.len() as f64),
         new_sessions_per_peer,
+        recognition,
         engine_load: per_engine(&load.in_engine),
         engine_queue: per_engine(&load.queued),
         load_series: load.series.clone(),
@@ -295,7 +302,7 @@ fn reasons(m: &BTreeMap<String, f64>) -> String {
 pub fn progress_line(scenario: &str, r: &ModeResult) -> String {
     format!(
         "   {scenario}/{}: {} requests ({} errors), TTFT p95 {}, cache hit {}, prefilled {} the \
-         perfect-cache bound, moves {:.0}{}",
+         perfect-cache bound, moves {:.0}{}{}",
         r.mode,
         r.requests,
         r.errors,
@@ -303,6 +310,14 @@ pub fn progress_line(scenario: &str, r: &ModeResult) -> String {
         pct(r.cache_hit),
         opt(r.prefill.ratio(), |v| format!("{v:.2}x")),
         r.moves(),
+        match &r.recognition {
+            Some(g) => format!(
+                ", sessions recognised {} (wrong {})",
+                pct(g.recognised_share()),
+                g.wrong
+            ),
+            None => String::new(),
+        },
         if r.stalled() {
             format!(" (WARNING: bench process stalled {:.1} s)", r.stalled_s)
         } else {
@@ -390,7 +405,8 @@ pub fn markdown(scenarios: &[ScenarioResult], elapsed: Duration) -> String {
          usage frames; prefilled / bound = Σ (prompt - cached) of the measured requests against \
          what a perfect prefix cache shared by all engines would have prefilled (each turn's \
          prompt minus its session's previous prompt + completion; a session's first turn minus \
-         the system prompt), so 1.00x is ideal and the simulated engine, which caches prompts \
+         the system prompt; a sub-agent's first turn minus its parent's history), so 1.00x is \
+         ideal and the simulated engine, which caches prompts \
          only and in whole blocks, leaves even a perfectly sticky cell slightly above it; live \
          sessions and bound tokens per engine = sessions whose last turn went to each engine, \
          and their last prompt + completion, counted by the client every 0.5 s: mean of the \
@@ -471,6 +487,7 @@ fn scenario_markdown(plan: &Plan, results: &[ModeResult]) -> String {
             opt(r.gateway_cpu, |v| format!("{v:.2} cores")),
         ));
     }
+    out.push_str(&recognition_markdown(plan, results));
     for r in results.iter().filter(|r| r.stalled()) {
         out.push_str(&format!(
             "\n**Warning: {}: this process was starved of CPU (timer lag max {:.0} ms, {:.1} s \
@@ -536,6 +553,73 @@ fn scenario_markdown(plan: &Plan, results: &[ModeResult]) -> String {
     out
 }
 
+/// "a x3, b x1" of the X-Routed-Source counts.
+fn sources(m: &BTreeMap<String, usize>) -> String {
+    if m.is_empty() {
+        return "-".into();
+    }
+    m.iter()
+        .map(|(k, n)| format!("{k} x{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The session-recognition table of the gateway cells (none without one).
+fn recognition_markdown(plan: &Plan, results: &[ModeResult]) -> String {
+    let cells: Vec<(&ModeResult, &Recognition)> = results
+        .iter()
+        .filter_map(|r| r.recognition.as_ref().map(|g| (r, g)))
+        .collect();
+    if cells.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\nSession recognition, session ids: {}. Later turns = successful measured turns after \
+         their session's first; recognised = its X-Routed-Session equals the one its session's \
+         previous successful turn got; wrong = it equals one a different session got in the \
+         cell, not its fork parent, child or sibling (a turn of two sessions taken for one is \
+         both); without an id = the same over the turns that sent no session id; sources = \
+         X-Routed-Source of every successful measured request.\n\n\
+         | cell | later turns | recognised | wrong | without an id: turns, recognised \
+         | X-Routed-Source |\n|---|--:|--:|--:|--:|---|\n",
+        plan.opts.session_id
+    );
+    for (r, g) in cells {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} ({}) | {} | {} |\n",
+            r.mode,
+            g.turns,
+            pct(g.recognised_share()),
+            g.wrong,
+            pct(g.wrong_share()),
+            if g.anonymous_turns > 0 {
+                format!("{}, {}", g.anonymous_turns, pct(g.anonymous_share()))
+            } else {
+                "-".into()
+            },
+            sources(&g.sources),
+        ));
+    }
+    out
+}
+
+fn recognition_json(g: &Option<Recognition>) -> Value {
+    match g {
+        Some(g) => json!({
+            "later_turns": g.turns,
+            "recognised": g.recognised,
+            "recognised_share": g.recognised_share(),
+            "wrong": g.wrong,
+            "wrong_share": g.wrong_share(),
+            "anonymous_turns": g.anonymous_turns,
+            "anonymous_recognised": g.anonymous_recognised,
+            "anonymous_recognised_share": g.anonymous_share(),
+            "routed_source": g.sources,
+        }),
+        None => Value::Null,
+    }
+}
+
 fn spread_json(s: Option<Spread>) -> Value {
     match s {
         Some(s) => {
@@ -575,6 +659,7 @@ fn cell_json(r: &ModeResult) -> Value {
         "placements": r.placements,
         "peer_switch_rate": r.switch_rate,
         "new_sessions_per_peer": r.new_sessions_per_peer,
+        "session_recognition": recognition_json(&r.recognition),
         "engine_load_mean": r.engine_load,
         "engine_queue_mean": r.engine_queue,
         "kv_committed_mean": r.kv_committed,
@@ -608,6 +693,8 @@ fn parameters_json(plan: &Plan) -> Value {
         "route_extra": plan.opts.route_extra,
         "replicas": plan.opts.replicas,
         "session_store": plan.opts.session_store,
+        "session_id": plan.opts.session_id.name(),
+        "id_share": (plan.opts.session_id == SessionIdMode::Mixed).then_some(plan.opts.id_share),
         "workload": {
             "system_tokens": w.system_tokens,
             "user_tokens": [w.user_tokens.0, w.user_tokens.1],
@@ -618,6 +705,12 @@ fn parameters_json(plan: &Plan) -> Value {
                 "slots": w.long_slots(),
                 "user_tokens": [l.user_tokens.0, l.user_tokens.1],
                 "max_context": l.max_context,
+            })),
+            "forks": w.forks.map(|f| json!({
+                "one_in": f.one_in,
+                "agents": [f.agents.0, f.agents.1],
+                "turns": [f.turns.0, f.turns.1],
+                "mean_live_per_parent": f.mean_live(),
             })),
         },
         "engine": engine(&plan.engine),

@@ -4,8 +4,9 @@
 //! `uniform` is the workload the bench always had; the others each stress
 //! one thing a placement policy must handle: uneven sessions (`skewed`), an
 //! uneven fleet (`slow-engine`), an engine that leaves and comes back cold
-//! (`failover`), and more demand than the engines' KV comfortably holds
-//! (`overload`).
+//! (`failover`), more demand than the engines' KV comfortably holds
+//! (`overload`), and agents that fork sub-agents sharing their history
+//! (`forks`).
 
 use std::time::Duration;
 
@@ -26,6 +27,11 @@ pub enum Scenario {
     /// 2x the sessions, with think times short enough that ~80% of KV is
     /// committed to running sequences.
     Overload,
+    /// Coding agents that, at some turns, spawn 2-3 sub-agents whose first
+    /// request is the parent's history plus a sub-task; the parent waits for
+    /// them and goes on with their results (3/4 as many parents, so the
+    /// sessions live at once are about those of uniform).
+    Forks,
 }
 
 impl Scenario {
@@ -36,6 +42,7 @@ impl Scenario {
             Scenario::SlowEngine => "slow-engine",
             Scenario::Failover => "failover",
             Scenario::Overload => "overload",
+            Scenario::Forks => "forks",
         }
     }
 
@@ -71,6 +78,18 @@ pub const FAIL_AFTER_WARMUP: Duration = Duration::from_secs(10);
 
 /// `overload`: the share of KV that running sequences should hold.
 pub const OVERLOAD_KV_COMMIT: f64 = 0.8;
+
+/// `forks`: after a successful turn (not its first), a parent spawns
+/// sub-agents with a chance of 1 in this.
+pub const FORK_ONE_IN: u64 = 12;
+/// `forks`: sub-agents per fork, and turns per sub-agent (inclusive).
+pub const FORK_AGENTS: (u32, u32) = (2, 3);
+pub const FORK_AGENT_TURNS: (u32, u32) = (2, 4);
+/// `forks`: parents per engine, as a share of --sessions. A parent is one
+/// live session between forks and itself plus 2-3 sub-agents (it waits)
+/// during one; with the numbers above that is ~1.3 sessions on average, so
+/// 3/4 of --sessions parents keep about --sessions live per engine.
+pub const FORK_PARENTS: (usize, usize) = (3, 4);
 
 /// `slow-engine`'s e0: decode and prefill take 1/SLOW_SPEED as long.
 pub fn slowed(cfg: &EngineConfig) -> EngineConfig {

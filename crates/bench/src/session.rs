@@ -1,6 +1,8 @@
 //! The session slots: each replays its sessions turn by turn over one
 //! keep-alive connection, to the gateway or (reference cell) to the engine
-//! the client placed the session on.
+//! the client placed the session on. In `forks`, a parent's task runs its
+//! sub-agents as tasks of their own (each its own connection) and waits for
+//! them; they stop with it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,13 +10,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::task::JoinSet;
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
 use crate::analysis;
 use crate::client::{post_stream, Conn, Exchange};
+use crate::ids::{IdVia, SessionIds, SESSION_HEADER};
 use crate::record::Record;
 use crate::reference::Placer;
-use crate::workload::Workload;
+use crate::workload::{Conversation, Workload};
 
 const MODEL: &str = "sim-model";
 /// Where the reference cell sends requests: the engines' own API.
@@ -42,6 +46,8 @@ pub(crate) enum Target {
 pub(crate) struct Ctx {
     pub(crate) workload: Arc<Workload>,
     pub(crate) target: Target,
+    /// How gateway requests name their session (`--session-id`).
+    pub(crate) ids: SessionIds,
     pub(crate) start: Instant,
     pub(crate) end: Instant,
     pub(crate) hard_end: Instant,
@@ -87,12 +93,30 @@ impl Ctx {
         }
     }
 
+    /// Reference cell: a sub-agent starts bound to its parent's engine.
+    fn inherit_engine(&self, route: &mut Route, engine: Option<usize>) {
+        if let (Target::Direct { placer, .. }, Some(e)) = (&self.target, engine) {
+            placer.bind(e);
+            route.engine = Some(e);
+        }
+    }
+
+    /// How a request of `session` names it: as `--session-id` says through
+    /// the gateway, not at all to the engines.
+    fn id_via(&self, session: &str) -> IdVia {
+        match self.target {
+            Target::Gateway { .. } => self.ids.via(session),
+            Target::Direct { .. } => IdVia::Nothing,
+        }
+    }
+
     /// One attempt at a turn: the exchange, whether its connection can be
     /// reused, and the engine that served it.
     async fn send(
         &self,
         route: &mut Route,
         session: &str,
+        via: IdVia,
         body: &[u8],
         started: Instant,
     ) -> Result<(Exchange, bool, Option<usize>), String> {
@@ -108,8 +132,12 @@ impl Ctx {
                     .connection(addr)
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
-                let (ex, reusable) =
-                    post_stream(c, host, path, &[("x-session-id", session)], body, started).await;
+                let header = [(SESSION_HEADER, session)];
+                let headers: &[(&str, &str)] = match via {
+                    IdVia::Header => &header,
+                    IdVia::PromptCacheKey | IdVia::Nothing => &[],
+                };
+                let (ex, reusable) = post_stream(c, host, path, headers, body, started).await;
                 let engine = ex
                     .head
                     .as_ref()
@@ -152,75 +180,119 @@ impl Ctx {
     }
 }
 
-/// One session slot: sessions one after another, each turn after the
-/// previous reply and a think pause, until the cell's end.
-pub(crate) async fn slot_task(ctx: Arc<Ctx>, slot: u32) {
-    let mut route = Route::default();
-    run_slot(&ctx, slot, &mut route).await;
-    ctx.end_session(&mut route);
+/// One session as its task drives it: its way to the engines and what its
+/// records need.
+struct Driver {
+    route: Route,
+    /// The record's slot: the parent's slot, or a sub-agent's own.
+    slot: u32,
+    parent: Option<(u32, u32)>,
+    inherited_tokens: Option<u64>,
+    /// No turn of the session has succeeded yet.
+    first: bool,
+    last_peer: Option<String>,
+    /// Prompt + completion of the last successful turn.
+    last_tokens: Option<u64>,
 }
 
-async fn run_slot(ctx: &Ctx, slot: u32, route: &mut Route) {
-    let w = Arc::clone(&ctx.workload);
-    sleep_until(ctx.start + w.start_offset(slot)).await;
-    let mut conv = w.initial_conversation(slot);
-    let mut last_peer: Option<String> = None;
-    let mut first = true;
-    loop {
-        if Instant::now() >= ctx.end {
-            return;
+impl Driver {
+    fn new(slot: u32) -> Driver {
+        Driver {
+            route: Route::default(),
+            slot,
+            parent: None,
+            inherited_tokens: None,
+            first: true,
+            last_peer: None,
+            last_tokens: None,
         }
-        let plan = w.turn(slot, conv.generation, conv.next_turn);
-        if !w.fits(slot, &conv, &plan) {
-            ctx.end_session(route);
-            conv = w.conversation(slot, conv.generation + 1);
-            last_peer = None;
-            first = true;
-            continue;
-        }
-        conv.push("user", plan.user);
-        let body = conv.body(MODEL, plan.max_tokens);
+    }
+
+    /// The slot's next session starts.
+    fn next_session(&mut self) {
+        self.first = true;
+        self.last_peer = None;
+        self.last_tokens = None;
+    }
+}
+
+/// How an attempt at a turn went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Ok,
+    /// Recorded as an error; the input was taken back off the history.
+    Failed,
+    /// Still running at the hard end: the task stops.
+    Cut,
+}
+
+impl Ctx {
+    /// Sends the conversation as it stands (its last message is the turn's
+    /// new input) and records the request; on success the reply joins the
+    /// history, on failure the input leaves it, to be sent again.
+    async fn send_turn(
+        &self,
+        d: &mut Driver,
+        conv: &mut Conversation,
+        max_tokens: u32,
+        ends_session: bool,
+    ) -> Sent {
+        let via = self.id_via(&conv.id);
+        let key = (via == IdVia::PromptCacheKey).then_some(conv.id.as_str());
+        let body = conv.body(MODEL, max_tokens, key);
         let started = Instant::now();
         let mut record = Record {
-            slot,
+            slot: d.slot,
             generation: conv.generation,
             turn: conv.next_turn,
-            start: started - ctx.start,
-            first_of_session: first,
+            session: conv.id.clone(),
+            parent: d.parent,
+            inherited_tokens: d.inherited_tokens,
+            ends_session,
+            id_via: via,
+            start: started - self.start,
+            first_of_session: d.first,
             ..Record::default()
         };
-        ctx.in_flight.fetch_add(1, Ordering::Relaxed);
-        let deadline = (started + REQUEST_TIMEOUT).min(ctx.hard_end);
-        let outcome = timeout_at(deadline, ctx.send(route, &conv.id, &body, started)).await;
-        ctx.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let deadline = (started + REQUEST_TIMEOUT).min(self.hard_end);
+        let outcome = timeout_at(
+            deadline,
+            self.send(&mut d.route, &conv.id, via, &body, started),
+        )
+        .await;
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
         record.end = started.elapsed() + record.start;
         match outcome {
-            Err(_) if Instant::now() >= ctx.hard_end => {
+            Err(_) if Instant::now() >= self.hard_end => {
                 record.cut = true;
-                ctx.records.lock().push(record);
-                return;
+                self.records.lock().push(record);
+                return Sent::Cut;
             }
             Err(_) => {
-                route.conn = None;
+                d.route.conn = None;
                 record.error = Some(format!("no complete response in {REQUEST_TIMEOUT:?}"));
             }
             Ok(Err(e)) => {
-                route.conn = None;
+                d.route.conn = None;
                 record.error = Some(e);
             }
             Ok(Ok((ex, reusable, engine))) => {
                 if !reusable {
-                    route.conn = None;
+                    d.route.conn = None;
                 }
                 record.engine = engine;
                 if let Some(head) = &ex.head {
-                    record.peer = head.header("x-routed-peer").map(str::to_string);
-                    record.routed_mode = head.header("x-routed-mode").map(str::to_string);
+                    let header = |name: &str| head.header(name).map(str::to_string);
+                    record.peer = header("x-routed-peer");
+                    record.routed_mode = header("x-routed-mode");
+                    record.routed_session = header("x-routed-session");
+                    record.routed_source = header("x-routed-source");
                     record.queued_ms = head
                         .header("x-routed-queued-ms")
                         .and_then(|v| v.trim().parse().ok());
                 }
-                if matches!(ctx.target, Target::Direct { .. }) {
+                if matches!(self.target, Target::Direct { .. }) {
                     record.peer = engine.map(|e| format!("e{e}"));
                 }
                 record.ttft = ex.timer.first_content;
@@ -233,27 +305,165 @@ async fn run_slot(ctx: &Ctx, slot: u32, route: &mut Route) {
                 }
             }
         }
-        if record.ok {
-            if !first {
-                record.switched_peer = Some(record.peer != last_peer);
+        let sent = if record.ok {
+            if !d.first {
+                record.switched_peer = Some(record.peer != d.last_peer);
             }
-            last_peer = record.peer.clone();
+            d.last_peer = record.peer.clone();
+            d.last_tokens = record.usage.map(|u| u.prompt_tokens + u.completion_tokens);
             conv.next_turn += 1;
-            first = false;
+            d.first = false;
+            Sent::Ok
         } else {
             // The turn is retried after the pause, as an agent would.
             conv.pop();
-        }
-        let failed = !record.ok;
-        ctx.records.lock().push(record);
-        let pause = if failed {
-            plan.think.max(Duration::from_millis(200))
-        } else {
-            plan.think
+            Sent::Failed
         };
+        self.records.lock().push(record);
+        sent
+    }
+}
+
+/// The pause after an attempt: the turn's think time, at least 200 ms
+/// before a retry.
+fn pause_after(sent: Sent, think: Duration) -> Duration {
+    match sent {
+        Sent::Ok => think,
+        _ => think.max(Duration::from_millis(200)),
+    }
+}
+
+/// One session slot: sessions one after another, each turn after the
+/// previous reply and a think pause, until the cell's end.
+pub(crate) async fn slot_task(ctx: Arc<Ctx>, slot: u32) {
+    let mut driver = Driver::new(slot);
+    run_slot(&ctx, slot, &mut driver).await;
+    ctx.end_session(&mut driver.route);
+}
+
+async fn run_slot(ctx: &Arc<Ctx>, slot: u32, d: &mut Driver) {
+    let w = Arc::clone(&ctx.workload);
+    sleep_until(ctx.start + w.start_offset(slot)).await;
+    let mut conv = w.initial_conversation(slot);
+    // After a fork: the sub-agents' results, the next message.
+    let mut results: Option<String> = None;
+    // Forks so far in this slot, over its sessions.
+    let mut spawns = 0u32;
+    loop {
+        if Instant::now() >= ctx.end {
+            return;
+        }
+        let plan = w.turn(slot, conv.generation, conv.next_turn);
+        let (role, input) = match &results {
+            Some(r) => ("tool", r.clone()),
+            None => ("user", plan.user),
+        };
+        if conv.next_turn > 0 && !w.room_for(slot, &conv, role, &input) {
+            ctx.end_session(&mut d.route);
+            conv = w.conversation(slot, conv.generation + 1);
+            d.next_session();
+            results = None;
+            continue;
+        }
+        conv.push(role, input);
+        let sent = ctx.send_turn(d, &mut conv, plan.max_tokens, false).await;
+        if sent == Sent::Cut {
+            return;
+        }
+        let pause = pause_after(sent, plan.think);
         if Instant::now() + pause >= ctx.end {
             return;
         }
         sleep(pause).await;
+        if sent == Sent::Ok {
+            results = None;
+            if let Some(turns) = w.fork_after(slot, conv.generation, conv.next_turn - 1) {
+                results = Some(run_fork(ctx, slot, spawns, &conv, d, &turns).await);
+                spawns += 1;
+            }
+        }
     }
+}
+
+/// A fork: the sub-agents of the parent in `slot`, each from the parent's
+/// history as it stands, run at once; the parent waits for all of them and
+/// gets their results back as its next message.
+async fn run_fork(
+    ctx: &Arc<Ctx>,
+    slot: u32,
+    spawn: u32,
+    parent: &Conversation,
+    d: &Driver,
+    turns: &[u32],
+) -> String {
+    let w = &ctx.workload;
+    let mut results: Vec<(String, Option<String>)> = Vec::with_capacity(turns.len());
+    // Dropped with the parent's task, which stops its sub-agents with it.
+    let mut agents = JoinSet::new();
+    for (j, &n) in (0u32..).zip(turns) {
+        let conv = w.subagent(parent, slot, spawn, j);
+        results.push((conv.id.clone(), None));
+        let mut sub = Driver::new(w.subagent_slot(slot, j));
+        sub.parent = Some((slot, parent.generation));
+        sub.inherited_tokens = d.last_tokens;
+        let ctx = Arc::clone(ctx);
+        let engine = d.route.engine;
+        agents.spawn(async move {
+            ctx.inherit_engine(&mut sub.route, engine);
+            let reply = run_subagent(&ctx, &mut sub, conv, (slot, spawn, j), n).await;
+            ctx.end_session(&mut sub.route);
+            (j, reply)
+        });
+    }
+    while let Some(done) = agents.join_next().await {
+        if let Ok((j, reply)) = done {
+            results[j as usize].1 = reply;
+        }
+    }
+    w.fork_results(&results)
+}
+
+/// A sub-agent's turns (at most `turns`, fewer if its context fills or the
+/// cell ends), each after the previous reply and a think pause; returns its
+/// last reply.
+/// `(parent_slot, spawn, agent)` name it as `Workload::subagent` does.
+async fn run_subagent(
+    ctx: &Ctx,
+    d: &mut Driver,
+    mut conv: Conversation,
+    (parent_slot, spawn, agent): (u32, u32, u32),
+    turns: u32,
+) -> Option<String> {
+    let w = &ctx.workload;
+    let max_context = w.params.shape(parent_slot).max_context;
+    let mut last = None;
+    while conv.next_turn < turns && Instant::now() < ctx.end {
+        let t = conv.next_turn;
+        let plan = w.subagent_turn(parent_slot, spawn, agent, t);
+        if !w.room_for(parent_slot, &conv, "user", &plan.user) {
+            break;
+        }
+        conv.push("user", plan.user);
+        let ends = t + 1 == turns || {
+            let next = w.subagent_turn(parent_slot, spawn, agent, t + 1);
+            conv.tokens_after_reply(plan.max_tokens as usize, "user", &next.user) > max_context
+        };
+        let sent = ctx.send_turn(d, &mut conv, plan.max_tokens, ends).await;
+        match sent {
+            Sent::Cut => break,
+            Sent::Ok => {
+                last = conv.last_content().map(str::to_string);
+                if ends {
+                    break;
+                }
+            }
+            Sent::Failed => {}
+        }
+        let pause = pause_after(sent, plan.think);
+        if Instant::now() + pause >= ctx.end {
+            break;
+        }
+        sleep(pause).await;
+    }
+    last
 }

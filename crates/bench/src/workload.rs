@@ -13,6 +13,13 @@
 //! The first session of each slot is pre-aged to a random turn, so that the
 //! run starts near steady state (a fleet of agents has sessions of every age)
 //! instead of every session growing from 2k tokens in lockstep.
+//!
+//! In the `forks` scenario a session (the parent) may, after a turn, spawn
+//! sub-agents: each starts from the parent's history as the parent last sent
+//! it plus the reply it got, adds a sub-task, and runs a few turns of its
+//! own; the parent's next message is the sub-agents' results (a `tool`
+//! message) instead of a user message. Sub-agents run in slots of their own
+//! (`subagent_slot`) numbered after the parents', one generation per fork.
 
 use std::time::Duration;
 
@@ -79,6 +86,33 @@ pub struct WorkloadParams {
     /// Slots whose sessions have another shape (the `skewed` scenario);
     /// None: every slot has the shape above.
     pub long: Option<LongSessions>,
+    /// Parents spawn sub-agents (the `forks` scenario); None: never.
+    pub forks: Option<Forks>,
+}
+
+/// How parents spawn sub-agents.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Forks {
+    /// After each successful turn but a session's first, a fork with a
+    /// chance of 1 in this.
+    pub one_in: u64,
+    /// Sub-agents per fork, inclusive.
+    pub agents: (u32, u32),
+    /// Turns per sub-agent, inclusive.
+    pub turns: (u32, u32),
+}
+
+impl Forks {
+    /// Sessions a parent and its sub-agents keep live on average, counting
+    /// in turns: per parent turn, with a chance p a fork follows that lasts
+    /// about the sub-agents' mean turns t, the parent waiting, with a mean
+    /// of a sub-agents: (1 + p a t) / (1 + p t).
+    pub fn mean_live(&self) -> f64 {
+        let mean = |r: (u32, u32)| f64::from(r.0 + r.1) / 2.0;
+        let p = 1.0 / self.one_in.max(1) as f64;
+        let (a, t) = (mean(self.agents), mean(self.turns));
+        (1.0 + p * a * t) / (1.0 + p * t)
+    }
 }
 
 /// The first `slots` slots run long agent sessions: bigger user turns and a
@@ -348,6 +382,119 @@ impl Workload {
         }
     }
 
+    /// `forks`: the sub-agents that session (slot, generation) spawns after
+    /// its successful turn `turn`, as each one's planned turns; None: no
+    /// fork there (never after a session's first turn).
+    pub fn fork_after(&self, slot: u32, generation: u32, turn: u32) -> Option<Vec<u32>> {
+        let f = self.params.forks?;
+        if turn == 0 {
+            return None;
+        }
+        let mut rng = Rng::derive(
+            self.params.seed,
+            &[6, u64::from(slot), u64::from(generation), u64::from(turn)],
+        );
+        if rng.range(1, f.one_in) != 1 {
+            return None;
+        }
+        let agents = rng.range(u64::from(f.agents.0), u64::from(f.agents.1));
+        Some(
+            (0..agents)
+                .map(|_| rng.range(u64::from(f.turns.0), u64::from(f.turns.1)) as u32)
+                .collect(),
+        )
+    }
+
+    /// The slot of sub-agent `agent` of the parents in `parent_slot`: after
+    /// every parent's slot, `forks.agents.1` per parent.
+    pub fn subagent_slot(&self, parent_slot: u32, agent: u32) -> u32 {
+        let per_parent = self.params.forks.map_or(1, |f| f.agents.1.max(1));
+        self.params.slots + parent_slot * per_parent + agent
+    }
+
+    /// The session id of sub-agent `agent` of the `spawn`-th fork in
+    /// `parent_slot` (forks counted over the slot's sessions).
+    pub fn subagent_id(&self, parent_slot: u32, spawn: u32, agent: u32) -> String {
+        format!(
+            "bench-{}-{parent_slot}-fork{spawn}-{agent}",
+            self.params.seed
+        )
+    }
+
+    /// A sub-agent's conversation before its first turn: the parent's
+    /// history as it stands (the messages of its last request and the reply
+    /// to it), under the sub-agent's own id; generation = `spawn`.
+    pub fn subagent(
+        &self,
+        parent: &Conversation,
+        parent_slot: u32,
+        spawn: u32,
+        agent: u32,
+    ) -> Conversation {
+        Conversation {
+            id: self.subagent_id(parent_slot, spawn, agent),
+            generation: spawn,
+            next_turn: 0,
+            ..parent.clone()
+        }
+    }
+
+    /// Turn `turn` of a sub-agent: the first a sub-task (user message of
+    /// half the shortest to the shortest user message of the parent's
+    /// shape), the later ones tool output like a parent's.
+    pub fn subagent_turn(&self, parent_slot: u32, spawn: u32, agent: u32, turn: u32) -> TurnPlan {
+        let p = &self.params;
+        let mut rng = Rng::derive(
+            p.seed,
+            &[
+                7,
+                u64::from(parent_slot),
+                u64::from(spawn),
+                u64::from(agent),
+                u64::from(turn),
+            ],
+        );
+        let user = p.shape(parent_slot).user_tokens;
+        let range = if turn == 0 {
+            ((user.0 / 2).max(1), user.0)
+        } else {
+            user
+        };
+        let tokens = rng.range(range.0 as u64, range.1 as u64) as usize;
+        let max_tokens = rng.range(p.max_tokens.0 as u64, p.max_tokens.1 as u64) as u32;
+        let think = Duration::from_millis(rng.range(p.think_ms.0, p.think_ms.1));
+        let id = self.subagent_id(parent_slot, spawn, agent);
+        let header = if turn == 0 {
+            format!("[sub-task for sub-agent {id}]")
+        } else {
+            format!("[tool result: session {id} turn {turn}]")
+        };
+        let bytes = (tokens * BYTES_PER_TOKEN)
+            .saturating_sub("user".len())
+            .max(header.len() + 1);
+        TurnPlan {
+            user: text(&mut rng, bytes, &header),
+            max_tokens: max_tokens.max(1),
+            think,
+        }
+    }
+
+    /// The parent's message after a fork: each sub-agent's last reply
+    /// (what an agent framework's task tool hands back), in order.
+    pub fn fork_results(&self, results: &[(String, Option<String>)]) -> String {
+        let mut out = String::new();
+        for (id, reply) in results {
+            out.push_str(&format!("[result of sub-agent {id}]\n"));
+            out.push_str(
+                reply
+                    .as_deref()
+                    .unwrap_or("(no result: the sub-agent did not finish)"),
+            );
+            out.push('\n');
+        }
+        out
+    }
+
     /// When slot `slot` sends its first request, after the run starts:
     /// spread over one think time so the run does not open with a stampede.
     pub fn start_offset(&self, slot: u32) -> Duration {
@@ -396,10 +543,11 @@ impl Workload {
         c
     }
 
-    /// Whether `c` has room for `plan`'s user message within `max_context`
-    /// (a session always gets its first turn).
-    pub fn fits(&self, slot: u32, c: &Conversation, plan: &TurnPlan) -> bool {
-        c.next_turn == 0 || c.tokens_with(&plan.user) <= self.params.shape(slot).max_context
+    /// Whether `c` has room for a message within the `max_context` of
+    /// `slot`'s shape (a sub-agent's: its parent's slot). A session always
+    /// gets its first turn: the caller does not ask then.
+    pub fn room_for(&self, slot: u32, c: &Conversation, role: &str, content: &str) -> bool {
+        c.tokens_with(role, content) <= self.params.shape(slot).max_context
     }
 }
 
@@ -432,6 +580,10 @@ struct Body<'a> {
     stream: bool,
     stream_options: StreamOptions,
     max_tokens: u32,
+    /// OpenAI's routing key, here the session id (`--session-id
+    /// prompt-cache-key`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<&'a str>,
     messages: Vec<Message<'a>>,
 }
 
@@ -448,6 +600,11 @@ impl Conversation {
         }
     }
 
+    /// The content of the last message (after a turn: its reply).
+    pub fn last_content(&self) -> Option<&str> {
+        self.messages.last().map(|(_, content)| content.as_str())
+    }
+
     #[cfg(test)]
     pub fn messages(&self) -> usize {
         self.messages.len()
@@ -458,12 +615,24 @@ impl Conversation {
         self.bytes.div_ceil(BYTES_PER_TOKEN)
     }
 
-    fn tokens_with(&self, user: &str) -> usize {
-        (self.bytes + "user".len() + user.len()).div_ceil(BYTES_PER_TOKEN)
+    fn tokens_with(&self, role: &str, content: &str) -> usize {
+        (self.bytes + role.len() + content.len()).div_ceil(BYTES_PER_TOKEN)
     }
 
-    /// The streaming chat completion request body for the history as it is.
-    pub fn body(&self, model: &str, max_tokens: u32) -> Vec<u8> {
+    /// Prompt tokens after a reply of `reply_tokens` (the simulated engine
+    /// generates exactly `max_tokens`) and one more message.
+    pub fn tokens_after_reply(&self, reply_tokens: usize, role: &str, content: &str) -> usize {
+        (self.bytes
+            + "assistant".len()
+            + reply_tokens * SIM_TOKEN.len()
+            + role.len()
+            + content.len())
+        .div_ceil(BYTES_PER_TOKEN)
+    }
+
+    /// The streaming chat completion request body for the history as it
+    /// is, with `prompt_cache_key` when given.
+    pub fn body(&self, model: &str, max_tokens: u32, prompt_cache_key: Option<&str>) -> Vec<u8> {
         let body = Body {
             model,
             stream: true,
@@ -471,6 +640,7 @@ impl Conversation {
                 include_usage: true,
             },
             max_tokens,
+            prompt_cache_key,
             messages: self
                 .messages
                 .iter()
@@ -495,6 +665,7 @@ mod tests {
             think_ms: (500, 3_000),
             max_context: 60_000,
             long: None,
+            forks: None,
         }
     }
 
@@ -508,8 +679,8 @@ mod tests {
             assert_eq!(a.start_offset(slot), b.start_offset(slot));
             assert_eq!(a.initial_age(slot), b.initial_age(slot));
             assert_eq!(
-                a.initial_conversation(slot).body("m", 10),
-                b.initial_conversation(slot).body("m", 10)
+                a.initial_conversation(slot).body("m", 10, None),
+                b.initial_conversation(slot).body("m", 10, None)
             );
         }
     }
@@ -535,7 +706,7 @@ mod tests {
         // system prompt is shared.
         assert_ne!(a.user.as_bytes()[..64], b.user.as_bytes()[..64]);
         let (ca, cb) = (w.conversation(0, 0), w.conversation(1, 0));
-        assert_eq!(ca.body("m", 1), cb.body("m", 1));
+        assert_eq!(ca.body("m", 1, None), cb.body("m", 1, None));
         assert_ne!(w.session_id(0, 0), w.session_id(0, 1));
     }
 
@@ -614,7 +785,8 @@ mod tests {
         let w = Workload::new(params());
         let mut c = w.conversation(0, 0);
         c.push("user", "abcd".repeat(10));
-        let v: serde_json::Value = serde_json::from_slice(&c.body("sim-model", 42)).expect("json");
+        let v: serde_json::Value =
+            serde_json::from_slice(&c.body("sim-model", 42, None)).expect("json");
         assert_eq!(v["stream"], true);
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["max_tokens"], 42);
@@ -628,6 +800,117 @@ mod tests {
         assert_eq!(c.tokens(), bytes.div_ceil(4));
         c.pop();
         assert_eq!(c.messages(), 1);
+    }
+
+    fn forks() -> Workload {
+        Workload::new(WorkloadParams {
+            forks: Some(Forks {
+                one_in: 4,
+                agents: (2, 3),
+                turns: (2, 4),
+            }),
+            ..params()
+        })
+    }
+
+    #[test]
+    fn forks_are_seeded_and_within_their_ranges() {
+        let w = forks();
+        let mut seen = 0;
+        for slot in 0..8 {
+            assert_eq!(w.fork_after(slot, 0, 0), None, "never after a first turn");
+            for turn in 1..100 {
+                let f = w.fork_after(slot, 0, turn);
+                assert_eq!(f, w.fork_after(slot, 0, turn));
+                if let Some(turns) = f {
+                    seen += 1;
+                    assert!((2..=3).contains(&turns.len()), "{turns:?}");
+                    assert!(turns.iter().all(|t| (2..=4).contains(t)), "{turns:?}");
+                }
+            }
+        }
+        // One in four of 792 turns.
+        assert!((150..250).contains(&seen), "{seen}");
+        assert_eq!(Workload::new(params()).fork_after(0, 0, 5), None);
+        let f = w.params.forks.unwrap();
+        // (1 + 2.5 x 3 / 4) / (1 + 3 / 4).
+        assert!((f.mean_live() - 2.875 / 1.75).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_subagents_first_request_extends_its_parents_history_exactly() {
+        let w = forks();
+        let slot = 3;
+        let turn = (1..100)
+            .find(|&t| w.fork_after(slot, 0, t).is_some())
+            .expect("a fork");
+        let mut parent = w.conversation(slot, 0);
+        let mut last_request = Vec::new();
+        for k in 0..=turn {
+            let plan = w.turn(slot, 0, k);
+            parent.push("user", plan.user);
+            last_request = parent.body("m", plan.max_tokens, None);
+            parent.push("assistant", SIM_TOKEN.repeat(plan.max_tokens as usize));
+            parent.next_turn = k + 1;
+        }
+        let reply = parent.last_content().unwrap().to_string();
+        let messages = |body: &[u8]| -> Vec<serde_json::Value> {
+            let v: serde_json::Value = serde_json::from_slice(body).expect("json");
+            v["messages"].as_array().expect("messages").clone()
+        };
+        let before = messages(&last_request);
+        let agents = w.fork_after(slot, 0, turn).unwrap();
+        let mut ids = Vec::new();
+        let mut slots = Vec::new();
+        for j in 0..agents.len() as u32 {
+            let mut sub = w.subagent(&parent, slot, 2, j);
+            assert_eq!((sub.generation, sub.next_turn), (2, 0));
+            assert_eq!(sub.tokens(), parent.tokens());
+            let task = w.subagent_turn(slot, 2, j, 0);
+            sub.push("user", task.user.clone());
+            let first = messages(&sub.body("m", task.max_tokens, Some(&sub.id)));
+            // The parent's last request, message for message, then the
+            // reply it got, then the sub-task.
+            assert_eq!(first.len(), before.len() + 2);
+            assert_eq!(first[..before.len()], before[..]);
+            assert_eq!(
+                first[before.len()],
+                serde_json::json!({"role": "assistant", "content": reply})
+            );
+            assert_eq!(first[before.len() + 1]["role"], "user");
+            assert_eq!(first[before.len() + 1]["content"], task.user.as_str());
+            assert!(task
+                .user
+                .starts_with("[sub-task for sub-agent bench-7-3-fork2-"));
+            // Its later turns are tool output of its own.
+            let later = w.subagent_turn(slot, 2, j, 1);
+            assert!(later
+                .user
+                .starts_with(&format!("[tool result: session {} turn 1]", sub.id)));
+            ids.push(sub.id.clone());
+            slots.push(w.subagent_slot(slot, j));
+        }
+        ids.dedup();
+        assert_eq!(ids.len(), agents.len());
+        // Sub-agents' slots come after every parent's, three per parent.
+        assert_eq!(slots[..2], [8 + 9, 8 + 10]);
+        let results = w.fork_results(&[("a".into(), Some("tok tok ".into())), ("b".into(), None)]);
+        assert_eq!(
+            results,
+            "[result of sub-agent a]\ntok tok \n[result of sub-agent b]\n\
+             (no result: the sub-agent did not finish)\n"
+        );
+    }
+
+    #[test]
+    fn prompt_cache_key_is_in_the_body_only_when_asked() {
+        let w = Workload::new(params());
+        let c = w.conversation(0, 0);
+        let v: serde_json::Value =
+            serde_json::from_slice(&c.body("m", 1, Some("bench-7-0-0"))).expect("json");
+        assert_eq!(v["prompt_cache_key"], "bench-7-0-0");
+        let v: serde_json::Value = serde_json::from_slice(&c.body("m", 1, None)).expect("json");
+        assert!(v.get("prompt_cache_key").is_none());
     }
 
     #[test]
