@@ -24,6 +24,10 @@
 #   N=200 SCENARIOS="small stream" bash benches/instructions.sh
 #   FRAME_DELAY_MS=0 SCENARIOS=stream bash benches/instructions.sh  # frames in a burst
 #   GATEWAY_EXTRA=$'bodylog:\n  listener: 127.0.0.1:9999\n' bash benches/instructions.sh
+#   SESSION_ID= SCENARIOS=agent400k TARGETS=gateway bash benches/instructions.sh
+#                                 # no session id: the content index decides
+#                                 # (issue 30); against the same with
+#   ROUTE_EXTRA=$'balancing:\n  session_affinity: {content: off}\n' SESSION_ID= ...
 #                                 # appended to gateway.yaml (body logging on)
 #   GATEWAY_THREADS=2 GATEWAY_EXTRA=$'work_stealing: false\n' TARGETS=gateway \
 #       bash benches/instructions.sh   # the gateway's runtime settings (threads: 1 unless set)
@@ -49,7 +53,9 @@
 # asking for usage itself: the gateway only observes and passes every byte
 # on), body300k (300 KB non-stream body); stream300k, not run unless named
 # (SCENARIOS="stream300k"): the 300 KB body as a stream of 20 frames, the
-# include_usage edit made on a long prompt.
+# include_usage edit made on a long prompt; agent400k, not run unless named:
+# a 400 KB agent history of 201 messages (about 100k tokens).
+# SESSION_ID (default bench-session-1; empty: none) is the x-session-id sent.
 # The engine paces a stream's frames FRAME_DELAY_MS apart (default 2), so
 # each frame reaches the proxy in a read of its own, as an engine decoding
 # one token per step sends them. FRAME_DELAY_MS=0 sends them back to back:
@@ -102,7 +108,10 @@ cat > "$TMP/client.py" <<'PY'
 import http.client, json, os, sys
 port, path, scenario, n, ask_usage = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
 msg = {"role": "user", "content": "Say hello to the gateway benchmark, please."}
-headers = {"content-type": "application/json", "x-session-id": "bench-session-1", "x-sim-frame-delay-ms": os.environ.get("FRAME_DELAY_MS", "2")}
+headers = {"content-type": "application/json", "x-sim-frame-delay-ms": os.environ.get("FRAME_DELAY_MS", "2")}
+session = os.environ.get("SESSION_ID", "bench-session-1")
+if session:
+    headers["x-session-id"] = session
 if scenario == "small":
     body = {"model": "sim-model", "messages": [msg], "max_tokens": 1}
     headers["x-sim-max-tokens"] = "1"
@@ -113,6 +122,15 @@ elif scenario in ("stream", "passthrough", "stream300k"):
     if ask_usage or scenario == "passthrough":
         body["stream_options"] = {"include_usage": True}
     headers["x-sim-max-tokens"] = "20"
+elif scenario == "agent400k":
+    # An agent's history: a 8 KB system prompt, then 200 turns of ~2 KB
+    # (tool output, code), each message its own block for the content index.
+    turns = [{"role": "system", "content": "rules of the repository. " * 330}]
+    for i in range(200):
+        role = "user" if i % 2 == 0 else "assistant"
+        turns.append({"role": role, "content": f"turn {i}: " + "fn main() { println!(\"x\"); } " * 64})
+    body = {"model": "sim-model", "messages": turns, "max_tokens": 1}
+    headers["x-sim-max-tokens"] = "1"
 else:
     body = {"model": "sim-model", "messages": [{"role": "user", "content": "x " * 150000}], "max_tokens": 1}
     headers["x-sim-max-tokens"] = "1"
@@ -140,7 +158,7 @@ start() {
     [ "$COUNT" = syscalls ] && vg=(strace -f -c -o "$dir/cg.out" --)
     case $target in
         gateway)
-            gateway_config "$dir" "$ENGINE_PORT" "$port" "${GATEWAY_THREADS:-1}" $'include_usage: true\n' "${GATEWAY_EXTRA:-}"
+            gateway_config "$dir" "$ENGINE_PORT" "$port" "${GATEWAY_THREADS:-1}" $'include_usage: true\n'"${ROUTE_EXTRA:-}" "${GATEWAY_EXTRA:-}"
             "${vg[@]}" "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
             ;;
         bare|bare_mimalloc)

@@ -913,3 +913,30 @@ fn the_gateway_key_is_not_forwarded_unless_the_route_says_so() {
         }
     }
 }
+
+/// Reject rules read an Anthropic Messages body and a Responses body as
+/// they read a chat body; control: the same body on an endpoint the
+/// gateway passes through unread is not judged.
+#[test]
+fn rules_judge_messages_and_responses_bodies() {
+    let cluster = engines(1);
+    let port = cluster.engines[0].port();
+    let route = format!(
+        "peers:\n  - {{name: e0, host: 127.0.0.1, port: {port}}}\nreject_rules: {}\n",
+        json!([{"name": "r_blocked", "when": {"field": "metadata.user_id", "op": "eq", "value": "blocked"}}])
+    );
+    let gw = Gateway::start(&[("chat", route)]);
+    let body = json!({"model": "m", "max_tokens": 4, "metadata": {"user_id": "blocked"},
+                      "messages": [{"role": "user", "content": "hi"}]});
+    for path in ["/chat/v1/messages", "/chat/v1/responses"] {
+        let r = post(&gw, path, &[], &body);
+        assert_eq!(r.status(), 429, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"]["rule"], "r_blocked");
+    }
+    let r = post(&gw, "/chat/v1/embeddings", &[], &body);
+    assert_ne!(r.status(), 429, "passed through unread: {}", r.text());
+    let mut allowed = body.clone();
+    allowed["metadata"]["user_id"] = json!("fine");
+    let r = post(&gw, "/chat/v1/messages", &[], &allowed);
+    assert_ne!(r.status(), 429, "{}", r.text());
+}
