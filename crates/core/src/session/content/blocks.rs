@@ -65,6 +65,9 @@ pub struct Block {
 /// starts.
 pub struct Source<'a> {
     pieces: Vec<(usize, &'a [u8])>,
+    /// The piece the last sample was in: samples come in body order, so
+    /// the next is nearly always there or in the next one.
+    last: std::cell::Cell<usize>,
 }
 
 impl<'a> Source<'a> {
@@ -75,7 +78,28 @@ impl<'a> Source<'a> {
             pieces.push((at, piece));
             at += piece.len();
         }
-        Source { pieces }
+        Source {
+            pieces,
+            last: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The bytes `start..end` when one piece holds them all (the rule).
+    fn slice(&self, start: usize, end: usize) -> Option<&'a [u8]> {
+        let hint = self.last.get();
+        for i in [hint, hint + 1] {
+            let (at, piece) = *self.pieces.get(i)?;
+            if start >= at && end <= at + piece.len() {
+                self.last.set(i);
+                return piece.get(start - at..end - at);
+            }
+        }
+        let i = self
+            .pieces
+            .partition_point(|(at, p)| at + p.len() <= start);
+        let (at, piece) = *self.pieces.get(i)?;
+        self.last.set(i);
+        piece.get(start.checked_sub(at)?..end.checked_sub(at)?)
     }
 
     /// The absolute offset of `at` in piece `piece`.
@@ -193,6 +217,10 @@ fn fold(digest: u64, sample: u64) -> u64 {
 /// The digest of the raw bytes `start..end` by their samples.
 fn sample(src: &Source, start: usize, end: usize) -> u64 {
     let len = end.saturating_sub(start);
+    if let Some(bytes) = src.slice(start, end) {
+        return sample_slice(bytes);
+    }
+    // Cut by a piece boundary: the samples gathered into one buffer first.
     let mut buf = [0u8; WHOLE + 8];
     buf[..8].copy_from_slice(&(len as u64).to_le_bytes());
     let n = if len <= WHOLE {
@@ -206,6 +234,23 @@ fn sample(src: &Source, start: usize, end: usize) -> u64 {
         n
     };
     xxh3_64(&buf[..8 + n])
+}
+
+/// [`sample`] of bytes one piece holds: the same digest, without the
+/// copies for a short string.
+fn sample_slice(bytes: &[u8]) -> u64 {
+    let len = bytes.len();
+    let mut buf = [0u8; WHOLE + 8];
+    buf[..8].copy_from_slice(&(len as u64).to_le_bytes());
+    if len <= WHOLE {
+        buf[8..8 + len].copy_from_slice(bytes);
+        return xxh3_64(&buf[..8 + len]);
+    }
+    let points = [0, len / 3, 2 * len / 3, len - WINDOW];
+    for (i, p) in points.into_iter().enumerate() {
+        buf[8 + i * WINDOW..8 + (i + 1) * WINDOW].copy_from_slice(&bytes[p..p + WINDOW]);
+    }
+    xxh3_64(&buf)
 }
 
 #[cfg(test)]
