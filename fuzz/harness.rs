@@ -16,6 +16,7 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
+use llm_gateway::api::Api;
 use llm_gateway::bodylog::frame::{self, Frame, HeadTail};
 use llm_gateway::bodylog::{record, redact};
 use llm_gateway::config::{catalog, GatewayConfig, Overrides, RouteConfig};
@@ -658,9 +659,39 @@ pub fn sse_pipeline(data: &[u8]) {
         BodyKind::Json => "application/json",
     };
     head.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(ct));
-    let built = ResponsePipeline::for_response(http::StatusCode::OK, &head, handler, drop_usage)
-        .expect("a 2xx SSE / JSON response gets a pipeline");
+    let built =
+        ResponsePipeline::for_response(http::StatusCode::OK, &head, None, handler, drop_usage)
+            .expect("a 2xx SSE / JSON response gets a pipeline");
     assert_eq!(built.is_stream(), kind == BodyKind::Sse);
+
+    // The typed APIs' answers (Anthropic Messages, OpenAI Responses) pass
+    // untouched whatever the route's handler, and are read the same
+    // however they are cut.
+    for api in [Api::Messages, Api::Responses] {
+        let typed = |chunks: &[&[u8]], end_with_last: bool| {
+            let mut pipeline = ResponsePipeline::for_api(kind, Some(api), handler, drop_usage);
+            let mut sent = Vec::new();
+            for (i, chunk) in chunks.iter().enumerate() {
+                let last = i + 1 == chunks.len();
+                sent.extend_from_slice(&pipeline.push(chunk, end_with_last && last));
+            }
+            if !end_with_last || chunks.is_empty() {
+                sent.extend_from_slice(&pipeline.push(&[], true));
+            }
+            (sent, pipeline)
+        };
+        let (sent, cut) = typed(&chunks, end_with_last);
+        assert!(!cut.rewrites());
+        assert_eq!(sent, stream, "a typed answer passes untouched");
+        let (_, whole) = typed(&[stream], false);
+        assert_eq!(
+            cut.usage(),
+            whole.usage(),
+            "typed usage regardless of chunking"
+        );
+        assert_eq!(cut.content_events(), whole.content_events());
+        assert_eq!(cut.response_id_hash(), whole.response_id_hash());
+    }
 }
 
 // ---------------------------------------------------------------- headers

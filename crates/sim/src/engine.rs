@@ -21,6 +21,9 @@ use super::http::{self, ReadError, Request, StreamFraming};
 use super::kv::{self, Kind, KvPool, SeqKv};
 use super::{EngineConfig, EngineStats, Faults, RecordedRequest, RECORDED_LIMIT};
 
+mod apis;
+use apis::{Refusal, ResponseStore};
+
 /// The text of every generated token.
 const TOKEN: &str = "tok ";
 /// A bound on completion length so that a typo cannot make the engine
@@ -52,6 +55,8 @@ pub(crate) struct Shared {
     /// Sequences in their prefill phase (they slow everyone's decode).
     prefilling: AtomicUsize,
     gates: Mutex<AHashMap<String, Arc<Gate>>>,
+    /// The Responses API's stored turns, for `previous_response_id`.
+    responses: Mutex<ResponseStore>,
     next_id: AtomicU64,
     prompt_tokens_total: AtomicU64,
     generation_tokens_total: AtomicU64,
@@ -90,6 +95,7 @@ impl Shared {
             waiting: AtomicUsize::new(0),
             prefilling: AtomicUsize::new(0),
             gates: Mutex::new(AHashMap::new()),
+            responses: Mutex::new(ResponseStore::default()),
             next_id: AtomicU64::new(1),
             prompt_tokens_total: AtomicU64::new(0),
             generation_tokens_total: AtomicU64::new(0),
@@ -355,6 +361,10 @@ struct Plan {
     /// content frame: the decoy a meter must not take for the final count.
     decoy_usage: Option<u64>,
     gate: Option<String>,
+    /// Responses: the turn this one continues (`previous_response_id`).
+    previous_response_id: Option<String>,
+    /// Responses: keep this turn for a later `previous_response_id`.
+    store: bool,
 }
 
 impl Plan {
@@ -362,14 +372,31 @@ impl Plan {
         match self.kind {
             Kind::Chat => "chat.completion",
             Kind::Text => "text_completion",
+            Kind::Messages => "message",
+            Kind::Responses => "response",
         }
     }
 
     fn chunk_object(&self) -> &'static str {
         match self.kind {
             Kind::Chat => "chat.completion.chunk",
-            Kind::Text => "text_completion",
+            Kind::Text | Kind::Messages | Kind::Responses => self.object(),
         }
+    }
+
+    /// What the stream sends for token `index`: an OpenAI chunk, or the
+    /// typed APIs' delta event (after their opening events, for the first).
+    fn token_frame(&self, index: usize, cached: usize) -> Vec<u8> {
+        match self.kind {
+            Kind::Chat | Kind::Text => self.content_frame(index),
+            Kind::Messages => self.messages_token(index, cached),
+            Kind::Responses => self.responses_token(index),
+        }
+    }
+
+    /// The whole generated text.
+    fn text(&self) -> String {
+        TOKEN.repeat(self.max_tokens)
     }
 
     fn usage(&self, cached: usize) -> Value {
@@ -407,7 +434,7 @@ impl Plan {
                 };
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
-            Kind::Text => {
+            Kind::Text | Kind::Messages | Kind::Responses => {
                 json!({"index": 0, "text": TOKEN, "logprobs": null, "finish_reason": finish})
             }
         };
@@ -419,6 +446,26 @@ impl Plan {
             "choices": [choice],
         }))
     }
+}
+
+fn check_tokens(n: u64) -> Result<(), String> {
+    if (1..=MAX_COMPLETION_TOKENS).contains(&n) {
+        Ok(())
+    } else {
+        Err(format!(
+            "max_tokens must be between 1 and {MAX_COMPLETION_TOKENS}"
+        ))
+    }
+}
+
+/// A Responses body without its `instructions`, for the input that
+/// continues an earlier turn.
+fn without_instructions(body: &Value) -> Value {
+    let mut body = body.clone();
+    if let Some(b) = body.as_object_mut() {
+        b.remove("instructions");
+    }
+    body
 }
 
 fn header_number(req: &Request, name: &str) -> Result<Option<u64>, String> {
@@ -453,6 +500,8 @@ impl Shared {
         match (req.method.as_str(), req.path.as_str()) {
             ("POST", "/v1/chat/completions") => self.completion(req, Kind::Chat, wr).await,
             ("POST", "/v1/completions") => self.completion(req, Kind::Text, wr).await,
+            ("POST", "/v1/messages") => self.completion(req, Kind::Messages, wr).await,
+            ("POST", "/v1/responses") => self.completion(req, Kind::Responses, wr).await,
             ("GET", "/v1/models") => {
                 let body = json!({
                     "object": "list",
@@ -607,47 +656,56 @@ impl Shared {
         out
     }
 
-    fn plan(&self, req: &Request, kind: Kind) -> Result<Plan, String> {
+    fn plan(&self, req: &Request, kind: Kind) -> Result<Plan, Refusal> {
+        let invalid = |message: String| Refusal::invalid(kind, &message);
         let body: Value = serde_json::from_slice(&req.body)
-            .map_err(|e| format!("request body is not valid JSON: {e}"))?;
+            .map_err(|e| invalid(format!("request body is not valid JSON: {e}")))?;
         if !body.is_object() {
-            return Err("request body must be a JSON object".into());
+            return Err(invalid("request body must be a JSON object".into()));
         }
-        let prompt = kv::prompt_bytes(kind, &body)?;
-        let requested = match header_number(req, "x-sim-max-tokens")? {
-            Some(n) => Some(n),
-            // vLLM's precedence: the newer name wins.
-            None => match ["max_completion_tokens", "max_tokens"]
-                .iter()
-                .find_map(|k| body.get(*k).filter(|v| !v.is_null()))
-            {
-                Some(v) => Some(v.as_u64().ok_or("max_tokens must be a positive integer")?),
-                None => None,
-            },
+        let mut prompt = kv::prompt_bytes(kind, &body).map_err(invalid)?;
+        let previous_response_id = match body.get("previous_response_id") {
+            _ if kind != Kind::Responses => None,
+            None | Some(Value::Null) => None,
+            Some(Value::String(id)) => Some(id.clone()),
+            Some(_) => return Err(invalid("`previous_response_id` must be a string".into())),
         };
-        if let Some(n) = requested {
-            if !(1..=MAX_COMPLETION_TOKENS).contains(&n) {
-                return Err(format!(
-                    "max_tokens must be between 1 and {MAX_COMPLETION_TOKENS}"
-                ));
-            }
+        if let Some(id) = &previous_response_id {
+            // As OpenAI's stateful API (and vLLM's): the earlier turn's
+            // conversation, then this request's input; its `instructions`
+            // are not carried over, and this request's stand only when it
+            // starts a conversation.
+            let earlier = self
+                .responses
+                .lock()
+                .get(id)
+                .ok_or_else(|| Refusal::unknown_response(id))?;
+            let input = kv::prompt_bytes(kind, &without_instructions(&body)).map_err(invalid)?;
+            prompt = [&earlier[..], &input[..]].concat();
         }
+        let requested = self.requested_tokens(req, kind, &body).map_err(invalid)?;
         let gate = req
             .header("x-sim-gate")
             .map(str::to_string)
             .filter(|g| !g.is_empty());
-        let frame_delay =
-            header_number(req, "x-sim-frame-delay-ms")?.unwrap_or(self.cfg.decode_ms_per_token);
-        let extra_ttft = header_number(req, "x-sim-ttft-ms")?.unwrap_or(0);
-        let decoy_usage = header_number(req, "x-sim-decoy-usage")?;
+        let number = |name| header_number(req, name).map_err(invalid);
+        let frame_delay = number("x-sim-frame-delay-ms")?.unwrap_or(self.cfg.decode_ms_per_token);
+        let extra_ttft = number("x-sim-ttft-ms")?.unwrap_or(0);
+        let decoy_usage = match kind {
+            Kind::Chat | Kind::Text => number("x-sim-decoy-usage")?,
+            Kind::Messages | Kind::Responses => None,
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let prefix = match kind {
-            Kind::Chat => "chatcmpl",
-            Kind::Text => "cmpl",
+            Kind::Chat => "chatcmpl-",
+            Kind::Text => "cmpl-",
+            Kind::Messages => "msg_",
+            Kind::Responses => "resp_",
         };
+        let (max_tokens, cut) = requested.unwrap_or((self.cfg.default_max_tokens, false));
         Ok(Plan {
             kind,
-            id: format!("{prefix}-sim{}-{id}", self.addr.port()),
+            id: format!("{prefix}sim{}-{id}", self.addr.port()),
             created: unix_now(),
             // vLLM answers with the name it was asked for (it rejects others);
             // echoing it lets tests see what the gateway sent upstream.
@@ -658,14 +716,10 @@ impl Shared {
                 .to_string(),
             prompt_tokens: kv::token_count(&prompt),
             prompt,
-            max_tokens: requested.map_or(self.cfg.default_max_tokens, |n| n as usize),
-            // The default length stands for the model ending on its own; an
-            // explicit limit is what cut it short.
-            finish_reason: if requested.is_some() {
-                "length"
-            } else {
-                "stop"
-            },
+            max_tokens,
+            // The default length stands for the model ending on its own; a
+            // limit is what cut it short.
+            finish_reason: if cut { "length" } else { "stop" },
             stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
             include_usage: body
                 .pointer("/stream_options/include_usage")
@@ -675,7 +729,48 @@ impl Shared {
             extra_ttft: Duration::from_millis(extra_ttft),
             decoy_usage,
             gate,
+            previous_response_id,
+            store: kind == Kind::Responses
+                && body.get("store").and_then(Value::as_bool).unwrap_or(true),
         })
+    }
+
+    /// The completion's length and whether a limit cut it: `x-sim-max-tokens`
+    /// exactly; chat and completions the body's limit exactly (vLLM's
+    /// precedence: the newer name wins); Messages (`max_tokens`, which
+    /// every Anthropic request sets) and Responses (`max_output_tokens`) a
+    /// limit on the default length, which cuts it only when it is shorter.
+    fn requested_tokens(
+        &self,
+        req: &Request,
+        kind: Kind,
+        body: &Value,
+    ) -> Result<Option<(usize, bool)>, String> {
+        if let Some(n) = header_number(req, "x-sim-max-tokens")? {
+            check_tokens(n)?;
+            return Ok(Some((n as usize, true)));
+        }
+        let names: &[&str] = match kind {
+            Kind::Chat | Kind::Text => &["max_completion_tokens", "max_tokens"],
+            Kind::Messages => &["max_tokens"],
+            Kind::Responses => &["max_output_tokens"],
+        };
+        let Some(v) = names
+            .iter()
+            .find_map(|k| body.get(*k).filter(|v| !v.is_null()))
+        else {
+            return Ok(None);
+        };
+        let n = v.as_u64().ok_or("max_tokens must be a positive integer")?;
+        check_tokens(n)?;
+        let n = n as usize;
+        Ok(Some(match kind {
+            Kind::Chat | Kind::Text => (n, true),
+            Kind::Messages | Kind::Responses => {
+                let natural = self.cfg.default_max_tokens;
+                (n.min(natural), n <= natural)
+            }
+        }))
     }
 
     async fn completion<W: AsyncWrite + Unpin>(
@@ -702,15 +797,8 @@ impl Shared {
         }
         let plan = match self.plan(req, kind) {
             Ok(plan) => plan,
-            Err(message) => {
-                http::write_response(
-                    wr,
-                    400,
-                    JSON,
-                    &error_body("invalid_request", &message),
-                    keep_alive,
-                )
-                .await?;
+            Err(refusal) => {
+                http::write_response(wr, refusal.status, JSON, &refusal.body, keep_alive).await?;
                 return Ok(true);
             }
         };
@@ -718,26 +806,32 @@ impl Shared {
             let Generated::Done { cached_tokens } = self.generate(&plan, wr, None).await? else {
                 return Ok(false);
             };
-            let text = TOKEN.repeat(plan.max_tokens);
-            let choice = match kind {
-                Kind::Chat => json!({
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": null,
-                    "finish_reason": plan.finish_reason,
-                }),
-                Kind::Text => {
-                    json!({"index": 0, "text": text, "logprobs": null, "finish_reason": plan.finish_reason})
+            self.keep_response(&plan);
+            let text = plan.text();
+            let body = match kind {
+                Kind::Chat | Kind::Text => {
+                    let choice = if kind == Kind::Chat {
+                        json!({
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "logprobs": null,
+                            "finish_reason": plan.finish_reason,
+                        })
+                    } else {
+                        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": plan.finish_reason})
+                    };
+                    json!({
+                        "id": plan.id,
+                        "object": plan.object(),
+                        "created": plan.created,
+                        "model": plan.model,
+                        "choices": [choice],
+                        "usage": plan.usage(cached_tokens),
+                    })
                 }
+                Kind::Messages => plan.messages_answer(cached_tokens),
+                Kind::Responses => plan.responses_answer(cached_tokens),
             };
-            let body = json!({
-                "id": plan.id,
-                "object": plan.object(),
-                "created": plan.created,
-                "model": plan.model,
-                "choices": [choice],
-                "usage": plan.usage(cached_tokens),
-            });
             http::write_response(wr, 200, JSON, body.to_string().as_bytes(), keep_alive).await?;
             return Ok(true);
         }
@@ -754,6 +848,18 @@ impl Shared {
         else {
             return Ok(false);
         };
+        self.keep_response(&plan);
+        let end = match kind {
+            Kind::Chat | Kind::Text => None,
+            Kind::Messages => Some(plan.messages_end()),
+            Kind::Responses => Some(plan.responses_end(cached_tokens)),
+        };
+        if let Some(end) = end {
+            // The typed APIs end with their closing events, no `[DONE]`.
+            http::write_stream_chunk(wr, framing, &end).await?;
+            http::write_stream_end(wr, framing).await?;
+            return Ok(true);
+        }
         if plan.include_usage {
             let frame = sse_frame(&json!({
                 "id": plan.id,
@@ -770,6 +876,16 @@ impl Shared {
         // An HTTP/1.0 stream ends with the close, which the caller does
         // because such requests are never keep-alive.
         Ok(true)
+    }
+
+    /// A Responses turn, kept (unless the request said `store: false`) for
+    /// a later `previous_response_id`: its conversation and its reply.
+    fn keep_response(&self, plan: &Plan) {
+        if plan.store {
+            let mut conversation = plan.prompt.clone();
+            kv::turn_text(&mut conversation, "assistant", &plan.text());
+            self.responses.lock().put(plan.id.clone(), conversation);
+        }
     }
 
     /// Queues, prefills and decodes one sequence; with `framing`, each token
@@ -832,7 +948,8 @@ impl Shared {
             seq.with_kv(|kv, s| kv.grow(s, 1));
             self.generation_tokens_total.fetch_add(1, Ordering::Relaxed);
             if let Some(framing) = framing {
-                http::write_stream_chunk(wr, framing, &plan.content_frame(index)).await?;
+                let frame = plan.token_frame(index, cached_tokens);
+                http::write_stream_chunk(wr, framing, &frame).await?;
                 if index + 1 == die_after {
                     return Ok(Generated::Died);
                 }

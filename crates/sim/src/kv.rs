@@ -21,10 +21,19 @@ pub(crate) const BYTES_PER_TOKEN: usize = 4;
 pub(crate) enum Kind {
     Chat,
     Text,
+    /// Anthropic Messages (`/v1/messages`).
+    Messages,
+    /// OpenAI Responses (`/v1/responses`).
+    Responses,
 }
 
-/// The bytes that stand for the prompt: each chat message's role followed by
-/// its text content, or the completion prompt.
+/// The bytes that stand for the prompt: each turn's role followed by its
+/// text, or the completion prompt. One conversation gives the same bytes
+/// whichever API carries it (a system prompt is `system` and its text, a
+/// reply `assistant` and its text), so a later turn whose history extends
+/// an earlier one shares its prefix, and its cached blocks, on every API.
+/// For Responses only the request's own part: `instructions` and `input`
+/// (the engine puts a previous response's conversation before it).
 pub(crate) fn prompt_bytes(kind: Kind, body: &Value) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     match kind {
@@ -41,27 +50,7 @@ pub(crate) fn prompt_bytes(kind: Kind, body: &Value) -> Result<Vec<u8>, String> 
                     .get("role")
                     .and_then(Value::as_str)
                     .ok_or("every message needs a string `role`")?;
-                out.extend_from_slice(role.as_bytes());
-                match m.get("content") {
-                    None | Some(Value::Null) => {}
-                    Some(Value::String(s)) => out.extend_from_slice(s.as_bytes()),
-                    Some(Value::Array(parts)) => {
-                        for part in parts {
-                            if !part.is_object() {
-                                return Err("content parts must be objects".into());
-                            }
-                            // Non-text parts (images, audio) have no token model here.
-                            if part.get("type").and_then(Value::as_str) == Some("text") {
-                                let text = part
-                                    .get("text")
-                                    .and_then(Value::as_str)
-                                    .ok_or("a text part needs a string `text`")?;
-                                out.extend_from_slice(text.as_bytes());
-                            }
-                        }
-                    }
-                    Some(_) => return Err("`content` must be a string or an array of parts".into()),
-                }
+                turn(&mut out, role, m.get("content"))?;
             }
         }
         Kind::Text => match body.get("prompt") {
@@ -85,8 +74,128 @@ pub(crate) fn prompt_bytes(kind: Kind, body: &Value) -> Result<Vec<u8>, String> 
             Some(_) => return Err("`prompt` must be a string or a non-empty array".into()),
             None => return Err("`prompt` is required".into()),
         },
+        Kind::Messages => {
+            match body.get("system") {
+                None | Some(Value::Null) => {}
+                system @ Some(Value::String(_) | Value::Array(_)) => {
+                    turn(&mut out, "system", system)?
+                }
+                Some(_) => return Err("`system` must be a string or an array of blocks".into()),
+            }
+            let messages = body
+                .get("messages")
+                .and_then(Value::as_array)
+                .ok_or("`messages` must be an array")?;
+            if messages.is_empty() {
+                return Err("`messages` must not be empty".into());
+            }
+            for m in messages {
+                let role = m
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .ok_or("every message needs a string `role`")?;
+                turn(&mut out, role, m.get("content"))?;
+            }
+        }
+        Kind::Responses => {
+            match body.get("instructions") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(s)) => turn_text(&mut out, "system", s),
+                Some(_) => return Err("`instructions` must be a string".into()),
+            }
+            match body.get("input") {
+                Some(Value::String(s)) => turn_text(&mut out, "user", s),
+                Some(Value::Array(items)) if !items.is_empty() => {
+                    for item in items {
+                        response_item(&mut out, item)?;
+                    }
+                }
+                Some(_) => return Err("`input` must be a string or a non-empty array".into()),
+                None => return Err("`input` is required".into()),
+            }
+        }
     }
     Ok(out)
+}
+
+/// A whole text turn: its role, then its text.
+pub(crate) fn turn_text(out: &mut Vec<u8>, role: &str, text: &str) {
+    out.extend_from_slice(role.as_bytes());
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// One turn: its role, then its content, a string or an array of parts
+/// (blocks). Text parts (`text`, and the Responses API's `input_text` and
+/// `output_text`) count by their text, an Anthropic tool call by its name
+/// and input, a tool result by its content; others (images, audio,
+/// thinking) have no token model here.
+fn turn(out: &mut Vec<u8>, role: &str, content: Option<&Value>) -> Result<(), String> {
+    out.extend_from_slice(role.as_bytes());
+    content_bytes(out, content)
+}
+
+fn content_bytes(out: &mut Vec<u8>, content: Option<&Value>) -> Result<(), String> {
+    match content {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) => out.extend_from_slice(s.as_bytes()),
+        Some(Value::Array(parts)) => {
+            for part in parts {
+                if !part.is_object() {
+                    return Err("content parts must be objects".into());
+                }
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text" | "input_text" | "output_text") => {
+                        let text = part
+                            .get("text")
+                            .and_then(Value::as_str)
+                            .ok_or("a text part needs a string `text`")?;
+                        out.extend_from_slice(text.as_bytes());
+                    }
+                    Some("tool_use") => {
+                        let name = part.get("name").and_then(Value::as_str).unwrap_or("");
+                        out.extend_from_slice(name.as_bytes());
+                        if let Some(input) = part.get("input") {
+                            out.extend_from_slice(input.to_string().as_bytes());
+                        }
+                    }
+                    Some("tool_result") => content_bytes(out, part.get("content"))?,
+                    _ => {}
+                }
+            }
+        }
+        Some(_) => return Err("`content` must be a string or an array of parts".into()),
+    }
+    Ok(())
+}
+
+/// One item of a Responses `input`: a message (with a `role`, typed
+/// `message` or not), a function call or its output; other items
+/// (reasoning) have no token model here.
+fn response_item(out: &mut Vec<u8>, item: &Value) -> Result<(), String> {
+    if !item.is_object() {
+        return Err("`input` items must be objects".into());
+    }
+    let text = |key: &str| item.get(key).and_then(Value::as_str).unwrap_or("");
+    match item.get("type").and_then(Value::as_str) {
+        None | Some("message") => {
+            let role = item
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or("a message item needs a string `role`")?;
+            turn(out, role, item.get("content"))
+        }
+        Some("function_call") => {
+            out.extend_from_slice(b"assistant");
+            out.extend_from_slice(text("name").as_bytes());
+            out.extend_from_slice(text("arguments").as_bytes());
+            Ok(())
+        }
+        Some("function_call_output") => {
+            turn_text(out, "tool", text("output"));
+            Ok(())
+        }
+        Some(_) => Ok(()),
+    }
 }
 
 pub(crate) fn token_count(prompt: &[u8]) -> usize {

@@ -8,6 +8,13 @@
 //! SSE streaming with one frame per token, vLLM's Prometheus gauge names, and
 //! failure modes that tests can switch on at any time through [`Faults`].
 //!
+//! It serves `POST /v1/chat/completions` and `/v1/completions`, and, with the
+//! same engine model, Anthropic Messages (`POST /v1/messages`) and OpenAI
+//! Responses (`POST /v1/responses`, stateful through `previous_response_id`)
+//! in their own shapes (`engine/apis.rs`). One conversation is one prompt on
+//! every API, so a turn that extends an earlier one hits its prefix cache
+//! whichever API either came by.
+//!
 //! The HTTP/1.1 server is hand-written on plain tokio (see `http.rs`) so that
 //! framing is under the tests' control: each SSE frame leaves as its own chunk
 //! the moment it is produced, and a stream can be cut without its terminator.

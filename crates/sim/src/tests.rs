@@ -1092,3 +1092,366 @@ async fn a_prefill_in_progress_slows_other_sequences_decode() {
     );
     cold.await.expect("cold request");
 }
+
+// ---- Anthropic Messages and OpenAI Responses
+
+/// The events of a typed SSE body: each `event:` name with its data.
+fn typed_events(body: &[u8]) -> Vec<(String, Value)> {
+    let text = std::str::from_utf8(body).expect("UTF-8 stream");
+    assert!(text.ends_with("\n\n"), "ends with a whole event: {text:?}");
+    text.split_terminator("\n\n")
+        .map(|event| {
+            let (name, data) = event
+                .strip_prefix("event: ")
+                .and_then(|e| e.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not an event line and a data line: {event:?}"));
+            let data: Value = serde_json::from_str(data).expect("event JSON");
+            assert_eq!(data["type"], name, "the data names its event");
+            (name.to_string(), data)
+        })
+        .collect()
+}
+
+/// Sends a streaming request and reads it chunk by chunk: the events of
+/// each chunk, until the terminating chunk.
+async fn typed_stream(
+    c: &mut Client,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> Vec<Vec<(String, Value)>> {
+    c.send(&post(path, &body.to_string(), headers)).await;
+    let (status, resp_headers) = c.head().await;
+    assert_eq!(status, 200);
+    let ct = resp_headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| v.as_str());
+    assert_eq!(ct, Some("text/event-stream"));
+    let mut chunks = Vec::new();
+    loop {
+        match c.chunk().await {
+            Chunk::Data(d) => chunks.push(typed_events(&d)),
+            Chunk::End => return chunks,
+            Chunk::Eof => panic!("stream cut"),
+        }
+    }
+}
+
+fn names(events: &[(String, Value)]) -> Vec<&str> {
+    events.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+/// A first turn of 105 tokens ("system" + 14 bytes, "user" + 396 bytes),
+/// and its conversation after a reply of `reply` tokens and a follow-up
+/// question, as chat messages.
+fn long_first_turn() -> (&'static str, String) {
+    ("You are terse.", "a".repeat(396))
+}
+
+fn chat_history(reply_tokens: usize) -> Value {
+    let (system, first) = long_first_turn();
+    json!([
+        {"role": "system", "content": system},
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": "tok ".repeat(reply_tokens)},
+        {"role": "user", "content": "and a follow-up question"},
+    ])
+}
+
+#[tokio::test]
+async fn messages_answers_and_streams_in_anthropic_shapes() {
+    let h = engine(EngineConfig::default()).await;
+    let mut c = Client::connect(&h).await;
+    let body = json!({"model": "claude-x", "max_tokens": 3, "metadata": {"user_id": "u"},
+                      "messages": [{"role": "user", "content": "0123456789abcdef"}]});
+    let resp = c
+        .request(&post("/v1/messages", &body.to_string(), &[]))
+        .await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("content-type"), Some("application/json"));
+    let v = resp.json();
+    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("msg_")));
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["role"], "assistant");
+    assert_eq!(v["model"], "claude-x");
+    assert_eq!(
+        v["content"],
+        json!([{"type": "text", "text": "tok tok tok "}])
+    );
+    // A max_tokens under the default length cuts the reply.
+    assert_eq!(v["stop_reason"], "max_tokens");
+    // "user" + 16 bytes = 5 tokens.
+    assert_eq!(
+        v["usage"],
+        json!({"input_tokens": 5, "cache_creation_input_tokens": 0,
+               "cache_read_input_tokens": 0, "output_tokens": 3})
+    );
+    // Every Anthropic request sets max_tokens: one over the default length
+    // lets the model end on its own.
+    let mut long = body.clone();
+    long["max_tokens"] = json!(4096);
+    let v = c
+        .request(&post("/v1/messages", &long.to_string(), &[]))
+        .await
+        .json();
+    assert_eq!(v["stop_reason"], "end_turn");
+    assert_eq!(v["usage"]["output_tokens"], 16);
+    // Five tokens fill no block: nothing of the prompt is cached.
+    assert_eq!(v["usage"]["input_tokens"], 5);
+    assert_eq!(v["usage"]["cache_read_input_tokens"], 0);
+
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    stream["messages"][0]["content"] = json!("x".repeat(61));
+    let chunks = typed_stream(&mut c, "/v1/messages", &stream, &[]).await;
+    assert_eq!(chunks.len(), 4, "one chunk a token, then the closing one");
+    assert_eq!(
+        names(&chunks[0]),
+        [
+            "message_start",
+            "content_block_start",
+            "ping",
+            "content_block_delta"
+        ]
+    );
+    let start = &chunks[0][0].1["message"];
+    assert!(start["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("msg_")));
+    assert_eq!(start["content"], json!([]));
+    // "user" + 61 bytes = 17 tokens, nothing cached yet.
+    assert_eq!(
+        start["usage"],
+        json!({"input_tokens": 17, "cache_creation_input_tokens": 0,
+               "cache_read_input_tokens": 0, "output_tokens": 1})
+    );
+    for chunk in &chunks[..3] {
+        let (name, delta) = chunk.last().unwrap();
+        assert_eq!(name, "content_block_delta");
+        assert_eq!(
+            delta["delta"],
+            json!({"type": "text_delta", "text": "tok "})
+        );
+    }
+    assert_eq!(names(&chunks[1]), ["content_block_delta"]);
+    assert_eq!(
+        names(&chunks[3]),
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    let delta = &chunks[3][1].1;
+    assert_eq!(delta["delta"]["stop_reason"], "max_tokens");
+    assert_eq!(delta["usage"], json!({"output_tokens": 3}));
+
+    // x-sim-* headers as for chat: a later first token, a set length.
+    let started = Instant::now();
+    let chunks = typed_stream(
+        &mut c,
+        "/v1/messages",
+        &stream,
+        &[("x-sim-ttft-ms", "150"), ("x-sim-max-tokens", "5")],
+    )
+    .await;
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert_eq!(chunks.len(), 6);
+    // Now its complete block is cached, and Anthropic's input_tokens
+    // leaves it out.
+    assert_eq!(
+        chunks[0][0].1["message"]["usage"]["cache_read_input_tokens"],
+        16
+    );
+    assert_eq!(chunks[0][0].1["message"]["usage"]["input_tokens"], 1);
+
+    // Invalid requests: 400 in Anthropic's error shape.
+    for bad in [
+        json!({"max_tokens": 3}),
+        json!({"messages": []}),
+        json!({"system": 5, "messages": [{"role": "user", "content": "x"}]}),
+        json!({"messages": [{"role": "user", "content": [5]}]}),
+    ] {
+        let resp = c
+            .request(&post("/v1/messages", &bad.to_string(), &[]))
+            .await;
+        assert_eq!(resp.status, 400, "{bad}");
+        let v = resp.json();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+    assert_eq!(h.stats.in_flight.load(Ordering::SeqCst), 0);
+}
+
+/// A later turn whose history extends an earlier one hits the prefix
+/// cache on Messages as on chat; the system prompt (a string or text
+/// blocks) and the content blocks are read as chat reads them, so the same
+/// conversation is the same prompt on either API.
+#[tokio::test]
+async fn a_messages_second_turn_hits_the_prefix_cache_like_chat() {
+    let h = engine(EngineConfig::default()).await;
+    let mut c = Client::connect(&h).await;
+    let (system, first) = long_first_turn();
+    let turn1 = json!({"model": "m", "max_tokens": 3, "system": system,
+                       "messages": [{"role": "user", "content": first}]});
+    let v = c
+        .request(&post("/v1/messages", &turn1.to_string(), &[]))
+        .await
+        .json();
+    assert_eq!(v["usage"]["input_tokens"], 105);
+    assert_eq!(v["usage"]["cache_read_input_tokens"], 0);
+    let reply = v["content"].clone();
+    let turn2 = json!({"model": "m", "max_tokens": 3, "stream": true,
+                       "system": [{"type": "text", "text": system}],
+                       "messages": [
+                           {"role": "user", "content": [{"type": "text", "text": first}]},
+                           {"role": "assistant", "content": reply},
+                           {"role": "user", "content": "and a follow-up question"}]});
+    let chunks = typed_stream(&mut c, "/v1/messages", &turn2, &[]).await;
+    let usage = &chunks[0][0].1["message"]["usage"];
+    // 469 bytes = 118 tokens; turn 1's six complete blocks were cached.
+    assert_eq!(usage["cache_read_input_tokens"], 96);
+    assert_eq!(usage["input_tokens"], 118 - 96);
+    // The same conversation as chat messages: the same prompt, now cached
+    // to its last complete block.
+    let chat_turn = chat(chat_history(3), json!({"max_tokens": 1}));
+    let v = c
+        .request(&post("/v1/chat/completions", &chat_turn, &[]))
+        .await
+        .json();
+    assert_eq!(v["usage"]["prompt_tokens"], 118);
+    assert_eq!(cached_tokens(&v["usage"]), 112);
+}
+
+#[tokio::test]
+async fn responses_answer_stream_and_continue_a_stored_turn() {
+    let h = engine(EngineConfig::default()).await;
+    let mut c = Client::connect(&h).await;
+    let (system, first) = long_first_turn();
+    let turn1 = json!({"model": "gpt-x", "instructions": system, "input": first,
+                       "max_output_tokens": 100});
+    let resp = c
+        .request(&post("/v1/responses", &turn1.to_string(), &[]))
+        .await;
+    assert_eq!(resp.status, 200);
+    let v = resp.json();
+    let id1 = v["id"].as_str().expect("id").to_string();
+    assert!(id1.starts_with("resp_"), "{id1}");
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["model"], "gpt-x");
+    assert!(v["previous_response_id"].is_null());
+    let output = &v["output"][0];
+    assert_eq!(output["type"], "message");
+    assert_eq!(output["role"], "assistant");
+    assert_eq!(output["content"][0]["type"], "output_text");
+    assert_eq!(output["content"][0]["text"], "tok ".repeat(16));
+    assert_eq!(
+        v["usage"],
+        json!({"input_tokens": 105, "input_tokens_details": {"cached_tokens": 0},
+               "output_tokens": 16, "output_tokens_details": {"reasoning_tokens": 0},
+               "total_tokens": 121})
+    );
+
+    // Turn 2 names turn 1: its conversation, then the new input. Its own
+    // instructions are not part of it.
+    let turn2 = json!({"model": "gpt-x", "stream": true, "previous_response_id": id1,
+                       "instructions": "ignored when continuing",
+                       "input": [{"type": "message", "role": "user",
+                                  "content": [{"type": "input_text",
+                                               "text": "and a follow-up question"}]}]});
+    let chunks = typed_stream(&mut c, "/v1/responses", &turn2, &[]).await;
+    assert_eq!(chunks.len(), 17, "one chunk a token, then the closing one");
+    assert_eq!(
+        names(&chunks[0]),
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta"
+        ]
+    );
+    let created = &chunks[0][0].1["response"];
+    let id2 = created["id"].as_str().expect("id").to_string();
+    assert_eq!(created["previous_response_id"], id1.as_str());
+    assert_eq!(created["status"], "in_progress");
+    assert_eq!(names(&chunks[1]), ["response.output_text.delta"]);
+    assert_eq!(chunks[1][0].1["delta"], "tok ");
+    assert_eq!(
+        names(&chunks[16]),
+        [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    let done = &chunks[16][3].1["response"];
+    assert_eq!(done["id"], id2.as_str());
+    assert_eq!(done["status"], "completed");
+    // 420 + "assistant" and 16 tokens (73) + "user" and the question (28)
+    // = 521 bytes = 131 tokens; turn 1's six complete blocks cached.
+    assert_eq!(done["usage"]["input_tokens"], 131);
+    assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"], 96);
+    assert_eq!(done["usage"]["output_tokens"], 16);
+
+    // The same conversation as chat messages is the same prompt, cached to
+    // turn 2's last complete block.
+    let v = c
+        .request(&post(
+            "/v1/chat/completions",
+            &chat(chat_history(16), json!({"max_tokens": 1})),
+            &[],
+        ))
+        .await
+        .json();
+    assert_eq!(v["usage"]["prompt_tokens"], 131);
+    assert_eq!(cached_tokens(&v["usage"]), 128);
+
+    // Turn 3 continues turn 2; a short limit leaves it incomplete.
+    let turn3 = json!({"previous_response_id": id2, "input": "x", "max_output_tokens": 2});
+    let v = c
+        .request(&post("/v1/responses", &turn3.to_string(), &[]))
+        .await
+        .json();
+    assert_eq!(v["status"], "incomplete");
+    assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
+    assert_eq!(v["usage"]["output_tokens"], 2);
+    assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 131 + 16);
+    assert_eq!(v["usage"]["input_tokens_details"]["cached_tokens"], 128);
+
+    // An id the engine does not hold: 404 as OpenAI answers it.
+    let unknown = json!({"previous_response_id": "resp_nope", "input": "x"});
+    let resp = c
+        .request(&post("/v1/responses", &unknown.to_string(), &[]))
+        .await;
+    assert_eq!(resp.status, 404);
+    let v = resp.json();
+    assert_eq!(v["error"]["code"], "previous_response_not_found");
+    assert_eq!(v["error"]["param"], "previous_response_id");
+    assert!(v["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("resp_nope")));
+    // A turn asked not to be stored cannot be continued.
+    let unstored = json!({"input": "y", "store": false});
+    let v = c
+        .request(&post("/v1/responses", &unstored.to_string(), &[]))
+        .await
+        .json();
+    let next = json!({"previous_response_id": v["id"], "input": "z"});
+    let resp = c
+        .request(&post("/v1/responses", &next.to_string(), &[]))
+        .await;
+    assert_eq!(resp.status, 404);
+    // Invalid input: 400.
+    for bad in [
+        json!({"model": "m"}),
+        json!({"input": []}),
+        json!({"input": [5]}),
+        json!({"input": "x", "previous_response_id": 5}),
+    ] {
+        let resp = c
+            .request(&post("/v1/responses", &bad.to_string(), &[]))
+            .await;
+        assert_eq!(resp.status, 400, "{bad}");
+    }
+    assert_eq!(h.stats.in_flight.load(Ordering::SeqCst), 0);
+}

@@ -59,6 +59,7 @@ pub fn prepare_pipeline(head: &mut Parts, ctx: &mut RequestCtx) -> Result<()> {
     let pipeline = ResponsePipeline::for_response(
         head.status,
         &head.headers,
+        ctx.request.api,
         handler,
         ctx.request.usage_injected,
     )

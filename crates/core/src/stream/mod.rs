@@ -1,7 +1,8 @@
 //! The response on its way to the client, as pure byte processing: SSE
 //! framing (`sse`), byte scans (`scan`), what the gateway observes
 //! (`observe`, `usage`, with `usage_object` for the usual shape of a usage
-//! object), what it rewrites (`postprocess`), and the one
+//! object, of OpenAI chunks; `typed` of Anthropic Messages and OpenAI
+//! Responses events), what it rewrites (`postprocess`), and the one
 //! per-response engine that runs them in order (`pipeline`). Nothing here
 //! knows about Pingora; the proxy feeds it chunks.
 //!
@@ -14,12 +15,14 @@ pub mod pipeline;
 pub mod postprocess;
 pub mod scan;
 pub mod sse;
+mod typed;
 pub mod usage;
 mod usage_object;
 
 pub use pipeline::{BodyKind, ResponsePipeline};
 
-/// Token counts as reported by the engine.
+/// Token counts as reported by the engine, in OpenAI's meaning (Messages
+/// and Responses counts are mapped to it: `typed`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
     pub prompt_tokens: u64,

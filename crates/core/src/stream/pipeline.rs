@@ -8,12 +8,21 @@
 //! out with the chunk that completed it (never held for the next one); a
 //! JSON body is held once, for rewriting up to `MAX_HELD_JSON_BYTES`, then
 //! passes unchanged. The proptests of `postprocess` drive this engine.
+//!
+//! The answer's API decides how it is read: OpenAI chunks (chat,
+//! completions, and any other endpoint) by `observe` and `usage`; Anthropic
+//! Messages and OpenAI Responses, whose events are typed, by `typed`. Steps
+//! 2 and 3 are OpenAI's only: the typed APIs always report usage (nothing
+//! was injected to drop) and the handlers know only OpenAI shapes, so their
+//! bytes pass untouched.
 
 use super::observe::{observe_event, ContentHint, StreamStats};
 use super::postprocess::{write_event, Handler, MAX_HELD_JSON_BYTES, MAX_PENDING_EVENT_BYTES};
 use super::sse::{event_data, SseSplitter};
+use super::typed::{Typed, TypedObserver};
 use super::usage::{answer_usage, is_usage_only_event};
 use super::Usage;
+use crate::api::Api;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use std::time::Instant;
@@ -76,8 +85,20 @@ fn starts_with_ignore_case(value: &[u8], prefix: &[u8]) -> bool {
         .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
 }
 
+/// How `process` treats a chunk: the body's kind and its API's format,
+/// decided once, so a chunk costs one branch as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    OpenAiSse,
+    Json,
+    TypedSse,
+}
+
 pub struct ResponsePipeline {
     kind: BodyKind,
+    mode: Mode,
+    /// Messages and Responses answers: what is read of them (`None`: OpenAI).
+    typed: Option<TypedObserver>,
     splitter: SseSplitter,
     /// JSON with a rewrite due: the body so far (up to MAX_HELD_JSON_BYTES).
     held: Option<Vec<u8>>,
@@ -99,9 +120,14 @@ pub struct ResponsePipeline {
 impl ResponsePipeline {
     /// A pipeline for 2xx SSE/JSON responses that are not content-encoded
     /// (compressed bytes can be neither read nor rewritten); None otherwise.
+    /// `api` is the request's ([`Api::of_path`]): Messages and Responses
+    /// answers are read as their typed events and pass untouched, whatever
+    /// `handler` and `drop_usage_frame` say (see the module note); any
+    /// other, `None` included, is read as OpenAI chunks.
     pub fn for_response(
         status: StatusCode,
         headers: &HeaderMap,
+        api: Option<Api>,
         handler: Option<Handler>,
         drop_usage_frame: bool,
     ) -> Option<Self> {
@@ -122,12 +148,36 @@ impl ResponsePipeline {
         } else {
             return None;
         };
-        Some(Self::new(kind, handler, drop_usage_frame))
+        Some(Self::for_api(kind, api, handler, drop_usage_frame))
     }
 
+    /// A pipeline for an OpenAI chunk body of `kind`.
     pub fn new(kind: BodyKind, handler: Option<Handler>, drop_usage_frame: bool) -> Self {
+        Self::for_api(kind, None, handler, drop_usage_frame)
+    }
+
+    /// A pipeline for a body of `kind` answering `api` (as
+    /// [`for_response`](Self::for_response) picks its reading).
+    pub fn for_api(
+        kind: BodyKind,
+        api: Option<Api>,
+        handler: Option<Handler>,
+        drop_usage_frame: bool,
+    ) -> Self {
+        let typed = Typed::of(api).map(TypedObserver::new);
+        let (handler, drop_usage_frame) = match typed {
+            Some(_) => (None, false),
+            None => (handler, drop_usage_frame),
+        };
+        let mode = match (kind, &typed) {
+            (BodyKind::Json, _) => Mode::Json,
+            (BodyKind::Sse, None) => Mode::OpenAiSse,
+            (BodyKind::Sse, Some(_)) => Mode::TypedSse,
+        };
         ResponsePipeline {
             kind,
+            mode,
+            typed,
             splitter: SseSplitter::new(),
             held: None,
             observed: Observed::Nothing,
@@ -160,9 +210,10 @@ impl ResponsePipeline {
         *body = if self.passthrough {
             Some(chunk)
         } else {
-            match self.kind {
-                BodyKind::Sse => self.push_sse(chunk, end_of_stream),
-                BodyKind::Json => self.push_json(chunk, end_of_stream),
+            match self.mode {
+                Mode::OpenAiSse => self.push_sse(chunk, end_of_stream),
+                Mode::Json => self.push_json(chunk, end_of_stream),
+                Mode::TypedSse => self.push_typed_sse(chunk, end_of_stream),
             }
         };
     }
@@ -221,11 +272,54 @@ impl ResponsePipeline {
         }
     }
 
+    /// A typed-event stream (Messages, Responses): observed event by
+    /// event, passed through as it came.
+    fn push_typed_sse(&mut self, chunk: Bytes, end_of_stream: bool) -> Option<Bytes> {
+        let Some(typed) = self.typed.as_mut() else {
+            return Some(chunk);
+        };
+        let stats = &mut self.stats;
+        let times = (
+            self.clock,
+            &mut self.first_content_at,
+            &mut self.last_content_at,
+        );
+        let mut observe = |event: &[u8]| {
+            if typed.event(event, &mut stats.usage) {
+                stats.content_events += 1;
+                if let Some(clock) = times.0 {
+                    let now = clock();
+                    times.1.get_or_insert(now);
+                    *times.2 = Some(now);
+                }
+            }
+        };
+        self.splitter
+            .push_events(&chunk, |event| observe(event.bytes));
+        let runaway = self.splitter.pending_len() > MAX_PENDING_EVENT_BYTES;
+        if end_of_stream || runaway {
+            // Not SSE as we understand it: stop interpreting, lose nothing.
+            self.passthrough = runaway;
+            if let Some(rest) = self.splitter.finish().filter(|_| !runaway) {
+                observe(&rest);
+            }
+        }
+        Some(chunk)
+    }
+
     fn push_json(&mut self, chunk: Bytes, end_of_stream: bool) -> Option<Bytes> {
         let Some(handler) = self.handler else {
             self.observed.add(&chunk);
             if end_of_stream {
-                self.stats.usage = self.observed.bytes().and_then(answer_usage);
+                let body = self.observed.bytes();
+                match self.typed.as_mut() {
+                    None => self.stats.usage = body.and_then(answer_usage),
+                    Some(typed) => {
+                        if let Some(body) = body {
+                            typed.answer(body, &mut self.stats.usage);
+                        }
+                    }
+                }
             }
             return Some(chunk);
         };
@@ -256,8 +350,20 @@ impl ResponsePipeline {
         }
     }
 
+    /// The engine's token counts, in OpenAI's meaning whatever the API
+    /// (see `typed` for how Messages and Responses counts map to them).
     pub fn usage(&self) -> Option<Usage> {
         self.stats.usage
+    }
+
+    /// The Responses API's response id (the answer's `id`, or the stream's
+    /// `response.created` / `response.completed` `response.id`) as
+    /// [`stable_hash64`](crate::hash::stable_hash64) of its bytes; the id
+    /// itself is not kept past its parse. `None` for every other API.
+    pub fn response_id_hash(&self) -> Option<u64> {
+        self.typed
+            .as_ref()
+            .and_then(TypedObserver::response_id_hash)
     }
 
     pub fn first_content_at(&self) -> Option<Instant> {
@@ -390,7 +496,7 @@ mod tests {
         handler: Option<Handler>,
         drop_usage_frame: bool,
     ) -> Option<ResponsePipeline> {
-        ResponsePipeline::for_response(status, &headers, handler, drop_usage_frame)
+        ResponsePipeline::for_response(status, &headers, None, handler, drop_usage_frame)
             .map(|p| p.with_clock(Instant::now))
     }
 

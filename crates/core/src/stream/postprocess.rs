@@ -7,7 +7,10 @@
 //!   escaping and number formatting may differ from the backend's);
 //! - fail-open: anything that does not parse leaves the original bytes;
 //! - a stream is never held: each complete SSE event leaves with the chunk
-//!   that completed it, and only an event cut by a chunk boundary waits.
+//!   that completed it, and only an event cut by a chunk boundary waits;
+//! - OpenAI shapes only (chat, completions): an Anthropic Messages or
+//!   OpenAI Responses answer passes through untouched whatever the route's
+//!   handler (`pipeline` does not run one on it).
 
 use serde_json::{Map, Value};
 

@@ -210,24 +210,36 @@ pub fn event_data(event: &[u8]) -> Option<Cow<'_, [u8]>> {
     }
 }
 
-/// [`event_data`] line by line, for any shape of event.
-fn data_lines(event: &[u8]) -> Option<Cow<'_, [u8]>> {
+/// The type an event names on its `event:` line (the last such line, as
+/// the SSE spec reads them; one space after the colon cut off) and its data
+/// as [`event_data`] reads it, from one walk of its lines: the events of
+/// the typed APIs (Anthropic Messages, OpenAI Responses) carry both.
+pub fn event_type_and_data(event: &[u8]) -> (Option<&[u8]>, Option<Cow<'_, [u8]>>) {
+    let mut name = None;
     let mut data: Option<Cow<'_, [u8]>> = None;
     for line in lines(event) {
         let (content, _) = split_line_terminator(line);
-        let Some(value) = data_field_value(content) else {
-            continue;
-        };
-        match &mut data {
-            None => data = Some(Cow::Borrowed(value)),
-            Some(joined) => {
-                let joined = joined.to_mut();
-                joined.push(b'\n');
-                joined.extend_from_slice(value);
+        if let Some(value) = data_field_value(content) {
+            match &mut data {
+                None => data = Some(Cow::Borrowed(value)),
+                Some(joined) => {
+                    let joined = joined.to_mut();
+                    joined.push(b'\n');
+                    joined.extend_from_slice(value);
+                }
             }
+        } else if content == b"event" {
+            name = Some(&b""[..]);
+        } else if let Some(value) = content.strip_prefix(b"event:") {
+            name = Some(value.strip_prefix(b" ").unwrap_or(value));
         }
     }
-    data
+    (name, data)
+}
+
+/// [`event_data`] line by line, for any shape of event.
+fn data_lines(event: &[u8]) -> Option<Cow<'_, [u8]>> {
+    event_type_and_data(event).1
 }
 
 /// The usual event, `data: VALUE` and the blank line, read without
@@ -287,6 +299,28 @@ mod tests {
 
     /// Events of more than one line: the splitter marks none of them.
     const MULTI_LINE: [&[u8]; 2] = [b"data: a\ndata: b\n\n", b"event: x\ndata: y\n\n"];
+
+    /// An event's type from its `event:` line, beside its data.
+    #[test]
+    fn the_event_line_names_the_type() {
+        let read = |e: &[u8]| {
+            let (name, data) = event_type_and_data(e);
+            (name.map(<[u8]>::to_vec), data.map(|d| d.into_owned()))
+        };
+        let some = |s: &[u8]| Some(s.to_vec());
+        assert_eq!(read(b"event: x\ndata: y\n\n"), (some(b"x"), some(b"y")));
+        assert_eq!(
+            read(b"data: y\r\nevent:x\r\n\r\n"),
+            (some(b"x"), some(b"y"))
+        );
+        assert_eq!(read(b"event: a\nevent: b\n\n"), (some(b"b"), None));
+        assert_eq!(read(b"event\ndata: y\n\n"), (some(b""), some(b"y")));
+        assert_eq!(read(b"events: x\ndata: y\n\n"), (None, some(b"y")));
+        assert_eq!(
+            read(b"event: x\ndata: a\ndata: b"),
+            (some(b"x"), some(b"a\nb"))
+        );
+    }
 
     /// The one-line shortcut reads what the line walk reads, and is taken
     /// only for the shape it knows.

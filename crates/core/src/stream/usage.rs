@@ -279,8 +279,9 @@ impl<'de> Deserialize<'de> for UsageMember {
     }
 }
 
-/// `Value::as_u64` of any value, or 0.
-struct Count(u64);
+/// `Value::as_u64` of any value, or 0 (the typed APIs' counts are read
+/// with it too, `typed`).
+pub(super) struct Count(pub(super) u64);
 
 impl<'de> Deserialize<'de> for Count {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
