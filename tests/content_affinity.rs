@@ -194,3 +194,100 @@ fn route_inspect_tells_content_matches_without_remembering() {
     assert_eq!(after["content"]["blocks"], 4);
     assert_eq!(after["session"]["hash"], before["session"]["hash"]);
 }
+
+const MESSAGES: &str = "/chat/v1/messages";
+const RESPONSES: &str = "/chat/v1/responses";
+
+/// Reads a response's routing headers, whatever its body (an SSE stream is
+/// read to its end).
+fn routed(r: &http::Response) -> (String, String, String) {
+    let h = |name| r.header(name).unwrap_or("-").to_string();
+    (
+        h("x-routed-source"),
+        h("x-routed-session"),
+        h("x-routed-peer"),
+    )
+}
+
+/// Anthropic Messages, stream and not, with no id: one conversation by its
+/// content; with Claude Code's `metadata.user_id`: that id.
+#[test]
+fn messages_conversations_by_content_and_by_user_id() {
+    let cluster = engines(3);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let system = long_text("anthropic-sys", 300);
+    let mut messages = vec![
+        json!({"role": "user", "content": [{"type": "text", "text": long_text("ask", 100), "cache_control": {"type": "ephemeral"}}]}),
+    ];
+    let mut seen = Vec::new();
+    for turn in 0..4 {
+        let body = json!({"model": "sim-model", "max_tokens": 8, "stream": turn % 2 == 1,
+                          "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+                          "messages": messages});
+        let r = http::post_json(gw.addr, MESSAGES, &[], &body);
+        assert_eq!(r.status(), 200, "{}", r.text());
+        seen.push(routed(&r));
+        // The breakpoint moves to the newest message, as Claude Code does.
+        for m in messages.iter_mut() {
+            if let Some(blocks) = m["content"].as_array_mut() {
+                for b in blocks {
+                    b.as_object_mut().map(|o| o.remove("cache_control"));
+                }
+            }
+        }
+        messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": format!("reply {turn}")}]}));
+        messages.push(json!({"role": "user", "content": [{"type": "text", "text": long_text(&format!("more{turn}-"), 50), "cache_control": {"type": "ephemeral"}}]}));
+    }
+    assert!(seen.iter().all(|s| s.0 == "content"), "{seen:?}");
+    assert!(
+        seen.iter().all(|s| s.1 == seen[0].1 && s.2 == seen[0].2),
+        "{seen:?}"
+    );
+    let body = json!({"model": "sim-model", "max_tokens": 8, "metadata": {"user_id": "user_abc_account_1_session_2"},
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let r = http::post_json(gw.addr, MESSAGES, &[], &body);
+    assert_eq!(r.status(), 200, "{}", r.text());
+    assert_eq!(routed(&r).0, "body:metadata.user_id");
+}
+
+/// The Responses API's stateful chain: each turn names the one before by
+/// `previous_response_id` and sends only its new input; all three land on
+/// the engine that holds the conversation, as one session.
+#[test]
+fn previous_response_id_chains_three_turns_onto_one_engine() {
+    let cluster = engines(3);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let mut previous: Option<String> = None;
+    let mut seen = Vec::new();
+    for turn in 0..3 {
+        let mut body = json!({"model": "sim-model", "max_output_tokens": 8, "stream": turn == 1,
+                              "input": [{"type": "message", "role": "user", "content": long_text(&format!("step{turn}-"), 200)}]});
+        if let Some(id) = &previous {
+            body["previous_response_id"] = json!(id);
+        }
+        let r = http::post_json(gw.addr, RESPONSES, &[], &body);
+        assert_eq!(r.status(), 200, "{}", r.text());
+        seen.push(routed(&r));
+        previous = Some(response_id(&r));
+    }
+    assert_eq!(seen[0].0, "content");
+    assert_eq!(seen[1].0, "body:previous_response_id");
+    assert_eq!(seen[2].0, "body:previous_response_id");
+    assert!(
+        seen.iter().all(|s| s.1 == seen[0].1 && s.2 == seen[0].2),
+        "{seen:?}"
+    );
+}
+
+/// The id of a Responses answer, JSON or SSE (`response.created`).
+fn response_id(r: &http::Response) -> String {
+    let text = r.text();
+    if let Ok(v) = serde_json::from_str::<Value>(&text) {
+        return v["id"].as_str().expect("an id").to_string();
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|v| v["response"]["id"].as_str().map(str::to_string))
+        .unwrap_or_else(|| panic!("no response id in {text}"))
+}

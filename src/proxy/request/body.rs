@@ -80,7 +80,14 @@ fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> 
     if req.session.is_none() {
         req.blocks = sink.map(crate::session::content::BlockSink::finish);
     }
-    req.usage_rewrite = view.and_then(|v| rewrites::with_include_usage(route, &req.body, &v));
+    // Anthropic's and the Responses API's streams report usage unasked.
+    let asks_usage = matches!(
+        req.api,
+        Some(crate::api::Api::Chat | crate::api::Api::Completions)
+    );
+    req.usage_rewrite = view
+        .filter(|_| asks_usage)
+        .and_then(|v| rewrites::with_include_usage(route, &req.body, &v));
     Ok(())
 }
 

@@ -51,6 +51,7 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
     let Some(pipeline) = &ctx.response.pipeline else {
         return;
     };
+    remember_response(r, ctx, pipeline, code);
     if let Some(u) = usage {
         if ctx.request.session.is_some() {
             use std::sync::atomic::Ordering::Relaxed;
@@ -71,6 +72,21 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
             .observe(first.saturating_duration_since(ctx.started).as_secs_f64());
     }
     measure_stream(ctx, pipeline, code);
+}
+
+/// A Responses API answer's id, mapped to the session of the turn it
+/// answered: the next turn names it as `previous_response_id` and sends
+/// only its new input, which no content match could place.
+fn remember_response(route: &Route, ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
+    let (Some(sid), Some(response)) = (&ctx.request.session, pipeline.response_id_hash()) else {
+        return;
+    };
+    if (200..300).contains(&code) {
+        route
+            .runtime
+            .content
+            .remember_response(response, sid.hash, now_ms());
+    }
 }
 
 /// A 2xx stream's TTFT (request sent upstream → first content frame) and

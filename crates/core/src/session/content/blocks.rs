@@ -94,9 +94,7 @@ impl<'a> Source<'a> {
                 return piece.get(start - at..end - at);
             }
         }
-        let i = self
-            .pieces
-            .partition_point(|(at, p)| at + p.len() <= start);
+        let i = self.pieces.partition_point(|(at, p)| at + p.len() <= start);
         let (at, piece) = *self.pieces.get(i)?;
         self.last.set(i);
         piece.get(start.checked_sub(at)?..end.checked_sub(at)?)
