@@ -99,7 +99,7 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     opt("balancing.mode", "Balancing mode", "balancing", Kind::Choice(&["load_aware", "hash", "least_conn", "round_robin"]), L("load_aware"), "how a peer is chosen"),
     opt("balancing.session_affinity.headers", "Session headers", "balancing", Kind::List, N("none"), "extra headers that carry a session id, checked first"),
     opt("balancing.session_affinity.idle_timeout", "Session idle timeout", "balancing", Kind::Duration, L("30m"), "a session unseen this long is forgotten (1m .. 24h)"),
-    opt("balancing.session_affinity.content", "Recognise conversations by content", "balancing", Kind::Bool, L("on (load_aware, hash)"), "a request with no session id joins the conversation its history continues"),
+    opt("balancing.session_affinity.content", "Recognise conversations by content", "balancing", Kind::Bool, L("on"), "a request with no session id joins the conversation its history continues (load_aware and hash modes)"),
     hidden(opt("balancing.session_affinity.content.template_fanout", "Template fan-out", "balancing", Kind::Integer, L("4"), "continuations after which a shared prefix (system prompt, template) links no conversation; 0: never")),
     hidden(opt("balancing.session_affinity.content.max_blocks", "Content index cap", "balancing", Kind::Integer, L("500000"), "blocks the route remembers at most (~40 bytes each)")),
     hidden(opt("balancing.session_affinity.live_window", "Live window", "balancing", Kind::Duration, L("10s"), "longest a session counts as holding KV on its engine after an answer; shorter when its clients think less (twice their 90th-percentile gap)")),
