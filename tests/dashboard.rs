@@ -429,7 +429,8 @@ const HTML_SOURCE_MARKERS: &[&str] = &["waiting for /dashboard.json"];
 fn the_dashboard_json_has_every_peer_gate_and_series_but_no_session_id() {
     let cluster = engines(1);
     let one_slot = format!(
-        "peers:\n  - {{name: solo, host: 127.0.0.1, port: {}, max_concurrency: 1}}\ninclude_usage: true\n",
+        "peers:\n  - {{name: solo, host: 127.0.0.1, port: {}, max_concurrency: 1}}\ninclude_usage: true\n\
+         balancing:\n  session_affinity: {{content: off}}\n",
         cluster.engines[0].port()
     );
     let gw = Gateway::start(&[("chat", one_slot)]);
@@ -453,6 +454,7 @@ fn the_dashboard_json_has_every_peer_gate_and_series_but_no_session_id() {
     }
     // The only slot held: the next request is a concurrency 429.
     let held = hold_stream(&gw, CHAT, "json", &[]);
+    // Content recognition is off on this route, so this one has no session.
     let no_session = json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]});
     let refused = http::post_json(gw.addr, CHAT, &[], &no_session);
     assert_eq!(refused.status(), 429);
