@@ -25,9 +25,12 @@ fn body_of_size(size: usize, tag: &str) -> Vec<u8> {
 
 /// A route whose first peer refuses connections; its ban is short so that
 /// it keeps being tried (ties between idle peers are broken at random).
+/// Each request, one body sent again and again, must be free to land on
+/// the dead peer to be retried: content recognition, which would keep the
+/// body's "conversation" on the live peer once it had been there, is off.
 fn dead_then_live(dead: u16, live: u16) -> String {
     format!(
-        "peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\n  - {{name: live, host: 127.0.0.1, port: {live}}}\nhealth:\n  enabled: false\n  ban_ttl: 50ms\n"
+        "peers:\n  - {{name: dead, host: 127.0.0.1, port: {dead}}}\n  - {{name: live, host: 127.0.0.1, port: {live}}}\nhealth:\n  enabled: false\n  ban_ttl: 50ms\nbalancing:\n  session_affinity: {{content: off}}\n"
     )
 }
 
