@@ -358,6 +358,7 @@ async fn run_slot(ctx: &Arc<Ctx>, slot: u32, d: &mut Driver) {
             Some(r) => ("tool", r.clone()),
             None => ("user", plan.user),
         };
+        let call = format!("call_fork{}", spawns.saturating_sub(1));
         if conv.next_turn > 0 && !w.room_for(slot, &conv, role, &input) {
             ctx.end_session(&mut d.route);
             conv = w.conversation(slot, conv.generation + 1);
@@ -365,7 +366,11 @@ async fn run_slot(ctx: &Arc<Ctx>, slot: u32, d: &mut Driver) {
             results = None;
             continue;
         }
-        conv.push(role, input);
+        match role {
+            // The sub-agents' results answer the reply's call.
+            "tool" => conv.push_result(call, input),
+            _ => conv.push(role, input),
+        }
         let sent = ctx.send_turn(d, &mut conv, plan.max_tokens, false).await;
         if sent == Sent::Cut {
             return;
@@ -378,6 +383,9 @@ async fn run_slot(ctx: &Arc<Ctx>, slot: u32, d: &mut Driver) {
         if sent == Sent::Ok {
             results = None;
             if let Some(turns) = w.fork_after(slot, conv.generation, conv.next_turn - 1) {
+                // The reply spawned the sub-agents: a tool call, as an agent
+                // framework's task tool is one.
+                conv.mark_call(format!("call_fork{spawns}"));
                 results = Some(run_fork(ctx, slot, spawns, &conv, d, &turns).await);
                 spawns += 1;
             }

@@ -16,9 +16,11 @@
 //!
 //! In the `forks` scenario a session (the parent) may, after a turn, spawn
 //! sub-agents: each starts from the parent's history as the parent last sent
-//! it plus the reply it got, adds a sub-task, and runs a few turns of its
-//! own; the parent's next message is the sub-agents' results (a `tool`
-//! message) instead of a user message. Sub-agents run in slots of their own
+//! it plus the reply it got (which made the `spawn_agents` tool call, as
+//! an agent framework's task tool is called), adds a sub-task, and runs a
+//! few turns of its own; the parent's next message is the sub-agents'
+//! results (a `tool` message answering that call) instead of a user
+//! message. Sub-agents run in slots of their own
 //! (`subagent_slot`) numbered after the parents', one generation per fork.
 
 use std::time::Duration;
@@ -518,6 +520,7 @@ impl Workload {
             generation,
             next_turn: 0,
             messages: Vec::new(),
+            calls: Vec::new(),
             bytes: 0,
         };
         c.push("system", self.system.clone());
@@ -559,6 +562,10 @@ pub struct Conversation {
     /// Index of the next turn to send.
     pub next_turn: u32,
     messages: Vec<(&'static str, String)>,
+    /// The tool call a message made or answers, by message index: the
+    /// parent's reply that spawned sub-agents (`spawn_agents`) and its
+    /// results (the `tool` message), as an agent framework sends them.
+    calls: Vec<(usize, String)>,
     /// Bytes of role + content, which the engine turns into tokens.
     bytes: usize,
 }
@@ -567,6 +574,23 @@ pub struct Conversation {
 struct Message<'a> {
     role: &'a str,
     content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[ToolCall<'a>; 1]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ToolCall<'a> {
+    id: &'a str,
+    r#type: &'static str,
+    function: Function,
+}
+
+#[derive(Serialize)]
+struct Function {
+    name: &'static str,
+    arguments: &'static str,
 }
 
 #[derive(Serialize)]
@@ -597,7 +621,22 @@ impl Conversation {
     pub fn pop(&mut self) {
         if let Some((role, content)) = self.messages.pop() {
             self.bytes -= role.len() + content.len();
+            let gone = self.messages.len();
+            self.calls.retain(|(at, _)| *at != gone);
         }
+    }
+
+    /// The last message (the reply) made tool call `id`.
+    pub fn mark_call(&mut self, id: String) {
+        if let Some(last) = self.messages.len().checked_sub(1) {
+            self.calls.push((last, id));
+        }
+    }
+
+    /// A `tool` message answering call `id`.
+    pub fn push_result(&mut self, id: String, content: String) {
+        self.push("tool", content);
+        self.calls.push((self.messages.len() - 1, id));
     }
 
     /// The content of the last message (after a turn: its reply).
@@ -644,7 +683,30 @@ impl Conversation {
             messages: self
                 .messages
                 .iter()
-                .map(|(role, content)| Message { role, content })
+                .enumerate()
+                .map(|(i, (role, content))| {
+                    let call = self
+                        .calls
+                        .iter()
+                        .find(|(at, _)| *at == i)
+                        .map(|(_, id)| id.as_str());
+                    let call_made = call.filter(|_| *role == "assistant");
+                    Message {
+                        role,
+                        content,
+                        tool_calls: call_made.map(|id| {
+                            [ToolCall {
+                                id,
+                                r#type: "function",
+                                function: Function {
+                                    name: "spawn_agents",
+                                    arguments: "{}",
+                                },
+                            }]
+                        }),
+                        tool_call_id: call.filter(|_| *role == "tool"),
+                    }
+                })
                 .collect(),
         };
         serde_json::to_vec(&body).unwrap_or_default()

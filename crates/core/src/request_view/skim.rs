@@ -99,6 +99,17 @@ pub(super) fn skim_pieces<'a>(
     r.peek().is_none().then_some(found)
 }
 
+/// Where [`Reader::walk`] is in a conversation element: its own members
+/// (a message's `role`, an item's `type`), the parts of its `content`,
+/// one part (whose `type` says `tool_use`, `tool_result`), or deeper.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Root,
+    Parts,
+    Part,
+    Inside,
+}
+
 /// Where a token started: the piece (counted from the first) and the
 /// offset in it.
 #[derive(Clone, Copy)]
@@ -224,7 +235,7 @@ impl<'a> Reader<'a> {
     fn member(&mut self, member: Member, sink: &mut BlockSink, src: &Source) -> Option<()> {
         if self.peek()? != b'[' {
             sink.begin(member);
-            self.walk(2, sink, src, true)?;
+            self.walk(2, sink, src, Level::Root)?;
             sink.end();
             return Some(());
         }
@@ -236,7 +247,7 @@ impl<'a> Reader<'a> {
         }
         loop {
             sink.begin(member);
-            self.walk(3, sink, src, true)?;
+            self.walk(3, sink, src, Level::Root)?;
             sink.end();
             self.ws();
             match self.next()? {
@@ -250,7 +261,7 @@ impl<'a> Reader<'a> {
     /// [`Self::value`] inside a conversation element: its strings into
     /// `sink`, `cache_control` skipped, the element's own `role` or `type`
     /// (`root`) told to it. The checks are `value`'s, so the verdict is.
-    fn walk(&mut self, depth: usize, sink: &mut BlockSink, src: &Source, root: bool) -> Option<()> {
+    fn walk(&mut self, depth: usize, sink: &mut BlockSink, src: &Source, at: Level) -> Option<()> {
         match self.next()? {
             b'"' => {
                 self.peek()?;
@@ -269,6 +280,12 @@ impl<'a> Reader<'a> {
                     self.at += 1;
                     return Some(());
                 }
+                // An element of a message's `content` array is one part.
+                let inner_of_array = if at == Level::Parts {
+                    Level::Part
+                } else {
+                    Level::Inside
+                };
                 loop {
                     let mut key = None;
                     if close == b'}' {
@@ -281,20 +298,38 @@ impl<'a> Reader<'a> {
                         self.eat(b':')?;
                         self.ws();
                     }
+                    let typed = matches!(
+                        (at, key),
+                        (Level::Root, Some(b"role" | b"type")) | (Level::Part, Some(b"type"))
+                    );
                     match key {
                         Some(b"cache_control") => self.value(depth + 1)?,
-                        Some(b"role" | b"type") if root && self.peek()? == b'"' => {
+                        _ if typed && self.peek()? == b'"' => {
                             self.at += 1;
                             self.peek()?;
                             let value_start = self.mark();
                             let start = src.offset(self.piece, self.at);
                             self.string()?;
                             if let Some(kind) = self.since(value_start, 1) {
-                                sink.kind(kind);
+                                match at {
+                                    Level::Root => sink.kind(kind),
+                                    _ => sink.block_kind(kind),
+                                }
                             }
                             sink.string(src, start, src.offset(self.piece, self.at - 1));
                         }
-                        _ => self.walk(depth + 1, sink, src, false)?,
+                        _ => {
+                            let inner = match (at, key) {
+                                (_, None) => inner_of_array,
+                                (Level::Root, Some(b"tool_calls")) => {
+                                    sink.calls_tool();
+                                    Level::Inside
+                                }
+                                (Level::Root, Some(b"content")) => Level::Parts,
+                                _ => Level::Inside,
+                            };
+                            self.walk(depth + 1, sink, src, inner)?
+                        }
                     }
                     self.ws();
                     match self.next()? {

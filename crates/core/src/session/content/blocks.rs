@@ -57,6 +57,13 @@ impl Member {
 pub struct Block {
     pub digest: u64,
     pub assistant: bool,
+    /// The model's output asked for tools (an OpenAI `tool_calls`, an
+    /// Anthropic `tool_use` block, a Responses `function_call`): its own
+    /// conversation goes on with their results.
+    pub calls_tool: bool,
+    /// Tools' results (a `tool` message, an Anthropic `tool_result`
+    /// block, a Responses `function_call_output`).
+    pub tool_result: bool,
     /// A chunk of a string that went on past it (not the end of its element).
     pub chunk: bool,
 }
@@ -134,6 +141,8 @@ pub struct BlockSink {
     /// The element being read: its member, running digest, first block.
     current: Option<(Member, u64, usize)>,
     assistant: bool,
+    calls_tool: bool,
+    tool_result: bool,
     /// Cap on blocks: past it the rest of the body adds none (work and
     /// memory per request stay bounded).
     full: bool,
@@ -148,6 +157,8 @@ impl BlockSink {
         let first = self.members[member as usize].len();
         self.current = Some((member, 0x9e37_79b9_7f4a_7c15, first));
         self.assistant = false;
+        self.calls_tool = false;
+        self.tool_result = false;
     }
 
     /// A string of the current element, from `start` to `end` (absolute
@@ -168,9 +179,24 @@ impl BlockSink {
     }
 
     /// A role or item type of the current element: the model's own output?
+    /// Tool calls, tool results?
     pub fn kind(&mut self, value: &[u8]) {
-        self.assistant |= matches!(value, b"assistant" | b"reasoning")
-            || (value.ends_with(b"_call") && value != b"function_call_output");
+        let call = value.ends_with(b"_call");
+        self.assistant |= matches!(value, b"assistant" | b"reasoning") || call;
+        self.calls_tool |= call;
+        self.tool_result |= matches!(value, b"tool" | b"function_call_output");
+    }
+
+    /// The type of a content block inside the current element (Anthropic's
+    /// `tool_use` and `tool_result` say what the message carries).
+    pub fn block_kind(&mut self, value: &[u8]) {
+        self.calls_tool |= value == b"tool_use";
+        self.tool_result |= value == b"tool_result";
+    }
+
+    /// The current element holds OpenAI chat `tool_calls`.
+    pub fn calls_tool(&mut self) {
+        self.calls_tool = true;
     }
 
     /// The current element ends: its last block, and every block of it
@@ -180,10 +206,10 @@ impl BlockSink {
             return;
         };
         self.push(member, fold(digest, 0x5a), false);
-        if self.assistant {
-            for b in self.members[member as usize].iter_mut().skip(first) {
-                b.assistant = true;
-            }
+        for b in self.members[member as usize].iter_mut().skip(first) {
+            b.assistant = self.assistant;
+            b.calls_tool = self.calls_tool;
+            b.tool_result = self.tool_result;
         }
     }
 
@@ -195,6 +221,8 @@ impl BlockSink {
         self.members[member as usize].push(Block {
             digest,
             assistant: false,
+            calls_tool: false,
+            tool_result: false,
             chunk,
         });
     }

@@ -231,13 +231,14 @@ impl ContentIndex {
             Some(m) => {
                 let node = state.nodes[&key(m)];
                 let latest = state.sessions.get(&node.session).copied();
-                let next_is_output = blocks.get(m + 1).is_none_or(|b| b.assistant);
-                // Ends exactly at `at`, a node of this request at `m`.
-                let ends_at = |at: Option<(u64, usize)>| {
-                    at.is_some_and(|(at_key, depth)| depth == m + 1 && key(m) == at_key)
+                // Passes through `at`, a node at or above the match.
+                let through = |at: (u64, usize)| {
+                    let (at_key, depth) = at;
+                    depth >= 1 && depth <= m + 1 && key(depth - 1) == at_key
                 };
-                let continues = latest
-                    .is_some_and(|l| ends_at(Some(l.tip)) && next_is_output || ends_at(l.stem));
+                let continues = latest.is_some_and(|l| {
+                    through(l.tip) && answers(blocks, l.tip.1) || l.stem.is_some_and(through)
+                });
                 let template =
                     config.template_fanout > 0 && node.children >= config.template_fanout;
                 if m + 1 == n || continues {
@@ -277,13 +278,35 @@ impl ContentIndex {
                 }
             }
         }
+        // A fork handed its parent's reply: the reply is the parent's, so
+        // that the parent's next turn, and the fork's siblings, find it
+        // there.
+        let parents_reply = match how {
+            How::Forked { parent } => state
+                .sessions
+                .get(&parent)
+                .filter(|l| l.tip.1 >= 1 && l.tip.1 <= from && key(l.tip.1 - 1) == l.tip.0)
+                .map(|l| l.tip.1)
+                .filter(|&at| blocks.get(at).is_some_and(|b| b.assistant))
+                .map(|at| {
+                    (
+                        parent,
+                        at..=at + blocks[at..].iter().take_while(|b| b.chunk).count(),
+                    )
+                }),
+            _ => None,
+        };
         let room = config.max_nodes.saturating_sub(state.nodes.len());
         if n - from <= room {
             for i in from..n {
+                let owner = match &parents_reply {
+                    Some((parent, reply)) if reply.contains(&i) => *parent,
+                    _ => session,
+                };
                 state.nodes.insert(
                     key(i),
                     Node {
-                        session,
+                        session: owner,
                         children: u16::from(i + 1 < n),
                         last_ms: now_ms,
                     },
@@ -390,6 +413,27 @@ impl ContentIndex {
     /// Approximate heap bytes per node and per session, for the README.
     pub const BYTES_PER_NODE: usize = 40;
     pub const BYTES_PER_SESSION: usize = 72;
+}
+
+/// Whether the blocks from `at` on are what a conversation adds after
+/// its last request: the model's reply (or nothing: the same request
+/// again), and, when that reply asked for tools, their results. A reply
+/// that asked for tools followed by a user message is a sub-agent handed
+/// the history up to the call, not the conversation going on.
+fn answers(blocks: &[Block], at: usize) -> bool {
+    let Some(reply) = blocks.get(at) else {
+        return true;
+    };
+    if !reply.assistant {
+        return false;
+    }
+    if !reply.calls_tool {
+        return true;
+    }
+    let reply_end = at + blocks[at..].iter().take_while(|b| b.chunk).count();
+    blocks
+        .get(reply_end + 1)
+        .is_none_or(|next| next.tool_result || next.assistant)
 }
 
 /// The deepest `i` with `known(i)`: the last few from the end one by one

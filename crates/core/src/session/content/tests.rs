@@ -300,3 +300,72 @@ fn peek_remembers_nothing() {
     see(&ix, &t1, 0);
     assert!(!ix.is_empty());
 }
+
+/// Sub-agents handed the parent's history up to its tool call (the reply
+/// that spawned them included) are forks; the parent, which goes on with
+/// the tool's results, keeps its session, whoever comes first.
+#[test]
+fn sub_agents_after_a_tool_call_are_forks_and_the_parent_goes_on() {
+    let ix = index(4);
+    let call = json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "spawn_agents", "arguments": "{}"}}]});
+    let base = vec![
+        json!({"role": "system", "content": SYS}),
+        json!({"role": "user", "content": "fix all the tests"}),
+    ];
+    let body = |msgs: &[Value]| json!({"model": "m", "messages": msgs});
+    let parent = see(&ix, &body(&base), 0);
+    let mut spawned = base.clone();
+    spawned.push(call.clone());
+    for agent in 0..3 {
+        let mut sub = spawned.clone();
+        sub.push(json!({"role": "user", "content": format!("sub-task {agent}")}));
+        let r = see(&ix, &body(&sub), 1 + agent);
+        assert_eq!(
+            r.how,
+            How::Forked {
+                parent: parent.session
+            },
+            "agent {agent}"
+        );
+    }
+    let mut resume = spawned.clone();
+    resume.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "all three done"}));
+    let r = see(&ix, &body(&resume), 10);
+    assert_eq!((r.session, r.how), (parent.session, How::Continued));
+    // Control: a reply without a tool call, then a user message, is the
+    // conversation going on (an ordinary chat).
+    let ix = index(4);
+    let first = see(&ix, &body(&base), 0);
+    let mut chat_next = base.clone();
+    chat_next.push(json!({"role": "assistant", "content": "done"}));
+    chat_next.push(json!({"role": "user", "content": "thanks, now docs"}));
+    assert_eq!(see(&ix, &body(&chat_next), 1).session, first.session);
+}
+
+/// Anthropic's shapes of the same: a `tool_use` block in the reply, a
+/// `tool_result` block in the next user message.
+#[test]
+fn anthropic_tool_use_and_tool_result_blocks_are_read() {
+    let ix = index(4);
+    let base =
+        vec![json!({"role": "user", "content": [{"type": "text", "text": "run the tests"}]})];
+    let body = |msgs: &[Value]| json!({"model": "m", "system": SYS, "messages": msgs});
+    let parent = see(&ix, &body(&base), 0);
+    let mut spawned = base.clone();
+    spawned.push(json!({"role": "assistant", "content": [
+        {"type": "text", "text": "spawning"},
+        {"type": "tool_use", "id": "toolu_1", "name": "Task", "input": {"n": 2}}]}));
+    let mut sub = spawned.clone();
+    sub.push(json!({"role": "user", "content": [{"type": "text", "text": "you are sub-agent 1"}]}));
+    assert_eq!(
+        see(&ix, &body(&sub), 1).how,
+        How::Forked {
+            parent: parent.session
+        }
+    );
+    let mut resume = spawned.clone();
+    resume.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}));
+    let r = see(&ix, &body(&resume), 2);
+    assert_eq!((r.session, r.how), (parent.session, How::Continued));
+}
