@@ -1,10 +1,12 @@
 //! The logged request body without the session ids it carries: every
 //! member a session id can come from (`metadata.session_id`,
-//! `litellm_metadata.session_id`, `metadata.user_id`, `user`) has its value
+//! `litellm_metadata.session_id`, `metadata.user_id`, `user`,
+//! `prompt_cache_key`, `previous_response_id`, `conversation`) has its value
 //! replaced by `"sid:<hash>"`, the same 64-bit hash the frame's
 //! `session_hash` and the X-Routed-Session header give, so a record still
-//! correlates with its session. Every other byte is kept as the engine
-//! received it. Pure.
+//! correlates with its session (for `previous_response_id` the hash is
+//! the response id's: its session is the one that response answered).
+//! Every other byte is kept as the engine received it. Pure.
 
 use crate::request_view::{members_named, RequestView};
 use crate::session::extract::{hash_id, hash_user_id};
@@ -35,10 +37,24 @@ pub fn redact_session_ids(body: &[u8]) -> Cow<'_, [u8]> {
             spans.push((start, end, replacement));
         }
     };
-    const TOP: &[&str] = &["metadata", "litellm_metadata", "user"];
+    const TOP: &[&str] = &[
+        "metadata",
+        "litellm_metadata",
+        "user",
+        "prompt_cache_key",
+        "previous_response_id",
+        "conversation",
+    ];
     for (name, value) in members_named(whole, TOP) {
         match name {
-            "user" => push(value, hash_id),
+            "user" | "prompt_cache_key" | "previous_response_id" => push(value, hash_id),
+            // A string, or `{"id": …}`: the id either way.
+            "conversation" if value.get().starts_with('{') => {
+                for (_, id) in members_named(value, &["id"]) {
+                    push(id, hash_id);
+                }
+            }
+            "conversation" => push(value, hash_id),
             "metadata" => {
                 for (inner, id) in members_named(value, &["session_id", "user_id"]) {
                     push(
@@ -107,6 +123,25 @@ mod tests {
             "only the members' values change; text that merely mentions the id is the conversation"
         );
         serde_json::from_str::<serde_json::Value>(&out).expect("still JSON");
+    }
+
+    #[test]
+    fn openai_and_responses_ids_are_redacted_too() {
+        let body = r#"{"prompt_cache_key":"pk-1","previous_response_id":"resp_9","conversation":{"id":"conv_3"},"input":"pk-1"}"#;
+        let out = redacted(body);
+        for id in ["pk-1", "resp_9", "conv_3"] {
+            assert!(
+                out.contains(&format!("sid:{:016x}", stable_hash64(id.as_bytes()))),
+                "{id}: {out}"
+            );
+        }
+        assert!(!out.contains("resp_9") && !out.contains("conv_3"), "{out}");
+        assert!(
+            out.ends_with(r#""input":"pk-1"}"#),
+            "the conversation is kept: {out}"
+        );
+        let out = redacted(r#"{"conversation":"conv_4"}"#);
+        assert!(!out.contains("conv_4"), "{out}");
     }
 
     #[test]
