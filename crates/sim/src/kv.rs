@@ -27,6 +27,25 @@ pub(crate) enum Kind {
     Responses,
 }
 
+/// A chat or Messages body's `messages`, each as its role and content.
+fn messages(out: &mut Vec<u8>, body: &Value) -> Result<(), String> {
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or("`messages` must be an array")?;
+    if messages.is_empty() {
+        return Err("`messages` must not be empty".into());
+    }
+    for m in messages {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or("every message needs a string `role`")?;
+        turn(out, role, m.get("content"))?;
+    }
+    Ok(())
+}
+
 /// The bytes that stand for the prompt: each turn's role followed by its
 /// text, or the completion prompt. One conversation gives the same bytes
 /// whichever API carries it (a system prompt is `system` and its text, a
@@ -38,20 +57,7 @@ pub(crate) fn prompt_bytes(kind: Kind, body: &Value) -> Result<Vec<u8>, String> 
     let mut out = Vec::new();
     match kind {
         Kind::Chat => {
-            let messages = body
-                .get("messages")
-                .and_then(Value::as_array)
-                .ok_or("`messages` must be an array")?;
-            if messages.is_empty() {
-                return Err("`messages` must not be empty".into());
-            }
-            for m in messages {
-                let role = m
-                    .get("role")
-                    .and_then(Value::as_str)
-                    .ok_or("every message needs a string `role`")?;
-                turn(&mut out, role, m.get("content"))?;
-            }
+            messages(&mut out, body)?;
         }
         Kind::Text => match body.get("prompt") {
             Some(Value::String(s)) => out.extend_from_slice(s.as_bytes()),
@@ -82,20 +88,7 @@ pub(crate) fn prompt_bytes(kind: Kind, body: &Value) -> Result<Vec<u8>, String> 
                 }
                 Some(_) => return Err("`system` must be a string or an array of blocks".into()),
             }
-            let messages = body
-                .get("messages")
-                .and_then(Value::as_array)
-                .ok_or("`messages` must be an array")?;
-            if messages.is_empty() {
-                return Err("`messages` must not be empty".into());
-            }
-            for m in messages {
-                let role = m
-                    .get("role")
-                    .and_then(Value::as_str)
-                    .ok_or("every message needs a string `role`")?;
-                turn(&mut out, role, m.get("content"))?;
-            }
+            messages(&mut out, body)?;
         }
         Kind::Responses => {
             match body.get("instructions") {
