@@ -81,7 +81,8 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
             // Every second the live counts are recounted (sessions age out
             // of the live window), each pool's in-flight is sampled for
             // `/_cluster_avg`, and waiters get a look at the room that
-            // frees; every 30 s expired sessions are swept.
+            // frees; every 30 s expired sessions are swept, and what the
+            // content index no longer needs.
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
             let mut seconds = 0u64;
@@ -91,6 +92,7 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
                 let sessions = &sweeper_route.runtime.sessions;
                 if seconds.is_multiple_of(30) {
                     sessions.sweep(now_ms());
+                    sweeper_route.runtime.content.sweep(now_ms());
                 }
                 sessions.refresh_live(now_ms());
                 sweeper_route.sample_cluster_avg(now_ms());

@@ -115,7 +115,6 @@ struct State {
     sessions: AHashMap<u64, Latest>,
     /// A Responses API response id (its hash) → the session it answered.
     responses: AHashMap<u64, (u64, u64)>,
-    last_sweep_ms: u64,
 }
 
 pub struct ContentIndex {
@@ -209,10 +208,7 @@ impl ContentIndex {
                 k
             })
         };
-        let mut state = self.state.lock();
-        if remember {
-            self.sweep_if_due(&mut state, now_ms);
-        }
+        let state = &mut *self.state.lock();
         let config = state.config;
         let idle = config.idle_ms;
         let live = |n: &Node, st: &State| {
@@ -381,16 +377,11 @@ impl ContentIndex {
         self.len().0 == 0
     }
 
-    /// Drops what has not been used for `idle_ms`.
+    /// Drops what has not been used for `idle_ms` (the route's sweeper
+    /// calls it; what has expired and is not yet swept is never matched).
     pub fn sweep(&self, now_ms: u64) {
         let mut state = self.state.lock();
         self.sweep_now(&mut state, now_ms);
-    }
-
-    fn sweep_if_due(&self, state: &mut State, now_ms: u64) {
-        if now_ms.saturating_sub(state.last_sweep_ms) >= (state.config.idle_ms / 4).max(1000) {
-            self.sweep_now(state, now_ms);
-        }
     }
 
     fn sweep_now(&self, state: &mut State, now_ms: u64) {
@@ -407,7 +398,6 @@ impl ContentIndex {
         nodes.retain(|_, n| {
             now_ms.saturating_sub(n.last_ms) <= idle || sessions.contains_key(&n.session)
         });
-        state.last_sweep_ms = now_ms;
     }
 
     /// Approximate heap bytes per node and per session, for the README.
