@@ -220,7 +220,7 @@ impl ContentIndex {
         };
         let known = |i: usize, st: &State| st.nodes.get(&key(i)).is_some_and(|n| live(n, st));
         let n = chain.len();
-        let matched = longest_known(n, |i| known(i, &state));
+        let matched = longest_known(n, |i| known(i, state));
         let last = key(n - 1);
         let (session, how) = match matched {
             None => (last, How::New),
