@@ -304,3 +304,69 @@ fn without_redis_replicas_do_not_share_content_recognition() {
     // Each replica still follows its own half.
     assert_eq!(sessions[0], sessions[2]);
 }
+
+/// A Responses API chain alternating between the replicas: each turn
+/// names the one before by `previous_response_id`, which the replica that
+/// answered it wrote to Redis, so the other replica keeps the chain on
+/// its session and engine.
+#[test]
+fn with_redis_a_previous_response_id_answered_by_the_other_replica_keeps_its_session() {
+    let cluster = engines(4);
+    let redis = Redis::start();
+    let (a, b) = replicas(&cluster, &store(&redis));
+    let mut previous: Option<String> = None;
+    let mut seen = Vec::new();
+    for t in 0..4 {
+        let gw = if t % 2 == 0 { &a } else { &b };
+        let mut body = serde_json::json!({"model": "sim-model", "max_output_tokens": 4,
+            "input": [{"type": "message", "role": "user", "content": format!("step {t} of the plan")}]});
+        if let Some(id) = &previous {
+            body["previous_response_id"] = serde_json::json!(id);
+        }
+        let r = http::post_json(gw.addr, "/chat/v1/responses", &[], &body);
+        assert_eq!(r.status(), 200, "{}", r.text());
+        seen.push((
+            r.header("x-routed-session").unwrap_or("?").to_string(),
+            r.header("x-routed-peer").unwrap_or("?").to_string(),
+        ));
+        let id = r.json()["id"].as_str().expect("a response id").to_string();
+        // The answering replica writes the id once the answer is out;
+        // the next turn goes to the other replica only once it is there.
+        let written = || {
+            redis
+                .keys()
+                .iter()
+                .filter(|k| k.contains(":r:chat:"))
+                .count()
+        };
+        wait_for(
+            "the response id in Redis",
+            std::time::Duration::from_secs(10),
+            || (written() > t).then_some(()),
+        );
+        assert_eq!(written(), t + 1, "one key per answered response");
+        previous = Some(id);
+    }
+    assert!(seen.iter().all(|s| *s == seen[0]), "{seen:?}");
+}
+
+/// Control: without a shared store the second replica does not know the
+/// first one's response, and the chain gets a session of its own there.
+#[test]
+fn without_redis_a_previous_response_id_from_the_other_replica_is_unknown() {
+    let cluster = engines(4);
+    let (a, b) = replicas(&cluster, "");
+    let first = serde_json::json!({"model": "sim-model", "max_output_tokens": 4,
+        "input": [{"type": "message", "role": "user", "content": "step 0 of the plan"}]});
+    let r = http::post_json(a.addr, "/chat/v1/responses", &[], &first);
+    assert_eq!(r.status(), 200, "{}", r.text());
+    let id = r.json()["id"].as_str().expect("a response id").to_string();
+    let second = serde_json::json!({"model": "sim-model", "max_output_tokens": 4, "previous_response_id": id,
+        "input": [{"type": "message", "role": "user", "content": "step 1"}]});
+    let r2 = http::post_json(b.addr, "/chat/v1/responses", &[], &second);
+    assert_eq!(
+        r2.header("x-routed-source"),
+        Some("body:previous_response_id")
+    );
+    assert_ne!(r2.header("x-routed-session"), r.header("x-routed-session"));
+}

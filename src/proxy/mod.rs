@@ -77,7 +77,7 @@ impl Gateway {
         guards::auth::check(&route, &self.registry, session)?;
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
-        request::session::by_content(&route, self.registry.store(), &mut ctx.request).await;
+        request::session::settle(&route, self.registry.store(), &mut ctx.request).await;
         ctx.request.client_held = conn::hold_client_bytes(session);
         guards::rules::check(&route, &ctx.request)?;
         request::rewrites::include_usage(&mut ctx.request);
@@ -379,6 +379,7 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         ctx.upstream.slot = None;
         response::record::record(session, ctx);
+        response::record::share_response(self.registry.store(), session, ctx);
         response::bodylog::emit(self.bodylog.as_deref(), session, ctx);
         conn::await_next_head(session);
     }

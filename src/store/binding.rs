@@ -61,6 +61,12 @@ pub fn content_key(prefix: &str, route: &str, node: u64) -> String {
     format!("{prefix}c:{route}:{node:016x}")
 }
 
+/// The key of a Responses API response id (its hash) of `route`, whose
+/// value is the session that response answered (16 hex digits).
+pub fn response_key(prefix: &str, route: &str, response: u64) -> String {
+    format!("{prefix}r:{route}:{response:016x}")
+}
+
 /// A content-index node's value: the session whose latest request it
 /// ends, at what depth, and whether it is that request's stem (the last
 /// full chunk of a string still growing) rather than its end.

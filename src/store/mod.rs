@@ -365,6 +365,28 @@ impl RedisStore {
         let _: Option<()> = self.pipeline("content_put", &pipe).await;
     }
 
+    /// The session the response (its id's hash) answered, as another
+    /// replica wrote it. `None`: no answer in time.
+    pub async fn response_get(&self, route: &str, response: u64) -> Option<Option<u64>> {
+        let key = binding::response_key(&self.cfg.key_prefix, route, response);
+        let value: Option<String> = self
+            .query("response_get", redis::cmd("GET").arg(&key))
+            .await?;
+        Some(value.and_then(|v| u64::from_str_radix(&v, 16).ok()))
+    }
+
+    /// Response `response` answered a turn of `session`, for the replica
+    /// the next turn reaches.
+    pub async fn response_put(&self, route: &str, response: u64, session: u64, ttl: Duration) {
+        let key = binding::response_key(&self.cfg.key_prefix, route, response);
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&key)
+            .arg(format!("{session:016x}"))
+            .arg("PX")
+            .arg(ttl_ms(ttl));
+        let _: Option<()> = self.query("response_put", &cmd).await;
+    }
+
     /// Refreshes the key's TTL (a sticky turn).
     pub async fn refresh_ttl(&self, route: &str, sid: u64, ttl: Duration) {
         let key = binding_key(&self.cfg.key_prefix, route, sid);

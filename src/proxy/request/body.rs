@@ -76,7 +76,7 @@ fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> 
     };
     req.json_object = view.is_some();
     req.model = view.and_then(|v| v.model()).map(Cow::into_owned);
-    req.session = super::session::named(route, named, view.as_ref());
+    req.session = super::session::named(named, view.as_ref());
     if req.session.is_none() {
         req.blocks = sink.map(crate::session::content::BlockSink::finish);
     }

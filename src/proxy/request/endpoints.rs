@@ -196,7 +196,13 @@ pub async fn inspect(
             })?,
         ),
     };
-    let sid = super::session::named(route, named, view.as_ref());
+    let mut sid = super::session::named(named, view.as_ref());
+    if let Some(id) = sid
+        .as_mut()
+        .filter(|id| id.source == crate::session::SessionSource::BodyPreviousResponseId)
+    {
+        id.hash = super::session::known_response(route, id.hash).unwrap_or(id.hash);
+    }
     let content = match sid {
         Some(_) => None,
         None => super::session::peek(route, sink),

@@ -21,33 +21,57 @@ pub fn sink_for(route: &Route, api: Option<Api>, named: bool) -> Option<BlockSin
 }
 
 /// The session the client named: in the headers (`named`), else in the
-/// body's sources, a `previous_response_id` mapped to the session whose
-/// turn produced it.
-pub fn named(
-    route: &Route,
-    named: Option<SessionId>,
-    view: Option<&RequestView>,
-) -> Option<SessionId> {
-    if named.is_some() {
-        return named;
+/// body's sources (a `previous_response_id` still the response id's hash:
+/// [`settle`] maps it).
+pub fn named(named: Option<SessionId>, view: Option<&RequestView>) -> Option<SessionId> {
+    named.or_else(|| view.and_then(session_from_body))
+}
+
+/// What the session still needs once the body is read: a response id
+/// mapped to the session it answered, or the conversation recognised by
+/// content; each asks the shared store when this replica does not know.
+pub async fn settle(route: &Route, store: &SessionStore, req: &mut Admitted) {
+    previous_response(route, store, req).await;
+    by_content(route, store, req).await;
+}
+
+/// A `previous_response_id`: the session whose turn that response
+/// answered, from this replica's memory, else from the one another
+/// replica wrote. One nobody knows (forgotten, or a client's own id)
+/// stands for its own chain from here on.
+async fn previous_response(route: &Route, store: &SessionStore, req: &mut Admitted) {
+    let Some(id) = req.session.as_mut() else {
+        return;
+    };
+    if id.source != SessionSource::BodyPreviousResponseId {
+        return;
     }
-    let mut id = view.and_then(session_from_body)?;
-    if id.source == SessionSource::BodyPreviousResponseId {
-        // An id this route has not seen (another replica's, or forgotten)
-        // stands for its own chain from here on.
-        let now = crate::clock::now_ms();
-        if let Some(session) = route.runtime.content.session_of_response(id.hash, now) {
-            id.hash = session;
-        }
+    if let Some(session) = known_response(route, id.hash) {
+        id.hash = session;
+        return;
     }
-    Some(id)
+    let Some(redis) = store.redis() else {
+        return;
+    };
+    if let Some(Some(session)) = redis.response_get(route.name(), id.hash).await {
+        let index = &route.runtime.content;
+        index.remember_response(id.hash, session, crate::clock::now_ms());
+        id.hash = session;
+    }
+}
+
+/// The session this replica saw answered by `response` (a response id's
+/// hash).
+pub fn known_response(route: &Route, response: u64) -> Option<u64> {
+    let now = crate::clock::now_ms();
+    route.runtime.content.session_of_response(response, now)
 }
 
 /// A request that named no session: the conversation its blocks continue,
 /// asking the other replicas (through the shared store, bounded by its
 /// timeout) when this one knows nothing near its end, and telling them
 /// where the conversation now ends.
-pub async fn by_content(route: &Route, store: &SessionStore, req: &mut Admitted) {
+async fn by_content(route: &Route, store: &SessionStore, req: &mut Admitted) {
     let Some(blocks) = req.blocks.take() else {
         return;
     };

@@ -74,6 +74,38 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
     measure_stream(ctx, pipeline, code);
 }
 
+/// What [`remember_response`] remembered, written for the other replicas
+/// when the route shares its sessions (off the request path: the answer
+/// is on its way to the client, and the next turn a think time away).
+pub fn share_response(
+    store: &std::sync::Arc<crate::store::SessionStore>,
+    session: &Session,
+    ctx: &RequestCtx,
+) {
+    let (Some(route), Some(sid), Some(pipeline)) =
+        (&ctx.route, &ctx.request.session, &ctx.response.pipeline)
+    else {
+        return;
+    };
+    let Some(response) = pipeline.response_id_hash() else {
+        return;
+    };
+    if store.redis().is_none() || !(200..300).contains(&status_code(session, ctx)) {
+        return;
+    }
+    let (store, name, session_hash) = (
+        std::sync::Arc::clone(store),
+        route.name().to_string(),
+        sid.hash,
+    );
+    let ttl = route.config.balancing.idle_timeout;
+    tokio::spawn(async move {
+        if let Some(redis) = store.redis() {
+            redis.response_put(&name, response, session_hash, ttl).await;
+        }
+    });
+}
+
 /// A Responses API answer's id, mapped to the session of the turn it
 /// answered: the next turn names it as `previous_response_id` and sends
 /// only its new input, which no content match could place.
