@@ -232,8 +232,16 @@ impl ContentIndex {
                     let (at_key, depth) = at;
                     depth >= 1 && depth <= m + 1 && key(depth - 1) == at_key
                 };
+                // Through the whole latest request, the blocks after it
+                // decide; else a string that grew in place ends its match
+                // exactly at its last full chunk.
                 let continues = latest.is_some_and(|l| {
-                    through(l.tip) && answers(blocks, l.tip.1) || l.stem.is_some_and(through)
+                    if through(l.tip) {
+                        answers(blocks, l.tip.1)
+                    } else {
+                        l.stem
+                            .is_some_and(|(stem, depth)| depth == m + 1 && key(m) == stem)
+                    }
                 });
                 let template =
                     config.template_fanout > 0 && node.children >= config.template_fanout;

@@ -369,3 +369,34 @@ fn anthropic_tool_use_and_tool_result_blocks_are_read() {
     let r = see(&ix, &body(&resume), 2);
     assert_eq!((r.session, r.how), (parent.session, How::Continued));
 }
+
+/// The same with a long last message (its chunks make a stem): a
+/// sub-agent passes through the whole request, so the blocks after it
+/// decide, not the stem.
+#[test]
+fn a_long_last_message_does_not_let_sub_agents_take_the_parent() {
+    let ix = index(4);
+    let long = "tool output line\n".repeat(2000);
+    let base = vec![
+        json!({"role": "system", "content": SYS}),
+        json!({"role": "user", "content": long}),
+    ];
+    let body = |msgs: &[Value]| json!({"model": "m", "messages": msgs});
+    let parent = see(&ix, &body(&base), 0);
+    let mut spawned = base.clone();
+    spawned.push(json!({"role": "assistant", "content": "go", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "spawn_agents", "arguments": "{}"}}]}));
+    for agent in 0..2 {
+        let mut sub = spawned.clone();
+        sub.push(json!({"role": "user", "content": format!("sub-task {agent}")}));
+        assert_eq!(
+            see(&ix, &body(&sub), 1 + agent).how,
+            How::Forked {
+                parent: parent.session
+            }
+        );
+    }
+    let mut resume = spawned.clone();
+    resume.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "done"}));
+    assert_eq!(see(&ix, &body(&resume), 5).session, parent.session);
+}
