@@ -1,5 +1,5 @@
-//! One cell: engines, gateway replicas, the session slots over the
-//! window, and the result.
+//! One cell: engines, gateway replicas (or an external router), the
+//! session slots over the window, and the result.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,8 +20,12 @@ use crate::progress::{self, Progress};
 use crate::record::{write_records, Record};
 use crate::reference::Placer;
 use crate::report::{self, ModeResult};
+use crate::router::RouterProcess;
 use crate::session::{slot_task, Ctx, Target};
-use crate::window::{probe_lag, sample_kv, sample_load, scrape, snapshot, LiveStats, Window};
+use crate::stats::CpuOf;
+use crate::window::{
+    probe_lag, sample_kv, sample_load, scrape, snapshot, LiveStats, Probe, Window,
+};
 use crate::workload::Workload;
 use crate::ROUTE;
 use llm_gateway_sim::{spawn_engines_with, SimCluster};
@@ -89,7 +93,7 @@ pub(crate) async fn run_mode(
 ) -> Result<ModeResult, String> {
     let cell_started = std::time::Instant::now();
     let label = format!("{}/{mode}", plan.scenario);
-    announce(&label, mode);
+    announce(plan, &label, mode);
     let mut engines = Engines::start(plan).await?;
     let mut gateways = Gateways::start(plan, mode, exe, &engines.addrs).await?;
     let ctx = open_cell(plan, workload, gateways.target(plan, &engines.addrs));
@@ -110,11 +114,13 @@ pub(crate) async fn run_mode(
     Ok(report::summarize(mode, plan, &records, cut, &window))
 }
 
-fn announce(label: &str, mode: &str) {
+fn announce(plan: &Plan, label: &str, mode: &str) {
     eprintln!(
         "== {label}: starting engines{}",
         if mode == REFERENCE {
             ""
+        } else if plan.opts.router.is_some() {
+            " and router"
         } else {
             " and gateway"
         }
@@ -149,11 +155,13 @@ impl Engines {
 }
 
 /// The gateway replicas of a gateway cell (none for the reference cell),
-/// the Redis they share if any, and their directory.
+/// the Redis they share if any, and their directory; or, with
+/// `--router-cmd`, the external router in their place.
 struct Gateways {
-    // Fields drop in order: the replicas, then Redis, then the directory
-    // they ran in.
+    // Fields drop in order: the replicas or the router, then Redis, then
+    // the directory they ran in.
     replicas: Vec<GatewayProcess>,
+    router: Option<RouterProcess>,
     redis: Option<gateway::RedisProcess>,
     dir: Option<TempDir>,
 }
@@ -167,6 +175,7 @@ impl Gateways {
     ) -> Result<Gateways, String> {
         let mut g = Gateways {
             replicas: Vec::new(),
+            router: None,
             redis: None,
             dir: None,
         };
@@ -177,6 +186,10 @@ impl Gateways {
         let dir = g
             .dir
             .insert(TempDir::new(&tag).map_err(|e| format!("cannot create a temp dir: {e}"))?);
+        if let Some(spec) = &plan.opts.router {
+            g.router = Some(RouterProcess::start(&spec.command, engine_addrs, &dir.0).await?);
+            return Ok(g);
+        }
         if plan.opts.session_store == "redis" {
             g.redis = Some(gateway::RedisProcess::start(&dir.0).await?);
         }
@@ -209,8 +222,15 @@ impl Gateways {
         Ok(g)
     }
 
-    /// Where the cell's requests go: the replicas, else the engines.
+    /// Where the cell's requests go: the router, the replicas, else the
+    /// engines.
     fn target(&self, plan: &Plan, engine_addrs: &[SocketAddr]) -> Target {
+        if let Some(r) = &self.router {
+            return Target::Router {
+                addr: r.addr,
+                engines: engine_addrs.to_vec(),
+            };
+        }
         match self.replicas.first() {
             Some(g) => Target::Gateway {
                 addrs: self.replicas.iter().map(|g| g.listen).collect(),
@@ -225,13 +245,43 @@ impl Gateways {
         }
     }
 
-    /// Each replica's admin address and pid, for the window's snapshots.
-    fn probes(&self) -> Vec<(SocketAddr, u32)> {
-        self.replicas.iter().map(|g| (g.admin, g.pid)).collect()
+    /// Each replica's admin address and pid, or the router's process
+    /// group, for the window's snapshots.
+    fn probes(&self) -> Vec<Probe> {
+        let router = self.router.iter().map(|r| Probe {
+            admin: None,
+            cpu: CpuOf::Group(r.pgid),
+        });
+        self.replicas
+            .iter()
+            .map(|g| Probe {
+                admin: Some(g.admin),
+                cpu: CpuOf::Process(g.pid),
+            })
+            .chain(router)
+            .collect()
     }
 
-    /// Stops the replicas; an error if one had died during the run.
+    /// Stops the replicas or the router; an error if one had died during
+    /// the run, or a router's process outlived the kill.
     fn stop(&mut self) -> Result<(), String> {
+        if let Some(r) = self.router.as_mut() {
+            let alive = r.alive();
+            let log_tail = r.log_tail();
+            let left = r.stop();
+            if !alive {
+                return Err(format!(
+                    "the router exited during the run: {}\nlog:\n{log_tail}",
+                    r.command
+                ));
+            }
+            if !left.is_empty() {
+                return Err(format!(
+                    "router processes {left:?} (group {}) outlived SIGKILL",
+                    r.pgid
+                ));
+            }
+        }
         for g in self.replicas.iter_mut() {
             let alive = g.alive();
             let log_tail = g.log_tail();

@@ -34,6 +34,9 @@ pub struct StreamTimer {
     /// The streamed text, which the session appends to its history.
     pub content: String,
     pub usage: Option<Usage>,
+    /// The first frame's `id`: the simulated engine names itself there
+    /// (`chatcmpl-sim<port>-<n>`), which tells a router cell's engine.
+    pub id: Option<String>,
     pub done: bool,
     /// An `error` object in the stream, or a frame that is not JSON.
     pub error: Option<String>,
@@ -80,6 +83,9 @@ impl StreamTimer {
                 return;
             }
         };
+        if self.id.is_none() {
+            self.id = v.get("id").and_then(Value::as_str).map(str::to_string);
+        }
         if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
             self.error
                 .get_or_insert_with(|| format!("error in stream: {err}"));
@@ -226,7 +232,9 @@ mod tests {
             ms(5),
         );
         assert_eq!(t.first_content, None);
+        assert_eq!(t.id, None);
         t.feed(content("tok ").as_bytes(), ms(100));
+        assert_eq!(t.id.as_deref(), Some("x"));
         t.feed(content("tok ").as_bytes(), ms(150));
         t.feed(content("tok ").as_bytes(), ms(300));
         t.feed(USAGE.as_bytes(), ms(301));

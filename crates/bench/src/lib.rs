@@ -20,8 +20,13 @@
 //! Progress goes to stderr every few seconds; `--plot` draws the results
 //! (`plot.rs`).
 //!
-//! Everything listens on 127.0.0.1; the gateway process is killed on every
-//! way out (see `gateway.rs`), Ctrl-C and SIGTERM included.
+//! With `--router-cmd` the one cell of each scenario runs an external
+//! router (`router.rs`) where the gateway would be: same engines, same
+//! workload, the engine of each request told from the engine's answer.
+//!
+//! Everything listens on 127.0.0.1; the gateway process (or the router's
+//! process group) is killed on every way out (see `gateway.rs`,
+//! `router.rs`), Ctrl-C and SIGTERM included.
 
 mod analysis;
 mod cell;
@@ -35,6 +40,7 @@ mod progress;
 mod record;
 mod reference;
 mod report;
+mod router;
 mod scenario;
 mod session;
 mod stats;
@@ -46,7 +52,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use options::BenchArgs;
-use options::{Options, REFERENCE};
+use options::Options;
 use plan::{fmt_secs, Plan};
 use progress::Progress;
 pub use record::Record;
@@ -116,8 +122,7 @@ async fn interrupted() -> &'static str {
 }
 
 async fn run_plan(opts: Options) -> i32 {
-    let needs_gateway = opts.modes.iter().any(|m| m != REFERENCE);
-    let exe = if needs_gateway {
+    let exe = if opts.needs_gateway() {
         match opts.gateway.clone().map_or_else(std::env::current_exe, Ok) {
             Ok(exe) => exe,
             Err(e) => {

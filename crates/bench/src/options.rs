@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::ids::SessionIdMode;
 use crate::plan::Plan;
+use crate::router::{self, RouterSpec};
 use crate::scenario::Scenario;
 
 const LONG_ABOUT: &str = "Replay agent sessions through the gateway on simulated engines.
@@ -15,6 +16,14 @@ cell runs no gateway: the client sends a session's first turn to the engine with
 its requests in flight (ties: fewest sessions) and later turns to the same engine, what an ideal \
 sticky router would do, to compare every mode against. Progress goes to stderr every 5 s; a \
 markdown table per scenario (or JSON with --json) to stdout; --plot writes one SVG.
+
+With --router-cmd, each scenario runs one cell, through that external router instead of the \
+gateway (e.g. vllm-router or sglang-router, to compare them on the same workload): the bench \
+starts the command per cell on the cell's fresh engines, sends the requests to \
+http://127.0.0.1:{port}/v1/chat/completions, tells the engine that served each request from the \
+simulated engine's response id, and kills the router's process group at the cell's end. The \
+cell is named by --router-label; --modes may then name at most one gateway mode, which is not \
+run. A router sets no X-Routed-* headers, so the cell reports no session recognition.
 
 Exits 1 if a cell of uniform, skewed or slow-engine had more than 1% errors (in failover and \
 overload errors are a result), 2 on bad arguments.";
@@ -62,7 +71,8 @@ pub struct BenchArgs {
     )]
     pub scenarios: Vec<Scenario>,
     /// Modes to run in each scenario, in order [default: the four gateway
-    /// modes, then reference]
+    /// modes, then reference]; with --router-cmd one cell, the router's, and
+    /// at most one gateway mode here, not run
     #[arg(long, value_name = "a,b", value_delimiter = ',', value_parser = ALL_MODES, help_heading = "Run shape")]
     pub modes: Vec<String>,
     /// Smoke run: 10s per cell, 2s warm-up
@@ -158,6 +168,22 @@ pub struct BenchArgs {
     /// or redis (a redis-server the bench starts, shared) [default: local]
     #[arg(long, value_name = "KIND", value_parser = ["local", "redis"], help_heading = "Gateway")]
     pub session_store: Option<String>,
+
+    /// Run each scenario's one cell through this router instead of the
+    /// gateway: a shell command (sh -c, its own process group, killed at the
+    /// cell's end) with {port} (where it must listen; the bench waits up to
+    /// 60s for it to accept), {engines} (the engines' URLs, space-separated),
+    /// {engine_ports} (their ports, comma-separated) and {metrics_port} (a
+    /// free port for its Prometheus listener) filled per cell. Requests go
+    /// to /v1/chat/completions, no route prefix. --modes may name at most one
+    /// gateway mode, which is not run; no reference cell, no --replicas,
+    /// --session-store, --route-extra or --gateway
+    #[arg(long, value_name = "CMD", help_heading = "External router")]
+    pub router_cmd: Option<String>,
+    /// The router cell's name in the report, the JSON and --records
+    /// [default: router]
+    #[arg(long, value_name = "NAME", help_heading = "External router")]
+    pub router_label: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -193,6 +219,9 @@ pub struct Options {
     pub replicas: usize,
     /// "local" or "redis".
     pub session_store: String,
+    /// `--router-cmd`: the one cell of each scenario goes through this
+    /// router, and `modes` is its label alone.
+    pub router: Option<RouterSpec>,
 }
 
 impl Default for Options {
@@ -226,8 +255,29 @@ impl Default for Options {
             route_extra: None,
             replicas: 1,
             session_store: "local".into(),
+            router: None,
         }
     }
+}
+
+impl Options {
+    /// Whether a cell runs the gateway binary.
+    pub fn needs_gateway(&self) -> bool {
+        self.router.is_none() && self.modes.iter().any(|m| m != REFERENCE)
+    }
+}
+
+/// A router cell's name goes in a markdown table and a file of records.
+fn check_label(label: &str) -> Result<(), String> {
+    if label.is_empty() || label.chars().any(|c| c == '|' || c.is_whitespace()) {
+        return Err(format!(
+            "--router-label {label:?}: a name without spaces or '|'"
+        ));
+    }
+    if label == REFERENCE {
+        return Err("--router-label: \"reference\" names the cell without a router".into());
+    }
+    Ok(())
 }
 
 fn parse_range<T: std::str::FromStr + PartialOrd + Copy>(s: &str) -> Result<(T, T), String> {
@@ -267,6 +317,7 @@ impl BenchArgs {
     /// presets, and the checks that involve more than one flag.
     pub fn resolve(self) -> Result<Options, String> {
         let d = Options::default();
+        let modes_given = !self.modes.is_empty();
         let mut o = Options {
             engines: self.engines.unwrap_or(d.engines),
             sessions_per_engine: self.sessions.unwrap_or(d.sessions_per_engine),
@@ -311,6 +362,7 @@ impl BenchArgs {
             route_extra: self.route_extra,
             replicas: self.replicas.unwrap_or(d.replicas),
             session_store: self.session_store.unwrap_or(d.session_store),
+            router: None,
         };
         if self.realistic_scale && o.time_scale == 1.0 {
             o.time_scale = 2.0;
@@ -339,11 +391,40 @@ impl BenchArgs {
         if o.system_tokens + o.user_tokens.1 + o.max_tokens.1 >= o.max_context {
             return Err("--max-context leaves no room for a turn after the system prompt".into());
         }
+        match (self.router_cmd, self.router_label) {
+            (Some(command), label) => {
+                router::check_template(&command)?;
+                let label = label.unwrap_or_else(|| router::DEFAULT_LABEL.to_string());
+                check_label(&label)?;
+                if modes_given && (o.modes.len() != 1 || o.modes[0] == REFERENCE) {
+                    return Err(
+                        "--router-cmd runs one cell per scenario, the router: --modes may \
+                                name at most one gateway mode, which is not run"
+                            .into(),
+                    );
+                }
+                let gateway_only = [
+                    ("--replicas", o.replicas != 1),
+                    ("--session-store redis", o.session_store != "local"),
+                    ("--route-extra", o.route_extra.is_some()),
+                    ("--gateway", o.gateway.is_some()),
+                ];
+                if let Some((flag, _)) = gateway_only.iter().find(|(_, set)| *set) {
+                    return Err(format!(
+                        "{flag} applies to the gateway, not to --router-cmd"
+                    ));
+                }
+                o.modes = vec![label.clone()];
+                o.router = Some(RouterSpec { command, label });
+            }
+            (None, Some(_)) => return Err("--router-label applies to --router-cmd only".into()),
+            (None, None) => {}
+        }
         for &s in &o.scenarios {
             Plan::for_scenario(o.clone(), s).map_err(|e| format!("scenario {s}: {e}"))?;
         }
         if let Some(g) = &o.gateway {
-            if o.modes.iter().any(|m| m != REFERENCE) && !g.is_file() {
+            if o.needs_gateway() && !g.is_file() {
                 return Err(format!("--gateway {}: no such file", g.display()));
             }
         }
@@ -448,6 +529,56 @@ pub(crate) mod tests {
             parse("--session-id mixed --id-share 1").unwrap().id_share,
             1.0
         );
+    }
+
+    /// `parse` splits on whitespace; a router command has spaces.
+    fn parse_with_router(args: &str, command: &str) -> Result<Options, String> {
+        let argv = std::iter::once("bench")
+            .chain(args.split_whitespace())
+            .chain(["--router-cmd", command]);
+        Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .args
+            .resolve()
+    }
+
+    #[test]
+    fn a_router_runs_one_cell_named_by_its_label() {
+        let cmd = "vllm-router --port {port} --worker-urls {engines} --prometheus-port \
+                   {metrics_port}";
+        let o = parse_with_router("--session-id none", cmd).unwrap();
+        assert_eq!(o.modes, vec!["router"]);
+        assert_eq!(
+            o.router,
+            Some(RouterSpec {
+                command: cmd.into(),
+                label: "router".into()
+            })
+        );
+        assert!(!o.needs_gateway());
+        let o = parse_with_router("--router-label vllm-ca --modes load_aware", cmd).unwrap();
+        assert_eq!(o.modes, vec!["vllm-ca"]);
+        assert_eq!(o.router.unwrap().label, "vllm-ca");
+        // Without the flag nothing changes.
+        let d = parse("").unwrap();
+        assert_eq!(d.router, None);
+        assert!(d.needs_gateway());
+        assert!(!parse("--modes reference").unwrap().needs_gateway());
+        for bad in [
+            "--modes load_aware,hash",
+            "--modes reference",
+            "--router-label reference",
+            "--router-label a|b",
+            "--replicas 2",
+            "--session-store redis",
+            "--route-extra queue_timeout:30s",
+            "--gateway /bin/sh",
+        ] {
+            assert!(parse_with_router(bad, cmd).is_err(), "{bad}");
+        }
+        assert!(parse_with_router("", "r --port {prot}").is_err());
+        assert!(parse_with_router("", "r --worker-urls {engines}").is_err());
+        assert!(parse("--router-label x").is_err());
     }
 
     #[test]

@@ -39,7 +39,8 @@ pub struct Record {
     pub usage: Option<Usage>,
     pub peer: Option<String>,
     /// The engine that served it: from `x-routed-peer` through the gateway,
-    /// the client's own choice in the reference cell.
+    /// from the engine's response id through a router (`--router-cmd`), the
+    /// client's own choice in the reference cell.
     pub engine: Option<usize>,
     pub routed_mode: Option<String>,
     /// Time the gateway held it in its admission queue (`x-routed-queued-ms`).

@@ -27,6 +27,9 @@ pub struct ScenarioResult {
 #[derive(Debug, Clone, Default)]
 pub struct ModeResult {
     pub mode: String,
+    /// The cell ran an external router (`--router-cmd`; `mode` is its
+    /// label): no gateway counters, no routed sessions.
+    pub router: bool,
     pub window_s: f64,
     /// Requests started in the measured window (successful or not).
     pub requests: usize,
@@ -80,7 +83,8 @@ pub struct ModeResult {
     /// Requests in each engine every 100 ms: (seconds since the cell's
     /// start, per engine).
     pub load_series: Vec<(f64, Vec<u32>)>,
-    /// Gateway CPU over the window, in cores.
+    /// Gateway CPU over the window, in cores (a router cell: its process
+    /// group's).
     pub gateway_cpu: Option<f64>,
     /// This process (client and engines) over the window, in cores.
     pub bench_cpu: Option<f64>,
@@ -214,7 +218,10 @@ pub fn summarize(
             .or_insert(0) += 1;
     }
     let prefill = analysis::prefill_bound(records, plan.workload.system_tokens as u64, is_measured);
-    let recognition = (mode != REFERENCE).then(|| analysis::recognition(records, is_measured));
+    // A router names no session: nothing to recognise, nothing to claim.
+    let router = mode != REFERENCE && plan.opts.router.is_some();
+    let recognition =
+        (mode != REFERENCE && !router).then(|| analysis::recognition(records, is_measured));
     let times: Vec<Duration> = std::iter::successors(Some(warm), |t| Some(*t + BINDINGS_EVERY))
         .take_while(|t| *t < end)
         .collect();
@@ -229,6 +236,7 @@ pub fn summarize(
         .collect();
     ModeResult {
         mode: mode.to_string(),
+        router,
         window_s: window,
         requests: measured.len(),
         errors: measured.iter().filter(|r| !r.ok).count(),
@@ -299,23 +307,34 @@ fn reasons(m: &BTreeMap<String, f64>) -> String {
         .join(", ")
 }
 
+/// The gateway's spill + migrated placements, "-" for a router cell
+/// (nothing counted them).
+fn moves(r: &ModeResult) -> String {
+    if r.router {
+        "-".into()
+    } else {
+        format!("{:.0}", r.moves())
+    }
+}
+
 pub fn progress_line(scenario: &str, r: &ModeResult) -> String {
     format!(
         "   {scenario}/{}: {} requests ({} errors), TTFT p95 {}, cache hit {}, prefilled {} the \
-         perfect-cache bound, moves {:.0}{}{}",
+         perfect-cache bound, moves {}{}{}",
         r.mode,
         r.requests,
         r.errors,
         opt(r.ttft_p95, |v| format!("{v:.3} s")),
         pct(r.cache_hit),
         opt(r.prefill.ratio(), |v| format!("{v:.2}x")),
-        r.moves(),
+        moves(r),
         match &r.recognition {
             Some(g) => format!(
                 ", sessions recognised {} (wrong {})",
                 pct(g.recognised_share()),
                 g.wrong
             ),
+            None if r.router => ", no routed session (a router)".into(),
             None => String::new(),
         },
         if r.stalled() {
@@ -416,7 +435,10 @@ pub fn markdown(scenarios: &[ScenarioResult], elapsed: Duration) -> String {
          each session's first request (e0/e1/...), whole cell; engine load and queue = requests \
          in each engine and queued beyond max_running, sampled every 100 ms; gateway CPU from \
          /proc/<pid>/stat over the window. With several replicas, moves, placements and \
-         gateway CPU are every replica's together. The reference cell runs no gateway: the client sends \
+         gateway CPU are every replica's together. A router cell (--router-cmd) runs the \
+         external router in the gateway's place: its engine per request from the engine's \
+         response id, its CPU its process group's, no moves or session recognition (it \
+         counts no placements and names no session). The reference cell runs no gateway: the client sends \
          a session's first turn to the engine with the fewest of its requests in flight (ties: \
          fewest sessions) and later turns to the same engine, re-placing a session whose engine \
          refuses connections.\n",
@@ -435,6 +457,13 @@ fn scenario_markdown(plan: &Plan, results: &[ModeResult]) -> String {
     let mut out = String::new();
     for line in plan.describe().lines() {
         out.push_str(&format!("- {line}\n"));
+    }
+    if let Some(r) = &plan.opts.router {
+        out.push_str(&format!(
+            "- router cell {}: `{}`, started per cell on its engines; requests to \
+             /v1/chat/completions\n",
+            r.label, r.command
+        ));
     }
     out.push('\n');
     out.push_str(
@@ -455,7 +484,7 @@ fn scenario_markdown(plan: &Plan, results: &[ModeResult]) -> String {
             .collect::<Vec<_>>()
             .join("/");
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {:.0} | {} | {} | {} | {} | {:.0} | {} | {} \
+            "| {} | {} | {} | {} | {} | {} | {} / {} | {:.0} | {} | {} | {} | {} | {} | {} | {} \
              | {} | {} | {} | {} |\n",
             r.mode,
             r.requests,
@@ -474,7 +503,7 @@ fn scenario_markdown(plan: &Plan, results: &[ModeResult]) -> String {
             prefill(&r.prefill),
             spread(r.sessions_spread, |v| format!("{v:.1}")),
             spread(r.tokens_spread, tokens),
-            r.moves(),
+            moves(r),
             reasons(&r.spills),
             pct(r.switch_rate),
             if new_sessions.is_empty() {
@@ -564,14 +593,28 @@ fn sources(m: &BTreeMap<String, usize>) -> String {
         .join(", ")
 }
 
-/// The session-recognition table of the gateway cells (none without one).
+/// The session-recognition table of the gateway cells (none without one);
+/// for a router cell, that there is nothing to recognise.
 fn recognition_markdown(plan: &Plan, results: &[ModeResult]) -> String {
+    let routers: Vec<&str> = results
+        .iter()
+        .filter(|r| r.router)
+        .map(|r| r.mode.as_str())
+        .collect();
     let cells: Vec<(&ModeResult, &Recognition)> = results
         .iter()
         .filter_map(|r| r.recognition.as_ref().map(|g| (r, g)))
         .collect();
     if cells.is_empty() {
-        return String::new();
+        if routers.is_empty() {
+            return String::new();
+        }
+        return format!(
+            "\nSession recognition, session ids: {}: no routed session in {} (an external \
+             router sets no X-Routed-* headers; its engines are told from their response ids).\n",
+            plan.opts.session_id,
+            routers.join(", ")
+        );
     }
     let mut out = format!(
         "\nSession recognition, session ids: {}. Later turns = successful measured turns after \
@@ -632,6 +675,7 @@ fn spread_json(s: Option<Spread>) -> Value {
 fn cell_json(r: &ModeResult) -> Value {
     json!({
         "mode": r.mode,
+        "router": r.router,
         "window_s": r.window_s,
         "requests": r.requests,
         "errors": r.errors,
@@ -653,7 +697,7 @@ fn cell_json(r: &ModeResult) -> Value {
         "prefilled_over_bound": r.prefill.ratio(),
         "live_sessions_per_engine": spread_json(r.sessions_spread),
         "bound_tokens_per_engine": spread_json(r.tokens_spread),
-        "moves": r.moves(),
+        "moves": (!r.router).then(|| r.moves()),
         "spills": r.spills,
         "migrations": r.migrations,
         "placements": r.placements,
@@ -693,6 +737,10 @@ fn parameters_json(plan: &Plan) -> Value {
         "route_extra": plan.opts.route_extra,
         "replicas": plan.opts.replicas,
         "session_store": plan.opts.session_store,
+        "router": plan.opts.router.as_ref().map(|r| json!({
+            "label": r.label,
+            "command": r.command,
+        })),
         "session_id": plan.opts.session_id.name(),
         "id_share": (plan.opts.session_id == SessionIdMode::Mixed).then_some(plan.opts.id_share),
         "workload": {
@@ -763,6 +811,79 @@ mod tests {
             "cut"
         );
         assert_eq!(error_kind("stream had no usage frame"), "other");
+    }
+
+    #[test]
+    fn a_router_cell_claims_no_recognition_and_no_moves() {
+        use crate::router::RouterSpec;
+        use crate::window::{Lag, LoadSamples, Snapshot};
+        let opts = crate::options::Options {
+            duration: Duration::from_secs(10),
+            warmup: Some(Duration::from_secs(1)),
+            modes: vec!["vllm".into()],
+            router: Some(RouterSpec {
+                command: "vllm-router --port {port}".into(),
+                label: "vllm".into(),
+            }),
+            ..Default::default()
+        };
+        let plan = Plan::new(opts);
+        let snap = || Snapshot {
+            at: tokio::time::Instant::now(),
+            placements: Vec::new(),
+            engines: Vec::new(),
+            gateway_cpu: None,
+            bench_cpu: None,
+        };
+        let window = Window {
+            before: snap(),
+            after: snap(),
+            retired: Vec::new(),
+            load: LoadSamples::default(),
+            kv_committed: Vec::new(),
+            lag: Lag::default(),
+        };
+        // Two turns of one session on e1, as a router cell records them:
+        // the engine from the response id, no X-Routed-* header.
+        let turn = |turn: u32, start: u64| Record {
+            turn,
+            session: "s0".into(),
+            start: Duration::from_secs(start),
+            end: Duration::from_secs(start + 1),
+            ok: true,
+            ttft: Some(Duration::from_millis(100)),
+            usage: Some(crate::client::Usage {
+                prompt_tokens: 1000,
+                completion_tokens: 10,
+                cached_tokens: 500,
+            }),
+            engine: Some(1),
+            peer: Some("e1".into()),
+            first_of_session: turn == 0,
+            switched_peer: (turn > 0).then_some(false),
+            ..Record::default()
+        };
+        let r = summarize("vllm", &plan, &[turn(0, 2), turn(1, 4)], 0, &window);
+        assert!(r.router && r.recognition.is_none());
+        assert_eq!(r.new_sessions_per_peer.get("e1"), Some(&1));
+        assert_eq!(r.switch_rate, Some(0.0));
+        assert_eq!(r.cache_hit, Some(0.5));
+        assert!(progress_line("uniform", &r).contains("moves -, no routed session"));
+        let md = scenario_markdown(&plan, std::slice::from_ref(&r));
+        assert!(md.contains("no routed session in vllm"), "{md}");
+        assert!(
+            md.contains("router cell vllm: `vllm-router --port {port}`"),
+            "{md}"
+        );
+        assert!(!md.contains("| recognised |"), "{md}");
+        let v = cell_json(&r);
+        assert_eq!(v["router"], true);
+        assert!(v["moves"].is_null() && v["session_recognition"].is_null());
+        assert_eq!(parameters_json(&plan)["router"]["label"], "vllm");
+        // A gateway cell is as before.
+        let mut g = r.clone();
+        g.router = false;
+        assert!(progress_line("uniform", &g).contains("moves 0"));
     }
 
     #[test]

@@ -18,10 +18,12 @@ use crate::client::{post_stream, Conn, Exchange};
 use crate::ids::{IdVia, SessionIds, SESSION_HEADER};
 use crate::record::Record;
 use crate::reference::Placer;
+use crate::router::engine_of_response_id;
 use crate::workload::{Conversation, Workload};
 
 const MODEL: &str = "sim-model";
-/// Where the reference cell sends requests: the engines' own API.
+/// Where the reference cell sends requests: the engines' own API (and a
+/// router cell: a router serves the same path).
 const DIRECT_PATH: &str = "/v1/chat/completions";
 /// A request taking longer than this is an error, whatever the mode.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -34,6 +36,12 @@ pub(crate) enum Target {
         host: String,
         path: String,
         next: AtomicU64,
+    },
+    /// An external router (`--router-cmd`); `engines` to tell which one
+    /// served a request from its response id.
+    Router {
+        addr: SocketAddr,
+        engines: Vec<SocketAddr>,
     },
     /// The reference cell: straight to the engines, placed by the client.
     Direct {
@@ -102,10 +110,10 @@ impl Ctx {
     }
 
     /// How a request of `session` names it: as `--session-id` says through
-    /// the gateway, not at all to the engines.
+    /// the gateway or a router, not at all to the engines.
     fn id_via(&self, session: &str) -> IdVia {
         match self.target {
-            Target::Gateway { .. } => self.ids.via(session),
+            Target::Gateway { .. } | Target::Router { .. } => self.ids.via(session),
             Target::Direct { .. } => IdVia::Nothing,
         }
     }
@@ -143,6 +151,26 @@ impl Ctx {
                     .as_ref()
                     .and_then(|h| h.header("x-routed-peer"))
                     .and_then(analysis::engine_index);
+                Ok((ex, reusable, engine))
+            }
+            Target::Router { addr, engines } => {
+                let c = route
+                    .connection(*addr)
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
+                let header = [(SESSION_HEADER, session)];
+                let headers: &[(&str, &str)] = match via {
+                    IdVia::Header => &header,
+                    IdVia::PromptCacheKey | IdVia::Nothing => &[],
+                };
+                let host = addr.to_string();
+                let (ex, reusable) =
+                    post_stream(c, &host, DIRECT_PATH, headers, body, started).await;
+                let engine = ex
+                    .timer
+                    .id
+                    .as_deref()
+                    .and_then(|id| engine_of_response_id(id, engines));
                 Ok((ex, reusable, engine))
             }
             Target::Direct { engines, placer } => {
@@ -292,7 +320,7 @@ impl Ctx {
                         .header("x-routed-queued-ms")
                         .and_then(|v| v.trim().parse().ok());
                 }
-                if matches!(self.target, Target::Direct { .. }) {
+                if matches!(self.target, Target::Direct { .. } | Target::Router { .. }) {
                     record.peer = engine.map(|e| format!("e{e}"));
                 }
                 record.ttft = ex.timer.first_content;

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::client;
-use crate::stats;
+use crate::stats::{self, CpuOf};
 use crate::ROUTE;
 use llm_gateway_prom::Sample;
 use llm_gateway_sim::EngineStats;
@@ -37,20 +37,26 @@ pub(crate) async fn scrape(addr: SocketAddr) -> Vec<Sample> {
     }
 }
 
-/// `gateways`: each replica's admin address and pid, for a gateway cell.
-/// The placement counters of every replica are kept apart by a `replica`
-/// label, so a window's difference is taken per replica and then summed;
-/// the CPU is the replicas' together.
-pub(crate) async fn snapshot(gateways: &[(SocketAddr, u32)], engines: &[SocketAddr]) -> Snapshot {
+/// What the window's snapshots read of a process between the client and
+/// the engines: a gateway replica's admin address (its counters) and pid,
+/// or an external router's process group (its CPU only).
+pub(crate) struct Probe {
+    pub admin: Option<SocketAddr>,
+    pub cpu: CpuOf,
+}
+
+/// `gateways`: each replica (or the router) of the cell, none in the
+/// reference cell. The placement counters of every replica are kept apart
+/// by a `replica` label, so a window's difference is taken per replica and
+/// then summed; the CPU is the replicas' together.
+pub(crate) async fn snapshot(gateways: &[Probe], engines: &[SocketAddr]) -> Snapshot {
     let at = Instant::now();
-    let cpus: Vec<f64> = gateways
-        .iter()
-        .filter_map(|&(_, pid)| stats::cpu_seconds(pid))
-        .collect();
+    let cpus: Vec<f64> = gateways.iter().filter_map(|p| p.cpu.seconds()).collect();
     let gateway_cpu = (!cpus.is_empty()).then(|| cpus.iter().sum());
     let bench_cpu = stats::cpu_seconds(std::process::id());
     let mut placements = Vec::new();
-    for (i, &(admin, _)) in gateways.iter().enumerate() {
+    for (i, probe) in gateways.iter().enumerate() {
+        let Some(admin) = probe.admin else { continue };
         placements.extend(scrape(admin).await.into_iter().map(|mut s| {
             s.labels.push(("replica".to_string(), i.to_string()));
             s
