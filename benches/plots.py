@@ -517,6 +517,36 @@ PLOTS = [
             },
         ],
     },
+    # BENCHMARKS.md, "Sessions without an id (issue 30)": the medians over
+    # seeds 1-3 of its first table (before: content off, f13621e / 78ace31).
+    {
+        "file": "anonymous-sessions.svg",
+        "title": "Sessions without an id: recognised by content, against a session header",
+        "subtitle": "median of three seeds, 60 s cells, load_aware; before = the same anonymous sessions with recognition off",
+        "source": "Source: BENCHMARKS.md, Sessions without an id (issue 30). llm-gateway bench --session-id header|none, 78ace31 and f13621e.",
+        "panels": [
+            {
+                "title": "TTFT p95",
+                "ylabel": "TTFT p95 (s)",
+                "groups": ["uniform", "skewed", "forks", "slow-engine", "failover", "overload"],
+                "series": [
+                    {"name": "before: no id, content off", "values": ["2.793", "1.528", "2.659", "3.979", "4.180", "3.955"]},
+                    {"name": "header", "values": ["0.559", "0.883", "1.548", "0.927", "1.495", "4.115"]},
+                    {"name": "no id (content)", "values": ["0.548", "0.919", "0.593", "0.840", "1.532", "4.291"]},
+                ],
+            },
+            {
+                "title": "Cache hit",
+                "ylabel": "prompt tokens cached (%)",
+                "groups": ["uniform", "skewed", "forks", "slow-engine", "failover", "overload"],
+                "series": [
+                    {"name": "before: no id, content off", "values": ["34.2", "43.2", "51.8", "32.8", "34.0", "9.4"]},
+                    {"name": "header", "values": ["93.6", "83.6", "85.5", "93.3", "89.9", "38.1"]},
+                    {"name": "no id (content)", "values": ["93.6", "82.5", "93.7", "92.5", "90.7", "40.3"]},
+                ],
+            },
+        ],
+    },
 ]
 
 
