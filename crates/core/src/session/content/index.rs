@@ -20,8 +20,8 @@
 //!   routers' failure (every conversation on the engine holding the
 //!   shared system prompt) away.
 //!
-//! Bounded: nodes and sessions unused for `idle_ms` are swept, and past
-//! `max_nodes` a new conversation is not remembered (it is still served).
+//! Bounded: nodes and sessions unused for `idle_ms` are swept, and at
+//! `max_nodes` the least recently used go, one-off conversations first.
 //! Only keyed hashes are kept (SipHash-1-3 under the route's key of each
 //! chain value), never content.
 
@@ -106,6 +106,9 @@ struct Latest {
     /// Its last full chunk when its last string went on past one.
     stem: Option<(u64, usize)>,
     last_ms: u64,
+    /// Requests seen (saturating): a full index forgets one-off
+    /// conversations first.
+    turns: u16,
 }
 
 #[derive(Default)]
@@ -300,6 +303,9 @@ impl ContentIndex {
                 }),
             _ => None,
         };
+        if state.nodes.len() + (n - from) > config.max_nodes {
+            Self::make_room(state, now_ms);
+        }
         let room = config.max_nodes.saturating_sub(state.nodes.len());
         if n - from <= room {
             for i in from..n {
@@ -317,12 +323,14 @@ impl ContentIndex {
                 );
             }
         }
+        let turns = state.sessions.get(&session).map_or(0, |l| l.turns);
         state.sessions.insert(
             session,
             Latest {
                 tip: (last, n),
                 stem,
                 last_ms: now_ms,
+                turns: turns.saturating_add(1),
             },
         );
         Some(recognised)
@@ -366,6 +374,7 @@ impl ContentIndex {
             tip: (key, depth),
             stem: None,
             last_ms: now_ms,
+            turns: 1,
         });
         latest.last_ms = now_ms;
         if stem {
@@ -394,12 +403,35 @@ impl ContentIndex {
 
     fn sweep_now(&self, state: &mut State, now_ms: u64) {
         let idle = state.config.idle_ms;
-        state
-            .sessions
-            .retain(|_, s| now_ms.saturating_sub(s.last_ms) <= idle);
+        Self::forget_older_than(state, now_ms, idle, false);
         state
             .responses
             .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= idle);
+    }
+
+    /// The index is full: what was used least recently goes, one-off
+    /// conversations before those that went on, the horizon halving until
+    /// a quarter of the cap is free. So a flood of one-off requests costs
+    /// the conversations still going on nothing, and the scan is paid once
+    /// per quarter of the cap.
+    fn make_room(state: &mut State, now_ms: u64) {
+        let target = state.config.max_nodes / 4 * 3;
+        for one_offs_only in [true, false] {
+            let mut horizon = state.config.idle_ms;
+            while state.nodes.len() > target && horizon > 0 {
+                horizon /= 2;
+                Self::forget_older_than(state, now_ms, horizon, one_offs_only);
+            }
+        }
+    }
+
+    /// Forgets sessions unused for `idle` (only those seen once, with
+    /// `one_offs_only`), and the nodes no kept session holds and no
+    /// request matched within `idle`.
+    fn forget_older_than(state: &mut State, now_ms: u64, idle: u64, one_offs_only: bool) {
+        state.sessions.retain(|_, s| {
+            now_ms.saturating_sub(s.last_ms) <= idle || (one_offs_only && s.turns > 1)
+        });
         let State {
             nodes, sessions, ..
         } = state;

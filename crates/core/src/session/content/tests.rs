@@ -400,3 +400,45 @@ fn a_long_last_message_does_not_let_sub_agents_take_the_parent() {
     resume.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "done"}));
     assert_eq!(see(&ix, &body(&resume), 5).session, parent.session);
 }
+
+/// A full index makes room by forgetting what was used least recently:
+/// a flood of one-off conversations does not cost a conversation that
+/// is still going on its recognition. Control: the flood's oldest are
+/// forgotten.
+#[test]
+fn a_full_index_forgets_the_least_recent_not_the_newest() {
+    let ix = ContentIndex::new(
+        (1, 2),
+        ContentConfig {
+            template_fanout: 4,
+            idle_ms: 30 * MIN,
+            max_nodes: 40,
+        },
+    );
+    let flood = |i: u64| chat(&[("system", SYS), ("user", &format!("one-off question {i}"))]);
+    let ours = chat(&[("system", "a different agent"), ("user", "keep going")]);
+    let mine = see(&ix, &ours, 0);
+    let mut next = vec![("system", "a different agent"), ("user", "keep going")];
+    for i in 0..200u64 {
+        see(&ix, &flood(i), 1000 + i * 1000);
+        assert!(ix.len().0 <= 40);
+        if i % 20 == 19 {
+            // Our conversation goes on now and then.
+            let reply = format!("reply {i}");
+            let ask = format!("more {i}");
+            next.push(("assistant", Box::leak(reply.into_boxed_str())));
+            next.push(("user", Box::leak(ask.into_boxed_str())));
+            let r = see(&ix, &chat(&next), 1000 + i * 1000 + 500);
+            assert_eq!(
+                (r.session, r.how),
+                (mine.session, How::Continued),
+                "turn at {i}"
+            );
+        }
+    }
+    assert_eq!(
+        ix.peek(&blocks(&flood(0)), 201_000).unwrap().how,
+        How::New,
+        "the oldest forgotten"
+    );
+}
