@@ -250,13 +250,13 @@ impl Gateways {
     fn probes(&self) -> Vec<Probe> {
         let router = self.router.iter().map(|r| Probe {
             admin: None,
-            cpu: CpuOf::Group(r.pgid),
+            cpu: CpuOf::Group(r.pgid()),
         });
         self.replicas
             .iter()
             .map(|g| Probe {
                 admin: Some(g.admin),
-                cpu: CpuOf::Process(g.pid),
+                cpu: CpuOf::Process(g.pid()),
             })
             .chain(router)
             .collect()
@@ -278,7 +278,7 @@ impl Gateways {
             if !left.is_empty() {
                 return Err(format!(
                     "router processes {left:?} (group {}) outlived SIGKILL",
-                    r.pgid
+                    r.pgid()
                 ));
             }
         }

@@ -7,6 +7,8 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use crate::process::{Launched, NotReady};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -182,11 +184,9 @@ pub fn free_port() -> std::io::Result<SocketAddr> {
 }
 
 pub struct GatewayProcess {
-    child: Option<Child>,
-    pub pid: u32,
+    proc: Launched,
     pub listen: SocketAddr,
     pub admin: SocketAddr,
-    pub log: PathBuf,
 }
 
 impl GatewayProcess {
@@ -231,69 +231,52 @@ impl GatewayProcess {
         let yaml = gateway_yaml(listen, admin, &routes, threads) + gateway_extra;
         std::fs::write(&config, yaml).map_err(|e| io("writing gateway.yaml", e))?;
         let log = dir.join(format!("gateway-{attempt}.log"));
-        let out = std::fs::File::create(&log).map_err(|e| io("creating the log", e))?;
-        let err = out.try_clone().map_err(|e| io("creating the log", e))?;
-        let child = Command::new(exe)
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        let mut command = Command::new(exe);
+        command.arg("--config").arg(&config).env("RUST_LOG", "warn");
         let mut g = GatewayProcess {
-            pid: child.id(),
-            child: Some(child),
+            proc: Launched::spawn(&mut command, log)?,
             listen,
             admin,
-            log,
         };
-        g.wait_ready().await?;
-        Ok(g)
+        let healthy = || async {
+            matches!(
+                client::get(admin, "/healthz", Duration::from_secs(1)).await,
+                Ok((200, _))
+            )
+        };
+        let waited = g
+            .proc
+            .wait_ready(START_TIMEOUT, Duration::from_millis(50), healthy)
+            .await;
+        match waited {
+            Ok(()) => Ok(g),
+            Err(NotReady::Exited(status)) => Err(format!(
+                "the gateway exited during start-up ({status}); log:\n{}",
+                g.log_tail()
+            )),
+            Err(NotReady::TimedOut) => Err(format!(
+                "the gateway did not answer /healthz within {START_TIMEOUT:?}; log:\n{}",
+                g.log_tail()
+            )),
+        }
     }
 
-    async fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!(
-                        "the gateway exited during start-up ({status}); log:\n{}",
-                        self.log_tail()
-                    ));
-                }
-            }
-            if let Ok((200, _)) = client::get(self.admin, "/healthz", Duration::from_secs(1)).await
-            {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "the gateway did not answer /healthz within {START_TIMEOUT:?}; log:\n{}",
-                    self.log_tail()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    pub fn pid(&self) -> u32 {
+        self.proc.pid
     }
 
     /// Whether the child is still running.
     pub fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.proc.alive()
     }
 
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        self.proc.log_tail()
     }
 
     /// Kills (SIGKILL, by pid) and reaps the child. Idempotent.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(mut child) = self.proc.take() {
             if matches!(child.try_wait(), Ok(None)) {
                 let _ = child.kill();
             }

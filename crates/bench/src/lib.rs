@@ -36,6 +36,7 @@ mod ids;
 mod options;
 mod plan;
 mod plot;
+mod process;
 mod progress;
 mod record;
 mod reference;

@@ -9,12 +9,11 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tokio::time::{sleep, Instant};
-
+use crate::process::{Launched, NotReady};
 use crate::stats;
 
 /// The router cell's name when `--router-label` is not given.
@@ -158,14 +157,12 @@ fn kill_group(pgid: u32) {
 /// The router of one cell: `sh -c <command>` in a process group of its
 /// own, its output in a log file. Dropping it kills the group.
 pub struct RouterProcess {
-    child: Option<Child>,
-    /// The process group (the shell's pid).
-    pub pgid: u32,
+    /// The shell, whose pid is the process group's.
+    proc: Launched,
     /// Where it listens.
     pub addr: SocketAddr,
     /// The command line it was started with.
     pub command: String,
-    pub log: PathBuf,
 }
 
 impl RouterProcess {
@@ -200,8 +197,8 @@ impl RouterProcess {
         dir: &Path,
         attempt: u32,
     ) -> Result<RouterProcess, (String, bool)> {
-        let io = |what: &str, e: std::io::Error| (format!("{what}: {e}"), false);
-        let (port, metrics_port) = two_free_ports().map_err(|e| io("finding a port", e))?;
+        let (port, metrics_port) =
+            two_free_ports().map_err(|e| (format!("finding a port: {e}"), false))?;
         let command = expand(
             template,
             &Fill {
@@ -211,99 +208,82 @@ impl RouterProcess {
             },
         );
         let log = dir.join(format!("router-{attempt}.log"));
-        let out = std::fs::File::create(&log).map_err(|e| io("creating the log", e))?;
-        let err = out.try_clone().map_err(|e| io("creating the log", e))?;
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(&command)
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| (format!("cannot start sh -c {command:?}: {e}"), false))?;
+        let mut shell = Command::new("sh");
+        shell.arg("-c").arg(&command).process_group(0);
+        let proc = Launched::spawn(&mut shell, log).map_err(|e| (e, false))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut r = RouterProcess {
-            pgid: child.id(),
-            child: Some(child),
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            proc,
+            addr,
             command,
-            log,
         };
         eprintln!("   router: {}", r.command);
-        r.wait_ready().await.map_err(|e| {
-            let taken = r.log_text().contains("in use");
-            r.stop();
-            (e, taken)
-        })?;
-        Ok(r)
+        let accepts = || async {
+            let connect = tokio::net::TcpStream::connect(addr);
+            matches!(
+                tokio::time::timeout(Duration::from_secs(1), connect).await,
+                Ok(Ok(_))
+            )
+        };
+        let waited = r
+            .proc
+            .wait_ready(START_TIMEOUT, Duration::from_millis(100), accepts)
+            .await;
+        let why = match waited {
+            Ok(()) => return Ok(r),
+            Err(NotReady::Exited(status)) => format!(
+                "the router exited during start-up ({status}): {}\nlog {}:\n{}",
+                r.command,
+                r.proc.log.display(),
+                r.log_tail()
+            ),
+            Err(NotReady::TimedOut) => format!(
+                "the router did not accept connections on {} within {START_TIMEOUT:?}: {}\n\
+                 log:\n{}",
+                r.addr,
+                r.command,
+                r.log_tail()
+            ),
+        };
+        let taken = r.proc.log_text().contains("in use");
+        r.stop();
+        Err((why, taken))
     }
 
-    async fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!(
-                        "the router exited during start-up ({status}): {}\nlog {}:\n{}",
-                        self.command,
-                        self.log.display(),
-                        self.log_tail()
-                    ));
-                }
-            }
-            let connect = tokio::net::TcpStream::connect(self.addr);
-            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "the router did not accept connections on {} within {START_TIMEOUT:?}: {}\n\
-                     log:\n{}",
-                    self.addr,
-                    self.command,
-                    self.log_tail()
-                ));
-            }
-            sleep(Duration::from_millis(100)).await;
-        }
+    /// The process group (the shell's pid).
+    pub fn pgid(&self) -> u32 {
+        self.proc.pid
     }
 
     /// Whether the process the bench started (the shell) still runs.
     pub fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.proc.alive()
     }
 
     pub fn log_tail(&self) -> String {
-        let text = self.log_text();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        self.proc.log_tail()
     }
 
     /// Kills the whole process group (SIGKILL), reaps the shell and waits
     /// until no process of the group is left; returns the pids still there
     /// after `STOP_TIMEOUT` (none, normally). Idempotent.
     pub fn stop(&mut self) -> Vec<u32> {
-        let Some(mut child) = self.child.take() else {
+        let Some(mut child) = self.proc.take() else {
             return Vec::new();
         };
-        kill_group(self.pgid);
+        let pgid = self.pgid();
+        kill_group(pgid);
         let _ = child.wait();
         let deadline = std::time::Instant::now() + STOP_TIMEOUT;
         loop {
-            let left: Vec<u32> = stats::group_members(self.pgid)
+            let left: Vec<u32> = stats::group_members(pgid)
                 .into_iter()
                 .map(|(pid, _)| pid)
                 .collect();
             if left.is_empty() || std::time::Instant::now() >= deadline {
                 return left;
             }
-            kill_group(self.pgid);
+            kill_group(pgid);
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -315,7 +295,7 @@ impl Drop for RouterProcess {
         if !left.is_empty() {
             eprintln!(
                 "llm-gateway bench: router processes {left:?} (group {}) outlived SIGKILL",
-                self.pgid
+                self.pgid()
             );
         }
     }
@@ -412,7 +392,7 @@ mod tests {
             .await
             .expect("starts");
         assert!(r.alive());
-        let pgid = r.pgid;
+        let pgid = r.pgid();
         assert!(stats::group_members(pgid).len() >= 2);
         assert!(tokio::net::TcpStream::connect(r.addr).await.is_ok());
         assert_eq!(r.stop(), Vec::<u32>::new());
