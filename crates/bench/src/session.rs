@@ -128,6 +128,13 @@ impl Ctx {
         body: &[u8],
         started: Instant,
     ) -> Result<(Exchange, bool, Option<usize>), String> {
+        // The id goes in a header only with `--session-id header` (the
+        // body carries `prompt_cache_key` itself).
+        let header = [(SESSION_HEADER, session)];
+        let headers: &[(&str, &str)] = match via {
+            IdVia::Header => &header,
+            IdVia::PromptCacheKey | IdVia::Nothing => &[],
+        };
         match &self.target {
             Target::Gateway {
                 addrs,
@@ -140,11 +147,6 @@ impl Ctx {
                     .connection(addr)
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
-                let header = [(SESSION_HEADER, session)];
-                let headers: &[(&str, &str)] = match via {
-                    IdVia::Header => &header,
-                    IdVia::PromptCacheKey | IdVia::Nothing => &[],
-                };
                 let (ex, reusable) = post_stream(c, host, path, headers, body, started).await;
                 let engine = ex
                     .head
@@ -158,11 +160,6 @@ impl Ctx {
                     .connection(*addr)
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
-                let header = [(SESSION_HEADER, session)];
-                let headers: &[(&str, &str)] = match via {
-                    IdVia::Header => &header,
-                    IdVia::PromptCacheKey | IdVia::Nothing => &[],
-                };
                 let host = addr.to_string();
                 let (ex, reusable) =
                     post_stream(c, &host, DIRECT_PATH, headers, body, started).await;

@@ -364,21 +364,27 @@ impl Workload {
             p.seed,
             &[1, u64::from(slot), u64::from(generation), u64::from(turn)],
         );
-        let user_tokens = p.shape(slot).user_tokens;
-        let tokens = rng.range(user_tokens.0 as u64, user_tokens.1 as u64) as usize;
-        let max_tokens = rng.range(p.max_tokens.0 as u64, p.max_tokens.1 as u64) as u32;
-        let think = Duration::from_millis(rng.range(p.think_ms.0, p.think_ms.1));
         // The header makes every session's first user message, and so every
         // prefix past the system prompt, its own.
         let header = format!(
             "[tool result: session {} turn {turn}]",
             self.session_id(slot, generation)
         );
+        self.plan(&mut rng, p.shape(slot).user_tokens, &header)
+    }
+
+    /// A turn's plan drawn from `rng`: a user message of `user_tokens`
+    /// (a range) opening with `header`, `max_tokens` and the pause after.
+    fn plan(&self, rng: &mut Rng, user_tokens: (usize, usize), header: &str) -> TurnPlan {
+        let p = &self.params;
+        let tokens = rng.range(user_tokens.0 as u64, user_tokens.1 as u64) as usize;
+        let max_tokens = rng.range(p.max_tokens.0 as u64, p.max_tokens.1 as u64) as u32;
+        let think = Duration::from_millis(rng.range(p.think_ms.0, p.think_ms.1));
         let bytes = (tokens * BYTES_PER_TOKEN)
             .saturating_sub("user".len())
             .max(header.len() + 1);
         TurnPlan {
-            user: text(&mut rng, bytes, &header),
+            user: text(rng, bytes, header),
             max_tokens: max_tokens.max(1),
             think,
         }
@@ -462,23 +468,13 @@ impl Workload {
         } else {
             user
         };
-        let tokens = rng.range(range.0 as u64, range.1 as u64) as usize;
-        let max_tokens = rng.range(p.max_tokens.0 as u64, p.max_tokens.1 as u64) as u32;
-        let think = Duration::from_millis(rng.range(p.think_ms.0, p.think_ms.1));
         let id = self.subagent_id(parent_slot, spawn, agent);
         let header = if turn == 0 {
             format!("[sub-task for sub-agent {id}]")
         } else {
             format!("[tool result: session {id} turn {turn}]")
         };
-        let bytes = (tokens * BYTES_PER_TOKEN)
-            .saturating_sub("user".len())
-            .max(header.len() + 1);
-        TurnPlan {
-            user: text(&mut rng, bytes, &header),
-            max_tokens: max_tokens.max(1),
-            think,
-        }
+        self.plan(&mut rng, range, &header)
     }
 
     /// The parent's message after a fork: each sub-agent's last reply
