@@ -9,7 +9,7 @@
 //! Every other byte is kept as the engine received it. Pure.
 
 use crate::request_view::{members_named, RequestView};
-use crate::session::extract::{hash_id, hash_user_id};
+use crate::session::extract::{hash_id, hash_user_id, BODY_SOURCES};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 
@@ -37,15 +37,7 @@ pub fn redact_session_ids(body: &[u8]) -> Cow<'_, [u8]> {
             spans.push((start, end, replacement));
         }
     };
-    const TOP: &[&str] = &[
-        "metadata",
-        "litellm_metadata",
-        "user",
-        "prompt_cache_key",
-        "previous_response_id",
-        "conversation",
-    ];
-    for (name, value) in members_named(whole, TOP) {
+    for (name, value) in members_named(whole, &BODY_SOURCES) {
         match name {
             "user" | "prompt_cache_key" | "previous_response_id" => push(value, hash_id),
             // A string, or `{"id": …}`: the id either way.

@@ -42,6 +42,17 @@ use serde_json::value::RawValue;
 
 use crate::hash::{hex16, stable_hash64};
 
+/// The body's top-level members a session id is read from (inside some of
+/// them): what a copy of the body that must not carry ids redacts.
+pub const BODY_SOURCES: [&str; 6] = [
+    "metadata",
+    "litellm_metadata",
+    "user",
+    "prompt_cache_key",
+    "previous_response_id",
+    "conversation",
+];
+
 /// Longest value (after trimming) accepted as a session id.
 pub const MAX_SESSION_VALUE_BYTES: usize = 1024;
 
