@@ -136,10 +136,6 @@ impl ContentIndex {
         }
     }
 
-    pub fn config(&self) -> ContentConfig {
-        self.state.lock().config
-    }
-
     /// A reload's settings; what is remembered stays.
     pub fn set_config(&self, config: ContentConfig) {
         self.state.lock().config = config;
@@ -439,10 +435,6 @@ impl ContentIndex {
             now_ms.saturating_sub(n.last_ms) <= idle || sessions.contains_key(&n.session)
         });
     }
-
-    /// Approximate heap bytes per node and per session, for the README.
-    pub const BYTES_PER_NODE: usize = 40;
-    pub const BYTES_PER_SESSION: usize = 72;
 }
 
 /// Whether the blocks from `at` on are what a conversation adds after
@@ -464,6 +456,16 @@ fn answers(blocks: &[Block], at: usize) -> bool {
     blocks
         .get(reply_end + 1)
         .is_none_or(|next| next.tool_result || next.assistant)
+}
+
+/// The bytes of one node's and one session's entry in their maps (key
+/// and value), for the memory the README states.
+#[cfg(test)]
+pub(super) fn entry_sizes() -> (usize, usize) {
+    (
+        std::mem::size_of::<(u64, Node)>(),
+        std::mem::size_of::<(u64, Latest)>(),
+    )
 }
 
 /// The deepest `i` with `known(i)`: the last few from the end one by one

@@ -442,3 +442,17 @@ fn a_full_index_forgets_the_least_recent_not_the_newest() {
         "the oldest forgotten"
     );
 }
+
+/// README states the index's memory: about 40 bytes a block and 72 a
+/// conversation (an entry of the hash maps, at their 7/8 load). The
+/// entries must stay that small for the figure to hold.
+#[test]
+fn entries_are_as_small_as_the_readme_says() {
+    let (node, session) = super::index::entry_sizes();
+    // A map entry also takes a control byte: below, not up to.
+    assert!(node * 8 / 7 < 40, "a block's entry is {node} bytes");
+    assert!(
+        session * 8 / 7 < 80,
+        "a conversation's entry is {session} bytes"
+    );
+}
