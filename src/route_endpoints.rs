@@ -404,6 +404,7 @@ fn route_state(route: &Route, registry: &Registry) -> Value {
             "returning_sessions": loads[i].bound.returning_milli as f64 / f64::from(crate::placement::WHOLE),
             "returning_tokens": loads[i].bound.returning_tokens,
             "kv_capacity_tokens": loads[i].kv_capacity_tokens,
+            "kv_capacity_source": balance::kv_capacity(p).map(|(_, source)| source.as_str()),
         })).collect::<Vec<_>>(),
     })
 }

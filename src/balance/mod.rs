@@ -27,7 +27,7 @@ pub use pools::{candidates, model_pool, rule_view};
 pub use queue::{place_or_wait, Granted, Refused};
 #[cfg(test)]
 pub(crate) use snapshot::half_full;
-pub use snapshot::{discount_completed, peer_loads};
+pub use snapshot::{discount_completed, kv_capacity, peer_loads};
 
 use crate::clock::now_ms;
 use crate::config::Mode;
@@ -79,6 +79,13 @@ pub enum Refusal {
 /// is off) a request that finds every slot taken goes to the least-loaded
 /// candidate past its limit, and the trip is counted.
 pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Refusal> {
+    let mut placed = reserve(route, demand, may_wait)?;
+    // What a learned KV capacity is measured against.
+    placed.slot.carry_tokens(demand.tokens);
+    Ok(placed)
+}
+
+fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Refusal> {
     let Demand {
         pool,
         label,

@@ -3,8 +3,8 @@
 //! they are fresh, with the engine's queue corrected for what finished since
 //! the scrape.
 
-use crate::placement::{EngineLoad, PeerLoad};
-use crate::registry::Route;
+use crate::placement::{CapacitySource, EngineLoad, PeerLoad};
+use crate::registry::{Route, RoutePeer};
 
 /// The load view placement works on, for the peers of `route` at `indices`.
 pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad> {
@@ -44,10 +44,19 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                     now_ms,
                     super::sync::CLUSTER_VIEW_MAX_AGE_MS,
                 ),
-                kv_capacity_tokens: p.config.kv_capacity_tokens.or(p.state.kv_capacity_tokens()),
+                kv_capacity_tokens: kv_capacity(p).map(|(tokens, _)| tokens),
             }
         })
         .collect()
+}
+
+/// A peer's KV capacity and where it came from: the route file, else what
+/// the engine published, else what was learned from its KV-usage gauge.
+pub fn kv_capacity(p: &RoutePeer) -> Option<(u64, CapacitySource)> {
+    match p.config.kv_capacity_tokens {
+        Some(tokens) => Some((tokens, CapacitySource::Configured)),
+        None => p.state.kv_capacity(),
+    }
 }
 
 /// The engine's queue as it must be now: every request this gateway saw

@@ -9,6 +9,7 @@ pub mod client;
 pub mod prom;
 
 use crate::clock::now_ms;
+use crate::placement::CapacitySource;
 use crate::registry::{Registry, Route};
 use client::GetError;
 use parking_lot::Mutex;
@@ -182,24 +183,51 @@ async fn scrape_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, g
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = false;
+    let mut props_asked_at: Option<u64> = None;
     while current(&registry, &route, generation) {
         tick.tick().await;
         // A scrape slower than its interval would be stale on arrival.
         let timeout = cfg.interval.max(Duration::from_millis(200));
         // A failed scrape leaves the last sample to go stale on its own.
-        if let Ok((200, body)) = client::get(addr, &host, &cfg.path, timeout, 4 << 20).await {
-            let text = String::from_utf8_lossy(&body);
-            if let Some(tokens) = prom::parse_kv_capacity(&text) {
-                peer.state.record_kv_capacity(tokens);
+        let Ok((200, body)) = client::get(addr, &host, &cfg.path, timeout, 4 << 20).await else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&body);
+        if let Some(tokens) = prom::parse_kv_capacity(&text) {
+            peer.state
+                .record_kv_capacity(tokens, CapacitySource::Metrics);
+        }
+        let load = prom::parse_engine_load(&text);
+        match load {
+            Some(load) => peer.state.record_engine(load, now_ms(), cfg.max_age_ms()),
+            None if !warned => {
+                warned = true;
+                log::warn!("route {} peer {}: {} has no vLLM, SGLang or llama.cpp load metrics; placement uses in-flight counts only", route.name(), peer.config.name, cfg.path);
             }
-            match prom::parse_engine_load(&text) {
-                Some(load) => peer.state.record_engine(load, now_ms(), cfg.max_age_ms()),
-                None if !warned => {
-                    warned = true;
-                    log::warn!("route {} peer {}: {} has no vLLM/SGLang load metrics; placement uses in-flight counts only", route.name(), peer.config.name, cfg.path);
+            None => {}
+        }
+        if peer.config.kv_capacity_tokens.is_some() || peer.state.published_kv_capacity() {
+            continue;
+        }
+        // No capacity in the metrics: llama.cpp publishes its context in
+        // `/props`, asked once a minute (an engine restarted behind the
+        // address may have another); else it is learned from the gauge.
+        let now = now_ms();
+        if props_asked_at.is_none_or(|at| now.saturating_sub(at) >= PROPS_EVERY_MS) {
+            props_asked_at = Some(now);
+            if let Ok((200, props)) = client::get(addr, &host, "/props", timeout, 1 << 20).await {
+                if let Some(tokens) = prom::parse_props_capacity(&props) {
+                    peer.state.record_kv_capacity(tokens, CapacitySource::Props);
+                    continue;
                 }
-                None => {}
             }
+        }
+        if let Some(load) = load {
+            peer.state.learn_kv_capacity(load.kv_usage);
         }
     }
 }
+
+/// How often an engine without a capacity in its metrics is asked for
+/// llama.cpp's `/props`.
+const PROPS_EVERY_MS: u64 = 60_000;

@@ -1,4 +1,6 @@
-//! Reading engine load out of Prometheus text from vLLM and SGLang.
+//! Reading engine load out of Prometheus text from vLLM, SGLang and
+//! llama.cpp, and an engine's KV capacity from its metrics or, for
+//! llama.cpp, its `/props`.
 
 use llm_gateway_prom::samples;
 
@@ -14,11 +16,19 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
     for sample in samples(text) {
         let is_kv = matches!(
             sample.name,
-            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage"
+            "vllm:kv_cache_usage_perc"
+                | "vllm:gpu_cache_usage_perc"
+                | "sglang:token_usage"
+                // Older llama.cpp builds only; newer ones publish no KV usage.
+                | "llamacpp:kv_cache_usage_ratio"
         );
         let slot = match sample.name {
-            "vllm:num_requests_waiting" | "sglang:num_queue_reqs" => &mut waiting,
-            "vllm:num_requests_running" | "sglang:num_running_reqs" => &mut running,
+            "vllm:num_requests_waiting"
+            | "sglang:num_queue_reqs"
+            | "llamacpp:requests_deferred" => &mut waiting,
+            "vllm:num_requests_running"
+            | "sglang:num_running_reqs"
+            | "llamacpp:requests_processing" => &mut running,
             _ if is_kv => &mut kv,
             _ => continue,
         };
@@ -65,6 +75,25 @@ pub fn parse_kv_capacity(text: &str) -> Option<u64> {
         }
     }
     None
+}
+
+/// llama.cpp's KV capacity from its `/props` JSON: each slot's context
+/// (`default_generation_settings.n_ctx`) times the slots (`total_slots`,
+/// 1 when absent). With a unified KV cache the slots share one context and
+/// this counts it once per slot: an estimate that errs on the side of
+/// admitting, as no capacity at all would.
+pub fn parse_props_capacity(body: &[u8]) -> Option<u64> {
+    let props: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let n_ctx = props
+        .pointer("/default_generation_settings/n_ctx")?
+        .as_u64()
+        .filter(|&n| n > 0)?;
+    let slots = props
+        .get("total_slots")
+        .and_then(serde_json::Value::as_u64)
+        .filter(|&n| n > 0)
+        .unwrap_or(1);
+    Some(n_ctx.saturating_mul(slots))
 }
 
 #[cfg(test)]
@@ -114,5 +143,33 @@ vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:other 9\n";
             parse_kv_capacity("vllm:cache_config_info{block_size=\"16\"} 1\n"),
             None
         );
+    }
+
+    #[test]
+    fn reads_llama_cpp_load_which_has_no_kv_capacity() {
+        let text = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 3\n\
+llamacpp:requests_deferred 2\nllamacpp:prompt_tokens_total 900\n";
+        let l = parse_engine_load(text).unwrap();
+        assert_eq!((l.waiting, l.running), (2, 3));
+        assert_eq!(l.kv_usage, 0.0, "no KV usage published");
+        assert_eq!(parse_kv_capacity(text), None);
+        let old = parse_engine_load("llamacpp:kv_cache_usage_ratio 0.3\n").unwrap();
+        assert!((old.kv_usage - 0.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reads_llama_cpp_props_capacity() {
+        let props = br#"{"default_generation_settings":{"n_ctx":8192,"params":{}},"total_slots":4,"model_path":"m.gguf"}"#;
+        assert_eq!(parse_props_capacity(props), Some(32_768));
+        let one_slot = br#"{"default_generation_settings":{"n_ctx":4096}}"#;
+        assert_eq!(parse_props_capacity(one_slot), Some(4_096));
+        for bad in [
+            &br#"{"total_slots":4}"#[..],
+            br#"{"default_generation_settings":{"n_ctx":0},"total_slots":4}"#,
+            br#"{"default_generation_settings":{"n_ctx":"8192"}}"#,
+            b"not json",
+        ] {
+            assert_eq!(parse_props_capacity(bad), None);
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! the health tasks (bans, engine samples); read by `balance`.
 
 use super::room::RoomSignal;
-use crate::placement::{EngineLoad, PeerId};
+use crate::placement::{CapacityLearner, CapacitySource, EngineLoad, PeerId};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,6 +32,9 @@ pub struct PeerState {
     pub id: PeerId,
     pub address: String,
     in_flight: AtomicU32,
+    /// The estimated prompt tokens of the requests in flight (what their
+    /// slots carry): the gauge's other side when capacity is learned.
+    in_flight_tokens: AtomicU64,
     /// Requests finished (slots released) since the peer was first seen.
     completed: AtomicU64,
     /// 0 = not banned; else `now_ms()` until which the peer is not ready.
@@ -39,9 +42,14 @@ pub struct PeerState {
     /// Set by a failing probe or a live connect failure, cleared by a passing probe.
     failing: AtomicBool,
     engine: Mutex<Option<EngineSample>>,
-    /// KV capacity in tokens the engine last reported (0: never). Static for
-    /// an engine's life, so it stays valid after its load sample goes stale.
+    /// KV capacity in tokens the engine last published (0: never), in its
+    /// metrics or its `/props`, and which (`published_from`). Static for an
+    /// engine's life, so it stays valid after its load sample goes stale.
     kv_capacity_tokens: AtomicU64,
+    published_from: Mutex<CapacitySource>,
+    /// The capacity learned from the engine's KV-usage gauge, for an engine
+    /// that publishes none.
+    learner: Mutex<CapacityLearner>,
     /// The route's queue signal, told whenever a slot here is released.
     room: Arc<RoomSignal>,
     /// Requests in flight to this peer through the other gateway replicas,
@@ -75,11 +83,14 @@ impl PeerState {
             id,
             address,
             in_flight: AtomicU32::new(0),
+            in_flight_tokens: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             banned_until_ms: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             engine: Mutex::new(None),
             kv_capacity_tokens: AtomicU64::new(0),
+            published_from: Mutex::new(CapacitySource::Metrics),
+            learner: Mutex::default(),
             room,
             remote_in_flight: AtomicU32::new(0),
             cluster_sessions: AtomicU32::new(0),
@@ -213,12 +224,38 @@ impl PeerState {
             .saturating_sub(sample.completed_at_read)
     }
 
-    pub fn record_kv_capacity(&self, tokens: u64) {
+    /// The capacity the engine published, and where (`Metrics` or `Props`).
+    pub fn record_kv_capacity(&self, tokens: u64, source: CapacitySource) {
+        *self.published_from.lock() = source;
         self.kv_capacity_tokens.store(tokens, Ordering::Relaxed);
     }
 
-    pub fn kv_capacity_tokens(&self) -> Option<u64> {
-        Some(self.kv_capacity_tokens.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    /// Whether the engine has published its capacity.
+    pub fn published_kv_capacity(&self) -> bool {
+        self.kv_capacity_tokens.load(Ordering::Relaxed) > 0
+    }
+
+    /// One scrape's KV usage, against the tokens in flight here now. Only
+    /// while this replica is the engine's only sender it knows: the other
+    /// replicas' prompts fill the same KV.
+    pub fn learn_kv_capacity(&self, kv_usage: f64) {
+        if self.remote_in_flight() > 0 {
+            return;
+        }
+        let tokens = self.in_flight_tokens.load(Ordering::Relaxed);
+        self.learner.lock().observe(tokens, kv_usage);
+    }
+
+    /// What the engine published, else what was learned.
+    pub fn kv_capacity(&self) -> Option<(u64, CapacitySource)> {
+        match self.kv_capacity_tokens.load(Ordering::Relaxed) {
+            0 => self
+                .learner
+                .lock()
+                .estimate()
+                .map(|n| (n, CapacitySource::Learned)),
+            n => Some((n, *self.published_from.lock())),
+        }
     }
 
     pub fn engine_sample(&self) -> Option<EngineSample> {
@@ -235,6 +272,7 @@ impl PeerState {
             .ok()
             .map(|_| InFlightGuard {
                 peer: Arc::clone(self),
+                tokens: 0,
             })
     }
 }
@@ -245,16 +283,31 @@ impl PeerState {
 #[derive(Debug)]
 pub struct InFlightGuard {
     peer: Arc<PeerState>,
+    /// The request's estimated prompt tokens, counted in the peer's
+    /// `in_flight_tokens` while the slot is held.
+    tokens: u64,
 }
 
 impl InFlightGuard {
     pub fn peer(&self) -> &Arc<PeerState> {
         &self.peer
     }
+
+    /// Counts the request's prompt `tokens` on the peer for as long as the
+    /// slot is held (replacing what it carried before).
+    pub fn carry_tokens(&mut self, tokens: u64) {
+        let counter = &self.peer.in_flight_tokens;
+        counter.fetch_add(tokens, Ordering::AcqRel);
+        counter.fetch_sub(self.tokens, Ordering::AcqRel);
+        self.tokens = tokens;
+    }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        self.peer
+            .in_flight_tokens
+            .fetch_sub(self.tokens, Ordering::AcqRel);
         self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.peer.completed.fetch_add(1, Ordering::AcqRel);
         self.peer.room.room_may_have_freed();
@@ -324,5 +377,53 @@ mod tests {
             0,
             "previous scrape too old to count"
         );
+    }
+
+    #[test]
+    fn capacity_is_published_else_learned_from_the_tokens_slots_carry() {
+        let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
+        assert_eq!(peer.kv_capacity(), None);
+        let mut slots: Vec<InFlightGuard> = (0..4)
+            .map(|_| {
+                let mut slot = peer.try_acquire(8).expect("slot");
+                slot.carry_tokens(5_000);
+                slot
+            })
+            .collect();
+        for _ in 0..5 {
+            peer.learn_kv_capacity(0.2);
+        }
+        assert_eq!(
+            peer.kv_capacity(),
+            Some((100_000, CapacitySource::Learned)),
+            "20k tokens in flight at 20% usage"
+        );
+        // Released slots take their tokens with them: readings with nothing
+        // in flight teach nothing.
+        slots.clear();
+        assert_eq!(peer.in_flight_tokens.load(Ordering::Relaxed), 0);
+        // What the engine publishes wins over what was learned.
+        peer.record_kv_capacity(32_768, CapacitySource::Props);
+        assert_eq!(peer.kv_capacity(), Some((32_768, CapacitySource::Props)));
+    }
+
+    #[test]
+    fn another_replicas_traffic_stops_the_learning_with_a_control() {
+        let learn = |remote: u32| {
+            let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
+            peer.set_remote_in_flight(remote);
+            let mut slot = peer.try_acquire(8).expect("slot");
+            slot.carry_tokens(10_000);
+            for _ in 0..5 {
+                peer.learn_kv_capacity(0.5);
+            }
+            peer.kv_capacity()
+        };
+        assert_eq!(
+            learn(3),
+            None,
+            "the KV holds prompts this replica cannot see"
+        );
+        assert_eq!(learn(0), Some((20_000, CapacitySource::Learned)));
     }
 }

@@ -18,10 +18,12 @@
 //! not, and the engine sees traffic from other gateway replicas and requests
 //! this gateway has already stopped counting.
 
+mod capacity;
 mod pick;
 mod rules;
 mod table;
 
+pub use capacity::{CapacityLearner, CapacitySource};
 pub use pick::{hash_place, least_conn, rendezvous};
 pub use table::{Admission, Incoming, SessionTable, TableConfig};
 
