@@ -3,7 +3,8 @@
 //! up to the route's `queue_timeout` instead of being refused at once. A 429
 //! loses an agent's whole session (and its cache); a short wait loses
 //! nothing. Warm turns (sessions already bound to an engine, or parked off
-//! an engine over its KV) go before new sessions, and new sessions go in
+//! an engine over its KV) go before new sessions for a quarter of the
+//! timeout, then a new session tries alongside them; new sessions go in
 //! arrival order. Waiters wake whenever a slot is released, a session leaves its
 //! engine's live window, or the process starts draining.
 
@@ -57,13 +58,13 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let signal = &route.runtime.queue;
-    let place = signal.enter(warm);
+    let place = signal.enter(warm, now, warm_precedence(timeout));
     loop {
         let notified = signal.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        // Warm turns go first; new sessions in arrival order.
-        if place.may_try() {
+        // Warm turns go first, for a while; new sessions in arrival order.
+        if place.may_try(crate::clock::now_ms()) {
             match place_with(route, demand, true) {
                 Ok(placed) => {
                     return Ok(Granted {
@@ -96,6 +97,13 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
         Err(Refusal::NoReadyPeer(error)) => Err(Refused { error, waited }),
         Err(Refusal::Full(error, gate)) => Err(refused_full(route, label, error, gate, waited)),
     }
+}
+
+/// How long waiting warm turns go before a new session: a quarter of the
+/// queue's timeout, so a new session's wait is bounded too, not only the
+/// timeout's last resort.
+fn warm_precedence(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_millis() / 4).unwrap_or(u64::MAX)
 }
 
 /// A concurrency (or session-priority share) 429: counted as the route's

@@ -48,8 +48,10 @@ impl RoomSignal {
     }
 
     /// Counts the caller as waiting until the returned place is dropped
-    /// (placed, timed out, or the client went away).
-    pub fn enter(&self, warm: bool) -> QueuePlace<'_> {
+    /// (placed, timed out, or the client went away). A new session entering
+    /// at `now_ms` lets warm turns go first for `precedence_ms`, then tries
+    /// alongside them.
+    pub fn enter(&self, warm: bool, now_ms: u64, precedence_ms: u64) -> QueuePlace<'_> {
         self.counter(warm).fetch_add(1, Ordering::AcqRel);
         let ticket = (!warm).then(|| {
             let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
@@ -60,6 +62,7 @@ impl RoomSignal {
             signal: self,
             warm,
             ticket,
+            warm_first_until_ms: now_ms.saturating_add(precedence_ms),
         }
     }
 
@@ -78,18 +81,24 @@ pub struct QueuePlace<'a> {
     signal: &'a RoomSignal,
     warm: bool,
     ticket: Option<u64>,
+    /// A new session: until when waiting warm turns go before it.
+    warm_first_until_ms: u64,
 }
 
 impl QueuePlace<'_> {
-    /// Whether this waiter may try for room now: a warm turn always, a new
-    /// session when no warm turn waits and it arrived before every other
-    /// new session still waiting.
-    pub fn may_try(&self) -> bool {
+    /// Whether this waiter may try for room now: a warm turn always; a new
+    /// session when it arrived before every other new session still
+    /// waiting, and no warm turn waits or it has given them precedence long
+    /// enough. Without that bound, a fleet kept busy by warm turns left new
+    /// sessions waiting out the whole queue timeout (the replay bench's
+    /// overload tail on vLLM-like engines).
+    pub fn may_try(&self, now_ms: u64) -> bool {
         let Some(ticket) = self.ticket else {
             return true;
         };
-        self.signal.waiting_warm.load(Ordering::Acquire) == 0
-            && self.signal.new_tickets.lock().first() == Some(&ticket)
+        let warm_first = self.signal.waiting_warm.load(Ordering::Acquire) > 0
+            && now_ms < self.warm_first_until_ms;
+        !warm_first && self.signal.new_tickets.lock().first() == Some(&ticket)
     }
 }
 
@@ -113,20 +122,38 @@ mod tests {
     #[test]
     fn new_sessions_try_in_arrival_order_and_after_every_warm_turn() {
         let signal = RoomSignal::default();
-        let first = signal.enter(false);
-        let second = signal.enter(false);
-        assert!(first.may_try());
-        assert!(!second.may_try(), "the later new session waits its turn");
-        let warm = signal.enter(true);
-        assert!(warm.may_try());
-        assert!(!first.may_try(), "a warm turn goes before any new session");
+        let first = signal.enter(false, 0, 1_000);
+        let second = signal.enter(false, 0, 1_000);
+        assert!(first.may_try(0));
+        assert!(!second.may_try(0), "the later new session waits its turn");
+        let warm = signal.enter(true, 0, 1_000);
+        assert!(warm.may_try(0));
+        assert!(!first.may_try(0), "a warm turn goes before any new session");
         drop(warm);
-        assert!(first.may_try());
+        assert!(first.may_try(0));
         // Leaving the queue (placed, timed out, hung up) hands the turn on.
         drop(first);
-        assert!(second.may_try());
+        assert!(second.may_try(0));
         assert_eq!(signal.waiting(), (0, 1));
         drop(second);
         assert_eq!(signal.waiting(), (0, 0));
+    }
+
+    #[test]
+    fn warm_turns_go_first_only_for_a_bounded_time() {
+        let signal = RoomSignal::default();
+        let new = signal.enter(false, 10_000, 2_000);
+        let behind = signal.enter(false, 10_500, 2_000);
+        let _warm = signal.enter(true, 10_000, 2_000);
+        assert!(!new.may_try(11_999), "warm turns first while it is young");
+        assert!(new.may_try(12_000), "then it tries alongside them");
+        assert!(
+            !behind.may_try(13_000),
+            "still in arrival order among new sessions"
+        );
+        // The control: with no warm turn waiting, precedence never applies.
+        let quiet = RoomSignal::default();
+        let alone = quiet.enter(false, 10_000, 60_000);
+        assert!(alone.may_try(10_000));
     }
 }
