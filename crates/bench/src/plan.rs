@@ -129,6 +129,7 @@ impl Plan {
             default_max_tokens: opts.max_tokens.1,
             block_tokens,
             prefill_decode_interference: opts.prefill_interference,
+            ..EngineConfig::default()
         };
         let mut engines = vec![engine.clone(); opts.engines];
         if scenario == Scenario::SlowEngine {

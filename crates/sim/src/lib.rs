@@ -31,7 +31,7 @@
 
 mod cli;
 pub mod client;
-mod engine;
+pub(crate) mod engine;
 mod http;
 mod kv;
 #[cfg(test)]
@@ -43,6 +43,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use cli::{run, SimArgs};
+pub use engine::scheduler::{StepCost, L4_QWEN_0_5B_OVERHEAD_US};
 
 /// How a simulated engine behaves. Construct with struct-update syntax from
 /// [`EngineConfig::default`] (fast, for tests) or [`EngineConfig::realistic`].
@@ -70,6 +71,88 @@ pub struct EngineConfig {
     /// lost its cache) slows its neighbours down: that is where the slow 5%
     /// of decode speed comes from. 0 keeps decode speed fixed (tests).
     pub prefill_decode_interference: f64,
+    /// Which engine this one imitates: its scheduler, its metric names and
+    /// its extra endpoints. See [`Profile`].
+    pub profile: Profile,
+    /// `vllm`/`sglang`: sequences in one batch at most (vLLM's
+    /// `--max-num-seqs`); the KV blocks are the limit that usually binds.
+    /// 0 is treated as 1.
+    pub max_num_seqs: usize,
+    /// `vllm`/`sglang`: tokens one step may compute (vLLM's
+    /// `--max-num-batched-tokens`), decodes first, prefill chunks in what is
+    /// left. 0 is treated as 1.
+    pub max_num_batched_tokens: usize,
+    /// `vllm`/`sglang`: what one step costs, by the tokens it computes and the
+    /// context they attend to (`engine/scheduler.rs` `StepCost`; calibration
+    /// in `CALIBRATION.md`).
+    pub step_cost: StepCost,
+    /// `vllm`/`sglang`: time a request spends in the server before the
+    /// scheduler sees it (HTTP, tokenizing), in microseconds. It is part of
+    /// every measured time to first token.
+    pub request_overhead_us: u64,
+}
+
+/// The engines the simulator imitates. Each keeps the OpenAI-compatible API
+/// (and the Anthropic and Responses shapes) and differs in scheduling, in
+/// what its `/metrics` say and in its own endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// The original model: `max_running` slots, each sequence on its own
+    /// clock (prefill, then one token per `decode_ms_per_token`), one vLLM-named
+    /// `/metrics`. The tests' default.
+    #[default]
+    Slots,
+    /// vLLM V1's scheduler: a batch of up to `max_num_seqs` limited by KV
+    /// blocks, chunked prefill sharing each step with decodes, preemption by
+    /// recompute, step time from the batch (`engine/scheduler.rs`).
+    Vllm,
+    /// The same scheduler under SGLang's metric names and endpoints.
+    Sglang,
+    /// llama-server with `--parallel max_running`: each slot keeps its own
+    /// cache of its last conversation; no shared KV pool (`engine/llamacpp.rs`).
+    Llamacpp,
+}
+
+impl Profile {
+    pub const ALL: [Profile; 4] = [
+        Profile::Slots,
+        Profile::Vllm,
+        Profile::Sglang,
+        Profile::Llamacpp,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Slots => "slots",
+            Profile::Vllm => "vllm",
+            Profile::Sglang => "sglang",
+            Profile::Llamacpp => "llamacpp",
+        }
+    }
+
+    /// Whether requests go through the batch scheduler.
+    pub fn batched(self) -> bool {
+        matches!(self, Profile::Vllm | Profile::Sglang)
+    }
+}
+
+impl std::fmt::Display for Profile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Profile {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Profile::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!("unknown engine profile {s:?} (one of: slots, vllm, sglang, llamacpp)")
+            })
+    }
 }
 
 impl Default for EngineConfig {
@@ -83,6 +166,16 @@ impl Default for EngineConfig {
             default_max_tokens: 16,
             block_tokens: 16,
             prefill_decode_interference: 0.0,
+            profile: Profile::Slots,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            // Tiny, so that tests of the batch profiles run fast.
+            step_cost: StepCost {
+                base_us: 200.0,
+                per_token_us: 1.0,
+                per_context_token_us: 0.0,
+            },
+            request_overhead_us: 0,
         }
     }
 }
@@ -100,6 +193,11 @@ impl EngineConfig {
             default_max_tokens: 64,
             block_tokens: 16,
             prefill_decode_interference: 0.5,
+            profile: Profile::Slots,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            step_cost: StepCost::scaled_to(15, 20),
+            request_overhead_us: 0,
         }
     }
 }
