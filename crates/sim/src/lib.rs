@@ -8,6 +8,26 @@
 //! SSE streaming with one frame per token, vLLM's Prometheus gauge names, and
 //! failure modes that tests can switch on at any time through [`Faults`].
 //!
+//! Engine profiles ([`Profile`], `EngineConfig::profile`) choose which engine
+//! it imitates; every profile serves the same APIs, ids, usage and test
+//! controls:
+//! - `slots` (the default): `max_running` sequences at once, each on its own
+//!   clock (prefill, then a token per `decode_ms_per_token`), with the KV pool
+//!   of `kv.rs`; `/metrics` under vLLM's names.
+//! - `vllm`: vLLM V1's scheduler (`engine/scheduler.rs`, pure, stepped in
+//!   virtual time by its tests and in real time by `engine/batch.rs`): up to
+//!   `max_num_seqs` sequences limited by KV blocks, chunked prefill sharing
+//!   each step's `max_num_batched_tokens` with decodes, preemption by
+//!   recompute, block prefix caching with LRU eviction, and a step time from
+//!   the tokens, sequences and context in the step, calibrated against a
+//!   published vLLM run (`CALIBRATION.md`). vLLM's metric names.
+//! - `sglang`: the same scheduler under SGLang's metric names, with its
+//!   `/get_server_info`, `/server_info` and `/get_model_info`.
+//! - `llamacpp`: llama-server with `--parallel max_running`, each slot with
+//!   its own cache of its last conversation and its own context
+//!   (`engine/llamacpp.rs`); llama.cpp's metric names (no KV figures), its
+//!   `/props` and `/health`, its 400 for a request over a slot's context.
+//!
 //! It serves `POST /v1/chat/completions` and `/v1/completions`, and, with the
 //! same engine model, Anthropic Messages (`POST /v1/messages`) and OpenAI
 //! Responses (`POST /v1/responses`, stateful through `previous_response_id`)
@@ -21,7 +41,8 @@
 //!
 //! Per-request test controls (request headers):
 //! - `x-sim-max-tokens: N`     completion length, overriding the body
-//! - `x-sim-frame-delay-ms: N` time between tokens, overriding the config
+//! - `x-sim-frame-delay-ms: N` time between tokens, overriding the config (in
+//!   the batch profiles: the least time between this request's frames)
 //! - `x-sim-ttft-ms: N`        N ms more before the first token (after prefill)
 //! - `x-sim-decoy-usage: N`    a usage frame claiming N completion tokens right
 //!   after the first content frame (the real one still comes last)
@@ -173,6 +194,7 @@ impl Default for EngineConfig {
             step_cost: StepCost {
                 base_us: 200.0,
                 per_token_us: 1.0,
+                per_seq_us: 0.0,
                 per_context_token_us: 0.0,
             },
             request_overhead_us: 0,

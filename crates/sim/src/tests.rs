@@ -1593,6 +1593,7 @@ async fn a_vllm_client_that_leaves_frees_its_blocks() {
         step_cost: StepCost {
             base_us: 2_000.0,
             per_token_us: 0.0,
+            per_seq_us: 0.0,
             per_context_token_us: 0.0,
         },
         ..profile(Profile::Vllm)

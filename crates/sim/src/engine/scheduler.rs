@@ -36,42 +36,55 @@ use std::collections::{BTreeMap, VecDeque};
 use ahash::AHashMap;
 
 /// What one step costs:
-/// `base_us + per_token_us x tokens computed + per_context_token_us x
-/// context attended`, where the context is, summed over the requests in the
-/// step, the tokens each one's attention reads (its computed tokens after
-/// the step). `base_us` is the step's fixed cost (launches, weights read
-/// once per step: a decode step of one sequence costs about that);
-/// `per_token_us` the compute of each token in the step (a prefill token
-/// and a decode token alike); `per_context_token_us` the KV read per token of
-/// context.
+/// `base_us + per_token_us x tokens computed + per_seq_us x requests in the
+/// step + per_context_token_us x context attended`, where the context is,
+/// summed over the requests in the step, the tokens each one's attention
+/// reads (its computed tokens after the step).
+/// - `base_us`: the step's fixed cost, mostly reading the weights once; a
+///   decode step of one short sequence costs about that.
+/// - `per_token_us`: the compute of each token, prefill and decode alike; it
+///   is what makes a long prefill chunk expensive.
+/// - `per_seq_us`: each request's own work per step (sampling, output
+///   processing, streaming); it is what makes a big decode batch slower.
+/// - `per_context_token_us`: reading one token's K and V.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepCost {
     pub base_us: f64,
     pub per_token_us: f64,
+    pub per_seq_us: f64,
     pub per_context_token_us: f64,
 }
 
-/// Fitted to the published vLLM V1 run in `CALIBRATION.md` (Qwen2.5-0.5B-Instruct
-/// on one NVIDIA L4, 256 tokens in, 128 out, closed loop).
 impl StepCost {
+    /// Fitted to the published vLLM V1 run in `CALIBRATION.md`
+    /// (Qwen2.5-0.5B-Instruct on one NVIDIA L4, 256 tokens in, 128 out,
+    /// closed loop). The context cost is not fitted (the run's contexts are
+    /// all 256-384 tokens, too alike to tell it from the rest) but derived:
+    /// the model's 12 KiB of K and V per token read at the L4's 300 GB/s.
     pub const L4_QWEN_0_5B: StepCost = StepCost {
         base_us: 5_000.0,
-        per_token_us: 13.3,
-        per_context_token_us: 0.16,
+        per_token_us: 13.0,
+        per_seq_us: 45.0,
+        per_context_token_us: 0.041,
     };
 
     /// The step cost of an engine whose single-sequence decode takes
     /// `decode_ms` per token and whose prefill costs `prefill_us` per token,
     /// derived from [`StepCost::L4_QWEN_0_5B`]: the fixed cost is the decode
-    /// time, the per-token cost the prefill time, and the context cost the
-    /// preset's, scaled as the decode time is (both are memory reads).
+    /// time, the per-token cost the prefill time, and the per-sequence and
+    /// context costs the preset's in proportion to its fixed cost. (The
+    /// fixed cost is reading the weights, the context cost reading the KV;
+    /// K and V per token over the weights' size is about alike across dense
+    /// models, 1.2e-5 for this one, 0.8e-5 for Llama-3-8B.)
     pub fn scaled_to(decode_ms: u64, prefill_us: u64) -> StepCost {
         let base_us = decode_ms as f64 * 1_000.0;
         let p = StepCost::L4_QWEN_0_5B;
+        let ratio = base_us / p.base_us;
         StepCost {
             base_us,
             per_token_us: prefill_us as f64,
-            per_context_token_us: p.per_context_token_us * base_us / p.base_us,
+            per_seq_us: p.per_seq_us * ratio,
+            per_context_token_us: p.per_context_token_us * ratio,
         }
     }
 
@@ -80,20 +93,22 @@ impl StepCost {
         StepCost {
             base_us: self.base_us * factor,
             per_token_us: self.per_token_us * factor,
+            per_seq_us: self.per_seq_us * factor,
             per_context_token_us: self.per_context_token_us * factor,
         }
     }
 
-    pub fn step_us(&self, tokens: usize, context: usize) -> f64 {
+    pub fn step_us(&self, tokens: usize, seqs: usize, context: usize) -> f64 {
         (self.base_us
             + self.per_token_us * tokens as f64
+            + self.per_seq_us * seqs as f64
             + self.per_context_token_us * context as f64)
             .max(0.0)
     }
 }
 
-/// The front-end time of the calibrated run (HTTP, tokenizing, detokenizing),
-/// in microseconds: what a request waits before the scheduler sees it.
+/// The front-end time of the calibrated run (HTTP, tokenizing), in
+/// microseconds: what a request waits before the scheduler sees it.
 pub const L4_QWEN_0_5B_OVERHEAD_US: u64 = 21_000;
 
 pub type ReqId = u64;
@@ -530,7 +545,9 @@ impl Scheduler {
         step.duration_us = if step.scheduled.is_empty() {
             0.0
         } else {
-            self.cfg.cost.step_us(step.tokens, step.context)
+            self.cfg
+                .cost
+                .step_us(step.tokens, step.scheduled.len(), step.context)
         };
     }
 }

@@ -11,6 +11,7 @@ fn cfg(num_blocks: usize) -> SchedulerConfig {
         cost: StepCost {
             base_us: 1000.0,
             per_token_us: 10.0,
+            per_seq_us: 100.0,
             per_context_token_us: 1.0,
         },
     }
@@ -221,8 +222,9 @@ fn step_time_grows_with_the_batch_and_the_context() {
     let base = one(32, 1);
     assert!(one(32, 4) > base, "more sequences");
     assert!(one(320, 1) > base, "longer context");
-    // base 1000 + 10 per token + 1 per context token: 1 x (32 + 1) context.
-    assert_eq!(base, 1000.0 + 10.0 + 33.0);
+    // base 1000 + 10 per token + 100 per sequence + 1 per context token:
+    // 1 x (32 + 1) context.
+    assert_eq!(base, 1000.0 + 10.0 + 100.0 + 33.0);
     // An idle step is empty and free.
     let mut s = Scheduler::new(cfg(10));
     assert_eq!(s.step(), Step::default());
