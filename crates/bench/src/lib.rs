@@ -181,7 +181,10 @@ async fn run_plan(opts: Options) -> i32 {
     }
     let elapsed = started.elapsed();
     if opts.json {
-        println!("{}", report::json(&results, elapsed));
+        let mut report = report::json(&results, elapsed);
+        // One engine profile for the whole run, beside the scenarios.
+        report["engine_profile"] = opts.engine_profile.name().into();
+        println!("{report}");
     } else {
         println!("{}", report::markdown(&results, elapsed));
     }

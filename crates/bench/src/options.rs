@@ -137,6 +137,13 @@ pub struct BenchArgs {
     /// KV capacity [default: 1.75 x sessions x mean context]
     #[arg(long, value_name = "N", value_parser = positive::<usize>, help_heading = "Engines (defaults explained in the output header)")]
     pub kv_tokens: Option<usize>,
+    /// Engine imitated: vllm, sglang, llamacpp or slots [default: vllm]
+    #[arg(
+        long,
+        value_name = "NAME",
+        help_heading = "Engines (defaults explained in the output header)"
+    )]
+    pub engine_profile: Option<llm_gateway_sim::Profile>,
     /// Multiply decode, prefill and think times by F [default: 1]
     #[arg(long, value_name = "F", value_parser = positive::<f64>, help_heading = "Engines (defaults explained in the output header)")]
     pub time_scale: Option<f64>,
@@ -207,6 +214,7 @@ pub struct Options {
     pub prefill_interference: f64,
     pub max_running: Option<usize>,
     pub kv_tokens: Option<usize>,
+    pub engine_profile: llm_gateway_sim::Profile,
     pub time_scale: f64,
     pub threads: usize,
     pub gateway: Option<PathBuf>,
@@ -245,6 +253,7 @@ impl Default for Options {
             prefill_interference: 0.5,
             max_running: None,
             kv_tokens: None,
+            engine_profile: llm_gateway_sim::Profile::Vllm,
             time_scale: 1.0,
             threads: 2,
             gateway: None,
@@ -352,6 +361,7 @@ impl BenchArgs {
             prefill_interference: self.prefill_interference.unwrap_or(d.prefill_interference),
             max_running: self.max_running,
             kv_tokens: self.kv_tokens,
+            engine_profile: self.engine_profile.unwrap_or(d.engine_profile),
             time_scale: self.time_scale.unwrap_or(d.time_scale),
             threads: self.threads.unwrap_or(d.threads),
             gateway: self.gateway,

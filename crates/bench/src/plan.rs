@@ -7,7 +7,7 @@ use crate::ids::SessionIdMode;
 use crate::options::Options;
 use crate::scenario::{self, Failover, OverloadThink, Scenario};
 use crate::workload::{Forks, LongSessions, Shape, WorkloadParams};
-use llm_gateway_sim::EngineConfig;
+use llm_gateway_sim::{EngineConfig, Profile, StepCost};
 
 /// Everything one scenario's cells use, with the defaults that depend on
 /// other options resolved.
@@ -27,6 +27,10 @@ pub struct Plan {
     pub overload: Option<OverloadThink>,
     pub warmup: Duration,
 }
+
+/// vLLM's defaults for the batch profiles.
+const DEFAULT_MAX_NUM_SEQS: usize = 256;
+const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;
 
 impl Plan {
     /// The `uniform` plan, for options that `resolve` accepted.
@@ -112,23 +116,41 @@ impl Plan {
             Scenario::Forks => opts.sessions_per_engine,
             _ => spe,
         };
-        let max_running = opts
-            .max_running
-            .unwrap_or_else(|| (live_spe * 3).div_ceil(4).max(1));
+        // vllm and sglang batch up to max_num_seqs (vLLM's default 256) and
+        // are bound by KV blocks instead: --max-running is their
+        // max_num_seqs. llamacpp's slots are its --parallel.
+        let profile = opts.engine_profile;
+        let max_running = opts.max_running.unwrap_or_else(|| {
+            if profile.batched() {
+                DEFAULT_MAX_NUM_SEQS
+            } else {
+                (live_spe * 3).div_ceil(4).max(1)
+            }
+        });
         let block_tokens = 16;
         let kv = opts.kv_tokens.unwrap_or_else(|| {
             let share = opts.sessions_per_engine * workload.mean_context();
             (share * 7 / 4).div_ceil(block_tokens) * block_tokens
         });
+        let decode_ms = scaled(opts.decode_ms).max(1);
+        let prefill_us = scaled(opts.prefill_us);
         let engine = EngineConfig {
             name: "sim-model".to_string(),
             max_running,
             kv_capacity_tokens: kv,
-            prefill_us_per_token: scaled(opts.prefill_us),
-            decode_ms_per_token: scaled(opts.decode_ms).max(1),
+            prefill_us_per_token: prefill_us,
+            decode_ms_per_token: decode_ms,
             default_max_tokens: opts.max_tokens.1,
             block_tokens,
             prefill_decode_interference: opts.prefill_interference,
+            profile,
+            max_num_seqs: max_running,
+            max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            // The calibrated preset's shape at the bench's speeds
+            // (crates/sim/CALIBRATION.md); no front-end time: the bench
+            // measures the gateway, not a Python server.
+            step_cost: StepCost::scaled_to(decode_ms, prefill_us),
+            request_overhead_us: 0,
         };
         let mut engines = vec![engine.clone(); opts.engines];
         if scenario == Scenario::SlowEngine {
@@ -185,6 +207,12 @@ impl Plan {
             _ => self.sessions_per_engine,
         };
         let share = spe * w.mean_context();
+        // The batch profiles' max_running is their max_num_seqs.
+        let batch_limit = if e.profile.batched() {
+            "max_num_seqs"
+        } else {
+            "max_running"
+        };
         let mut out = format!(
             "scenario {}: {}\n\
              engines {} x sessions/engine {} = {} concurrent sessions; seed {}; {} per cell \
@@ -194,12 +222,12 @@ impl Plan {
              (~{} turns) and a new one takes its slot; first sessions pre-aged to a random turn; \
              streaming with include_usage\n\
              engine: decode {} ms/token ({:.0} tok/s per sequence), prefill {} us per uncached \
-             token, decode slowed x{} per prefill in progress, max_running {}, KV {} tokens, \
+             token, decode slowed x{} per prefill in progress, {} {}, KV {} tokens, \
              {}-token blocks\n\
              why: a cold {}-token context costs {:.1} s of prefill, a warm turn ~{:.0} new tokens \
              = {:.2} s, so cache misses show in TTFT. A session waits on the engine ~{:.0}% of the \
              time ({:.1} s decode vs {:.2} s think), so {} sessions keep ~{:.1} sequences busy per \
-             engine against max_running {}: balanced engines queue at peaks, overloaded or \
+             engine against {} {}: balanced engines queue at peaks, overloaded or \
              cold-prefilling ones queue persistently (the `waiting` signal). KV {} holds {:.1}x an \
              engine's share of live context ({} sessions x {} mean = {}), not all {} sessions' \
              ({}), so spreading sessions over every engine evicts prefixes before reuse.",
@@ -225,6 +253,7 @@ impl Plan {
             1000.0 / e.decode_ms_per_token as f64,
             e.prefill_us_per_token,
             1.0 + e.prefill_decode_interference,
+            batch_limit,
             e.max_running,
             e.kv_capacity_tokens,
             e.block_tokens,
@@ -237,6 +266,7 @@ impl Plan {
             think,
             spe,
             busy * spe as f64,
+            batch_limit,
             e.max_running,
             e.kv_capacity_tokens,
             e.kv_capacity_tokens as f64 / share as f64,
@@ -252,6 +282,7 @@ impl Plan {
                 "\nroute file of the gateway cells ends with: {one_line}"
             ));
         }
+        out.push_str(&format!("\nengine profile: {}", self.profile_note()));
         out.push_str(&format!("\nsession ids: {}", self.session_ids()));
         if self.opts.replicas > 1 || self.opts.session_store != "local" {
             out.push_str(&format!(
@@ -260,6 +291,46 @@ impl Plan {
             ));
         }
         out
+    }
+
+    /// What the engine profile does with the numbers above.
+    pub fn profile_note(&self) -> String {
+        let e = &self.engine;
+        let c = &e.step_cost;
+        match e.profile {
+            Profile::Vllm | Profile::Sglang => format!(
+                "{} (vLLM V1's scheduler{}: up to {} sequences per batch, admitted while KV \
+                 blocks last, preemption by recompute when they run out; each step computes \
+                 at most {} tokens, decodes first, then prefill chunks; a step takes {:.1} ms \
+                 + {:.0} us per token + {:.0} us per sequence + {:.3} us per context token, \
+                 the calibrated preset scaled to decode and prefill above; max_running and \
+                 the prefill slowdown do not apply)",
+                e.profile,
+                if e.profile == Profile::Sglang {
+                    " under SGLang's metric names"
+                } else {
+                    ""
+                },
+                e.max_num_seqs,
+                e.max_num_batched_tokens,
+                c.base_us / 1e3,
+                c.per_token_us,
+                c.per_seq_us,
+                c.per_context_token_us,
+            ),
+            Profile::Llamacpp => format!(
+                "llamacpp (llama-server with --parallel {}: each slot caches its own last \
+                 conversation in a context of {} tokens, KV {} / slots; a request takes the \
+                 idle slot sharing the longest prefix, else the least recently used; no KV \
+                 figures in /metrics)",
+                e.max_running,
+                e.kv_capacity_tokens / e.max_running.max(1),
+                e.kv_capacity_tokens,
+            ),
+            Profile::Slots => "slots (max_running sequences, each on its own clock; the \
+                 simulator's original model)"
+                .to_string(),
+        }
     }
 
     /// How the gateway cells' requests name their session.
@@ -336,14 +407,18 @@ impl Plan {
             Scenario::Overload => match self.overload {
                 Some(t) => format!(
                     "2x the sessions ({} per engine) on the engines sized for {} (KV {}), \
-                     max_running {}; think times derived ({}-{} ms, overriding --think-ms): a \
+                     {}; think times derived ({}-{} ms, overriding --think-ms): a \
                      turn keeps a sequence in the engine ~{:.2} s, so each session is in the \
                      engine {:.0}% of the time, ~{:.1} sequences x {} mean context = {:.0} tokens \
                      = {:.0}% of KV committed to running sequences",
                     self.sessions_per_engine,
                     self.opts.sessions_per_engine,
                     e.kv_capacity_tokens,
-                    e.max_running,
+                    if e.profile.batched() {
+                        format!("max_num_seqs {}", e.max_num_seqs)
+                    } else {
+                        format!("max_running {}", e.max_running)
+                    },
                     t.think_ms.0,
                     t.think_ms.1,
                     t.busy_s,
@@ -412,12 +487,40 @@ mod tests {
         let o = parse("").unwrap();
         assert_eq!(o, Options::default());
         let p = Plan::new(o);
-        assert_eq!(p.engine.max_running, 6);
+        // vLLM by default: its batch of 256, bound by KV blocks.
+        assert_eq!(p.engine.profile, Profile::Vllm);
+        assert_eq!((p.engine.max_num_seqs, p.engine.max_running), (256, 256));
+        assert_eq!(p.engine.max_num_batched_tokens, 8192);
+        assert_eq!(p.engine.step_cost, StepCost::scaled_to(10, 50));
         // 1.75 x 8 sessions x 31k mean context, block-aligned.
         assert_eq!(p.engine.kv_capacity_tokens, 434_000);
         assert_eq!(p.warmup, Duration::from_secs(10));
         assert_eq!(p.slots(), 32);
-        assert!(p.describe().contains("max_running 6"));
+        let d = p.describe();
+        assert!(d.contains("max_num_seqs 256"), "{d}");
+        assert!(
+            d.contains("engine profile: vllm (vLLM V1's scheduler"),
+            "{d}"
+        );
+        // The slot profiles: 3/4 of the sessions.
+        for (args, profile) in [
+            ("--engine-profile slots", Profile::Slots),
+            ("--engine-profile=llamacpp", Profile::Llamacpp),
+        ] {
+            let p = Plan::new(parse(args).unwrap());
+            assert_eq!((p.engine.profile, p.engine.max_running), (profile, 6));
+            assert!(p.describe().contains("max_running 6"));
+        }
+        assert!(Plan::new(parse("--engine-profile slots").unwrap())
+            .describe()
+            .contains("engine profile: slots"));
+        // --max-running is the batch profiles' max_num_seqs.
+        let p = Plan::new(parse("--engine-profile sglang --max-running 32").unwrap());
+        assert_eq!(
+            (p.engine.profile, p.engine.max_num_seqs),
+            (Profile::Sglang, 32)
+        );
+        assert!(parse("--engine-profile tgi").is_err());
     }
 
     fn plan(args: &str, scenario: Scenario) -> Plan {
@@ -495,9 +598,10 @@ mod tests {
         let p = plan("", Scenario::Overload);
         assert_eq!((p.sessions_per_engine, p.slots()), (16, 64));
         assert_eq!(p.workload.slots, 64);
-        // KV of the engines sized for 8 sessions; 3/4 of 16 may run.
+        // KV of the engines sized for 8 sessions; with slots, 3/4 of 16 may run.
         assert_eq!(p.engine.kv_capacity_tokens, 434_000);
-        assert_eq!(p.engine.max_running, 12);
+        let slots = plan("--engine-profile slots", Scenario::Overload);
+        assert_eq!(slots.engine.max_running, 12);
         // A turn is busy (1750 + 200) x 50 us + 200 x 10 ms = 2.0975 s; 80%
         // of 434k over 16 x 31k is 70% in the engine: 0.899 s mean think.
         let t = p.overload.unwrap();

@@ -97,6 +97,8 @@ pub fn slowed(cfg: &EngineConfig) -> EngineConfig {
     EngineConfig {
         decode_ms_per_token: slow(cfg.decode_ms_per_token).max(1),
         prefill_us_per_token: slow(cfg.prefill_us_per_token),
+        // The batch profiles' time is the step's.
+        step_cost: cfg.step_cost.times(1.0 / SLOW_SPEED),
         ..cfg.clone()
     }
 }
@@ -203,6 +205,17 @@ mod tests {
         assert_eq!((s.decode_ms_per_token, s.prefill_us_per_token), (25, 125));
         assert_eq!(s.kv_capacity_tokens, base.kv_capacity_tokens);
         assert_eq!(s.max_running, base.max_running);
+        // Every profile: the batch profiles' steps too.
+        let base = EngineConfig {
+            profile: llm_gateway_sim::Profile::Vllm,
+            ..base
+        };
+        let s = slowed(&base);
+        let (b, c) = (base.step_cost, s.step_cost);
+        assert_eq!(c.base_us, b.base_us * 2.5);
+        assert_eq!(c.per_token_us, b.per_token_us * 2.5);
+        assert_eq!(c.per_seq_us, b.per_seq_us * 2.5);
+        assert_eq!(c.per_context_token_us, b.per_context_token_us * 2.5);
     }
 
     #[test]

@@ -84,7 +84,8 @@ pub(crate) struct Window {
     pub retired: Vec<(usize, Vec<Sample>)>,
     pub load: LoadSamples,
     /// Per engine: mean share of KV committed to running sequences
-    /// (`vllm:kv_cache_usage_perc`), None if never scraped.
+    /// (`vllm:kv_cache_usage_perc`, `sglang:token_usage`), None if never
+    /// scraped or never reported (llama.cpp).
     pub kv_committed: Vec<Option<f64>>,
     pub lag: Lag,
 }
@@ -102,9 +103,10 @@ pub(crate) async fn sample_kv(
         for (i, &addr) in engines.iter().enumerate() {
             // An engine that is down (failover) has no sample.
             let samples = scrape(addr).await;
+            // SGLang's name for the same share; llama.cpp reports none.
             if let Some(s) = samples
                 .iter()
-                .find(|s| s.name == "vllm:kv_cache_usage_perc")
+                .find(|s| s.name == "vllm:kv_cache_usage_perc" || s.name == "sglang:token_usage")
             {
                 sums[i].0 += s.value;
                 sums[i].1 += 1;

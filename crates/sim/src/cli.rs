@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use super::{start_engine, EngineConfig};
+use super::{start_engine, EngineConfig, Profile};
 
 /// Runs N simulated OpenAI-compatible engines on ports P, P+1, ... until killed.
 #[derive(Debug, Clone, clap::Args)]
@@ -25,6 +25,10 @@ pub struct SimArgs {
     /// vLLM-like timings (slower) instead of the fast test defaults
     #[arg(long)]
     pub realistic: bool,
+    /// Engine imitated: slots, vllm, sglang or llamacpp (its scheduler,
+    /// /metrics names and endpoints)
+    #[arg(long, value_name = "NAME", default_value_t = Profile::Slots)]
+    pub profile: Profile,
 }
 
 #[derive(Debug)]
@@ -52,8 +56,14 @@ impl SimArgs {
         if let Some(model) = self.model.filter(|m| !m.is_empty()) {
             cfg.name = model;
         }
+        cfg.profile = self.profile;
         if let Some(n) = self.max_running {
-            cfg.max_running = usize::from(n);
+            // The batch profiles' batch is max_num_seqs; the others' slots.
+            if self.profile.batched() {
+                cfg.max_num_seqs = usize::from(n);
+            } else {
+                cfg.max_running = usize::from(n);
+            }
         }
         Ok(Options {
             engines,
@@ -115,10 +125,15 @@ pub fn run(args: SimArgs) -> i32 {
         for (i, engine) in engines.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "sim engine {i}: {} model={} max_running={}",
+                "sim engine {i}: {} model={} profile={} max_running={}",
                 engine.base_url(),
                 opts.cfg.name,
-                opts.cfg.max_running
+                opts.cfg.profile,
+                if opts.cfg.profile.batched() {
+                    opts.cfg.max_num_seqs
+                } else {
+                    opts.cfg.max_running
+                }
             );
         }
         let _ = out.flush();
@@ -167,6 +182,16 @@ mod tests {
             o.cfg.decode_ms_per_token,
             EngineConfig::realistic().decode_ms_per_token
         );
+        assert_eq!(o.cfg.profile, Profile::Slots);
+    }
+
+    #[test]
+    fn profile_flag_picks_the_engine_and_what_max_running_means() {
+        let o = parse(&["--profile", "vllm", "--max-running", "64"]).expect("valid");
+        assert_eq!((o.cfg.profile, o.cfg.max_num_seqs), (Profile::Vllm, 64));
+        assert_eq!(o.cfg.max_running, EngineConfig::default().max_running);
+        let o = parse(&["--profile=llamacpp", "--max-running", "4"]).expect("valid");
+        assert_eq!((o.cfg.profile, o.cfg.max_running), (Profile::Llamacpp, 4));
     }
 
     #[test]
@@ -177,6 +202,7 @@ mod tests {
             &["--port"],
             &["--bogus"],
             &["--engines", "3", "--port", "65534"],
+            &["--profile", "tgi"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

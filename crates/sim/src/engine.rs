@@ -19,9 +19,13 @@ use tokio::time::{sleep, sleep_until, Instant};
 
 use super::http::{self, ReadError, Request, StreamFraming};
 use super::kv::{self, Kind, KvPool, SeqKv};
-use super::{EngineConfig, EngineStats, Faults, RecordedRequest, RECORDED_LIMIT};
+use super::{EngineConfig, EngineStats, Faults, Profile, RecordedRequest, RECORDED_LIMIT};
 
 mod apis;
+mod batch;
+mod llamacpp;
+mod metrics;
+pub(crate) mod scheduler;
 use apis::{Refusal, ResponseStore};
 
 /// The text of every generated token.
@@ -62,6 +66,10 @@ pub(crate) struct Shared {
     generation_tokens_total: AtomicU64,
     prefix_cache_queries_total: AtomicU64,
     prefix_cache_hits_total: AtomicU64,
+    /// The batch profiles' scheduler and its driver's state.
+    batch: Option<batch::Batch>,
+    /// The `llamacpp` profile's slots.
+    llama: Option<llamacpp::Slots>,
 }
 
 #[derive(Default)]
@@ -83,7 +91,11 @@ impl Shared {
         cfg.max_running = cfg.max_running.max(1);
         cfg.block_tokens = cfg.block_tokens.max(1);
         cfg.default_max_tokens = cfg.default_max_tokens.max(1);
+        let batch = cfg.profile.batched().then(|| batch::Batch::new(&cfg));
+        let llama = (cfg.profile == Profile::Llamacpp).then(|| llamacpp::Slots::new(&cfg));
         Shared {
+            batch,
+            llama,
             addr,
             faults,
             stats,
@@ -153,6 +165,9 @@ async fn stopped(rx: &mut watch::Receiver<bool>) {
 }
 
 pub(crate) async fn accept_loop(shared: Arc<Shared>) {
+    if shared.batch.is_some() {
+        tokio::spawn(batch::drive(shared.clone()));
+    }
     let mut stop = shared.stop.subscribe();
     loop {
         let accepted = tokio::select! {
@@ -355,6 +370,10 @@ struct Plan {
     stream: bool,
     include_usage: bool,
     frame_delay: Duration,
+    /// `frame_delay` came from the request (`x-sim-frame-delay-ms`): the
+    /// batch profiles, whose token times the steps decide, then space this
+    /// request's frames at least that far apart.
+    paced: bool,
     /// Added to the prefill, so a test sets a stream's TTFT directly.
     extra_ttft: Duration,
     /// A usage frame with this `completion_tokens` right after the first
@@ -516,12 +535,28 @@ impl Shared {
                     .await?;
                 Ok(true)
             }
+            ("GET", "/health") if self.cfg.profile == Profile::Llamacpp => {
+                let (status, body) = self.llama_health();
+                http::write_response(wr, status, JSON, body.as_bytes(), keep_alive).await?;
+                Ok(true)
+            }
             ("GET", "/health") => {
                 http::write_response(wr, self.health_status(), "", b"", keep_alive).await?;
                 Ok(true)
             }
+            ("GET", path) if self.profile_endpoint(path).is_some() => {
+                let body = self.profile_endpoint(path).unwrap_or_default();
+                http::write_response(wr, 200, JSON, body.to_string().as_bytes(), keep_alive)
+                    .await?;
+                Ok(true)
+            }
             ("GET", "/metrics") => {
-                let text = self.metrics_text();
+                let text = match self.cfg.profile {
+                    Profile::Slots => self.metrics_text(),
+                    Profile::Vllm => self.vllm_metrics(),
+                    Profile::Sglang => self.sglang_metrics(),
+                    Profile::Llamacpp => self.llamacpp_metrics(),
+                };
                 http::write_response(
                     wr,
                     200,
@@ -689,7 +724,8 @@ impl Shared {
             .map(str::to_string)
             .filter(|g| !g.is_empty());
         let number = |name| header_number(req, name).map_err(invalid);
-        let frame_delay = number("x-sim-frame-delay-ms")?.unwrap_or(self.cfg.decode_ms_per_token);
+        let paced = number("x-sim-frame-delay-ms")?;
+        let frame_delay = paced.unwrap_or(self.cfg.decode_ms_per_token);
         let extra_ttft = number("x-sim-ttft-ms")?.unwrap_or(0);
         let decoy_usage = match kind {
             Kind::Chat | Kind::Text => number("x-sim-decoy-usage")?,
@@ -726,6 +762,7 @@ impl Shared {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             frame_delay: Duration::from_millis(frame_delay),
+            paced: paced.is_some(),
             extra_ttft: Duration::from_millis(extra_ttft),
             decoy_usage,
             gate,
@@ -795,7 +832,7 @@ impl Shared {
                 .await?;
             return Ok(true);
         }
-        let plan = match self.plan(req, kind) {
+        let plan = match self.plan(req, kind).and_then(|plan| self.fits(plan)) {
             Ok(plan) => plan,
             Err(refusal) => {
                 http::write_response(wr, refusal.status, JSON, &refusal.body, keep_alive).await?;
@@ -882,9 +919,9 @@ impl Shared {
     /// a later `previous_response_id`: its conversation and its reply.
     fn keep_response(&self, plan: &Plan) {
         if plan.store {
-            let mut conversation = plan.prompt.clone();
-            kv::turn_text(&mut conversation, "assistant", &plan.text());
-            self.responses.lock().put(plan.id.clone(), conversation);
+            self.responses
+                .lock()
+                .put(plan.id.clone(), conversation(plan));
         }
     }
 
@@ -896,6 +933,13 @@ impl Shared {
         wr: &mut W,
         framing: Option<StreamFraming>,
     ) -> io::Result<Generated> {
+        match self.cfg.profile {
+            Profile::Slots => {}
+            Profile::Vllm | Profile::Sglang => {
+                return self.generate_batched(plan, wr, framing).await
+            }
+            Profile::Llamacpp => return self.generate_llama(plan, wr, framing).await,
+        }
         let slot = {
             let _waiting = Gauge::enter(&self.waiting);
             self.slots
@@ -969,4 +1013,91 @@ impl Shared {
         drop(seq);
         Ok(Generated::Done { cached_tokens })
     }
+}
+
+impl Shared {
+    /// Refuses a request longer than the profile's context, in the words of
+    /// the engine it imitates: vLLM's `max_model_len` error (the whole KV is
+    /// the longest a request may be), llama.cpp's per-slot context. The
+    /// `slots` profile refuses nothing.
+    fn fits(&self, plan: Plan) -> Result<Plan, Refusal> {
+        let total = plan.prompt_tokens + plan.max_tokens;
+        match self.cfg.profile {
+            Profile::Slots => Ok(plan),
+            Profile::Vllm | Profile::Sglang => {
+                let limit = self
+                    .batch
+                    .as_ref()
+                    .map_or(usize::MAX, batch::Batch::max_model_len);
+                if total <= limit {
+                    return Ok(plan);
+                }
+                let message = format!(
+                    "This model's maximum context length is {limit} tokens. However, you \
+                     requested {total} tokens ({} in the messages, {} in the completion). \
+                     Please reduce the length of the messages or completion.",
+                    plan.prompt_tokens, plan.max_tokens
+                );
+                let body = json!({
+                    "object": "error",
+                    "message": message,
+                    "type": "BadRequestError",
+                    "param": null,
+                    "code": 400,
+                });
+                Err(Refusal {
+                    status: 400,
+                    body: body.to_string().into_bytes(),
+                })
+            }
+            Profile::Llamacpp => {
+                let n_ctx = self.llama.as_ref().map_or(usize::MAX, |l| l.n_ctx_slot());
+                if total <= n_ctx {
+                    return Ok(plan);
+                }
+                Err(Refusal {
+                    status: 400,
+                    body: llamacpp::EXCEEDS_CONTEXT.as_bytes().to_vec(),
+                })
+            }
+        }
+    }
+
+    /// Writes token `index` as its frame (when streaming) with the test
+    /// controls that hang on it: the cut of `die_after_frames` (false: the
+    /// stream must end here), the decoy usage frame, the gate.
+    async fn emit<W: AsyncWrite + Unpin>(
+        &self,
+        plan: &Plan,
+        wr: &mut W,
+        framing: Option<StreamFraming>,
+        index: usize,
+        cached_tokens: usize,
+    ) -> io::Result<bool> {
+        if let Some(framing) = framing {
+            let frame = plan.token_frame(index, cached_tokens);
+            http::write_stream_chunk(wr, framing, &frame).await?;
+            let die_after = self.faults.die_after_frames.load(Ordering::SeqCst) as usize;
+            if index + 1 == die_after {
+                return Ok(false);
+            }
+            if let (0, Some(tokens)) = (index, plan.decoy_usage) {
+                http::write_stream_chunk(wr, framing, &plan.decoy_usage_frame(tokens)).await?;
+            }
+        }
+        if index == 0 {
+            if let Some(gate) = &plan.gate {
+                self.wait_gate(gate).await;
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The conversation a request leaves behind: its prompt and its reply, as
+/// the next turn's prompt starts (`kv::prompt_bytes`).
+fn conversation(plan: &Plan) -> Vec<u8> {
+    let mut bytes = plan.prompt.clone();
+    kv::turn_text(&mut bytes, "assistant", &plan.text());
+    bytes
 }

@@ -8,6 +8,26 @@
 //! SSE streaming with one frame per token, vLLM's Prometheus gauge names, and
 //! failure modes that tests can switch on at any time through [`Faults`].
 //!
+//! Engine profiles ([`Profile`], `EngineConfig::profile`) choose which engine
+//! it imitates; every profile serves the same APIs, ids, usage and test
+//! controls:
+//! - `slots` (the default): `max_running` sequences at once, each on its own
+//!   clock (prefill, then a token per `decode_ms_per_token`), with the KV pool
+//!   of `kv.rs`; `/metrics` under vLLM's names.
+//! - `vllm`: vLLM V1's scheduler (`engine/scheduler.rs`, pure, stepped in
+//!   virtual time by its tests and in real time by `engine/batch.rs`): up to
+//!   `max_num_seqs` sequences limited by KV blocks, chunked prefill sharing
+//!   each step's `max_num_batched_tokens` with decodes, preemption by
+//!   recompute, block prefix caching with LRU eviction, and a step time from
+//!   the tokens, sequences and context in the step, calibrated against a
+//!   published vLLM run (`CALIBRATION.md`). vLLM's metric names.
+//! - `sglang`: the same scheduler under SGLang's metric names, with its
+//!   `/get_server_info`, `/server_info` and `/get_model_info`.
+//! - `llamacpp`: llama-server with `--parallel max_running`, each slot with
+//!   its own cache of its last conversation and its own context
+//!   (`engine/llamacpp.rs`); llama.cpp's metric names (no KV figures), its
+//!   `/props` and `/health`, its 400 for a request over a slot's context.
+//!
 //! It serves `POST /v1/chat/completions` and `/v1/completions`, and, with the
 //! same engine model, Anthropic Messages (`POST /v1/messages`) and OpenAI
 //! Responses (`POST /v1/responses`, stateful through `previous_response_id`)
@@ -21,7 +41,8 @@
 //!
 //! Per-request test controls (request headers):
 //! - `x-sim-max-tokens: N`     completion length, overriding the body
-//! - `x-sim-frame-delay-ms: N` time between tokens, overriding the config
+//! - `x-sim-frame-delay-ms: N` time between tokens, overriding the config (in
+//!   the batch profiles: the least time between this request's frames)
 //! - `x-sim-ttft-ms: N`        N ms more before the first token (after prefill)
 //! - `x-sim-decoy-usage: N`    a usage frame claiming N completion tokens right
 //!   after the first content frame (the real one still comes last)
@@ -31,7 +52,7 @@
 
 mod cli;
 pub mod client;
-mod engine;
+pub(crate) mod engine;
 mod http;
 mod kv;
 #[cfg(test)]
@@ -43,6 +64,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use cli::{run, SimArgs};
+pub use engine::scheduler::{StepCost, L4_QWEN_0_5B_OVERHEAD_US};
 
 /// How a simulated engine behaves. Construct with struct-update syntax from
 /// [`EngineConfig::default`] (fast, for tests) or [`EngineConfig::realistic`].
@@ -70,6 +92,88 @@ pub struct EngineConfig {
     /// lost its cache) slows its neighbours down: that is where the slow 5%
     /// of decode speed comes from. 0 keeps decode speed fixed (tests).
     pub prefill_decode_interference: f64,
+    /// Which engine this one imitates: its scheduler, its metric names and
+    /// its extra endpoints. See [`Profile`].
+    pub profile: Profile,
+    /// `vllm`/`sglang`: sequences in one batch at most (vLLM's
+    /// `--max-num-seqs`); the KV blocks are the limit that usually binds.
+    /// 0 is treated as 1.
+    pub max_num_seqs: usize,
+    /// `vllm`/`sglang`: tokens one step may compute (vLLM's
+    /// `--max-num-batched-tokens`), decodes first, prefill chunks in what is
+    /// left. 0 is treated as 1.
+    pub max_num_batched_tokens: usize,
+    /// `vllm`/`sglang`: what one step costs, by the tokens it computes and the
+    /// context they attend to (`engine/scheduler.rs` `StepCost`; calibration
+    /// in `CALIBRATION.md`).
+    pub step_cost: StepCost,
+    /// `vllm`/`sglang`: time a request spends in the server before the
+    /// scheduler sees it (HTTP, tokenizing), in microseconds. It is part of
+    /// every measured time to first token.
+    pub request_overhead_us: u64,
+}
+
+/// The engines the simulator imitates. Each keeps the OpenAI-compatible API
+/// (and the Anthropic and Responses shapes) and differs in scheduling, in
+/// what its `/metrics` say and in its own endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// The original model: `max_running` slots, each sequence on its own
+    /// clock (prefill, then one token per `decode_ms_per_token`), one vLLM-named
+    /// `/metrics`. The tests' default.
+    #[default]
+    Slots,
+    /// vLLM V1's scheduler: a batch of up to `max_num_seqs` limited by KV
+    /// blocks, chunked prefill sharing each step with decodes, preemption by
+    /// recompute, step time from the batch (`engine/scheduler.rs`).
+    Vllm,
+    /// The same scheduler under SGLang's metric names and endpoints.
+    Sglang,
+    /// llama-server with `--parallel max_running`: each slot keeps its own
+    /// cache of its last conversation; no shared KV pool (`engine/llamacpp.rs`).
+    Llamacpp,
+}
+
+impl Profile {
+    pub const ALL: [Profile; 4] = [
+        Profile::Slots,
+        Profile::Vllm,
+        Profile::Sglang,
+        Profile::Llamacpp,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Slots => "slots",
+            Profile::Vllm => "vllm",
+            Profile::Sglang => "sglang",
+            Profile::Llamacpp => "llamacpp",
+        }
+    }
+
+    /// Whether requests go through the batch scheduler.
+    pub fn batched(self) -> bool {
+        matches!(self, Profile::Vllm | Profile::Sglang)
+    }
+}
+
+impl std::fmt::Display for Profile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Profile {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Profile::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!("unknown engine profile {s:?} (one of: slots, vllm, sglang, llamacpp)")
+            })
+    }
 }
 
 impl Default for EngineConfig {
@@ -83,6 +187,17 @@ impl Default for EngineConfig {
             default_max_tokens: 16,
             block_tokens: 16,
             prefill_decode_interference: 0.0,
+            profile: Profile::Slots,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            // Tiny, so that tests of the batch profiles run fast.
+            step_cost: StepCost {
+                base_us: 200.0,
+                per_token_us: 1.0,
+                per_seq_us: 0.0,
+                per_context_token_us: 0.0,
+            },
+            request_overhead_us: 0,
         }
     }
 }
@@ -100,6 +215,11 @@ impl EngineConfig {
             default_max_tokens: 64,
             block_tokens: 16,
             prefill_decode_interference: 0.5,
+            profile: Profile::Slots,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            step_cost: StepCost::scaled_to(15, 20),
+            request_overhead_us: 0,
         }
     }
 }

@@ -1455,3 +1455,296 @@ async fn responses_answer_stream_and_continue_a_stored_turn() {
     }
     assert_eq!(h.stats.in_flight.load(Ordering::SeqCst), 0);
 }
+
+// The engine profiles.
+
+fn profile(p: Profile) -> EngineConfig {
+    EngineConfig {
+        profile: p,
+        ..EngineConfig::default()
+    }
+}
+
+async fn metrics_text(h: &EngineHandle) -> String {
+    let resp = Client::connect(h).await.request(&get("/metrics")).await;
+    assert_eq!(resp.status, 200);
+    String::from_utf8(resp.body).expect("UTF-8 metrics")
+}
+
+#[tokio::test]
+async fn every_profile_reports_the_second_turns_cached_tokens() {
+    for p in Profile::ALL {
+        let h = engine(profile(p)).await;
+        let (turn1, turn2) = conversation();
+        let mut c = Client::connect(&h).await;
+        let v = c
+            .request(&post("/v1/chat/completions", &turn1, &[]))
+            .await
+            .json();
+        assert_eq!(cached_tokens(&v["usage"]), 0, "{p}");
+        assert!(v["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with(&format!("chatcmpl-sim{}-", h.port()))));
+        let frames = stream_frames(&mut c, &turn2, &[]).await;
+        let usage = &frames.last().expect("usage frame")["usage"];
+        assert_eq!(usage["prompt_tokens"], 113, "{p}");
+        // Block-granular caches keep turn 1's 6 complete blocks; a
+        // llama.cpp slot keeps every byte turn 2 repeats: turn 1's prompt,
+        // the role and the 3 tokens of reply it quotes (421 bytes).
+        let expected = if p == Profile::Llamacpp { 105 } else { 96 };
+        assert_eq!(cached_tokens(usage), expected, "{p}");
+        h.shutdown();
+    }
+}
+
+#[tokio::test]
+async fn each_profile_exports_its_engines_metric_names_and_no_others() {
+    let vllm = [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"12500\"}",
+    ];
+    let cases: [(Profile, Vec<&str>, &[&str]); 4] = [
+        (Profile::Slots, vllm.to_vec(), &["sglang:", "llamacpp:"]),
+        (
+            Profile::Vllm,
+            [&vllm[..], &["vllm:num_preemptions_total"]].concat(),
+            &["sglang:", "llamacpp:", "sim:"],
+        ),
+        (
+            Profile::Sglang,
+            vec![
+                "sglang:num_running_reqs",
+                "sglang:num_queue_reqs",
+                "sglang:token_usage",
+                "sglang:max_total_num_tokens{model_name=\"sim-model\"} 200000",
+                "sglang:cache_hit_rate",
+                "sglang:prompt_tokens_total",
+                "sglang:generation_tokens_total",
+            ],
+            &["vllm:", "llamacpp:", "sim:"],
+        ),
+        (
+            Profile::Llamacpp,
+            vec![
+                "llamacpp:requests_processing",
+                "llamacpp:requests_deferred",
+                "llamacpp:prompt_tokens_total",
+                "llamacpp:tokens_predicted_total",
+                "llamacpp:prompt_tokens_seconds",
+                "llamacpp:predicted_tokens_seconds",
+                "llamacpp:n_decode_total",
+            ],
+            // No KV capacity or usage: a llama.cpp gateway has none to read.
+            &["vllm:", "sglang:", "sim:", "kv_cache", "usage"],
+        ),
+    ];
+    for (p, present, absent) in cases {
+        let h = engine(profile(p)).await;
+        // A finished request, so counters have moved.
+        let v = Client::connect(&h)
+            .await
+            .request(&post(
+                "/v1/chat/completions",
+                &chat(user("hi"), json!({})),
+                &[],
+            ))
+            .await;
+        assert_eq!(v.status, 200, "{p}");
+        let text = metrics_text(&h).await;
+        for name in present {
+            assert!(text.contains(name), "{p}: no {name} in\n{text}");
+        }
+        for name in absent {
+            assert!(!text.contains(name), "{p}: {name} in\n{text}");
+        }
+        h.shutdown();
+    }
+}
+
+#[tokio::test]
+async fn batch_profiles_count_generation_and_prefix_queries() {
+    let h = engine(profile(Profile::Vllm)).await;
+    let (turn1, turn2) = conversation();
+    let mut c = Client::connect(&h).await;
+    c.request(&post("/v1/chat/completions", &turn1, &[])).await;
+    stream_frames(&mut c, &turn2, &[]).await;
+    assert_eq!(metric(&h, "vllm:prompt_tokens_total").await, 213.0);
+    assert_eq!(metric(&h, "vllm:generation_tokens_total").await, 32.0);
+    assert_eq!(metric(&h, "vllm:prefix_cache_queries_total").await, 213.0);
+    assert_eq!(metric(&h, "vllm:prefix_cache_hits_total").await, 96.0);
+    assert_eq!(metric(&h, "vllm:num_requests_running").await, 0.0);
+    assert_eq!(metric(&h, "vllm:kv_cache_usage_perc").await, 0.0);
+    let h = engine(profile(Profile::Sglang)).await;
+    let mut c = Client::connect(&h).await;
+    c.request(&post("/v1/chat/completions", &turn1, &[])).await;
+    stream_frames(&mut c, &turn2, &[]).await;
+    assert_eq!(metric(&h, "sglang:cache_hit_rate").await, 96.0 / 213.0);
+}
+
+#[tokio::test]
+async fn a_vllm_client_that_leaves_frees_its_blocks() {
+    let h = engine(EngineConfig {
+        step_cost: StepCost {
+            base_us: 2_000.0,
+            per_token_us: 0.0,
+            per_seq_us: 0.0,
+            per_context_token_us: 0.0,
+        },
+        ..profile(Profile::Vllm)
+    })
+    .await;
+    let hr = &h;
+    let running = start_stream(&h, &[], 100_000).await;
+    // Control: while it streams it holds a sequence and blocks.
+    assert_eq!(metric(&h, "vllm:num_requests_running").await, 1.0);
+    assert!(metric(&h, "vllm:kv_cache_usage_perc").await > 0.0);
+    drop(running);
+    eventually("the request aborted", || async move {
+        hr.stats.in_flight.load(Ordering::SeqCst) == 0
+            && metric(hr, "vllm:num_requests_running").await == 0.0
+            && metric(hr, "vllm:kv_cache_usage_perc").await == 0.0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_request_longer_than_the_kv_gets_vllms_400() {
+    let h = engine(EngineConfig {
+        kv_capacity_tokens: 1_000,
+        ..profile(Profile::Vllm)
+    })
+    .await;
+    let mut c = Client::connect(&h).await;
+    let resp = c
+        .request(&post(
+            "/v1/chat/completions",
+            &chat(user("hi"), json!({"max_tokens": 1_000})),
+            &[],
+        ))
+        .await;
+    assert_eq!(resp.status, 400);
+    let v = resp.json();
+    assert_eq!(v["code"], 400);
+    assert!(v["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("maximum context length is 992 tokens")));
+    // Control: one that fits is served.
+    let resp = c
+        .request(&post(
+            "/v1/chat/completions",
+            &chat(user("hi"), json!({"max_tokens": 900})),
+            &[],
+        ))
+        .await;
+    assert_eq!(resp.status, 200);
+}
+
+#[tokio::test]
+async fn llamacpp_refuses_over_its_slot_context_and_serves_props_and_health() {
+    let h = engine(EngineConfig {
+        max_running: 2,
+        kv_capacity_tokens: 1_000,
+        ..profile(Profile::Llamacpp)
+    })
+    .await;
+    let mut c = Client::connect(&h).await;
+    // "user" + "hi": 2 tokens, and 499 more: over the slot's 500.
+    let resp = c
+        .request(&post(
+            "/v1/chat/completions",
+            &chat(user("hi"), json!({"max_tokens": 499})),
+            &[],
+        ))
+        .await;
+    assert_eq!(resp.status, 400);
+    assert_eq!(
+        resp.json(),
+        json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error"}})
+    );
+    // Control: 498 fits.
+    let resp = c
+        .request(&post(
+            "/v1/chat/completions",
+            &chat(user("hi"), json!({"max_tokens": 498})),
+            &[("x-sim-frame-delay-ms", "0")],
+        ))
+        .await;
+    assert_eq!(resp.status, 200);
+    let props = c.request(&get("/props")).await.json();
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 500);
+    assert_eq!(props["total_slots"], 2);
+    assert_eq!(props["model_path"], "sim-model");
+    let health = c.request(&get("/health")).await;
+    assert_eq!(
+        (health.status, health.json()),
+        (200, json!({"status": "ok"}))
+    );
+    h.faults.health_down.store(true, Ordering::SeqCst);
+    assert_eq!(c.request(&get("/health")).await.status, 503);
+}
+
+#[tokio::test]
+async fn llamacpp_defers_when_every_slot_is_busy() {
+    let h = engine(EngineConfig {
+        max_running: 1,
+        ..profile(Profile::Llamacpp)
+    })
+    .await;
+    let hr = &h;
+    let running = start_stream(&h, &[("x-sim-gate", "never")], 4).await;
+    let mut deferred = Client::connect(&h).await;
+    deferred
+        .send(&post("/v1/chat/completions", &stream_body(2), &[]))
+        .await;
+    eventually("a deferred request", || async move {
+        let text = metrics_text(hr).await;
+        text.contains("llamacpp:requests_deferred 1\n")
+            && text.contains("llamacpp:requests_processing 1\n")
+    })
+    .await;
+    drop(running);
+    let (status, _) = deferred.head().await;
+    assert_eq!(status, 200);
+    eventually("the deferred request served", || async move {
+        metrics_text(hr)
+            .await
+            .contains("llamacpp:requests_deferred 0\n")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sglang_answers_its_info_endpoints() {
+    let h = engine(profile(Profile::Sglang)).await;
+    let mut c = Client::connect(&h).await;
+    for path in ["/get_server_info", "/server_info"] {
+        let resp = c.request(&get(path)).await;
+        assert_eq!(resp.status, 200, "{path}");
+        assert_eq!(resp.json()["max_total_num_tokens"], 200_000, "{path}");
+    }
+    let info = c.request(&get("/get_model_info")).await.json();
+    assert_eq!(info["model_path"], "sim-model");
+    // Control: the vLLM profile has no such endpoint.
+    let v = engine(profile(Profile::Vllm)).await;
+    let resp = Client::connect(&v)
+        .await
+        .request(&get("/get_server_info"))
+        .await;
+    assert_eq!(resp.status, 404);
+}
+
+#[test]
+fn profiles_parse_and_print_their_names() {
+    for p in Profile::ALL {
+        assert_eq!(p.to_string().parse::<Profile>(), Ok(p));
+    }
+    assert_eq!("vllm".parse::<Profile>(), Ok(Profile::Vllm));
+    assert!("VLLM".parse::<Profile>().is_err());
+    assert_eq!(EngineConfig::default().profile, Profile::Slots);
+}

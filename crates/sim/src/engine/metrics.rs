@@ -1,0 +1,196 @@
+//! `/metrics` and the engine-specific endpoints of the `vllm`, `sglang` and
+//! `llamacpp` profiles, each under only its own engine's names, so that a
+//! gateway reading them learns what it would learn from that engine. (The
+//! `slots` profile's `/metrics` is `Shared::metrics_text`.)
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use super::{escape_label, Shared};
+use crate::Profile;
+
+type Series = (&'static str, &'static str, &'static str, f64);
+
+fn render(out: &mut String, model: &str, series: &[Series]) {
+    for (name, kind, help, value) in series {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{model_name=\"{model}\"}} {value}"
+        );
+    }
+}
+
+impl Shared {
+    pub(super) fn vllm_metrics(&self) -> String {
+        let Some(batch) = self.batch.as_ref() else {
+            return String::new();
+        };
+        let s = batch.snapshot();
+        let c = s.counters;
+        let series: [Series; 8] = [
+            (
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                s.running as f64,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                s.waiting as f64,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                s.kv_usage,
+            ),
+            (
+                "vllm:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                c.prompt_tokens as f64,
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                c.generation_tokens as f64,
+            ),
+            (
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                c.prefix_queries as f64,
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                c.prefix_hits as f64,
+            ),
+            (
+                "vllm:num_preemptions_total",
+                "counter",
+                "Cumulative number of preemption from the engine.",
+                c.preemptions as f64,
+            ),
+        ];
+        let mut out = String::with_capacity(2048);
+        render(&mut out, &escape_label(&self.cfg.name), &series);
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1",
+            s.block_tokens, s.num_blocks
+        );
+        out
+    }
+
+    pub(super) fn sglang_metrics(&self) -> String {
+        let Some(batch) = self.batch.as_ref() else {
+            return String::new();
+        };
+        let s = batch.snapshot();
+        let c = s.counters;
+        let hit_rate = if c.prefix_queries > 0 {
+            c.prefix_hits as f64 / c.prefix_queries as f64
+        } else {
+            0.0
+        };
+        let series: [Series; 7] = [
+            (
+                "sglang:num_running_reqs",
+                "gauge",
+                "The number of running requests.",
+                s.running as f64,
+            ),
+            (
+                "sglang:num_queue_reqs",
+                "gauge",
+                "The number of requests in the waiting queue.",
+                s.waiting as f64,
+            ),
+            (
+                "sglang:token_usage",
+                "gauge",
+                "The token usage.",
+                s.kv_usage,
+            ),
+            (
+                "sglang:max_total_num_tokens",
+                "gauge",
+                "Maximum total number of tokens in the KV cache pool.",
+                (s.num_blocks * s.block_tokens) as f64,
+            ),
+            (
+                "sglang:cache_hit_rate",
+                "gauge",
+                "The prefix cache hit rate.",
+                hit_rate,
+            ),
+            (
+                "sglang:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                c.prompt_tokens as f64,
+            ),
+            (
+                "sglang:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                c.generation_tokens as f64,
+            ),
+        ];
+        let mut out = String::with_capacity(2048);
+        render(&mut out, &escape_label(&self.cfg.name), &series);
+        out
+    }
+
+    pub(super) fn llamacpp_metrics(&self) -> String {
+        let Some(llama) = self.llama.as_ref() else {
+            return String::new();
+        };
+        // llama-server's series carry no labels.
+        let mut out = String::with_capacity(2048);
+        for (name, kind, help, value) in llama.series() {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
+        out
+    }
+
+    /// A `GET` endpoint the profile's engine has and the others do not:
+    /// SGLang's server and model info (sglang-router probes them),
+    /// llama-server's `/props`.
+    pub(super) fn profile_endpoint(&self, path: &str) -> Option<Value> {
+        match (self.cfg.profile, path) {
+            (Profile::Sglang, "/get_server_info" | "/server_info") => {
+                let max_total = self.batch.as_ref().map_or(0, |b| {
+                    b.snapshot().num_blocks * self.cfg.block_tokens.max(1)
+                });
+                Some(json!({
+                    "model_path": self.cfg.name,
+                    "served_model_name": self.cfg.name,
+                    "max_running_requests": self.cfg.max_num_seqs,
+                    "chunked_prefill_size": self.cfg.max_num_batched_tokens,
+                    "page_size": self.cfg.block_tokens,
+                    "max_total_num_tokens": max_total,
+                    "version": "llm-gateway-sim",
+                }))
+            }
+            (Profile::Sglang, "/get_model_info") => Some(json!({
+                "model_path": self.cfg.name,
+                "tokenizer_path": self.cfg.name,
+                "is_generation": true,
+            })),
+            (Profile::Llamacpp, "/props") => self.llama_props(),
+            _ => None,
+        }
+    }
+}
