@@ -124,12 +124,24 @@ async fn interrupted() -> &'static str {
 }
 
 async fn run_plan(opts: Options) -> i32 {
+    let started = std::time::Instant::now();
+    let results = match run_cells(&opts).await {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let elapsed = started.elapsed();
+    report_and_judge(&opts, &results, elapsed)
+}
+
+/// Every scenario's cells, in order; the exit code on the first failure
+/// (said on stderr).
+async fn run_cells(opts: &Options) -> Result<Vec<ScenarioResult>, i32> {
     let exe = if opts.needs_gateway() {
         match opts.gateway.clone().map_or_else(std::env::current_exe, Ok) {
             Ok(exe) => exe,
             Err(e) => {
                 eprintln!("llm-gateway bench: cannot find the gateway binary: {e}");
-                return 1;
+                return Err(1);
             }
         }
     } else {
@@ -144,7 +156,7 @@ async fn run_plan(opts: Options) -> i32 {
         Ok(p) => p,
         Err(e) => {
             eprintln!("llm-gateway bench: {e}");
-            return 2;
+            return Err(2);
         }
     };
     // Looked for once, so every scenario runs (and skips) the same peers.
@@ -157,8 +169,7 @@ async fn run_plan(opts: Options) -> i32 {
             std::env::var_os("PATH").as_deref(),
         )
     };
-    let cells = cell::cells(&opts, &found);
-    let started = std::time::Instant::now();
+    let cells = cell::cells(opts, &found);
     let mut progress = Progress::new(plans.len() * cells.len(), opts.duration);
     eprintln!(
         "llm-gateway bench: {} scenario(s) x {} cell(s) = {} cells, ~{} in all",
@@ -184,7 +195,7 @@ async fn run_plan(opts: Options) -> i32 {
                         "llm-gateway bench: cell {}/{} failed: {e}",
                         plan.scenario, cell.name
                     );
-                    return 1;
+                    return Err(1);
                 }
             }
             progress.cell_done(cell_started.elapsed());
@@ -199,15 +210,19 @@ async fn run_plan(opts: Options) -> i32 {
             skipped_peers: skipped.clone(),
         });
     }
-    let elapsed = started.elapsed();
+    Ok(results)
+}
+
+/// Prints the results and draws the plot; the exit code they make.
+fn report_and_judge(opts: &Options, results: &[ScenarioResult], elapsed: Duration) -> i32 {
     if opts.json {
-        println!("{}", report::json(&results, elapsed));
+        println!("{}", report::json(results, elapsed));
     } else {
-        println!("{}", report::markdown(&results, elapsed));
+        println!("{}", report::markdown(results, elapsed));
     }
     let mut code = 0;
     if let Some(path) = &opts.plot {
-        match plot::draw(path, &results) {
+        match plot::draw(path, results) {
             Ok(()) => eprintln!("llm-gateway bench: wrote {}", path.display()),
             Err(e) => {
                 eprintln!("llm-gateway bench: cannot draw {}: {e}", path.display());
@@ -247,4 +262,67 @@ async fn run_plan(opts: Options) -> i32 {
         code = 1;
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// nginx's path, or None: then a loud skip outside CI, a failure under
+    /// CI (`./dev test` installs nginx-light there).
+    fn nginx() -> Option<PathBuf> {
+        let path = std::env::var_os("PATH");
+        match peers::locate(peers::Program::Nginx, &peers::dir(), path.as_deref()) {
+            Ok(p) => Some(p),
+            Err(why) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI is set but {why}: `./dev test` installs nginx-light"
+                );
+                eprintln!(
+                    "\n!!!!! SKIPPED: the nginx peer cell test needs nginx ({why}). It FAILS \
+                     under CI. !!!!!\n"
+                );
+                None
+            }
+        }
+    }
+
+    /// A real run: the reference cell, then nginx as a peer router on the
+    /// same engines and workload, through the run's own path.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_with_the_nginx_peer_after_the_reference_cell() {
+        if nginx().is_none() {
+            return;
+        }
+        let opts = options::tests::parse(
+            "--quick --peers nginx-hash --modes reference --scenario uniform --engines 2 \
+             --sessions 4",
+        )
+        .expect("options");
+        let results = run_cells(&opts).await.expect("the run");
+        let s = &results[0];
+        let names: Vec<&str> = s.cells.iter().map(|c| c.mode.as_str()).collect();
+        assert_eq!(names, vec!["reference", "nginx-hash"]);
+        assert!(s.skipped_peers.is_empty());
+        let nginx = &s.cells[1];
+        assert!(nginx.peer && nginx.router && !s.cells[0].peer);
+        assert!(nginx.requests > 0 && nginx.errors_total == 0, "{nginx:?}");
+        // nginx forwarded to the engines: each request's engine came from
+        // its response id, and the header's hash kept sessions in place.
+        let engines_used = nginx.new_sessions_per_peer.values().filter(|n| **n > 0);
+        assert!(
+            engines_used.count() >= 1,
+            "{:?}",
+            nginx.new_sessions_per_peer
+        );
+        assert!(!nginx.new_sessions_per_peer.contains_key("?"));
+        assert_eq!(nginx.switch_rate, Some(0.0));
+        let best = report::best_peer(&s.cells, false).expect("a best peer");
+        let j = report::json(&results, Duration::ZERO);
+        assert_eq!(j["scenarios"][0]["best_peer"], s.cells[best].mode.as_str());
+        assert!(j["scenarios"][0]["modes"][1]["vs_best_peer"]["p95"].is_number());
+        // Peer errors do not fail the run, nor does this one.
+        assert_eq!(report_and_judge(&opts, &results, Duration::ZERO), 0);
+    }
 }

@@ -533,8 +533,8 @@ pub fn markdown(scenarios: &[ScenarioResult], elapsed: Duration) -> String {
          each session's first request (e0/e1/...), whole cell; engine load and queue = requests \
          in each engine and queued beyond max_running, sampled every 100 ms; gateway CPU from \
          /proc/<pid>/stat over the window. With several replicas, moves, placements and \
-         gateway CPU are every replica's together. A router cell (--router-cmd) runs the \
-         external router in the gateway's place: its engine per request from the engine's \
+         gateway CPU are every replica's together. A router cell (--router-cmd, or a peer of \
+         --peers) runs the external router in the gateway's place: its engine per request from the engine's \
          response id, its CPU its process group's, no moves or session recognition (it \
          counts no placements and names no session). The reference cell runs no gateway: the client sends \
          a session's first turn to the engine with the fewest of its requests in flight (ties: \
@@ -1045,6 +1045,149 @@ mod tests {
         let mut g = r.clone();
         g.router = false;
         assert!(progress_line("uniform", &g).contains("moves 0"));
+    }
+
+    fn cell(mode: &str, peer: bool, p95: Option<f64>, hit: Option<f64>, tok_s: f64) -> ModeResult {
+        ModeResult {
+            mode: mode.into(),
+            router: peer,
+            peer,
+            requests: 100,
+            requests_total: 100,
+            ttft_p95: p95,
+            ttft_p99: p95.map(|p| p * 2.0),
+            cache_hit: hit,
+            output_tok_s: tok_s,
+            ..ModeResult::default()
+        }
+    }
+
+    fn scenario(cells: Vec<ModeResult>, peers: &[&str], skipped: &[&str]) -> ScenarioResult {
+        let opts = crate::options::Options {
+            duration: Duration::from_secs(10),
+            warmup: Some(Duration::from_secs(1)),
+            peers: crate::peers::PEERS.to_vec(),
+            ..Default::default()
+        };
+        ScenarioResult {
+            plan: Plan::new(opts),
+            cells,
+            peers: peers
+                .iter()
+                .map(|p| (p.to_string(), format!("{p} --port {{port}}")))
+                .collect(),
+            skipped_peers: skipped
+                .iter()
+                .map(|p| Skipped {
+                    name: p.to_string(),
+                    reason: "x not found on PATH; run benches/peers.sh".into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_best_peer_is_the_fastest_p95_of_the_peers_and_the_reference() {
+        let cells = vec![
+            // The fastest cell of all is the gateway's: not a peer.
+            cell("load_aware", false, Some(0.2), Some(0.9), 110.0),
+            cell(REFERENCE, false, Some(0.8), Some(0.7), 100.0),
+            cell("vllm-sticky", true, Some(0.4), Some(0.8), 100.0),
+            // Faster still, but no p95 (nothing succeeded): no claim.
+            cell("vllm-cache", true, None, None, 0.0),
+            cell("nginx-hash", true, Some(0.4), Some(0.5), 50.0),
+        ];
+        // Ties go to the cell that ran first.
+        assert_eq!(best_peer(&cells, false), Some(2));
+        let v = vs_best(&cells[0], &cells[2]);
+        assert_eq!(v.p95, Some(0.5));
+        assert_eq!(v.p99, Some(0.5));
+        assert!((v.hit_points.unwrap() - 10.0).abs() < 1e-9, "{v:?}");
+        assert_eq!(v.tok_s, Some(1.1));
+        // The best against itself: 1x, 0 points.
+        assert_eq!(
+            vs_best(&cells[2], &cells[2]),
+            VsBest {
+                p95: Some(1.0),
+                p99: Some(1.0),
+                hit_points: Some(0.0),
+                tok_s: Some(1.0)
+            }
+        );
+        // Nothing to compare: no ratio rather than a division by zero.
+        let v = vs_best(&cells[3], &cells[2]);
+        assert_eq!(
+            (v.p95, v.p99, v.hit_points, v.tok_s),
+            (None, None, None, Some(0.0))
+        );
+        let zero = cell("z", true, Some(0.0), None, 0.0);
+        assert_eq!(vs_best(&cells[0], &zero).p95, None);
+        assert_eq!(vs_best(&cells[0], &zero).tok_s, None);
+        // A peer over the error limit cannot be best where errors are not
+        // the point; where they are, it can.
+        let mut erring = cells.clone();
+        erring[2].errors_total = 10;
+        assert_eq!(best_peer(&erring, false), Some(4));
+        assert_eq!(best_peer(&erring, true), Some(2));
+
+        let s = scenario(cells, &["vllm-sticky", "sglang-cache"], &["vllm-hash"]);
+        let md = markdown(std::slice::from_ref(&s), Duration::from_secs(60));
+        assert!(md.contains("Best peer: **vllm-sticky**"), "{md}");
+        assert!(
+            md.contains("| load_aware | 0.50x | 0.50x | +10.0 pts | 1.10x |"),
+            "{md}"
+        );
+        assert!(md.contains("| vllm-cache | - | - | - | 0.00x |"), "{md}");
+        assert!(md.contains("- peer vllm-hash SKIPPED: x not found"), "{md}");
+        assert!(md.contains("peer cell vllm-sticky: `vllm-sticky --port {port}`"));
+        assert!(md.contains("no TCP_NODELAY"), "{md}");
+        assert!(md.contains("do not fail the run"), "{md}");
+        let j = json(std::slice::from_ref(&s), Duration::from_secs(60));
+        let sc = &j["scenarios"][0];
+        assert_eq!(sc["best_peer"], "vllm-sticky");
+        assert_eq!(sc["skipped_peers"][0]["name"], "vllm-hash");
+        assert_eq!(sc["peers"][1]["name"], "sglang-cache");
+        let la = &sc["modes"][0];
+        assert_eq!(
+            (la["mode"].as_str(), la["peer"].as_bool()),
+            (Some("load_aware"), Some(false))
+        );
+        assert_eq!(la["vs_best_peer"]["p95"], 0.5);
+        assert_eq!(la["vs_best_peer"]["tok_s"], 1.1);
+        assert_eq!(sc["modes"][2]["peer"], true);
+        assert!(sc["modes"][3]["vs_best_peer"]["p95"].is_null());
+    }
+
+    #[test]
+    fn no_peer_ran_no_best_peer_and_no_ratios() {
+        // Every peer skipped, only gateway cells: no best, nothing divided.
+        let s = scenario(
+            vec![cell("load_aware", false, Some(0.2), Some(0.9), 110.0)],
+            &[],
+            &["vllm-sticky", "nginx-hash"],
+        );
+        assert_eq!(best_peer(&s.cells, false), None);
+        let md = markdown(std::slice::from_ref(&s), Duration::from_secs(60));
+        assert!(md.contains("No best peer"), "{md}");
+        assert!(!md.contains("vs best peer"), "{md}");
+        assert!(md.contains("- peer nginx-hash SKIPPED"), "{md}");
+        let j = json(std::slice::from_ref(&s), Duration::from_secs(60));
+        let sc = &j["scenarios"][0];
+        assert!(sc["best_peer"].is_null());
+        assert!(sc["modes"][0]["vs_best_peer"].is_null());
+        assert_eq!(sc["skipped_peers"].as_array().map(Vec::len), Some(2));
+        // A reference cell that completed nothing is no best peer either.
+        let s = scenario(vec![cell(REFERENCE, false, None, None, 0.0)], &[], &[]);
+        assert_eq!(best_peer(&s.cells, false), None);
+        assert!(markdown(&[s], Duration::ZERO).contains("No best peer"));
+        // Without --peers and without a reference cell: not a word of it.
+        let mut s = scenario(vec![cell("hash", false, Some(0.3), None, 1.0)], &[], &[]);
+        s.plan.opts.peers.clear();
+        let md = markdown(&[s], Duration::ZERO);
+        assert!(
+            !md.contains("best peer") && !md.contains("Best peer"),
+            "{md}"
+        );
     }
 
     #[test]
