@@ -23,6 +23,9 @@
 //! With `--router-cmd` the one cell of each scenario runs an external
 //! router (`router.rs`) where the gateway would be: same engines, same
 //! workload, the engine of each request told from the engine's answer.
+//! `--peers` adds such router cells after the others, the real peer
+//! routers (`peers.rs`: vllm-router, sglang-router, nginx), and the report
+//! compares every cell with the best of them and the reference cell.
 //!
 //! Everything listens on 127.0.0.1; the gateway process (or the router's
 //! process group) is killed on every way out (see `gateway.rs`,
