@@ -199,7 +199,7 @@ pub struct BenchArgs {
     pub router_label: Option<String>,
     /// Also run the peer routers, one cell each after the --modes cells:
     /// all, or a comma list of vllm-sticky, vllm-cache, vllm-hash,
-    /// sglang-cache, nginx-hash (see below)
+    /// sglang-cache, nginx-hash (see the description at the top)
     #[arg(long, value_name = "a,b", num_args = 0..=1, value_delimiter = ',', default_missing_value = "all", value_parser = peers::CHOICES, help_heading = "External router")]
     pub peers: Option<Vec<String>>,
 }

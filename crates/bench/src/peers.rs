@@ -155,7 +155,9 @@ pub fn locate(program: Program, dir: &Path, path: Option<&OsStr>) -> Result<Path
         .chain(fallback)
         .find(|p| executable(p))
     {
-        return Ok(exe);
+        // Absolute, so the report names it wherever it is read and the
+        // command does not depend on the shell's directory.
+        return Ok(std::path::absolute(&exe).unwrap_or(exe));
     }
     Err(match own {
         Some(own) => format!(
@@ -513,6 +515,14 @@ mod tests {
         fake_exe(&bin.join("smg"), 0o755);
         // Not executable: as good as absent.
         fake_exe(&dir.join("sglang/bin/smg"), 0o644);
+        // A relative directory is made absolute.
+        let cwd = std::env::current_dir().unwrap();
+        let rel = Path::new("bench-peers-rel").join(std::process::id().to_string());
+        fake_exe(&cwd.join(&rel).join("vllm/bin/vllm-router"), 0o755);
+        let located = locate(Program::VllmRouter, &rel, None);
+        // Gone before the assertion: a failure leaves nothing in the tree.
+        let _ = std::fs::remove_dir_all(cwd.join("bench-peers-rel"));
+        assert_eq!(located, Ok(cwd.join(&rel).join("vllm/bin/vllm-router")));
         let path = std::env::join_paths([root.join("nothing"), bin.clone()]).unwrap();
         let path = Some(path.as_os_str());
         assert_eq!(
