@@ -31,7 +31,8 @@ pub enum Command {
     Sim(llm_gateway_sim::SimArgs),
     /// Simulated engines in-process plus the gateway with a `demo` route.
     Demo(DemoArgs),
-    /// Replay agent sessions through the gateway on simulated engines.
+    // No doc comment: it would replace the bench's own long help (what
+    // `bench --help` explains: cells, routers, peers, exit codes).
     #[cfg(feature = "bench")]
     Bench(Box<llm_gateway_bench::BenchArgs>),
     /// Receive the gateway's body-log frames: hourly JSONL files in --dir

@@ -14,13 +14,14 @@ use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 use crate::client;
 use crate::gateway::{self, GatewayProcess, RouteSpec, TempDir};
 use crate::ids::SessionIds;
-use crate::options::REFERENCE;
+use crate::options::{Options, REFERENCE};
+use crate::peers::Found;
 use crate::plan::{fmt_secs, Plan};
 use crate::progress::{self, Progress};
 use crate::record::{write_records, Record};
 use crate::reference::Placer;
 use crate::report::{self, ModeResult};
-use crate::router::RouterProcess;
+use crate::router::{Fill, RouterProcess, RouterSpec};
 use crate::session::{slot_task, Ctx, Target};
 use crate::stats::CpuOf;
 use crate::window::{
@@ -83,19 +84,66 @@ async fn report_progress(
     }
 }
 
-/// Runs one (scenario, mode) cell: each step below is one function.
+/// What a cell puts between the client and the engines.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CellKind<'a> {
+    /// Nothing: the client places sessions (`reference`).
+    Reference,
+    /// The gateway, in the mode the cell is named after.
+    Gateway,
+    /// `--router-cmd`.
+    Router(&'a RouterSpec),
+    /// A peer router of `--peers`.
+    Peer(&'a Found),
+}
+
+/// One cell of a scenario: its name in the report and what it runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CellSpec<'a> {
+    pub name: &'a str,
+    pub kind: CellKind<'a>,
+}
+
+impl CellKind<'_> {
+    /// An external router (a `--router-cmd` or a peer): no gateway
+    /// counters, no routed sessions.
+    pub fn is_router(self) -> bool {
+        matches!(self, CellKind::Router(_) | CellKind::Peer(_))
+    }
+}
+
+/// A scenario's cells in the order they run: `--modes` (or the
+/// `--router-cmd` cell in their place), then the peers found.
+pub(crate) fn cells<'a>(opts: &'a Options, peers: &'a [Found]) -> Vec<CellSpec<'a>> {
+    let modes = opts.modes.iter().map(|m| CellSpec {
+        name: m,
+        kind: match &opts.router {
+            Some(spec) => CellKind::Router(spec),
+            None if m == REFERENCE => CellKind::Reference,
+            None => CellKind::Gateway,
+        },
+    });
+    let peers = peers.iter().map(|f| CellSpec {
+        name: f.peer.name,
+        kind: CellKind::Peer(f),
+    });
+    modes.chain(peers).collect()
+}
+
+/// Runs one (scenario, cell) pair: each step below is one function.
 pub(crate) async fn run_mode(
     plan: &Plan,
     workload: &Arc<Workload>,
-    mode: &str,
+    cell: &CellSpec<'_>,
     exe: &Path,
     progress: &Progress,
 ) -> Result<ModeResult, String> {
     let cell_started = std::time::Instant::now();
+    let mode = cell.name;
     let label = format!("{}/{mode}", plan.scenario);
-    announce(plan, &label, mode);
+    announce(&label, cell.kind);
     let mut engines = Engines::start(plan).await?;
-    let mut gateways = Gateways::start(plan, mode, exe, &engines.addrs).await?;
+    let mut gateways = Gateways::start(plan, cell, exe, &engines.addrs).await?;
     let ctx = open_cell(plan, workload, gateways.target(plan, &engines.addrs));
     let _ticker = AbortOnDrop(tokio::spawn(report_progress(
         Arc::clone(&ctx),
@@ -111,18 +159,16 @@ pub(crate) async fn run_mode(
     drop(gateways);
     drop(engines);
     let records = keep_records(&ctx, plan, mode)?;
-    Ok(report::summarize(mode, plan, &records, cut, &window))
+    Ok(report::summarize(cell, plan, &records, cut, &window))
 }
 
-fn announce(plan: &Plan, label: &str, mode: &str) {
+fn announce(label: &str, kind: CellKind) {
     eprintln!(
         "== {label}: starting engines{}",
-        if mode == REFERENCE {
-            ""
-        } else if plan.opts.router.is_some() {
-            " and router"
-        } else {
-            " and gateway"
+        match kind {
+            CellKind::Reference => "",
+            CellKind::Router(_) | CellKind::Peer(_) => " and router",
+            CellKind::Gateway => " and gateway",
         }
     );
 }
@@ -169,7 +215,7 @@ struct Gateways {
 impl Gateways {
     async fn start(
         plan: &Plan,
-        mode: &str,
+        cell: &CellSpec<'_>,
         exe: &Path,
         engine_addrs: &[SocketAddr],
     ) -> Result<Gateways, String> {
@@ -179,16 +225,25 @@ impl Gateways {
             redis: None,
             dir: None,
         };
-        if mode == REFERENCE {
+        if let CellKind::Reference = cell.kind {
             return Ok(g);
         }
+        let mode = cell.name;
         let tag = format!("{}-{mode}", plan.scenario);
         let dir = g
             .dir
             .insert(TempDir::new(&tag).map_err(|e| format!("cannot create a temp dir: {e}"))?);
-        if let Some(spec) = &plan.opts.router {
-            g.router = Some(RouterProcess::start(&spec.command, engine_addrs, &dir.0).await?);
-            return Ok(g);
+        match cell.kind {
+            CellKind::Router(spec) => {
+                g.router = Some(RouterProcess::start(&spec.command, engine_addrs, &dir.0).await?);
+                return Ok(g);
+            }
+            CellKind::Peer(found) => {
+                let command = |fill: &Fill, prefix: &Path| found.prepare(fill, prefix);
+                g.router = Some(RouterProcess::start_with(&command, engine_addrs, &dir.0).await?);
+                return Ok(g);
+            }
+            CellKind::Reference | CellKind::Gateway => {}
         }
         if plan.opts.session_store == "redis" {
             g.redis = Some(gateway::RedisProcess::start(&dir.0).await?);

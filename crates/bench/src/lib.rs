@@ -23,6 +23,9 @@
 //! With `--router-cmd` the one cell of each scenario runs an external
 //! router (`router.rs`) where the gateway would be: same engines, same
 //! workload, the engine of each request told from the engine's answer.
+//! `--peers` adds such router cells after the others, the real peer
+//! routers (`peers.rs`: vllm-router, sglang-router, nginx), and the report
+//! compares every cell with the best of them and the reference cell.
 //!
 //! Everything listens on 127.0.0.1; the gateway process (or the router's
 //! process group) is killed on every way out (see `gateway.rs`,
@@ -34,6 +37,7 @@ mod client;
 mod gateway;
 mod ids;
 mod options;
+mod peers;
 mod plan;
 mod plot;
 mod process;
@@ -64,7 +68,7 @@ use workload::Workload;
 const ROUTE: &str = "bench";
 /// Error share above which the run exits non-zero (in scenarios where
 /// errors are not the point, see `Scenario::errors_expected`).
-const MAX_ERROR_RATE: f64 = 0.01;
+pub(crate) const MAX_ERROR_RATE: f64 = 0.01;
 
 /// Entry point of `llm-gateway bench`; returns the process exit code
 /// (2 for arguments that clap accepted but that do not fit together).
@@ -123,12 +127,24 @@ async fn interrupted() -> &'static str {
 }
 
 async fn run_plan(opts: Options) -> i32 {
+    let started = std::time::Instant::now();
+    let results = match run_cells(&opts).await {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let elapsed = started.elapsed();
+    report_and_judge(&opts, &results, elapsed)
+}
+
+/// Every scenario's cells, in order; the exit code on the first failure
+/// (said on stderr).
+async fn run_cells(opts: &Options) -> Result<Vec<ScenarioResult>, i32> {
     let exe = if opts.needs_gateway() {
         match opts.gateway.clone().map_or_else(std::env::current_exe, Ok) {
             Ok(exe) => exe,
             Err(e) => {
                 eprintln!("llm-gateway bench: cannot find the gateway binary: {e}");
-                return 1;
+                return Err(1);
             }
         }
     } else {
@@ -143,15 +159,25 @@ async fn run_plan(opts: Options) -> i32 {
         Ok(p) => p,
         Err(e) => {
             eprintln!("llm-gateway bench: {e}");
-            return 2;
+            return Err(2);
         }
     };
-    let started = std::time::Instant::now();
-    let mut progress = Progress::new(plans.len() * opts.modes.len(), opts.duration);
+    // Looked for once, so every scenario runs (and skips) the same peers.
+    let (found, skipped) = if opts.peers.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        peers::find(
+            &opts.peers,
+            &peers::dir(),
+            std::env::var_os("PATH").as_deref(),
+        )
+    };
+    let cells = cell::cells(opts, &found);
+    let mut progress = Progress::new(plans.len() * cells.len(), opts.duration);
     eprintln!(
-        "llm-gateway bench: {} scenario(s) x {} mode(s) = {} cells, ~{} in all",
+        "llm-gateway bench: {} scenario(s) x {} cell(s) = {} cells, ~{} in all",
         plans.len(),
-        opts.modes.len(),
+        cells.len(),
         progress.total(),
         fmt_secs(Duration::from_secs(progress.remaining_s(0.0).round() as u64)),
     );
@@ -159,38 +185,50 @@ async fn run_plan(opts: Options) -> i32 {
     for plan in plans {
         eprintln!("\n== scenario {}\n{}\n", plan.scenario, plan.describe());
         let workload = Arc::new(Workload::new(plan.workload.clone()));
-        let mut cells = Vec::new();
-        for mode in &plan.opts.modes {
+        let mut done = Vec::new();
+        for cell in &cells {
             let cell_started = std::time::Instant::now();
-            match cell::run_mode(&plan, &workload, mode, &exe, &progress).await {
+            match cell::run_mode(&plan, &workload, cell, &exe, &progress).await {
                 Ok(r) => {
                     eprintln!("{}", report::progress_line(plan.scenario.name(), &r));
-                    cells.push(r);
+                    done.push(r);
                 }
                 Err(e) => {
                     eprintln!(
-                        "llm-gateway bench: cell {}/{mode} failed: {e}",
-                        plan.scenario
+                        "llm-gateway bench: cell {}/{} failed: {e}",
+                        plan.scenario, cell.name
                     );
-                    return 1;
+                    return Err(1);
                 }
             }
             progress.cell_done(cell_started.elapsed());
         }
-        results.push(ScenarioResult { plan, cells });
+        results.push(ScenarioResult {
+            plan,
+            cells: done,
+            peers: found
+                .iter()
+                .map(|f| (f.peer.name.to_string(), f.describe()))
+                .collect(),
+            skipped_peers: skipped.clone(),
+        });
     }
-    let elapsed = started.elapsed();
+    Ok(results)
+}
+
+/// Prints the results and draws the plot; the exit code they make.
+fn report_and_judge(opts: &Options, results: &[ScenarioResult], elapsed: Duration) -> i32 {
     if opts.json {
-        let mut report = report::json(&results, elapsed);
+        let mut report = report::json(results, elapsed);
         // One engine profile for the whole run, beside the scenarios.
         report["engine_profile"] = opts.engine_profile.name().into();
         println!("{report}");
     } else {
-        println!("{}", report::markdown(&results, elapsed));
+        println!("{}", report::markdown(results, elapsed));
     }
     let mut code = 0;
     if let Some(path) = &opts.plot {
-        match plot::draw(path, &results) {
+        match plot::draw(path, results) {
             Ok(()) => eprintln!("llm-gateway bench: wrote {}", path.display()),
             Err(e) => {
                 eprintln!("llm-gateway bench: cannot draw {}: {e}", path.display());
@@ -198,16 +236,29 @@ async fn run_plan(opts: Options) -> i32 {
             }
         }
     }
-    let failed: Vec<String> = results
-        .iter()
-        .filter(|s| !s.plan.scenario.errors_expected())
-        .flat_map(|s| {
-            s.cells
-                .iter()
-                .filter(|r| r.error_rate() > MAX_ERROR_RATE)
-                .map(move |r| format!("{}/{}", s.plan.scenario, r.mode))
-        })
-        .collect();
+    let over_limit = |peer: bool| -> Vec<String> {
+        results
+            .iter()
+            .filter(|s| !s.plan.scenario.errors_expected())
+            .flat_map(|s| {
+                s.cells
+                    .iter()
+                    .filter(move |r| r.peer == peer && r.error_rate() > MAX_ERROR_RATE)
+                    .map(move |r| format!("{}/{}", s.plan.scenario, r.mode))
+            })
+            .collect()
+    };
+    // A peer is measured, not tested: its errors are in the report only.
+    let peer_errors = over_limit(true);
+    if !peer_errors.is_empty() {
+        eprintln!(
+            "llm-gateway bench: more than {:.0}% errors in peer cell(s), reported, not failing \
+             the run: {}",
+            MAX_ERROR_RATE * 100.0,
+            peer_errors.join(", ")
+        );
+    }
+    let failed = over_limit(false);
     if !failed.is_empty() {
         eprintln!(
             "llm-gateway bench: more than {:.0}% errors in: {}",
@@ -217,4 +268,67 @@ async fn run_plan(opts: Options) -> i32 {
         code = 1;
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// nginx's path, or None: then a loud skip outside CI, a failure under
+    /// CI (`./dev test` installs nginx-light there).
+    fn nginx() -> Option<PathBuf> {
+        let path = std::env::var_os("PATH");
+        match peers::locate(peers::Program::Nginx, &peers::dir(), path.as_deref()) {
+            Ok(p) => Some(p),
+            Err(why) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI is set but {why}: `./dev test` installs nginx-light"
+                );
+                eprintln!(
+                    "\n!!!!! SKIPPED: the nginx peer cell test needs nginx ({why}). It FAILS \
+                     under CI. !!!!!\n"
+                );
+                None
+            }
+        }
+    }
+
+    /// A real run: the reference cell, then nginx as a peer router on the
+    /// same engines and workload, through the run's own path.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_with_the_nginx_peer_after_the_reference_cell() {
+        if nginx().is_none() {
+            return;
+        }
+        let opts = options::tests::parse(
+            "--quick --peers nginx-hash --modes reference --scenario uniform --engines 2 \
+             --sessions 4",
+        )
+        .expect("options");
+        let results = run_cells(&opts).await.expect("the run");
+        let s = &results[0];
+        let names: Vec<&str> = s.cells.iter().map(|c| c.mode.as_str()).collect();
+        assert_eq!(names, vec!["reference", "nginx-hash"]);
+        assert!(s.skipped_peers.is_empty());
+        let nginx = &s.cells[1];
+        assert!(nginx.peer && nginx.router && !s.cells[0].peer);
+        assert!(nginx.requests > 0 && nginx.errors_total == 0, "{nginx:?}");
+        // nginx forwarded to the engines: each request's engine came from
+        // its response id, and the header's hash kept sessions in place.
+        let engines_used = nginx.new_sessions_per_peer.values().filter(|n| **n > 0);
+        assert!(
+            engines_used.count() >= 1,
+            "{:?}",
+            nginx.new_sessions_per_peer
+        );
+        assert!(!nginx.new_sessions_per_peer.contains_key("?"));
+        assert_eq!(nginx.switch_rate, Some(0.0));
+        let best = report::best_peer(&s.cells, false).expect("a best peer");
+        let j = report::json(&results, Duration::ZERO);
+        assert_eq!(j["scenarios"][0]["best_peer"], s.cells[best].mode.as_str());
+        assert!(j["scenarios"][0]["modes"][1]["vs_best_peer"]["p95"].is_number());
+        // Peer errors do not fail the run, nor does this one.
+        assert_eq!(report_and_judge(&opts, &results, Duration::ZERO), 0);
+    }
 }

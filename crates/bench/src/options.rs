@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::ids::SessionIdMode;
+use crate::peers::{self, Peer};
 use crate::plan::Plan;
 use crate::router::{self, RouterSpec};
 use crate::scenario::Scenario;
@@ -24,6 +25,18 @@ http://127.0.0.1:{port}/v1/chat/completions, tells the engine that served each r
 simulated engine's response id, and kills the router's process group at the cell's end. The \
 cell is named by --router-label; --modes may then name at most one gateway mode, which is not \
 run. A router sets no X-Routed-* headers, so the cell reports no session recognition.
+
+With --peers, each scenario also runs, after the --modes cells, one cell per real peer router \
+on the same fresh engines and workload: vllm-sticky, vllm-cache and vllm-hash (vllm-router \
+--policy sticky_least_loaded, cache_aware, consistent_hash), sglang-cache (sglang-router's smg, \
+cache_aware) and nginx-hash (nginx, upstream hash $http_x_session_id consistent). Their \
+requests carry the session as --session-id says (default: the x-session-id header). Binaries \
+are looked for in $LLM_GATEWAY_PEERS_DIR (default target/peers: vllm/bin/vllm-router, \
+sglang/bin/smg), then on PATH (vllm-router, smg, nginx); benches/peers.sh installs them. A peer \
+not found is skipped with a line on stderr and listed as skipped in the report. The report \
+names each scenario's best peer, the lowest TTFT p95 among the peer cells and the reference \
+cell, and every cell's TTFT p95 and p99 ratios, cache hit difference and output tok/s ratio to \
+it. A peer's errors are reported but do not fail the run.
 
 Exits 1 if a cell of uniform, skewed or slow-engine had more than 1% errors (in failover and \
 overload errors are a result), 2 on bad arguments.";
@@ -191,6 +204,11 @@ pub struct BenchArgs {
     /// [default: router]
     #[arg(long, value_name = "NAME", help_heading = "External router")]
     pub router_label: Option<String>,
+    /// Also run the peer routers, one cell each after the --modes cells:
+    /// all, or a comma list of vllm-sticky, vllm-cache, vllm-hash,
+    /// sglang-cache, nginx-hash (see the description at the top)
+    #[arg(long, value_name = "a,b", num_args = 0..=1, value_delimiter = ',', default_missing_value = "all", value_parser = peers::CHOICES, help_heading = "External router")]
+    pub peers: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -230,6 +248,8 @@ pub struct Options {
     /// `--router-cmd`: the one cell of each scenario goes through this
     /// router, and `modes` is its label alone.
     pub router: Option<RouterSpec>,
+    /// `--peers`: their cells run after `modes`, those found.
+    pub peers: Vec<Peer>,
 }
 
 impl Default for Options {
@@ -265,6 +285,7 @@ impl Default for Options {
             replicas: 1,
             session_store: "local".into(),
             router: None,
+            peers: Vec::new(),
         }
     }
 }
@@ -373,6 +394,18 @@ impl BenchArgs {
             replicas: self.replicas.unwrap_or(d.replicas),
             session_store: self.session_store.unwrap_or(d.session_store),
             router: None,
+            peers: match self.peers {
+                Some(names) if names.iter().any(|n| n == "all") => peers::PEERS.to_vec(),
+                names => {
+                    let mut chosen: Vec<Peer> = Vec::new();
+                    for p in names.iter().flatten().filter_map(|n| peers::by_name(n)) {
+                        if !chosen.contains(&p) {
+                            chosen.push(p);
+                        }
+                    }
+                    chosen
+                }
+            },
         };
         if self.realistic_scale && o.time_scale == 1.0 {
             o.time_scale = 2.0;
@@ -402,6 +435,13 @@ impl BenchArgs {
             return Err("--max-context leaves no room for a turn after the system prompt".into());
         }
         match (self.router_cmd, self.router_label) {
+            (Some(_), _) if !o.peers.is_empty() => {
+                return Err(
+                    "--router-cmd and --peers: run them separately (--router-cmd \
+                            replaces the gateway cells, --peers adds to them)"
+                        .into(),
+                )
+            }
             (Some(command), label) => {
                 router::check_template(&command)?;
                 let label = label.unwrap_or_else(|| router::DEFAULT_LABEL.to_string());
@@ -589,6 +629,38 @@ pub(crate) mod tests {
         assert!(parse_with_router("", "r --port {prot}").is_err());
         assert!(parse_with_router("", "r --worker-urls {engines}").is_err());
         assert!(parse("--router-label x").is_err());
+    }
+
+    #[test]
+    fn peers_bare_all_or_a_subset() {
+        let names = |o: Options| o.peers.iter().map(|p| p.name).collect::<Vec<_>>();
+        assert!(parse("").unwrap().peers.is_empty());
+        let all: Vec<&str> = peers::PEERS.iter().map(|p| p.name).collect();
+        assert_eq!(names(parse("--peers").unwrap()), all);
+        // Bare, before another flag: that flag is not taken as its value.
+        let o = parse("--peers --modes load_aware,reference").unwrap();
+        assert_eq!((o.modes.len(), o.peers.len()), (2, 5));
+        assert_eq!(names(parse("--peers all").unwrap()), all);
+        assert_eq!(
+            names(parse("--peers nginx-hash,vllm-sticky,nginx-hash").unwrap()),
+            vec!["nginx-hash", "vllm-sticky"]
+        );
+        assert_eq!(
+            names(parse("--peers=sglang-cache --modes reference").unwrap()),
+            vec!["sglang-cache"]
+        );
+        // Peers need no gateway binary; the gateway modes still do.
+        assert!(!parse("--peers --modes reference").unwrap().needs_gateway());
+        assert!(parse("--peers").unwrap().needs_gateway());
+        for bad in ["--peers vllm", "--peers nginx-hash,bogus", "--peers ,"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        let cmd = "r --port {port}";
+        assert!(parse_with_router("--peers nginx-hash", cmd)
+            .unwrap_err()
+            .contains("--peers"));
+        // The control: the same router command alone is fine.
+        assert!(parse_with_router("", cmd).is_ok());
     }
 
     #[test]

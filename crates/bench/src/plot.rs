@@ -309,11 +309,15 @@ mod tests {
                     cell("load_aware", vec![0.1, 0.2, 1.5]),
                     cell(REFERENCE, vec![0.05]),
                 ],
+                peers: Vec::new(),
+                skipped_peers: Vec::new(),
             },
             ScenarioResult {
                 plan: Plan::for_scenario(opts, crate::scenario::Scenario::Failover).unwrap(),
                 // A cell without successful requests still gets its panels.
                 cells: vec![cell("hash", vec![])],
+                peers: Vec::new(),
+                skipped_peers: Vec::new(),
             },
         ];
         let dir = std::env::temp_dir().join(format!("bench-plot-{}", std::process::id()));

@@ -8,8 +8,10 @@ use serde_json::{json, Value};
 
 use super::analysis::{self, PrefillBound, Recognition, Spread};
 use super::stats::percentile;
+use crate::cell::{CellKind, CellSpec};
 use crate::ids::SessionIdMode;
 use crate::options::REFERENCE;
+use crate::peers::Skipped;
 use crate::plan::{fmt_secs, Plan};
 use crate::record::Record;
 use crate::window::{placements_by_reason, Window};
@@ -22,14 +24,20 @@ const BINDINGS_EVERY: Duration = Duration::from_millis(500);
 pub struct ScenarioResult {
     pub plan: Plan,
     pub cells: Vec<ModeResult>,
+    /// The peer cells' commands (name, command) and the peers not found.
+    pub peers: Vec<(String, String)>,
+    pub skipped_peers: Vec<Skipped>,
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct ModeResult {
     pub mode: String,
     /// The cell ran an external router (`--router-cmd`; `mode` is its
-    /// label): no gateway counters, no routed sessions.
+    /// label) or a peer: no gateway counters, no routed sessions.
     pub router: bool,
+    /// A peer router of `--peers`: a candidate for the best peer, and its
+    /// errors do not fail the run.
+    pub peer: bool,
     pub window_s: f64,
     /// Requests started in the measured window (successful or not).
     pub requests: usize,
@@ -126,7 +134,7 @@ impl ModeResult {
 }
 
 pub fn summarize(
-    mode: &str,
+    cell: &CellSpec,
     plan: &Plan,
     records: &[Record],
     cut: u64,
@@ -219,9 +227,9 @@ pub fn summarize(
     }
     let prefill = analysis::prefill_bound(records, plan.workload.system_tokens as u64, is_measured);
     // A router names no session: nothing to recognise, nothing to claim.
-    let router = mode != REFERENCE && plan.opts.router.is_some();
+    let router = cell.kind.is_router();
     let recognition =
-        (mode != REFERENCE && !router).then(|| analysis::recognition(records, is_measured));
+        matches!(cell.kind, CellKind::Gateway).then(|| analysis::recognition(records, is_measured));
     let times: Vec<Duration> = std::iter::successors(Some(warm), |t| Some(*t + BINDINGS_EVERY))
         .take_while(|t| *t < end)
         .collect();
@@ -235,8 +243,9 @@ pub fn summarize(
         .map(|s| s.iter().map(|b| b.tokens as f64).collect())
         .collect();
     ModeResult {
-        mode: mode.to_string(),
+        mode: cell.name.to_string(),
         router,
+        peer: matches!(cell.kind, CellKind::Peer(_)),
         window_s: window,
         requests: measured.len(),
         errors: measured.iter().filter(|r| !r.ok).count(),
@@ -280,6 +289,93 @@ pub fn summarize(
         lag_max: percentile(&lag.samples, 100.0),
         stalled_s: lag.stalled_s,
     }
+}
+
+/// A cell against the scenario's best peer.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct VsBest {
+    /// TTFT p95 and p99 over the best peer's (below 1 is better).
+    pub p95: Option<f64>,
+    pub p99: Option<f64>,
+    /// Cache hit minus the best peer's, in percentage points.
+    pub hit_points: Option<f64>,
+    /// Output tok/s over the best peer's.
+    pub tok_s: Option<f64>,
+}
+
+/// The best peer of a scenario's cells: the lowest TTFT p95 among the peer
+/// cells and the reference cell (the client-side sticky router, a peer
+/// that needs no proxy). A cell without a p95 has no claim, nor, where
+/// errors are not the scenario's point, one with more errors than the run
+/// tolerates: a peer that fails requests can look fast on the rest.
+pub fn best_peer(cells: &[ModeResult], errors_expected: bool) -> Option<usize> {
+    cells
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.peer || c.mode == REFERENCE)
+        .filter(|(_, c)| errors_expected || c.error_rate() <= crate::MAX_ERROR_RATE)
+        .filter_map(|(i, c)| c.ttft_p95.map(|p| (i, p)))
+        // The first of equals: the order the cells ran in breaks ties.
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, _)| i)
+}
+
+pub fn vs_best(c: &ModeResult, best: &ModeResult) -> VsBest {
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    VsBest {
+        p95: ratio(c.ttft_p95, best.ttft_p95),
+        p99: ratio(c.ttft_p99, best.ttft_p99),
+        hit_points: c
+            .cache_hit
+            .zip(best.cache_hit)
+            .map(|(a, b)| (a - b) * 100.0),
+        tok_s: ratio(Some(c.output_tok_s), Some(best.output_tok_s)),
+    }
+}
+
+/// The best-peer table of a scenario, or a line saying there is none
+/// (nothing when no cell could have been one).
+fn best_peer_markdown(plan: &Plan, results: &[ModeResult]) -> String {
+    let candidates = results.iter().any(|r| r.peer || r.mode == REFERENCE);
+    let Some(best) = best_peer(results, plan.scenario.errors_expected()).map(|i| &results[i])
+    else {
+        return if candidates || !plan.opts.peers.is_empty() {
+            "\nNo best peer: no peer cell and no reference cell completed a request within the \
+             error limit, so no ratios.\n"
+                .into()
+        } else {
+            String::new()
+        };
+    };
+    let x = |v: Option<f64>| opt(v, |v| format!("{v:.2}x"));
+    let mut out = format!(
+        "\nBest peer: **{}** (lowest TTFT p95 among the peer routers and the reference cell, \
+         {}). Each cell against it: TTFT p95 and p99 as ratios (below 1 is better), cache hit \
+         in points, output tok/s as a ratio.\n\n\
+         | cell | TTFT p95 vs best peer | TTFT p99 vs best peer | cache hit vs best peer \
+         | output tok/s vs best peer |\n|---|--:|--:|--:|--:|\n",
+        best.mode,
+        opt(best.ttft_p95, |v| format!("{v:.3} s")),
+    );
+    for r in results {
+        let v = vs_best(r, best);
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            r.mode,
+            x(v.p95),
+            x(v.p99),
+            opt(v.hit_points, |p| format!("{p:+.1} pts")),
+            x(v.tok_s),
+        ));
+    }
+    out
+}
+
+fn vs_best_json(v: VsBest) -> Value {
+    json!({"p95": v.p95, "p99": v.p99, "hit_points": v.hit_points, "tok_s": v.tok_s})
 }
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
@@ -412,7 +508,9 @@ pub fn markdown(scenarios: &[ScenarioResult], elapsed: Duration) -> String {
     ));
     for s in scenarios {
         out.push_str(&format!("\n### Scenario {}\n\n", s.plan.scenario));
+        out.push_str(&peers_markdown(s));
         out.push_str(&scenario_markdown(&s.plan, &s.cells));
+        out.push_str(&best_peer_markdown(&s.plan, &s.cells));
     }
     out.push_str(
         "\nColumns: requests started in the measured window (after warm-up); errors = every \
@@ -435,8 +533,8 @@ pub fn markdown(scenarios: &[ScenarioResult], elapsed: Duration) -> String {
          each session's first request (e0/e1/...), whole cell; engine load and queue = requests \
          in each engine and queued beyond max_running, sampled every 100 ms; gateway CPU from \
          /proc/<pid>/stat over the window. With several replicas, moves, placements and \
-         gateway CPU are every replica's together. A router cell (--router-cmd) runs the \
-         external router in the gateway's place: its engine per request from the engine's \
+         gateway CPU are every replica's together. A router cell (--router-cmd, or a peer of \
+         --peers) runs the external router in the gateway's place: its engine per request from the engine's \
          response id, its CPU its process group's, no moves or session recognition (it \
          counts no placements and names no session). The reference cell runs no gateway: the client sends \
          a session's first turn to the engine with the fewest of its requests in flight (ties: \
@@ -450,6 +548,40 @@ pub fn markdown(scenarios: &[ScenarioResult], elapsed: Duration) -> String {
          sessions that lost their cache therefore show up in the decode p5 column; batch size \
          itself does not slow decoding.\n",
     );
+    out
+}
+
+/// The scenario's peer cells, how they ran, and the peers skipped.
+fn peers_markdown(s: &ScenarioResult) -> String {
+    let mut out = String::new();
+    for (name, command) in &s.peers {
+        out.push_str(&format!(
+            "- peer cell {name}: `{command}`, started per cell on its engines\n"
+        ));
+    }
+    if s.peers.iter().any(|(n, _)| n == "sglang-cache") {
+        out.push_str(
+            "- sglang-router 0.3.2 sets no TCP_NODELAY on client sockets: on the bench's \
+             keep-alive connections its first SSE chunk can wait ~40 ms (Nagle + delayed ACK), \
+             which its TTFT includes, as its clients' would\n",
+        );
+    }
+    let hashed = ["vllm-hash", "nginx-hash"];
+    if s.plan.opts.session_id != SessionIdMode::Header
+        && s.peers.iter().any(|(n, _)| hashed.contains(&n.as_str()))
+    {
+        out.push_str(&format!(
+            "- session ids {}: requests without x-session-id share one hash key, so \
+             vllm-hash and nginx-hash send them all to one engine\n",
+            s.plan.opts.session_id
+        ));
+    }
+    if !s.peers.is_empty() {
+        out.push_str("- a peer's errors are reported but do not fail the run\n");
+    }
+    for k in &s.skipped_peers {
+        out.push_str(&format!("- peer {} SKIPPED: {}\n", k.name, k.reason));
+    }
     out
 }
 
@@ -672,7 +804,21 @@ fn spread_json(s: Option<Spread>) -> Value {
     }
 }
 
-fn cell_json(r: &ModeResult) -> Value {
+fn cell_json(r: &ModeResult, best: Option<&ModeResult>) -> Value {
+    let mut v = cell_json_measured(r);
+    // Added apart: one json! of every member passes the macro's recursion
+    // limit.
+    if let Value::Object(m) = &mut v {
+        m.insert("peer".into(), r.peer.into());
+        m.insert(
+            "vs_best_peer".into(),
+            best.map_or(Value::Null, |b| vs_best_json(vs_best(r, b))),
+        );
+    }
+    v
+}
+
+fn cell_json_measured(r: &ModeResult) -> Value {
     json!({
         "mode": r.mode,
         "router": r.router,
@@ -781,10 +927,20 @@ pub fn json(scenarios: &[ScenarioResult], elapsed: Duration) -> Value {
     let scenarios: Vec<Value> = scenarios
         .iter()
         .map(|s| {
+            let best = best_peer(&s.cells, s.plan.scenario.errors_expected()).map(|i| &s.cells[i]);
             json!({
                 "scenario": s.plan.scenario.name(),
                 "parameters": parameters_json(&s.plan),
-                "modes": s.cells.iter().map(cell_json).collect::<Vec<_>>(),
+                "modes": s.cells.iter().map(|c| cell_json(c, best)).collect::<Vec<_>>(),
+                "best_peer": best.map(|b| b.mode.as_str()),
+                "peers": s.peers.iter().map(|(name, command)| json!({
+                    "name": name,
+                    "command": command,
+                })).collect::<Vec<_>>(),
+                "skipped_peers": s.skipped_peers.iter().map(|k| json!({
+                    "name": k.name,
+                    "reason": k.reason,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -863,7 +1019,12 @@ mod tests {
             switched_peer: (turn > 0).then_some(false),
             ..Record::default()
         };
-        let r = summarize("vllm", &plan, &[turn(0, 2), turn(1, 4)], 0, &window);
+        let spec = plan.opts.router.clone().unwrap();
+        let cell = CellSpec {
+            name: "vllm",
+            kind: CellKind::Router(&spec),
+        };
+        let r = summarize(&cell, &plan, &[turn(0, 2), turn(1, 4)], 0, &window);
         assert!(r.router && r.recognition.is_none());
         assert_eq!(r.new_sessions_per_peer.get("e1"), Some(&1));
         assert_eq!(r.switch_rate, Some(0.0));
@@ -876,7 +1037,7 @@ mod tests {
             "{md}"
         );
         assert!(!md.contains("| recognised |"), "{md}");
-        let v = cell_json(&r);
+        let v = cell_json(&r, None);
         assert_eq!(v["router"], true);
         assert!(v["moves"].is_null() && v["session_recognition"].is_null());
         assert_eq!(parameters_json(&plan)["router"]["label"], "vllm");
@@ -884,6 +1045,149 @@ mod tests {
         let mut g = r.clone();
         g.router = false;
         assert!(progress_line("uniform", &g).contains("moves 0"));
+    }
+
+    fn cell(mode: &str, peer: bool, p95: Option<f64>, hit: Option<f64>, tok_s: f64) -> ModeResult {
+        ModeResult {
+            mode: mode.into(),
+            router: peer,
+            peer,
+            requests: 100,
+            requests_total: 100,
+            ttft_p95: p95,
+            ttft_p99: p95.map(|p| p * 2.0),
+            cache_hit: hit,
+            output_tok_s: tok_s,
+            ..ModeResult::default()
+        }
+    }
+
+    fn scenario(cells: Vec<ModeResult>, peers: &[&str], skipped: &[&str]) -> ScenarioResult {
+        let opts = crate::options::Options {
+            duration: Duration::from_secs(10),
+            warmup: Some(Duration::from_secs(1)),
+            peers: crate::peers::PEERS.to_vec(),
+            ..Default::default()
+        };
+        ScenarioResult {
+            plan: Plan::new(opts),
+            cells,
+            peers: peers
+                .iter()
+                .map(|p| (p.to_string(), format!("{p} --port {{port}}")))
+                .collect(),
+            skipped_peers: skipped
+                .iter()
+                .map(|p| Skipped {
+                    name: p.to_string(),
+                    reason: "x not found on PATH; run benches/peers.sh".into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_best_peer_is_the_fastest_p95_of_the_peers_and_the_reference() {
+        let cells = vec![
+            // The fastest cell of all is the gateway's: not a peer.
+            cell("load_aware", false, Some(0.2), Some(0.9), 110.0),
+            cell(REFERENCE, false, Some(0.8), Some(0.7), 100.0),
+            cell("vllm-sticky", true, Some(0.4), Some(0.8), 100.0),
+            // Faster still, but no p95 (nothing succeeded): no claim.
+            cell("vllm-cache", true, None, None, 0.0),
+            cell("nginx-hash", true, Some(0.4), Some(0.5), 50.0),
+        ];
+        // Ties go to the cell that ran first.
+        assert_eq!(best_peer(&cells, false), Some(2));
+        let v = vs_best(&cells[0], &cells[2]);
+        assert_eq!(v.p95, Some(0.5));
+        assert_eq!(v.p99, Some(0.5));
+        assert!((v.hit_points.unwrap() - 10.0).abs() < 1e-9, "{v:?}");
+        assert_eq!(v.tok_s, Some(1.1));
+        // The best against itself: 1x, 0 points.
+        assert_eq!(
+            vs_best(&cells[2], &cells[2]),
+            VsBest {
+                p95: Some(1.0),
+                p99: Some(1.0),
+                hit_points: Some(0.0),
+                tok_s: Some(1.0)
+            }
+        );
+        // Nothing to compare: no ratio rather than a division by zero.
+        let v = vs_best(&cells[3], &cells[2]);
+        assert_eq!(
+            (v.p95, v.p99, v.hit_points, v.tok_s),
+            (None, None, None, Some(0.0))
+        );
+        let zero = cell("z", true, Some(0.0), None, 0.0);
+        assert_eq!(vs_best(&cells[0], &zero).p95, None);
+        assert_eq!(vs_best(&cells[0], &zero).tok_s, None);
+        // A peer over the error limit cannot be best where errors are not
+        // the point; where they are, it can.
+        let mut erring = cells.clone();
+        erring[2].errors_total = 10;
+        assert_eq!(best_peer(&erring, false), Some(4));
+        assert_eq!(best_peer(&erring, true), Some(2));
+
+        let s = scenario(cells, &["vllm-sticky", "sglang-cache"], &["vllm-hash"]);
+        let md = markdown(std::slice::from_ref(&s), Duration::from_secs(60));
+        assert!(md.contains("Best peer: **vllm-sticky**"), "{md}");
+        assert!(
+            md.contains("| load_aware | 0.50x | 0.50x | +10.0 pts | 1.10x |"),
+            "{md}"
+        );
+        assert!(md.contains("| vllm-cache | - | - | - | 0.00x |"), "{md}");
+        assert!(md.contains("- peer vllm-hash SKIPPED: x not found"), "{md}");
+        assert!(md.contains("peer cell vllm-sticky: `vllm-sticky --port {port}`"));
+        assert!(md.contains("no TCP_NODELAY"), "{md}");
+        assert!(md.contains("do not fail the run"), "{md}");
+        let j = json(std::slice::from_ref(&s), Duration::from_secs(60));
+        let sc = &j["scenarios"][0];
+        assert_eq!(sc["best_peer"], "vllm-sticky");
+        assert_eq!(sc["skipped_peers"][0]["name"], "vllm-hash");
+        assert_eq!(sc["peers"][1]["name"], "sglang-cache");
+        let la = &sc["modes"][0];
+        assert_eq!(
+            (la["mode"].as_str(), la["peer"].as_bool()),
+            (Some("load_aware"), Some(false))
+        );
+        assert_eq!(la["vs_best_peer"]["p95"], 0.5);
+        assert_eq!(la["vs_best_peer"]["tok_s"], 1.1);
+        assert_eq!(sc["modes"][2]["peer"], true);
+        assert!(sc["modes"][3]["vs_best_peer"]["p95"].is_null());
+    }
+
+    #[test]
+    fn no_peer_ran_no_best_peer_and_no_ratios() {
+        // Every peer skipped, only gateway cells: no best, nothing divided.
+        let s = scenario(
+            vec![cell("load_aware", false, Some(0.2), Some(0.9), 110.0)],
+            &[],
+            &["vllm-sticky", "nginx-hash"],
+        );
+        assert_eq!(best_peer(&s.cells, false), None);
+        let md = markdown(std::slice::from_ref(&s), Duration::from_secs(60));
+        assert!(md.contains("No best peer"), "{md}");
+        assert!(!md.contains("vs best peer"), "{md}");
+        assert!(md.contains("- peer nginx-hash SKIPPED"), "{md}");
+        let j = json(std::slice::from_ref(&s), Duration::from_secs(60));
+        let sc = &j["scenarios"][0];
+        assert!(sc["best_peer"].is_null());
+        assert!(sc["modes"][0]["vs_best_peer"].is_null());
+        assert_eq!(sc["skipped_peers"].as_array().map(Vec::len), Some(2));
+        // A reference cell that completed nothing is no best peer either.
+        let s = scenario(vec![cell(REFERENCE, false, None, None, 0.0)], &[], &[]);
+        assert_eq!(best_peer(&s.cells, false), None);
+        assert!(markdown(&[s], Duration::ZERO).contains("No best peer"));
+        // Without --peers and without a reference cell: not a word of it.
+        let mut s = scenario(vec![cell("hash", false, Some(0.3), None, 1.0)], &[], &[]);
+        s.plan.opts.peers.clear();
+        let md = markdown(&[s], Duration::ZERO);
+        assert!(
+            !md.contains("best peer") && !md.contains("Best peer"),
+            "{md}"
+        );
     }
 
     #[test]

@@ -154,6 +154,10 @@ fn kill_group(pgid: u32) {
         .status();
 }
 
+/// A cell's command line from its ports and engines and a directory of its
+/// own.
+pub type CommandFor<'a> = dyn Fn(&Fill, &Path) -> Result<String, String> + 'a;
+
 /// The router of one cell: `sh -c <command>` in a process group of its
 /// own, its output in a log file. Dropping it kills the group.
 pub struct RouterProcess {
@@ -175,9 +179,20 @@ impl RouterProcess {
         engines: &[SocketAddr],
         dir: &Path,
     ) -> Result<RouterProcess, String> {
+        Self::start_with(&|fill, _| Ok(expand(template, fill)), engines, dir).await
+    }
+
+    /// [`start`](Self::start) with the command line from `command`, given
+    /// the cell's ports and a directory of the attempt's own (where a
+    /// router that needs files, nginx its configuration, writes them).
+    pub async fn start_with(
+        command: &CommandFor<'_>,
+        engines: &[SocketAddr],
+        dir: &Path,
+    ) -> Result<RouterProcess, String> {
         let mut last_error = String::new();
         for attempt in 0..3 {
-            match Self::start_once(template, engines, dir, attempt).await {
+            match Self::start_once(command, engines, dir, attempt).await {
                 Ok(r) => return Ok(r),
                 Err((e, port_taken)) => {
                     last_error = e;
@@ -192,21 +207,20 @@ impl RouterProcess {
 
     /// An error says whether the log mentions a port in use.
     async fn start_once(
-        template: &str,
+        command: &CommandFor<'_>,
         engines: &[SocketAddr],
         dir: &Path,
         attempt: u32,
     ) -> Result<RouterProcess, (String, bool)> {
         let (port, metrics_port) =
             two_free_ports().map_err(|e| (format!("finding a port: {e}"), false))?;
-        let command = expand(
-            template,
-            &Fill {
-                port,
-                metrics_port,
-                engines,
-            },
-        );
+        let fill = Fill {
+            port,
+            metrics_port,
+            engines,
+        };
+        let command =
+            command(&fill, &dir.join(format!("router-{attempt}"))).map_err(|e| (e, false))?;
         let log = dir.join(format!("router-{attempt}.log"));
         let mut shell = Command::new("sh");
         shell.arg("-c").arg(&command).process_group(0);
