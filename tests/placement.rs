@@ -664,3 +664,108 @@ fn route_debug_calls_a_banned_peer_not_ready() {
     assert!(why.contains("is not ready"), "{debug}");
     assert!(!why.contains("no longer configured"), "{debug}");
 }
+
+/// Where each peer's KV capacity comes from, end to end: a vLLM that
+/// publishes it (`metrics`), a llama.cpp that publishes its context in
+/// `/props` (`props`), the route file (`configured`), and a vLLM that keeps
+/// it to itself, whose capacity is learned from its KV-usage gauge against
+/// the prompts in flight there (`learned`), unknown until traffic teaches it.
+#[test]
+fn kv_capacity_comes_from_metrics_props_the_route_or_is_learned() {
+    use llm_gateway_sim::{spawn_engines_with, EngineConfig, Profile, StepCost};
+    // Slow enough steps that the held streams below stay in the engine's
+    // batch for the whole test: 10 ms a token.
+    let slow = StepCost {
+        base_us: 10_000.0,
+        per_token_us: 1.0,
+        per_seq_us: 0.0,
+        per_context_token_us: 0.0,
+    };
+    let vllm = |publish| EngineConfig {
+        profile: Profile::Vllm,
+        kv_capacity_tokens: 40_000,
+        publish_kv_capacity: publish,
+        step_cost: slow,
+        ..EngineConfig::default()
+    };
+    let llama = EngineConfig {
+        profile: Profile::Llamacpp,
+        max_running: 4,
+        kv_capacity_tokens: 32_768,
+        ..EngineConfig::default()
+    };
+    let cluster =
+        spawn_engines_with(vec![vllm(true), llama, vllm(true), vllm(false)], 0).expect("engines");
+    let p = ports(&cluster);
+    let peer = |i: usize, extra: &str| {
+        format!(
+            "  - {{name: e{i}, host: 127.0.0.1, port: {}, max_concurrency: 64{extra}}}\n",
+            p[i]
+        )
+    };
+    let route = format!(
+        "peers:\n{}{}{}engine_metrics:\n  interval: 100ms\n",
+        peer(0, ""),
+        peer(1, ""),
+        peer(2, ", kv_capacity_tokens: 12345"),
+    );
+    let blind = format!(
+        "peers:\n{}engine_metrics:\n  interval: 100ms\n",
+        peer(3, "")
+    );
+    let gw = Gateway::start(&[("chat", route), ("blind", blind)]);
+    let source = |route: &str, i: usize| {
+        let s = http::get(gw.addr, &format!("/{route}/_route_state")).json();
+        let p = &s["peers"][i];
+        (
+            p["kv_capacity_tokens"].as_u64(),
+            p["kv_capacity_source"].clone(),
+        )
+    };
+    wait_for("published capacities", Duration::from_secs(5), || {
+        (source("chat", 0).0.is_some() && source("chat", 1).0.is_some()).then_some(())
+    });
+    assert_eq!(source("chat", 0), (Some(40_000), json!("metrics")));
+    assert_eq!(
+        source("chat", 1),
+        (Some(32_768), json!("props")),
+        "4 slots of 8192"
+    );
+    assert_eq!(
+        source("chat", 2),
+        (Some(12_345), json!("configured")),
+        "the route file wins over the engine's own 40000"
+    );
+    // The control for learning: scraped for a while with nothing in
+    // flight, the silent engine's capacity is still unknown.
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(source("blind", 0), (None, serde_json::Value::Null));
+
+    // Three long streams of ~4000-token prompts: about 12k of its 40k tokens.
+    let held: Vec<http::Conn> = (0..3)
+        .map(|n| {
+            let mut conn = http::Conn::open(gw.addr);
+            let body = json!({"model": "sim-model", "stream": true, "max_tokens": 5000,
+                "messages": [{"role": "user", "content": format!("{n} {}", "x".repeat(16_000))}]});
+            conn.send(
+                "POST",
+                "/blind/v1/chat/completions",
+                &[("content-type", "application/json")],
+                body.to_string().as_bytes(),
+                http::Upload::Length,
+            );
+            assert_eq!(conn.read_head().status, 200);
+            conn
+        })
+        .collect();
+    let (tokens, learned) = wait_for("a learned capacity", Duration::from_secs(10), || {
+        let (tokens, source) = source("blind", 0);
+        Some((tokens?, source))
+    });
+    assert_eq!(learned, json!("learned"));
+    assert!(
+        (30_000..=52_000).contains(&tokens),
+        "learned {tokens}, the engine has 40000"
+    );
+    drop(held);
+}

@@ -47,13 +47,46 @@ pub fn prefill_bound(
     system_tokens: u64,
     counted: impl Fn(&Record) -> bool,
 ) -> PrefillBound {
+    let mut out = PrefillBound::default();
+    for (_, prefilled, new) in turn_bounds(records, system_tokens, counted) {
+        out.prefilled += prefilled;
+        out.bound += new;
+    }
+    out
+}
+
+/// The time to first token each counted request would have had with a
+/// perfect prefix cache on an idle engine (`idle_ttft` of its new tokens,
+/// as [`prefill_bound`] counts them), at percentile `p` of the cell: the
+/// bound a cell's own tail is judged against.
+pub fn ttft_bound(
+    records: &[Record],
+    system_tokens: u64,
+    counted: impl Fn(&Record) -> bool,
+    idle_ttft: impl Fn(u64) -> Duration,
+    p: f64,
+) -> Option<f64> {
+    let times: Vec<f64> = turn_bounds(records, system_tokens, counted)
+        .into_iter()
+        .map(|(_, _, new)| idle_ttft(new).as_secs_f64())
+        .collect();
+    crate::stats::percentile(&times, p)
+}
+
+/// Per counted request with usage: (the record, prompt tokens it
+/// prefilled, prompt tokens a perfect cache would have had new).
+fn turn_bounds(
+    records: &[Record],
+    system_tokens: u64,
+    counted: impl Fn(&Record) -> bool,
+) -> Vec<(&Record, u64, u64)> {
     let mut ok: Vec<&Record> = records
         .iter()
         .filter(|r| r.ok && r.usage.is_some())
         .collect();
     ok.sort_by_key(|r| (r.slot, r.generation, r.start));
     let first_start = ok.iter().map(|r| r.start).min();
-    let mut out = PrefillBound::default();
+    let mut out = Vec::new();
     let mut prev: Option<&Record> = None;
     for r in ok {
         let Some(u) = r.usage else { continue };
@@ -66,8 +99,11 @@ pub fn prefill_bound(
             (None, None) => 0,
         };
         if counted(r) {
-            out.prefilled += u.prompt_tokens.saturating_sub(u.cached_tokens);
-            out.bound += u.prompt_tokens.saturating_sub(known);
+            out.push((
+                r,
+                u.prompt_tokens.saturating_sub(u.cached_tokens),
+                u.prompt_tokens.saturating_sub(known),
+            ));
         }
         prev = Some(r);
     }

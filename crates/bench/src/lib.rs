@@ -302,7 +302,7 @@ mod tests {
             return;
         }
         let opts = options::tests::parse(
-            "--quick --peers nginx-hash --modes reference --scenario uniform --engines 2 \
+            "--quick --peers nginx-hash --modes reference --scenario uniform --engine-profile slots --engines 2 \
              --sessions 4",
         )
         .expect("options");

@@ -157,6 +157,14 @@ pub struct BenchArgs {
         help_heading = "Engines (defaults explained in the output header)"
     )]
     pub engine_profile: Option<llm_gateway_sim::Profile>,
+    /// Engines keep their KV capacity out of /metrics (no
+    /// vllm:cache_config_info, no sglang:max_total_num_tokens): a gateway
+    /// must find it elsewhere or learn it
+    #[arg(
+        long,
+        help_heading = "Engines (defaults explained in the output header)"
+    )]
+    pub hide_kv_capacity: bool,
     /// Multiply decode, prefill and think times by F [default: 1]
     #[arg(long, value_name = "F", value_parser = positive::<f64>, help_heading = "Engines (defaults explained in the output header)")]
     pub time_scale: Option<f64>,
@@ -233,6 +241,8 @@ pub struct Options {
     pub max_running: Option<usize>,
     pub kv_tokens: Option<usize>,
     pub engine_profile: llm_gateway_sim::Profile,
+    /// `--hide-kv-capacity`.
+    pub hide_kv_capacity: bool,
     pub time_scale: f64,
     pub threads: usize,
     pub gateway: Option<PathBuf>,
@@ -274,6 +284,7 @@ impl Default for Options {
             max_running: None,
             kv_tokens: None,
             engine_profile: llm_gateway_sim::Profile::Vllm,
+            hide_kv_capacity: false,
             time_scale: 1.0,
             threads: 2,
             gateway: None,
@@ -383,6 +394,7 @@ impl BenchArgs {
             max_running: self.max_running,
             kv_tokens: self.kv_tokens,
             engine_profile: self.engine_profile.unwrap_or(d.engine_profile),
+            hide_kv_capacity: self.hide_kv_capacity,
             time_scale: self.time_scale.unwrap_or(d.time_scale),
             threads: self.threads.unwrap_or(d.threads),
             gateway: self.gateway,

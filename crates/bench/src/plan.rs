@@ -151,6 +151,7 @@ impl Plan {
             // measures the gateway, not a Python server.
             step_cost: StepCost::scaled_to(decode_ms, prefill_us),
             request_overhead_us: 0,
+            publish_kv_capacity: !opts.hide_kv_capacity,
         };
         let mut engines = vec![engine.clone(); opts.engines];
         if scenario == Scenario::SlowEngine {

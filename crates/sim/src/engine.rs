@@ -551,12 +551,13 @@ impl Shared {
                 Ok(true)
             }
             ("GET", "/metrics") => {
-                let text = match self.cfg.profile {
+                let mut text = match self.cfg.profile {
                     Profile::Slots => self.metrics_text(),
                     Profile::Vllm => self.vllm_metrics(),
                     Profile::Sglang => self.sglang_metrics(),
                     Profile::Llamacpp => self.llamacpp_metrics(),
                 };
+                text.push_str(&self.sim_counters());
                 http::write_response(
                     wr,
                     200,

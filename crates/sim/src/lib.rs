@@ -111,6 +111,11 @@ pub struct EngineConfig {
     /// scheduler sees it (HTTP, tokenizing), in microseconds. It is part of
     /// every measured time to first token.
     pub request_overhead_us: u64,
+    /// Whether `/metrics` says how many KV tokens the engine holds
+    /// (`vllm:cache_config_info`, `sglang:max_total_num_tokens`). Off, the
+    /// engine is one a gateway must learn the capacity of: a vLLM behind
+    /// another proxy, an SGLang build without the metric.
+    pub publish_kv_capacity: bool,
 }
 
 /// The engines the simulator imitates. Each keeps the OpenAI-compatible API
@@ -198,11 +203,31 @@ impl Default for EngineConfig {
                 per_context_token_us: 0.0,
             },
             request_overhead_us: 0,
+            publish_kv_capacity: true,
         }
     }
 }
 
 impl EngineConfig {
+    /// Time to first token of a request with `new_tokens` uncached prompt
+    /// tokens on an idle engine: the least any placement can give it. The
+    /// batched profiles compute it in chunks of `max_num_batched_tokens`,
+    /// one step each (the context each chunk attends to left out, so this
+    /// stays a lower bound); the others prefill it in one go.
+    pub fn idle_ttft(&self, new_tokens: u64) -> Duration {
+        let us = if self.profile.batched() {
+            let budget = self.max_num_batched_tokens.max(1) as u64;
+            let steps = new_tokens.max(1).div_ceil(budget);
+            let c = self.step_cost;
+            steps as f64 * (c.base_us + c.per_seq_us)
+                + new_tokens as f64 * c.per_token_us
+                + self.request_overhead_us as f64
+        } else {
+            (new_tokens * self.prefill_us_per_token) as f64
+        };
+        Duration::from_micros(us.max(0.0) as u64)
+    }
+
     /// Timings in the range of a mid-size model on one GPU, for the demo and
     /// benchmarks where time-to-first-token and cache hits should be visible.
     pub fn realistic() -> Self {
@@ -220,6 +245,7 @@ impl EngineConfig {
             max_num_batched_tokens: 8192,
             step_cost: StepCost::scaled_to(15, 20),
             request_overhead_us: 0,
+            publish_kv_capacity: true,
         }
     }
 }

@@ -76,6 +76,10 @@ pub(crate) struct Slots {
     prompt_us: AtomicU64,
     predicted_tokens: AtomicU64,
     predicted_us: AtomicU64,
+    /// Prompt tokens asked for and those a slot's cache had (for the
+    /// simulator's own counters; llama-server publishes no hit count).
+    queried_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
     /// Calls to `llama_decode`: one per prefill and one per token here.
     n_decode: AtomicU64,
 }
@@ -93,8 +97,20 @@ impl Slots {
             prompt_us: AtomicU64::new(0),
             predicted_tokens: AtomicU64::new(0),
             predicted_us: AtomicU64::new(0),
+            queried_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
             n_decode: AtomicU64::new(0),
         }
+    }
+
+    /// (tokens generated, prompt tokens asked for, prompt tokens cached).
+    pub fn cache_counters(&self) -> (u64, u64, u64) {
+        let n = |a: &AtomicU64| a.load(Ordering::SeqCst);
+        (
+            n(&self.predicted_tokens),
+            n(&self.queried_tokens),
+            n(&self.cached_tokens),
+        )
     }
 
     pub fn n_ctx_slot(&self) -> usize {
@@ -245,6 +261,12 @@ impl Shared {
         let prefill = Duration::from_micros(uncached.saturating_mul(self.cfg.prefill_us_per_token));
         sleep(prefill + plan.extra_ttft).await;
         llama.prompt_tokens.fetch_add(uncached, Ordering::Relaxed);
+        llama
+            .queried_tokens
+            .fetch_add(plan.prompt_tokens as u64, Ordering::Relaxed);
+        llama
+            .cached_tokens
+            .fetch_add(cached_tokens as u64, Ordering::Relaxed);
         llama
             .prompt_us
             .fetch_add(prefill.as_micros() as u64, Ordering::Relaxed);

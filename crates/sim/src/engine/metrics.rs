@@ -80,6 +80,9 @@ impl Shared {
         ];
         let mut out = String::with_capacity(2048);
         render(&mut out, &escape_label(&self.cfg.name), &series);
+        if !self.cfg.publish_kv_capacity {
+            return out;
+        }
         let _ = writeln!(
             out,
             "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
@@ -101,7 +104,7 @@ impl Shared {
         } else {
             0.0
         };
-        let series: [Series; 7] = [
+        let series = [
             (
                 "sglang:num_running_reqs",
                 "gauge",
@@ -145,7 +148,56 @@ impl Shared {
                 c.generation_tokens as f64,
             ),
         ];
+        let published = |(name, ..): &&Series| {
+            self.cfg.publish_kv_capacity || *name != "sglang:max_total_num_tokens"
+        };
+        let series: Vec<Series> = series.iter().filter(published).copied().collect();
         let mut out = String::with_capacity(2048);
+        render(&mut out, &escape_label(&self.cfg.name), &series);
+        out
+    }
+
+    /// What every profile's engine did, under the simulator's own names, so
+    /// a bench reads tokens and cache hits the same way from each: tokens
+    /// generated, prompt tokens asked of the prefix cache, and those it had.
+    pub(super) fn sim_counters(&self) -> String {
+        let (generated, queried, hits) = match (self.batch.as_ref(), self.llama.as_ref()) {
+            (Some(batch), _) => {
+                let c = batch.snapshot().counters;
+                (c.generation_tokens, c.prefix_queries, c.prefix_hits)
+            }
+            (None, Some(llama)) => llama.cache_counters(),
+            (None, None) => {
+                let n =
+                    |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::SeqCst);
+                (
+                    n(&self.generation_tokens_total),
+                    n(&self.prefix_cache_queries_total),
+                    n(&self.prefix_cache_hits_total),
+                )
+            }
+        };
+        let series: [Series; 3] = [
+            (
+                "sim:generation_tokens_total",
+                "counter",
+                "Tokens generated.",
+                generated as f64,
+            ),
+            (
+                "sim:prefix_cache_queries_total",
+                "counter",
+                "Prompt tokens looked up in the prefix cache.",
+                queried as f64,
+            ),
+            (
+                "sim:prefix_cache_hits_total",
+                "counter",
+                "Prompt tokens the prefix cache had.",
+                hits as f64,
+            ),
+        ];
+        let mut out = String::with_capacity(512);
         render(&mut out, &escape_label(&self.cfg.name), &series);
         out
     }
