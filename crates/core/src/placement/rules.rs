@@ -169,23 +169,41 @@ pub(super) fn decide(
         };
         let fits_elsewhere =
             |p: &PeerLoad| p.ready && p.id != from && !p.kv_full && p.fits(incoming.tokens, admit);
-        if let Some(to) = least_bound(sid, peers, fits_elsewhere) {
-            let spill = Verdict::Spill {
-                from,
-                to: to.id,
-                reason: Reason::KvOvercommit,
-            };
-            return (spill, why);
-        }
-        // A session holding half the engine's KV or more stays instead: to
-        // wait unbound costs it the wait and its whole prefill (an 89k-token
-        // agent context parked on the skewed replay waited 2 s, then took
-        // 8 s to prefill cold), more than any eviction it suffers by
-        // staying, while the light sessions that follow it clear the excess
-        // for a fraction of that.
-        let holds_half = |cap: u64| incoming.tokens.saturating_mul(2) >= cap;
-        if incoming.may_wait && !home.kv_capacity_tokens.is_some_and(holds_half) {
-            return (Verdict::Park { from }, why);
+        // vLLM and SGLang evict a sequence's blocks tail first, so an engine
+        // over by `excess` tokens takes at most that much of the arriving
+        // session's context; the rest is still cached at home. A session
+        // longer than the excess re-prefills less by staying than by moving
+        // (the skewed replay on vLLM-like engines moved 63k-token agent
+        // contexts that were 85% cached at home: 3.3 s cold each).
+        let excess = home
+            .bound
+            .returning_tokens
+            .saturating_sub(home.kv_capacity_tokens.unwrap_or(0));
+        let evicted_whole = incoming.tokens <= excess;
+        match least_bound(sid, peers, fits_elsewhere) {
+            Some(to) if evicted_whole => {
+                let spill = Verdict::Spill {
+                    from,
+                    to: to.id,
+                    reason: Reason::KvOvercommit,
+                };
+                return (spill, why);
+            }
+            // Staying costs it less than moving; the pressure rules below
+            // still apply.
+            Some(_) => {}
+            None => {
+                // A session holding half the engine's KV or more stays instead: to
+                // wait unbound costs it the wait and its whole prefill (an 89k-token
+                // agent context parked on the skewed replay waited 2 s, then took
+                // 8 s to prefill cold), more than any eviction it suffers by
+                // staying, while the light sessions that follow it clear the excess
+                // for a fraction of that.
+                let holds_half = |cap: u64| incoming.tokens.saturating_mul(2) >= cap;
+                if incoming.may_wait && !home.kv_capacity_tokens.is_some_and(holds_half) {
+                    return (Verdict::Park { from }, why);
+                }
+            }
         }
     }
 

@@ -946,6 +946,35 @@ fn a_warm_turn_on_an_engine_over_its_kv_moves_where_it_fits() {
     );
 }
 
+#[test]
+fn a_session_longer_than_its_engines_excess_stays_where_most_of_it_is_cached() {
+    // Peer 1 is over its KV by 20k: the engine evicts at most that much of
+    // a session, tail first, so a 30k session keeps 10k+ cached at home and
+    // a move would re-prefill all 30k.
+    let t = table();
+    bind(&t, 53, 1, &[1, 2], T0);
+    t.turn_ended(53, Some(30_000), T0);
+    let over = with_capacity(holding(blind(1, 0), 6, 120_000), 100_000);
+    let roomy = with_capacity(holding(blind(2, 5), 3, 40_000), 200_000);
+    assert_eq!(
+        t.place_session(53, incoming(30_000, true), &[over, roomy], T0 + SECOND),
+        admitted(1, PlacementKind::Sticky),
+        "neither moved nor let go to wait"
+    );
+    // Control: a session no longer than the excess, which the engine
+    // evicts whole, moves where it fits.
+    bind(&t, 54, 1, &[1, 2], T0);
+    t.turn_ended(54, Some(20_000), T0);
+    assert_eq!(
+        t.place_session(54, incoming(20_000, true), &[over, roomy], T0 + SECOND),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::Spill,
+            reason: Some(Reason::KvOvercommit)
+        })
+    );
+}
+
 /// Peer 1 holds 120k against a KV of 100k; peer 2 has no room either.
 fn over_full_with_no_room_elsewhere() -> [PeerLoad; 2] {
     [
