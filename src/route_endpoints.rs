@@ -392,6 +392,7 @@ fn route_state(route: &Route, registry: &Registry) -> Value {
             "priority": p.config.priority,
             "ready": p.state.is_ready(now),
             "in_flight": p.state.in_flight(),
+            "awaiting_first_token": p.state.awaiting_first_token(),
             "max_concurrency": p.config.max_concurrency,
             "load": loads[i].load(),
             "kv_full": loads[i].kv_full,

@@ -769,3 +769,43 @@ fn kv_capacity_comes_from_metrics_props_the_route_or_is_learned() {
     );
     drop(held);
 }
+
+/// A request counts as awaiting its first token on its peer until the
+/// engine's first content frame, and not after: what a new session's
+/// placement weighs as prefill work ahead of it.
+#[test]
+fn a_request_awaits_its_first_token_until_the_first_frame() {
+    let cluster = engines(1);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let awaiting = || {
+        http::get(gw.addr, "/chat/_route_state").json()["peers"][0]["awaiting_first_token"].clone()
+    };
+    assert_eq!(awaiting(), json!(0));
+    // Held after its first frame: decoding, not awaiting.
+    let decoding = hold_stream(&gw, CHAT, "after-first", &[]);
+    assert_eq!(awaiting(), json!(0));
+    // Held before it (a long time to first token): awaiting.
+    let mut slow = http::Conn::open(gw.addr);
+    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "slow"}]});
+    slow.send(
+        "POST",
+        CHAT,
+        &[
+            ("content-type", "application/json"),
+            ("x-sim-ttft-ms", "60000"),
+        ],
+        body.to_string().as_bytes(),
+        http::Upload::Length,
+    );
+    wait_for("the slow request in flight", Duration::from_secs(5), || {
+        (awaiting() == json!(1)).then_some(())
+    });
+    // It leaves the count when it ends without a token (the client goes).
+    drop(slow);
+    wait_for("the count back to 0", Duration::from_secs(5), || {
+        (awaiting() == json!(0)).then_some(())
+    });
+    cluster.engines[0].open_gate("after-first");
+    drop(decoding);
+}

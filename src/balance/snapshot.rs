@@ -34,6 +34,8 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                 ready: p.addr.is_some() && p.state.is_ready(now_ms),
                 // With a shared session store, the whole cluster's load.
                 in_flight: p.state.in_flight() + p.state.remote_in_flight(),
+                // This replica's own: the others publish their counts only.
+                prefilling: p.state.awaiting_first_token(),
                 max_concurrency: p.config.max_concurrency,
                 engine: fresh,
                 kv_full,

@@ -335,6 +335,11 @@ impl ProxyHttp for Gateway {
         response::bodylog::tee(ctx, body.as_ref());
         if let Some(pipeline) = ctx.response.pipeline.as_mut() {
             pipeline.process(body, end_of_stream);
+            if pipeline.first_content_at().is_some() {
+                if let Some(slot) = ctx.upstream.slot.as_mut() {
+                    slot.first_token();
+                }
+            }
         }
         Ok(None)
     }

@@ -32,6 +32,8 @@ pub struct PeerState {
     pub id: PeerId,
     pub address: String,
     in_flight: AtomicU32,
+    /// Of those, the requests that have not had their first token yet.
+    awaiting_first: AtomicU32,
     /// The estimated prompt tokens of the requests in flight (what their
     /// slots carry): the gauge's other side when capacity is learned.
     in_flight_tokens: AtomicU64,
@@ -83,6 +85,7 @@ impl PeerState {
             id,
             address,
             in_flight: AtomicU32::new(0),
+            awaiting_first: AtomicU32::new(0),
             in_flight_tokens: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             banned_until_ms: AtomicU64::new(0),
@@ -103,6 +106,11 @@ impl PeerState {
 
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests in flight here that have not had their first token yet.
+    pub fn awaiting_first_token(&self) -> u32 {
+        self.awaiting_first.load(Ordering::Relaxed)
     }
 
     /// The other replicas' in-flight to this peer (see `balance/sync.rs`).
@@ -270,9 +278,13 @@ impl PeerState {
                 (n < limit).then_some(n + 1)
             })
             .ok()
-            .map(|_| InFlightGuard {
-                peer: Arc::clone(self),
-                tokens: 0,
+            .map(|_| {
+                self.awaiting_first.fetch_add(1, Ordering::AcqRel);
+                InFlightGuard {
+                    peer: Arc::clone(self),
+                    tokens: 0,
+                    awaiting_first: true,
+                }
             })
     }
 }
@@ -286,11 +298,21 @@ pub struct InFlightGuard {
     /// The request's estimated prompt tokens, counted in the peer's
     /// `in_flight_tokens` while the slot is held.
     tokens: u64,
+    /// Counted in the peer's `awaiting_first` until the first token.
+    awaiting_first: bool,
 }
 
 impl InFlightGuard {
     pub fn peer(&self) -> &Arc<PeerState> {
         &self.peer
+    }
+
+    /// The engine sent the request's first token: it no longer holds a
+    /// prompt to prefill ahead of later requests.
+    pub fn first_token(&mut self) {
+        if std::mem::take(&mut self.awaiting_first) {
+            self.peer.awaiting_first.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Counts the request's prompt `tokens` on the peer for as long as the
@@ -305,6 +327,7 @@ impl InFlightGuard {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        self.first_token();
         self.peer
             .in_flight_tokens
             .fetch_sub(self.tokens, Ordering::AcqRel);
@@ -425,5 +448,21 @@ mod tests {
             "the KV holds prompts this replica cannot see"
         );
         assert_eq!(learn(0), Some((20_000, CapacitySource::Learned)));
+    }
+
+    #[test]
+    fn a_slot_awaits_its_first_token_once() {
+        let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
+        let mut a = peer.try_acquire(8).expect("slot");
+        let b = peer.try_acquire(8).expect("slot");
+        assert_eq!(peer.awaiting_first_token(), 2);
+        a.first_token();
+        a.first_token();
+        assert_eq!(peer.awaiting_first_token(), 1, "counted down once");
+        drop(a);
+        assert_eq!(peer.awaiting_first_token(), 1, "a's was already gone");
+        // A request that ends before any token (an error) stops awaiting too.
+        drop(b);
+        assert_eq!(peer.awaiting_first_token(), 0);
     }
 }

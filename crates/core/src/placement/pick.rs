@@ -114,18 +114,25 @@ pub fn hash_place(sid: u64, peers: &[PeerLoad], rand: u64) -> Option<Placement> 
 /// new session can land on an engine whose idle sessions will all be back
 /// in a second. Requests still count on top: a slow engine keeps each turn
 /// in flight longer, so it carries more at any moment for the same
-/// sessions and gets fewer new ones. Tokens, which fill the KV, are what
-/// admission checks; here they break ties.
+/// sessions and gets fewer new ones; and a request still waiting for its
+/// first token counts twice, since the newcomer's prefill queues behind
+/// its prompt (the slow-engine replay on vLLM-like engines put new
+/// sessions behind an engine's backlog of cold prefills: 16-19 s to their
+/// first token). Tokens, which fill the KV, are what admission checks;
+/// here they break ties.
 pub(super) fn least_bound(
     sid: u64,
     peers: &[PeerLoad],
     eligible: impl Fn(&PeerLoad) -> bool,
 ) -> Option<&PeerLoad> {
     peers.iter().filter(|p| eligible(p)).min_by_key(|p| {
+        // A prompt still prefilling there is work the newcomer's own
+        // prefill waits behind: it counts once more on top of the load.
+        let requests = u64::from(p.load()) + u64::from(p.prefilling);
         (
             p.bound
                 .returning_milli
-                .saturating_add(u64::from(p.load()) * u64::from(super::WHOLE)),
+                .saturating_add(requests * u64::from(super::WHOLE)),
             p.bound.tokens,
             Reverse(rendezvous_weight(sid, p.id)),
         )
@@ -180,6 +187,25 @@ pub(super) mod tests {
             in_flight,
             ..PeerLoad::idle(id, 64)
         }
+    }
+
+    #[test]
+    fn a_peer_with_prompts_still_prefilling_holds_more() {
+        // Peer 1 has one request more in flight; peer 2 has three that
+        // have not had their first token yet.
+        let busy = PeerLoad {
+            prefilling: 3,
+            ..peer(2, 3)
+        };
+        let peers = [peer(1, 4), busy];
+        assert_eq!(least_bound(7, &peers, |_| true).map(|p| p.id), Some(1));
+        // Control: the same requests past their first token, decoding.
+        let decoding = PeerLoad {
+            prefilling: 0,
+            ..busy
+        };
+        let peers = [peer(1, 4), decoding];
+        assert_eq!(least_bound(7, &peers, |_| true).map(|p| p.id), Some(2));
     }
 
     #[test]
