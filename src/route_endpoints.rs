@@ -393,6 +393,7 @@ fn route_state(route: &Route, registry: &Registry) -> Value {
             "ready": p.state.is_ready(now),
             "in_flight": p.state.in_flight(),
             "awaiting_first_token": p.state.awaiting_first_token(),
+            "cold_prefill_tokens": p.state.cold_backlog_tokens(),
             "max_concurrency": p.config.max_concurrency,
             "load": loads[i].load(),
             "kv_full": loads[i].kv_full,

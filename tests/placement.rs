@@ -777,9 +777,8 @@ fn kv_capacity_comes_from_metrics_props_the_route_or_is_learned() {
 fn a_request_awaits_its_first_token_until_the_first_frame() {
     let cluster = engines(1);
     let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
-    let awaiting = || {
-        http::get(gw.addr, "/chat/_route_state").json()["peers"][0]["awaiting_first_token"].clone()
-    };
+    let peer = || http::get(gw.addr, "/chat/_route_state").json()["peers"][0].clone();
+    let awaiting = || peer()["awaiting_first_token"].clone();
     assert_eq!(awaiting(), json!(0));
     // Held after its first frame: decoding, not awaiting.
     let decoding = hold_stream(&gw, CHAT, "after-first", &[]);
@@ -794,6 +793,7 @@ fn a_request_awaits_its_first_token_until_the_first_frame() {
         &[
             ("content-type", "application/json"),
             ("x-sim-ttft-ms", "60000"),
+            ("x-session-id", "a-new-one"),
         ],
         body.to_string().as_bytes(),
         http::Upload::Length,
@@ -801,10 +801,15 @@ fn a_request_awaits_its_first_token_until_the_first_frame() {
     wait_for("the slow request in flight", Duration::from_secs(5), || {
         (awaiting() == json!(1)).then_some(())
     });
+    // A new session's first turn is cold: its prompt is prefill ahead of
+    // the engine. (The held stream above is past its first token.)
+    assert!(peer()["cold_prefill_tokens"]
+        .as_u64()
+        .is_some_and(|n| n > 0));
     // It leaves the count when it ends without a token (the client goes).
     drop(slow);
     wait_for("the count back to 0", Duration::from_secs(5), || {
-        (awaiting() == json!(0)).then_some(())
+        (awaiting() == json!(0) && peer()["cold_prefill_tokens"] == json!(0)).then_some(())
     });
     cluster.engines[0].open_gate("after-first");
     drop(decoding);

@@ -34,6 +34,9 @@ pub struct PeerState {
     in_flight: AtomicU32,
     /// Of those, the requests that have not had their first token yet.
     awaiting_first: AtomicU32,
+    /// Of those, the estimated prompt tokens of the cold ones (a new or
+    /// moved session's turn): prefill work still ahead of the engine.
+    cold_backlog_tokens: AtomicU64,
     /// The estimated prompt tokens of the requests in flight (what their
     /// slots carry): the gauge's other side when capacity is learned.
     in_flight_tokens: AtomicU64,
@@ -86,6 +89,7 @@ impl PeerState {
             address,
             in_flight: AtomicU32::new(0),
             awaiting_first: AtomicU32::new(0),
+            cold_backlog_tokens: AtomicU64::new(0),
             in_flight_tokens: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             banned_until_ms: AtomicU64::new(0),
@@ -111,6 +115,11 @@ impl PeerState {
     /// Requests in flight here that have not had their first token yet.
     pub fn awaiting_first_token(&self) -> u32 {
         self.awaiting_first.load(Ordering::Relaxed)
+    }
+
+    /// The prompt tokens of cold requests here still before their first token.
+    pub fn cold_backlog_tokens(&self) -> u64 {
+        self.cold_backlog_tokens.load(Ordering::Relaxed)
     }
 
     /// The other replicas' in-flight to this peer (see `balance/sync.rs`).
@@ -284,6 +293,7 @@ impl PeerState {
                     peer: Arc::clone(self),
                     tokens: 0,
                     awaiting_first: true,
+                    cold_tokens: 0,
                 }
             })
     }
@@ -300,6 +310,9 @@ pub struct InFlightGuard {
     tokens: u64,
     /// Counted in the peer's `awaiting_first` until the first token.
     awaiting_first: bool,
+    /// A cold request's prompt tokens, in the peer's `cold_backlog_tokens`
+    /// until the first token.
+    cold_tokens: u64,
 }
 
 impl InFlightGuard {
@@ -312,6 +325,22 @@ impl InFlightGuard {
     pub fn first_token(&mut self) {
         if std::mem::take(&mut self.awaiting_first) {
             self.peer.awaiting_first.fetch_sub(1, Ordering::AcqRel);
+            let cold = std::mem::take(&mut self.cold_tokens);
+            self.peer
+                .cold_backlog_tokens
+                .fetch_sub(cold, Ordering::AcqRel);
+        }
+    }
+
+    /// The request starts cold there (no cache of its conversation): its
+    /// `tokens` are prefill ahead of anything placed after it, until its
+    /// first token.
+    pub fn cold_prefill(&mut self, tokens: u64) {
+        if self.awaiting_first && self.cold_tokens == 0 {
+            self.cold_tokens = tokens;
+            self.peer
+                .cold_backlog_tokens
+                .fetch_add(tokens, Ordering::AcqRel);
         }
     }
 
@@ -454,15 +483,26 @@ mod tests {
     fn a_slot_awaits_its_first_token_once() {
         let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
         let mut a = peer.try_acquire(8).expect("slot");
-        let b = peer.try_acquire(8).expect("slot");
+        let mut b = peer.try_acquire(8).expect("slot");
+        a.cold_prefill(30_000);
+        b.cold_prefill(5_000);
         assert_eq!(peer.awaiting_first_token(), 2);
+        assert_eq!(peer.cold_backlog_tokens(), 35_000);
         a.first_token();
         a.first_token();
         assert_eq!(peer.awaiting_first_token(), 1, "counted down once");
+        assert_eq!(peer.cold_backlog_tokens(), 5_000);
+        a.cold_prefill(30_000);
+        assert_eq!(
+            peer.cold_backlog_tokens(),
+            5_000,
+            "past its first token, nothing is ahead of the engine"
+        );
         drop(a);
         assert_eq!(peer.awaiting_first_token(), 1, "a's was already gone");
         // A request that ends before any token (an error) stops awaiting too.
         drop(b);
         assert_eq!(peer.awaiting_first_token(), 0);
+        assert_eq!(peer.cold_backlog_tokens(), 0);
     }
 }

@@ -50,11 +50,12 @@ pub struct PeerLoad {
     pub ready: bool,
     /// Requests in flight through this gateway.
     pub in_flight: u32,
-    /// Of those, the ones still waiting for their first token: prompts the
-    /// engine has yet to prefill ahead of anything placed there now. vLLM
-    /// admits them all as running (chunked prefill), so its own metrics
-    /// show no queue while a newcomer waits behind them.
-    pub prefilling: u32,
+    /// The cold prompts this gateway sent here (new sessions, moved ones)
+    /// that have not had their first token yet, in thousandths of the
+    /// route's median live session: prefill a newcomer's own waits behind.
+    /// vLLM admits every prompt as running and prefills them in chunks in
+    /// turn, so its metrics show no queue while a newcomer waits.
+    pub cold_prefill_milli: u64,
     pub max_concurrency: u32,
     /// `Some` only while the engine metrics are fresh (read within two scrape
     /// intervals); stale numbers would steer sessions by a past that is gone.
@@ -118,7 +119,7 @@ impl PeerLoad {
             id,
             ready: true,
             in_flight: 0,
-            prefilling: 0,
+            cold_prefill_milli: 0,
             max_concurrency,
             engine: None,
             kv_full: false,

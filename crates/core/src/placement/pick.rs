@@ -114,25 +114,24 @@ pub fn hash_place(sid: u64, peers: &[PeerLoad], rand: u64) -> Option<Placement> 
 /// new session can land on an engine whose idle sessions will all be back
 /// in a second. Requests still count on top: a slow engine keeps each turn
 /// in flight longer, so it carries more at any moment for the same
-/// sessions and gets fewer new ones; and a request still waiting for its
-/// first token counts twice, since the newcomer's prefill queues behind
-/// its prompt (the slow-engine replay on vLLM-like engines put new
-/// sessions behind an engine's backlog of cold prefills: 16-19 s to their
-/// first token). Tokens, which fill the KV, are what admission checks;
-/// here they break ties.
+/// sessions and gets fewer new ones; and the cold prompts still
+/// prefilling there count on top, by their size (a session's worth of
+/// context per median session), since the newcomer's prefill queues
+/// behind them (the replay on vLLM-like engines put new sessions behind a
+/// slow engine's backlog of cold prefills, 16-19 s to their first token,
+/// and stacked a failed engine's sessions on one survivor). Tokens, which
+/// fill the KV, are what admission checks; here they break ties.
 pub(super) fn least_bound(
     sid: u64,
     peers: &[PeerLoad],
     eligible: impl Fn(&PeerLoad) -> bool,
 ) -> Option<&PeerLoad> {
     peers.iter().filter(|p| eligible(p)).min_by_key(|p| {
-        // A prompt still prefilling there is work the newcomer's own
-        // prefill waits behind: it counts once more on top of the load.
-        let requests = u64::from(p.load()) + u64::from(p.prefilling);
         (
             p.bound
                 .returning_milli
-                .saturating_add(requests * u64::from(super::WHOLE)),
+                .saturating_add(u64::from(p.load()) * u64::from(super::WHOLE))
+                .saturating_add(p.cold_prefill_milli),
             p.bound.tokens,
             Reverse(rendezvous_weight(sid, p.id)),
         )
@@ -190,18 +189,18 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_peer_with_prompts_still_prefilling_holds_more() {
-        // Peer 1 has one request more in flight; peer 2 has three that
-        // have not had their first token yet.
+    fn a_peer_with_cold_prompts_still_prefilling_holds_more() {
+        // Peer 1 has one request more in flight; peer 2 has two sessions'
+        // worth of cold prompts that have not had their first token yet.
         let busy = PeerLoad {
-            prefilling: 3,
+            cold_prefill_milli: 2_000,
             ..peer(2, 3)
         };
         let peers = [peer(1, 4), busy];
         assert_eq!(least_bound(7, &peers, |_| true).map(|p| p.id), Some(1));
         // Control: the same requests past their first token, decoding.
         let decoding = PeerLoad {
-            prefilling: 0,
+            cold_prefill_milli: 0,
             ..busy
         };
         let peers = [peer(1, 4), decoding];

@@ -163,6 +163,12 @@ impl SessionTable {
         out
     }
 
+    /// The median context of the live sessions (0 while none is known), as
+    /// of the last recount.
+    pub fn median_live_tokens(&self) -> u64 {
+        self.median_live_tokens.load(Relaxed)
+    }
+
     /// Live sessions bound to `peer` and their tokens.
     pub fn live_of(&self, peer: PeerId) -> Bound {
         self.live
