@@ -119,19 +119,34 @@ pub fn hash_place(sid: u64, peers: &[PeerLoad], rand: u64) -> Option<Placement> 
 /// context per median session), since the newcomer's prefill queues
 /// behind them (the replay on vLLM-like engines put new sessions behind a
 /// slow engine's backlog of cold prefills, 16-19 s to their first token,
-/// and stacked a failed engine's sessions on one survivor). Tokens, which
-/// fill the KV, are what admission checks; here they break ties.
+/// and stacked a failed engine's sessions on one survivor). The context
+/// its live sessions hold counts too, as sessions of `unit` tokens (the
+/// route's median live session; 0: not counted): a few long agent contexts
+/// fill an engine's KV like many chats, and counting them as one session
+/// each stacked three of them on one engine of the skewed replay, whose KV
+/// then evicted their prefixes every turn. Exact ties go to tokens.
 pub(super) fn least_bound(
     sid: u64,
     peers: &[PeerLoad],
+    unit: u64,
     eligible: impl Fn(&PeerLoad) -> bool,
 ) -> Option<&PeerLoad> {
+    let held = |p: &PeerLoad| match unit {
+        0 => 0,
+        unit => {
+            p.bound
+                .returning_tokens
+                .saturating_mul(u64::from(super::WHOLE))
+                / unit
+        }
+    };
     peers.iter().filter(|p| eligible(p)).min_by_key(|p| {
         (
             p.bound
                 .returning_milli
                 .saturating_add(u64::from(p.load()) * u64::from(super::WHOLE))
-                .saturating_add(p.cold_prefill_milli),
+                .saturating_add(p.cold_prefill_milli)
+                .saturating_add(held(p)),
             p.bound.tokens,
             Reverse(rendezvous_weight(sid, p.id)),
         )
@@ -149,14 +164,15 @@ pub(super) fn best_home(
     room: super::KvRoom,
 ) -> Option<&PeerLoad> {
     let fits = |p: &PeerLoad| p.fits(incoming.tokens, room);
-    if let Some(home) = least_bound(sid, peers, |p| p.ready && !p.kv_full && fits(p)) {
+    let unit = room.expected_session;
+    if let Some(home) = least_bound(sid, peers, unit, |p| p.ready && !p.kv_full && fits(p)) {
         return Some(home);
     }
     if incoming.may_wait && peers.iter().any(|p| p.ready) {
         return None;
     }
-    least_bound(sid, peers, |p| p.ready && !p.kv_full)
-        .or_else(|| least_bound(sid, peers, |p| p.ready))
+    least_bound(sid, peers, unit, |p| p.ready && !p.kv_full)
+        .or_else(|| least_bound(sid, peers, unit, |p| p.ready))
 }
 
 /// The least-loaded peer passing `eligible` (load as in [`PeerLoad::load`]).
@@ -197,14 +213,36 @@ pub(super) mod tests {
             ..peer(2, 3)
         };
         let peers = [peer(1, 4), busy];
-        assert_eq!(least_bound(7, &peers, |_| true).map(|p| p.id), Some(1));
+        assert_eq!(least_bound(7, &peers, 0, |_| true).map(|p| p.id), Some(1));
         // Control: the same requests past their first token, decoding.
         let decoding = PeerLoad {
             cold_prefill_milli: 0,
             ..busy
         };
         let peers = [peer(1, 4), decoding];
-        assert_eq!(least_bound(7, &peers, |_| true).map(|p| p.id), Some(2));
+        assert_eq!(least_bound(7, &peers, 0, |_| true).map(|p| p.id), Some(2));
+    }
+
+    #[test]
+    fn long_contexts_count_as_the_sessions_they_weigh() {
+        use crate::placement::Bound;
+        // Peer 1: two live sessions, long agent contexts (100k tokens);
+        // peer 2: three chats (15k). The median session holds 5k.
+        let agents = PeerLoad {
+            bound: Bound::whole(2, 100_000),
+            ..peer(1, 0)
+        };
+        let chats = PeerLoad {
+            bound: Bound::whole(3, 15_000),
+            ..peer(2, 0)
+        };
+        let peers = [agents, chats];
+        assert_eq!(
+            least_bound(7, &peers, 5_000, |_| true).map(|p| p.id),
+            Some(2)
+        );
+        // Control: sessions alone (no median known yet) favour peer 1.
+        assert_eq!(least_bound(7, &peers, 0, |_| true).map(|p| p.id), Some(1));
     }
 
     #[test]

@@ -180,7 +180,7 @@ pub(super) fn decide(
             .returning_tokens
             .saturating_sub(home.kv_capacity_tokens.unwrap_or(0));
         let evicted_whole = incoming.tokens <= excess;
-        match least_bound(sid, peers, fits_elsewhere) {
+        match least_bound(sid, peers, admit.expected_session, fits_elsewhere) {
             Some(to) if evicted_whole => {
                 let spill = Verdict::Spill {
                     from,
