@@ -210,8 +210,8 @@ async fn scrape_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, g
             continue;
         }
         // No capacity in the metrics: llama.cpp publishes its context in
-        // `/props`, asked once a minute (an engine restarted behind the
-        // address may have another); else it is learned from the gauge.
+        // `/props`, asked once a minute until it answers (another engine
+        // answers 404, cheaply); else it is learned from the gauge.
         let now = now_ms();
         if props_asked_at.is_none_or(|at| now.saturating_sub(at) >= PROPS_EVERY_MS) {
             props_asked_at = Some(now);
