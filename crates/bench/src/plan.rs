@@ -130,7 +130,19 @@ impl Plan {
         let block_tokens = 16;
         let kv = opts.kv_tokens.unwrap_or_else(|| {
             let share = opts.sessions_per_engine * workload.mean_context();
-            (share * 7 / 4).div_ceil(block_tokens) * block_tokens
+            let mut kv = share * 7 / 4;
+            if profile == Profile::Llamacpp {
+                // llama-server refuses a prompt past its slot's context,
+                // so each slot holds the longest conversation, as an
+                // operator sizes --ctx-size for the clients it serves.
+                let longest = workload
+                    .long
+                    .map_or(0, |l| l.max_context)
+                    .max(workload.max_context)
+                    + opts.max_tokens.1;
+                kv = kv.max(longest * max_running);
+            }
+            kv.div_ceil(block_tokens) * block_tokens
         });
         let decode_ms = scaled(opts.decode_ms).max(1);
         let prefill_us = scaled(opts.prefill_us);
