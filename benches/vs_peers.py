@@ -8,8 +8,9 @@ as the bench picks it), and each cell's tail over its perfect-cache bound.
 
 Files are read in order. Peer and reference cells are gathered from every
 file; a gateway cell of a later file replaces one of an earlier file for
-the same profile, scenario, seed and mode (a gateway rerun against the
-peers measured before: the peers do not change when the gateway does).
+the same profile, scenario, seed, mode and `--route-extra` (a gateway rerun
+against the peers measured before: the peers do not change when the
+gateway does).
 Reads only what the bench wrote.
 """
 
@@ -46,9 +47,12 @@ def main(paths):
             key = (profile, s["scenario"], params["seed"])
             slot = runs.setdefault(key, {"peers": {}, "gateway": {}})
             for cell in s["modes"]:
-                kind = "peers" if is_peer(cell) else "gateway"
                 extra = (params.get("route_extra") or "").strip()
-                slot[kind][cell["mode"]] = (cell, extra)
+                if is_peer(cell):
+                    slot["peers"][cell["mode"]] = (cell, extra)
+                else:
+                    # A gateway cell per mode and route settings.
+                    slot["gateway"][(cell["mode"], extra)] = (cell, extra)
     tables = OrderedDict()
     for (profile, scenario, seed), slot in runs.items():
         eligible = [
@@ -65,6 +69,8 @@ def main(paths):
             hit = cell["cache_hit"]
             best_hit = best["cache_hit"] if best else None
             label = f"{scenario} s{seed}" + (f" ({extra})" if extra else "")
+            if params.get("duration_s") != 60.0 or params.get("warmup_s") not in (10.0, 20.0):
+                label += f", {params['duration_s']:.0f} s cells, {params['warmup_s']:.0f} s warm-up"
             tables.setdefault(profile, []).append(
                 "| {} | {} | {} | {} / {} | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} / {} | {} |".format(
                     label,
