@@ -49,20 +49,20 @@ def main(paths):
             for cell in s["modes"]:
                 extra = (params.get("route_extra") or "").strip()
                 if is_peer(cell):
-                    slot["peers"][cell["mode"]] = (cell, extra)
+                    slot["peers"][cell["mode"]] = (cell, extra, params)
                 else:
                     # A gateway cell per mode and route settings.
-                    slot["gateway"][(cell["mode"], extra)] = (cell, extra)
+                    slot["gateway"][(cell["mode"], extra)] = (cell, extra, params)
     tables = OrderedDict()
     for (profile, scenario, seed), slot in runs.items():
         eligible = [
             c
-            for c, _ in slot["peers"].values()
+            for c, _, _ in slot["peers"].values()
             if c["ttft_s"]["p95"] is not None
             and (scenario in ERRORS_EXPECTED or (c.get("error_rate") or 0) <= MAX_ERROR_RATE)
         ]
         best = min(eligible, key=lambda c: c["ttft_s"]["p95"], default=None)
-        for cell, extra in slot["gateway"].values():
+        for cell, extra, params in slot["gateway"].values():
             t = cell["ttft_s"]
             b = best["ttft_s"] if best else {}
             bound = cell.get("ttft_perfect_cache_bound_s") or {}
