@@ -667,3 +667,48 @@ fn running_out_of_file_descriptors_is_logged_and_survived() {
     assert!(!log.contains("panicked"), "{log}");
     assert!(gw.is_alive());
 }
+
+/// An engine that closes every connection after one response, though it
+/// announced keep-alive, costs no request: the one sent on a pooled
+/// connection the engine had closed, before any byte of an answer, goes
+/// again on a fresh connection to the same engine, POSTs included.
+#[test]
+fn an_engine_closing_its_kept_alive_connections_loses_no_request() {
+    let engine = Canned::one_answer_per_connection(|s| {
+        let frames: [&[u8]; 2] = [
+            br#"data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#,
+            b"data: [DONE]",
+        ];
+        let mut out = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n"
+            .to_vec();
+        for frame in frames {
+            let data = [frame, b"\n\n"].concat();
+            out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            out.extend_from_slice(&data);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        let _ = s.write_all(&out);
+    });
+    let gw = Gateway::start(&[("chat", canned::canned_route(engine.port(), ""))]);
+    let requests = 6;
+    for i in 0..requests {
+        let resp = http::post_json(
+            gw.addr,
+            CHAT,
+            &[],
+            &chat_body("s", &format!("turn {i}"), true),
+        );
+        assert_eq!(resp.status(), 200, "request {i}: {}", resp.text());
+        assert!(
+            resp.text().contains("[DONE]"),
+            "request {i}: {}",
+            resp.text()
+        );
+    }
+    // The control: the engine did close pooled connections under the
+    // gateway, so some requests reached it twice.
+    let received = engine.received.lock().len();
+    assert!(received > requests, "{received} requests received");
+}

@@ -109,6 +109,11 @@ pub struct Attempt {
     pub sent_at: Option<std::time::Instant>,
     /// The current attempt's response head arrived.
     pub responded: bool,
+    /// Retries on the same peer, each after a pooled connection the engine
+    /// had closed failed before any response byte (`upstream::stale_reuse`).
+    pub stale_retries: u32,
+    /// The next attempt goes to the same peer, on a fresh connection.
+    pub same_peer_again: bool,
 }
 
 /// Written by the response hooks.

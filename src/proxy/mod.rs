@@ -277,9 +277,12 @@ impl ProxyHttp for Gateway {
     ) -> Box<Error> {
         let e = conn::engine_silence(session, e);
         upstream::on_exchange_failure(ctx, &e, client_reused);
+        let body_kept = !session.as_ref().retry_buffer_truncated();
+        let stale = upstream::stale_reuse(ctx, &e, client_reused, body_kept);
         let mut e = e.more_context(format!("Peer: {peer}"));
-        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
-        {
+        if stale {
+            e.set_retry(true);
+        } else if !session.req_header().method.is_idempotent() || !body_kept {
             e.set_retry(false);
         } else {
             e.retry.decide_reuse(client_reused);

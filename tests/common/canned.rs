@@ -43,6 +43,28 @@ impl Canned {
         })
     }
 
+    /// Answers the first request of each connection with `reply`, keeps the
+    /// connection, and closes it when the next request on it arrives,
+    /// unanswered: an engine that announces keep-alive and still closes the
+    /// connection after each response (llama-server does, ~2 ms after a
+    /// stream), as the gateway meets it: a pooled connection that fails
+    /// before any response byte. Both requests are recorded.
+    pub fn one_answer_per_connection(
+        reply: impl Fn(&mut TcpStream) + Send + Sync + 'static,
+    ) -> Canned {
+        Canned::accepting(move |stream, rec| {
+            stream.set_nodelay(true).ok();
+            let Ok(mut writer) = stream.try_clone() else {
+                return;
+            };
+            let mut reader = BufReader::new(stream);
+            if read_request(&mut reader, rec) {
+                reply(&mut writer);
+                let _ = read_request(&mut reader, rec);
+            }
+        })
+    }
+
     /// Binds a port and runs `handle` on a thread per accepted connection.
     fn accepting(handle: impl Fn(TcpStream, &Recorder) + Send + Sync + 'static) -> Canned {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind canned engine");

@@ -15,7 +15,10 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 /// The peer of the next attempt. On a retry the previous slot goes back
 /// before the next peer is chosen.
 pub fn next_peer(ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
-    if ctx.upstream.count > 0 {
+    // After a stale pooled connection, the same peer and slot again: its
+    // cache holds the conversation, and it did not fail.
+    let same_peer = std::mem::take(&mut ctx.upstream.same_peer_again);
+    if ctx.upstream.count > 0 && !same_peer {
         ctx.upstream.slot = None;
         let route = ctx
             .route
@@ -28,7 +31,7 @@ pub fn next_peer(ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
         ctx.upstream.slot = Some(slot);
     }
     let attempt = &mut ctx.upstream;
-    if let Some(p) = attempt.peer {
+    if let Some(p) = attempt.peer.filter(|_| !same_peer) {
         attempt.tried.push(p);
     }
     attempt.count += 1;
@@ -112,6 +115,34 @@ pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error>
 /// busy engine, the probe's rule too), a failure on the client's side, and
 /// a reused pooled connection that fails before any answer (the engine
 /// closing an idle keep-alive, which says nothing about its health).
+/// Same-peer retries after stale pooled connections, per request: each
+/// one uses up a pooled connection, and a pool holds few per peer.
+const MAX_STALE_RETRIES: u32 = 2;
+
+/// The request went out on a pooled connection that the engine had closed
+/// (an engine may close a connection it announced as kept alive:
+/// llama-server does, right after each stream) and failed before any
+/// response byte: nothing reached the client, and the engine either never
+/// read the request or dropped it unanswered. So it goes again, to the
+/// same peer on a fresh connection, whatever its method, as the OpenResty
+/// gateway's `proxy_next_upstream … non_idempotent` does: a generation
+/// has no side effect but its cost. Returns whether it will.
+pub fn stale_reuse(ctx: &mut RequestCtx, e: &Error, reused: bool, body_kept: bool) -> bool {
+    let closed = matches!(
+        e.etype(),
+        ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+    );
+    let attempt = &mut ctx.upstream;
+    if !(reused && closed && body_kept && !attempt.responded)
+        || attempt.stale_retries >= MAX_STALE_RETRIES
+    {
+        return false;
+    }
+    attempt.stale_retries += 1;
+    attempt.same_peer_again = true;
+    true
+}
+
 pub fn on_exchange_failure(ctx: &RequestCtx, e: &Error, reused: bool) {
     if *e.esource() != ErrorSource::Upstream
         || matches!(
