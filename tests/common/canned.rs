@@ -31,16 +31,7 @@ impl Canned {
     /// writes whatever bytes it likes (or none) and may keep, close or reset
     /// the connection; the connection is dropped when `reply` returns.
     pub fn raw(reply: impl Fn(&mut TcpStream) + Send + Sync + 'static) -> Canned {
-        Canned::accepting(move |stream, rec| {
-            stream.set_nodelay(true).ok();
-            let Ok(mut writer) = stream.try_clone() else {
-                return;
-            };
-            let mut reader = BufReader::new(stream);
-            if read_request(&mut reader, rec) {
-                reply(&mut writer);
-            }
-        })
+        Canned::replying(reply, false)
     }
 
     /// Answers the first request of each connection with `reply`, keeps the
@@ -52,6 +43,16 @@ impl Canned {
     pub fn one_answer_per_connection(
         reply: impl Fn(&mut TcpStream) + Send + Sync + 'static,
     ) -> Canned {
+        Canned::replying(reply, true)
+    }
+
+    /// Reads a request, hands the connection to `reply`; with
+    /// `then_read_next`, reads (and records) the next request on the
+    /// connection before dropping it, unanswered.
+    fn replying(
+        reply: impl Fn(&mut TcpStream) + Send + Sync + 'static,
+        then_read_next: bool,
+    ) -> Canned {
         Canned::accepting(move |stream, rec| {
             stream.set_nodelay(true).ok();
             let Ok(mut writer) = stream.try_clone() else {
@@ -60,7 +61,9 @@ impl Canned {
             let mut reader = BufReader::new(stream);
             if read_request(&mut reader, rec) {
                 reply(&mut writer);
-                let _ = read_request(&mut reader, rec);
+                if then_read_next {
+                    let _ = read_request(&mut reader, rec);
+                }
             }
         })
     }
