@@ -713,3 +713,45 @@ fn without_work_stealing_the_gateway_serves_reloads_and_drains() {
         gw.log()
     );
 }
+
+/// A client that sends its next request the moment it has the last byte of
+/// the one before (on a new connection, as a pool of client threads does)
+/// finds the engine's slot free: the gateway releases it before it writes
+/// that byte, not once the request's logging runs. One slot, so any late
+/// release is a `concurrency_limit` 429. The control: with the slot held by
+/// a stream, the next request does get the 429.
+#[test]
+fn the_slot_is_free_when_the_client_has_the_last_byte() {
+    let cluster = engines(1);
+    let clients = 4;
+    let route = format!(
+        "peers:\n  - {{name: solo, host: 127.0.0.1, port: {}, max_concurrency: {clients}}}\n",
+        cluster.engines[0].port()
+    );
+    let gw = Gateway::start(&[("chat", route)]);
+    let mut body = chat_body("s", "x", true);
+    body["max_tokens"] = json!(1);
+    std::thread::scope(|scope| {
+        for client in 0..clients {
+            let (gw, body) = (&gw, &body);
+            scope.spawn(move || {
+                for i in 0..250 {
+                    let resp = http::post_json(gw.addr, CHAT, &[], body);
+                    assert_eq!(
+                        resp.status(),
+                        200,
+                        "client {client} request {i}: {}",
+                        resp.text()
+                    );
+                }
+            });
+        }
+    });
+    let held: Vec<_> = (0..clients)
+        .map(|_| hold_stream(&gw, CHAT, "held", &[]))
+        .collect();
+    let resp = http::post_json(gw.addr, CHAT, &[], &body);
+    assert_eq!(resp.status(), 429, "{}", resp.text());
+    cluster.engines[0].open_gate("held");
+    drop(held);
+}

@@ -19,9 +19,10 @@
 //! request_body_filter      `upstream::swap_body`: the real body for the placeholder
 //! response_filter          `response::headers`: pipeline, X-Routed-* headers
 //! response_body_filter     `response::bodylog::tee` (raw bytes), then the
-//!                          `crate::stream` pipeline: observe, drop, rewrite
+//!                          `crate::stream` pipeline: observe, drop, rewrite;
+//!                          the slot released at the engine's last byte
 //! fail_to_proxy            `response::local::fail`: the JSON error
-//! logging                  `response::record`, the slot is released, the
+//! logging                  `response::record`, the slot released (if not yet), the
 //!                          body-log frame is queued, `conn::await_next_head`
 //!
 //! Under the hooks, `conn` wraps each client connection: a request head
@@ -343,6 +344,12 @@ impl ProxyHttp for Gateway {
                     slot.first_token();
                 }
             }
+        }
+        if end_of_stream {
+            // Released before the last bytes are written, so a client that
+            // sends its next request the moment it has them finds the slot
+            // free (`logging` runs only after the write).
+            ctx.upstream.slot = None;
         }
         Ok(None)
     }
