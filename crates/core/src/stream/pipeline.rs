@@ -20,7 +20,7 @@ use super::observe::{observe_event, ContentHint, StreamStats};
 use super::postprocess::{write_event, Handler, MAX_HELD_JSON_BYTES, MAX_PENDING_EVENT_BYTES};
 use super::sse::{event_data, SseSplitter};
 use super::typed::{Typed, TypedObserver};
-use super::usage::{answer_usage, is_usage_only_event};
+use super::usage::{answer_usage, frame_without_usage, is_usage_only_event};
 use super::Usage;
 use crate::api::Api;
 use bytes::Bytes;
@@ -414,6 +414,12 @@ fn transform_event(
     out: &mut Out,
 ) {
     if drop_usage_frame && usage_only {
+        if let Some(rest) = event_data(event).and_then(|d| frame_without_usage(&d)) {
+            let built = out.built(chunk);
+            built.extend_from_slice(b"data: ");
+            built.extend_from_slice(&rest);
+            built.extend_from_slice(b"\n\n");
+        }
         return;
     }
     match handler {
@@ -541,6 +547,33 @@ mod tests {
             7,
             "the gateway still saw it"
         );
+    }
+
+    /// llama.cpp puts its `timings` in the frame that carries the usage
+    /// once usage is asked for; without the gateway's ask the client gets
+    /// them in the last content frame, so they stay, the usage goes. The
+    /// control is the test above: a frame of usage alone goes whole.
+    #[test]
+    fn what_the_engine_added_to_the_injected_usage_frame_reaches_the_client() {
+        let llamacpp_usage = concat!(
+            "data: {\"choices\":[],\"created\":1796335948,\"id\":\"chatcmpl-Q\",",
+            "\"model\":\"tiny.gguf\",\"object\":\"chat.completion.chunk\",",
+            "\"usage\":{\"completion_tokens\":5,\"prompt_tokens\":30,\"total_tokens\":35},",
+            "\"timings\":{\"cache_n\":0,\"prompt_n\":30}}\n\n"
+        );
+        let mut p = pipeline(header("text/event-stream"), None, true).unwrap();
+        let out = run(&mut p, &[CONTENT, llamacpp_usage, "data: [DONE]\n\n"]);
+        let expected = concat!(
+            "data: {\"choices\":[],\"created\":1796335948,\"id\":\"chatcmpl-Q\",",
+            "\"model\":\"tiny.gguf\",\"object\":\"chat.completion.chunk\",",
+            "\"timings\":{\"cache_n\":0,\"prompt_n\":30}}\n\n"
+        );
+        assert_eq!(out, format!("{CONTENT}{expected}data: [DONE]\n\n"));
+        assert_eq!(p.usage().unwrap().prompt_tokens, 30, "the gateway read it");
+        // Without the injection the frame is the client's, untouched.
+        let mut p = pipeline(header("text/event-stream"), None, false).unwrap();
+        let out = run(&mut p, &[CONTENT, llamacpp_usage]);
+        assert_eq!(out, format!("{CONTENT}{llamacpp_usage}"));
     }
 
     /// Dropping the injected usage frame costs no copy where nothing is

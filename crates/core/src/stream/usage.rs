@@ -177,6 +177,33 @@ pub fn is_usage_only_event(event_data: &[u8]) -> bool {
     frame_usage(event_data).is_some_and(|(_, only)| only)
 }
 
+/// What stays of a usage-only frame once its `usage` goes, when the engine
+/// put more in it than the envelope every chunk carries: llama.cpp sends
+/// its `timings` in the frame that carries the usage, so dropping the
+/// frame the gateway asked for would take from the client what it gets
+/// without the gateway. None when nothing beyond the envelope is left (the
+/// frame is dropped whole) or the frame is not a JSON object.
+pub fn frame_without_usage(event_data: &[u8]) -> Option<Vec<u8>> {
+    // The keys every OpenAI chunk has, which say nothing once the usage
+    // is gone; `choices` is the empty list that made the frame usage-only.
+    const ENVELOPE: [&str; 8] = [
+        "id",
+        "object",
+        "created",
+        "model",
+        "system_fingerprint",
+        "service_tier",
+        "choices",
+        "usage",
+    ];
+    let mut frame: serde_json::Map<String, Value> = serde_json::from_slice(event_data).ok()?;
+    if frame.keys().all(|k| ENVELOPE.contains(&k.as_str())) {
+        return None;
+    }
+    frame.remove("usage");
+    serde_json::to_vec(&frame).ok()
+}
+
 /// One frame's usage and whether it is a usage-only frame, parsed only when
 /// the frame can carry a usage object: a `"usage"` key whose value opens an
 /// object. A frame without one (every content frame, and `"usage": null`
