@@ -814,3 +814,102 @@ fn a_request_awaits_its_first_token_until_the_first_frame() {
     cluster.engines[0].open_gate("after-first");
     drop(decoding);
 }
+
+/// A warm turn whose engine is at its slot limit waits for that engine as
+/// long as its cold prefill elsewhere would take, then overflows. The
+/// engines prefill at 0.2 ms a token, so after three cold turns the gateway
+/// knows a turn of ~10k tokens costs ~2 s cold: a slot that frees while it
+/// waits keeps the turn home (before, it went cold to the other engine at
+/// once); the control, a slot that never frees, sends it across after about
+/// those 2 s. No admission queue on the route: the wait is the warm turn's
+/// own.
+#[test]
+fn a_warm_turn_waits_for_its_full_engine_while_that_beats_going_cold() {
+    let slow_prefill = llm_gateway_sim::EngineConfig {
+        prefill_us_per_token: 200,
+        ..Default::default()
+    };
+    let cluster = llm_gateway_sim::spawn_engines(2, 0, slow_prefill).expect("simulated engines");
+    let ports = ports(&cluster);
+    let route = format!(
+        "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}, max_concurrency: 1}}\n  \
+- {{name: e1, host: 127.0.0.1, port: {}, max_concurrency: 1}}\n",
+        ports[0], ports[1]
+    );
+    let gw = Gateway::start(&[("chat", route)]);
+    // What a cold turn costs, learned from three new sessions.
+    for i in 0..3 {
+        let body = turn_body(&[long_text(&format!("warmup{i}-"), 300)]);
+        let sid = format!("warmup-{i}");
+        let r = http::post_json(gw.addr, CHAT, &[("x-session-id", &sid)], &stream_of(body));
+        assert_eq!(r.status(), 200, "{}", r.text());
+    }
+    let turn = |sid: &str| {
+        let body = turn_body(&[long_text(sid, 3_000)]);
+        http::post_json(gw.addr, CHAT, &[("x-session-id", sid)], &stream_of(body))
+    };
+    // The session's first turn holds its engine's one slot.
+    let (held, home) = hold_session(&gw, "conv-wait", "wait-gate");
+    let second = std::thread::scope(|s| {
+        let waiting = s.spawn(|| turn("conv-wait"));
+        // The slot frees once the turn is seen waiting for it.
+        wait_for("the warm turn waiting", DEADLINE, || {
+            let state = http::get(gw.addr, "/chat/_route_state").json();
+            (state["queue"]["waiting_warm"] == 1).then_some(())
+        });
+        cluster
+            .engines
+            .iter()
+            .for_each(|e| e.open_gate("wait-gate"));
+        waiting.join().expect("turn")
+    });
+    drop(held);
+    assert_eq!(second.status(), 200, "{}", second.text());
+    assert_eq!(peer_of(&second), home, "waited for its own engine");
+    assert_eq!(second.header("x-routed-mode"), Some("sticky"));
+
+    // The control: the slot never frees in time, so the turn goes cold
+    // elsewhere once waiting has cost what the move does.
+    let (held, home) = hold_session(&gw, "conv-gone", "never");
+    let started = std::time::Instant::now();
+    let moved = turn("conv-gone");
+    let waited = started.elapsed();
+    assert_eq!(moved.status(), 200, "{}", moved.text());
+    assert_ne!(peer_of(&moved), home);
+    assert_eq!(moved.header("x-routed-mode"), Some("overflow"));
+    assert!(
+        waited >= Duration::from_secs(1),
+        "overflowed after {waited:?}, not at once"
+    );
+    cluster.engines.iter().for_each(|e| e.open_gate("never"));
+    drop(held);
+}
+
+fn stream_of(mut body: serde_json::Value) -> serde_json::Value {
+    body["stream"] = json!(true);
+    body
+}
+
+/// A stream of session `sid` that its engine holds until `gate` opens, and
+/// the engine it is on.
+fn hold_session(gw: &Gateway, sid: &str, gate: &str) -> (Conn, String) {
+    let mut conn = Conn::open(gw.addr);
+    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 4,
+                      "messages": [{"role": "user", "content": "hold"}]});
+    conn.send(
+        "POST",
+        CHAT,
+        &[
+            ("content-type", "application/json"),
+            ("x-sim-gate", gate),
+            ("x-session-id", sid),
+        ],
+        body.to_string().as_bytes(),
+        Upload::Length,
+    );
+    let head = conn.read_head();
+    assert_eq!(head.status, 200, "the held stream starts");
+    conn.read_chunk().expect("first frame").expect("data");
+    let peer = head.header("x-routed-peer").unwrap_or("?").to_string();
+    (conn, peer)
+}

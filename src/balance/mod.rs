@@ -61,6 +61,10 @@ pub struct Demand<'a> {
     /// The session-priority share of the limit this request may fill (1.0
     /// without session priority).
     pub share: f64,
+    /// How long the request has waited for room so far: a warm turn whose
+    /// engine is full goes cold elsewhere only once this reaches its cold
+    /// prefill's cost there ([`placement::ColdCost`]).
+    pub waited: std::time::Duration,
 }
 
 /// Why a request could not be placed now.
@@ -71,6 +75,10 @@ pub enum Refusal {
     /// fits no engine's KV: 429, or a wait in the admission queue. The gate
     /// is what `/_429_status` counts it as.
     Full(ErrorResponse, Gate),
+    /// A warm turn's engine has no free slot and waiting for one beats its
+    /// cold prefill elsewhere, for up to this long in all; the error is
+    /// what it gets if nothing frees and nowhere else has room.
+    WarmHomeBusy(ErrorResponse, std::time::Duration),
 }
 
 /// Places a request of `tokens` context tokens and reserves its slot. With
@@ -104,6 +112,7 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
         tokens,
         limits_on,
         share,
+        waited,
     } = *demand;
     let now = now_ms();
     let cands = candidates(route, pool, now);
@@ -150,6 +159,7 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
         Admission::NoReadyPeer => None,
         Admission::Placed(placement) => Some(placement),
     };
+    let warm_home = placement.is_some_and(|p| p.kind == PlacementKind::Sticky);
     let placed = placement.and_then(|placement| {
         let (i, p) = route.peer_by_id(placement.peer)?;
         p.state
@@ -162,6 +172,15 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
     });
     if let Some(placed) = placed {
         return Ok(placed);
+    }
+    if warm_home {
+        let worth = route.runtime.cold_cost.lock().worth_waiting(tokens);
+        if waited < worth {
+            return Err(Refusal::WarmHomeBusy(
+                concurrency_limit(route, &cands),
+                worth,
+            ));
+        }
     }
     if let Some(placed) = overflow(route, &cands, |p| p.config.max_concurrency) {
         return Ok(placed);
@@ -178,8 +197,9 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
     ))
 }
 
-/// The placed peer is at its limit: this one request goes to the
-/// least-loaded candidate with room, the session's binding stays.
+/// The placed peer is at its limit (a warm turn's, after waiting as long as
+/// going cold costs): this one request goes to the least-loaded candidate
+/// with room, the session's binding stays.
 fn overflow(
     route: &Route,
     cands: &[usize],

@@ -5,7 +5,9 @@
 //! nothing. Warm turns (sessions already bound to an engine, or parked off
 //! an engine over its KV) go before new sessions for a quarter of the
 //! timeout, then a new session tries alongside them; new sessions go in
-//! arrival order. Waiters wake whenever a slot is released, a session leaves its
+//! arrival order. A warm turn whose own engine is full waits here for it
+//! (on a route without a queue too) as long as its cold prefill elsewhere
+//! would take, before it overflows. Waiters wake whenever a slot is released, a session leaves its
 //! engine's live window, or the process starts draining.
 
 use super::{place_with, Demand, Placed, Refusal};
@@ -32,6 +34,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     let (label, session) = (demand.label, demand.session);
     let timeout = route.config.queue_timeout;
     let may_wait = !timeout.is_zero();
+    let mut wait_for = timeout;
     // Decided before the first try: a try that finds no free slot may
     // already have bound a new session to its engine.
     let now = crate::clock::now_ms();
@@ -54,9 +57,13 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
             });
         }
         Err(Refusal::Full(..)) => {}
+        // Without a queue a warm turn still waits for its own engine, as
+        // long as going cold elsewhere would cost.
+        Err(Refusal::WarmHomeBusy(_, worth)) if !may_wait => wait_for = worth,
+        Err(Refusal::WarmHomeBusy(..)) => {}
     }
     let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + timeout;
+    let deadline = tokio::time::Instant::now() + wait_for;
     let signal = &route.runtime.queue;
     let place = signal.enter(warm, now, warm_precedence(timeout));
     loop {
@@ -65,7 +72,11 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
         notified.as_mut().enable();
         // Warm turns go first, for a while; new sessions in arrival order.
         if place.may_try(crate::clock::now_ms()) {
-            match place_with(route, demand, true) {
+            let demand = Demand {
+                waited: started.elapsed(),
+                ..*demand
+            };
+            match place_with(route, &demand, may_wait) {
                 Ok(placed) => {
                     return Ok(Granted {
                         placed,
@@ -78,7 +89,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
                         waited: Some(started.elapsed()),
                     })
                 }
-                Err(Refusal::Full(..)) => {}
+                Err(Refusal::Full(..) | Refusal::WarmHomeBusy(..)) => {}
             }
         }
         if lifecycle::is_draining() {
@@ -90,12 +101,24 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
         }
     }
     // Out of time (or draining): what it would have had without a queue. A
-    // new session that only lacked KV room is placed anyway if a slot is free.
+    // new session that only lacked KV room is placed anyway if a slot is
+    // free; a warm turn overflows if anywhere has room.
     let waited = Some(started.elapsed());
-    match place_with(route, demand, false) {
+    let last_try = Demand {
+        waited: Duration::MAX,
+        ..*demand
+    };
+    match place_with(route, &last_try, false) {
         Ok(placed) => Ok(Granted { placed, waited }),
         Err(Refusal::NoReadyPeer(error)) => Err(Refused { error, waited }),
         Err(Refusal::Full(error, gate)) => Err(refused_full(route, label, error, gate, waited)),
+        Err(Refusal::WarmHomeBusy(error, _)) => Err(refused_full(
+            route,
+            label,
+            error,
+            crate::protect::gate::Gate::Concurrency,
+            waited,
+        )),
     }
 }
 

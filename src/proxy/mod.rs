@@ -155,6 +155,7 @@ impl Gateway {
             tokens: request::body::estimated_tokens(&req.body),
             limits_on: route.rate_limit(self.registry.gateway().load_rate_limit).0,
             share: turn.map_or(1.0, |t| t.share),
+            waited: std::time::Duration::ZERO,
         };
         let store = self.registry.store();
         let waiting = crate::balance::shared::place_agreed(route, store, &demand);

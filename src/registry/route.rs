@@ -74,6 +74,10 @@ pub struct RouteRuntime {
     /// Bumped on every reload that changes this route; background tasks of an
     /// older generation stop by themselves.
     pub generation: AtomicUsize,
+    /// What a cold prompt costs on the route's engines, from the turns that
+    /// started cold (`proxy/response/record.rs`): how long a warm turn waits
+    /// for its full engine before it overflows (`balance::reserve`).
+    pub cold_cost: Mutex<crate::placement::ColdCost>,
     /// Turn counter of the round_robin baseline mode.
     pub round_robin: AtomicUsize,
     /// Runtime overrides set through the `/_…_toggle` endpoints; they
@@ -112,6 +116,7 @@ impl RouteRuntime {
             cached_tokens: Default::default(),
             cluster_avg: Mutex::new(HashMap::new()),
             generation: AtomicUsize::new(0),
+            cold_cost: Mutex::default(),
             round_robin: AtomicUsize::new(0),
             toggles: Toggles::default(),
             keys: ArcSwapOption::empty(),

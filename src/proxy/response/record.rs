@@ -143,6 +143,9 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
         completion_tokens: pipeline.usage().map(|u| u.completion_tokens),
         content_frames: pipeline.content_events(),
     };
+    if let (Some(ttft), Some(new_tokens)) = (timing.ttft, uncached_prompt(ctx, pipeline)) {
+        route.runtime.cold_cost.lock().observe(new_tokens, ttft);
+    }
     let pool = pool_label(route, ctx.request.model.as_deref());
     let peer = ctx.peer_name();
     let cfg = &route.config.protection.meter;
@@ -161,6 +164,29 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
     if let Some(tps) = tps {
         handles.decode_rate(route.name(), pool, peer).observe(tps);
     }
+}
+
+/// The prompt tokens the engine had to compute, where that is known: what
+/// it says it did not find cached, or the whole prompt of a turn placed
+/// where its conversation was not (an engine that reports no cached tokens
+/// says nothing about a warm turn); the prompt as the body's size estimates
+/// it when the engine sent no usage (the gateway asks for it only where the
+/// route injects `include_usage`).
+fn uncached_prompt(ctx: &RequestCtx, pipeline: &ResponsePipeline) -> Option<u64> {
+    use crate::placement::PlacementKind as Kind;
+    let usage = pipeline.usage();
+    if let Some(u) = usage.filter(|u| u.cached_tokens > 0) {
+        return Some(u.prompt_tokens.saturating_sub(u.cached_tokens));
+    }
+    let cold = matches!(
+        ctx.request.placement?.kind,
+        Kind::New | Kind::Spill | Kind::Migrated | Kind::Overflow
+    );
+    let prompt = usage.map_or_else(
+        || crate::proxy::request::body::estimated_tokens(&ctx.request.body),
+        |u| u.prompt_tokens,
+    );
+    cold.then_some(prompt)
 }
 
 /// The model pool a request was placed in, `"_"` for a route without pools.

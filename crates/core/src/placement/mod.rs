@@ -19,11 +19,13 @@
 //! this gateway has already stopped counting.
 
 mod capacity;
+pub mod cold_cost;
 mod pick;
 mod rules;
 mod table;
 
 pub use capacity::{CapacityLearner, CapacitySource};
+pub use cold_cost::ColdCost;
 pub use pick::{hash_place, least_conn, rendezvous};
 pub use table::{Admission, Incoming, SessionTable, TableConfig};
 
