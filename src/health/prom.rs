@@ -32,6 +32,15 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
             _ if is_kv => &mut kv,
             _ => continue,
         };
+        // SGLang with --enable-priority-scheduling exports a queue's total
+        // under priority="" and its split by priority under priority="<n>"
+        // beside it (metrics_collector.py, _log_gauge_queue_count): adding
+        // the split would count each request twice.
+        if sample.name.starts_with("sglang:")
+            && sample.label("priority").is_some_and(|p| !p.is_empty())
+        {
+            continue;
+        }
         let Some(value) = sample.value().filter(|v| v.is_finite()) else {
             continue;
         };
@@ -194,6 +203,10 @@ mod golden {
             include_str!("../../tests/golden/metrics/sglang-0.5.23.txt"),
         ),
         (
+            "sglang-0.5.23-priority.txt",
+            include_str!("../../tests/golden/metrics/sglang-0.5.23-priority.txt"),
+        ),
+        (
             "vllm-0.33.0.txt",
             include_str!("../../tests/golden/metrics/vllm-0.33.0.txt"),
         ),
@@ -245,6 +258,19 @@ mod golden {
     fn sglang_0_5_23_load_and_capacity() {
         let text = metrics("sglang-0.5.23.txt");
         let l = load("sglang-0.5.23.txt");
+        assert_eq!((l.waiting, l.running), (5, 12));
+        assert!((l.kv_usage - 0.62).abs() < 1e-9, "{}", l.kv_usage);
+        assert_eq!(parse_kv_capacity(text), Some(412_160));
+    }
+
+    /// SGLang 0.5.23 with `--enable-priority-scheduling`: each queue gauge
+    /// carries its total under `priority=""` and one series per priority
+    /// beside it (`_log_gauge_queue_count`), so summing every series counted
+    /// 24 running and 10 waiting.
+    #[test]
+    fn sglang_0_5_23_priority_counts_each_request_once() {
+        let text = metrics("sglang-0.5.23-priority.txt");
+        let l = load("sglang-0.5.23-priority.txt");
         assert_eq!((l.waiting, l.running), (5, 12));
         assert!((l.kv_usage - 0.62).abs() < 1e-9, "{}", l.kv_usage);
         assert_eq!(parse_kv_capacity(text), Some(412_160));
