@@ -393,12 +393,20 @@ fn clients_at_the_slot_limit_are_never_refused() {
         for c in 0..clients {
             let gw = &gw;
             s.spawn(move || {
-                let mut conv = Conversation::new(&format!("client{c}"));
-                for n in 0..6 {
-                    let body = conv.body(n, true);
-                    let r = http::post_json(gw.addr, CHAT, &[("x-session-id", &conv.sid)], &body);
-                    assert_eq!(r.status(), 200, "client {c} turn {n}: {}", r.text());
-                    conv.answered("ok");
+                for k in 0..8 {
+                    let mut conv = Conversation::new(&format!("client{c}-{k}"));
+                    for n in 0..5 {
+                        let body = conv.body(n, true);
+                        let sid = [("x-session-id", conv.sid.as_str())];
+                        let r = http::post_json(gw.addr, CHAT, &sid, &body);
+                        assert_eq!(
+                            r.status(),
+                            200,
+                            "client {c} conversation {k} turn {n}: {}",
+                            r.text()
+                        );
+                        conv.answered("ok");
+                    }
                 }
             });
         }
