@@ -13,8 +13,10 @@ What it measures, per (seed, mode), each mode on freshly started engines
   the delta over the cell);
 - the client-measured TTFT (request sent -> first non-empty content delta):
   p50 / p95 / p99, mean for turn 1 and for later turns;
-- requests, errors (non-200, transport errors, streams cut before their
-  usage frame / [DONE]);
+- requests, errors (non-200 once --retries retries of a 429 / 503 are
+  spent, transport errors, streams cut before their usage frame / [DONE];
+  an error ends its session, whose later turns count as not run) and the
+  429 / 503 answers the client retried (TTFT counts from the first try);
 - how many later turns landed on another engine than the session's
   previous turn (from `X-Routed-Peer`), and the placement kinds the
   gateway reported (`X-Routed-Mode`: new, sticky, spill, overflow, ...).
@@ -373,7 +375,26 @@ def run_session(sess, wl, args, mode, target, t_start, deadline, out):
             port, path = target[1][engine], "/v1/chat/completions"
         timeout = max(5.0, min(args.request_timeout, deadline + 30 - time.monotonic()))
         rec["sent_at"] = time.monotonic() - t_start
-        r = one_request(port, path, headers, body, timeout)
+        # A client retries a 429 / 503 after a backoff, as the OpenAI SDK
+        # does (2 retries by default); TTFT and total count from the first
+        # attempt, what the user waits.
+        t_first = time.monotonic()
+        refused = []
+        for attempt in range(args.retries + 1):
+            r = one_request(port, path, headers, body, timeout)
+            if r["status"] not in (429, 503) or attempt == args.retries:
+                break
+            refused.append(r["status"])
+            backoff = args.retry_backoff * 2 ** attempt
+            if time.monotonic() + backoff >= deadline:
+                break
+            time.sleep(backoff)
+        waited = time.monotonic() - t_first - r["total"]
+        for k in ("ttft", "first_frame"):
+            if r[k] is not None:
+                r[k] += waited
+        r["total"] += waited
+        rec["refused"] = refused
         if engine is None:
             peer = r["headers"].get("x-routed-peer")
             engine = int(peer[1:]) if peer and peer[1:].isdigit() else None
@@ -446,6 +467,7 @@ def summarize(mode, seed, recs, before, after, wall, n_engines):
         "mode": mode, "seed": seed, "wall_s": round(wall, 1),
         "requests": len(sent), "ok": len(ok), "errors": sum(errors.values()),
         "errors_by_kind": dict(errors), "not_run": dict(not_run),
+        "refused_retried": sum(len(r.get("refused") or []) for r in sent),
         "prompt_tokens": prompt, "cached_tokens": cached,
         "prefill_tokens": prompt - cached,
         "hit": cached / prompt if prompt else None,
@@ -468,7 +490,7 @@ def f3(v):
 
 
 def table(cells):
-    head = ("| seed | mode | req | err | not run | hit (usage) | hit (/metrics) | prefill tok "
+    head = ("| seed | mode | req | err | 429/503 retried | not run | hit (usage) | hit (/metrics) | prefill tok "
             "| TTFT p50 | p95 | p99 | mean t1 | mean t>1 | moved | placements | per engine |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in cells:
@@ -479,7 +501,7 @@ def table(cells):
         pe = " ".join(f"{k}:{v}" for k, v in c["per_engine_requests"].items())
         nr = sum(c["not_run"].values())
         lines.append(
-            f"| {c['seed']} | {c['mode']} | {c['requests']} | {c['errors']} | {nr} "
+            f"| {c['seed']} | {c['mode']} | {c['requests']} | {c['errors']} | {c['refused_retried']} | {nr} "
             f"| {f3(c['hit'])} | {f3(c['hit_metrics'])} | {c['prefill_tokens']} "
             f"| {f3(c['ttft_p50'])} | {f3(c['ttft_p95'])} | {f3(c['ttft_p99'])} "
             f"| {f3(c['ttft_mean_turn1'])} | {f3(c['ttft_mean_later'])} "
@@ -506,6 +528,7 @@ def run_cell(args, mode, seed, workloads, workdir, ports, run_deadline):
             gw = Gateway(args, mode, engines, workdir, tag, ports)
             target = ("gateway", gw.port)
         before = engines.counters()
+        load_start = os.getloadavg()[0]
         log(f"cell {tag}: {len(wl['sessions'])} sessions x {args.turns} turns")
         t_start = time.monotonic()
         deadline = min(t_start + args.cell_deadline, run_deadline)
@@ -525,6 +548,9 @@ def run_cell(args, mode, seed, workloads, workdir, ports, run_deadline):
         recs = [dict(r) for o in outs for r in list(o)]
         cell = summarize(mode, seed, recs, before, after, wall, args.engines)
         cell["stuck_sessions"] = stuck
+        # The machine's 1-minute load average at the cell's start and end:
+        # TTFT is wall-clock, so anything else running on the cores shows in it.
+        cell["loadavg_1m"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
         cell["later_turn_scale_min"] = round(min(s["scale"] for s in wl["sessions"]), 3)
         cell["route_state"] = state
         for r in recs:
@@ -532,7 +558,7 @@ def run_cell(args, mode, seed, workloads, workdir, ports, run_deadline):
         cell["records"] = recs
         log(f"cell {tag}: {cell['requests']} requests, {cell['errors']} errors, "
             f"hit {f3(cell['hit'])}, TTFT p50 {f3(cell['ttft_p50'])} p95 {f3(cell['ttft_p95'])}, "
-            f"{wall:.0f} s")
+            f"{wall:.0f} s, load average {cell['loadavg_1m']}")
         return cell
     finally:
         if gw:
@@ -573,6 +599,8 @@ def parse(argv):
     ap.add_argument("--cell-deadline", type=float, default=None, help="s per cell, default 150 (--quick: 60)")
     ap.add_argument("--deadline", type=float, default=900, help="s for the whole run")
     ap.add_argument("--request-timeout", type=float, default=60)
+    ap.add_argument("--retries", type=int, default=2, help="retries of a 429 / 503 answer (then it is an error)")
+    ap.add_argument("--retry-backoff", type=float, default=0.5, help="s before the first retry, doubling")
     ap.add_argument("--quick", action="store_true", help="a small smoke run")
     ap.add_argument("--json", help="write every cell (summary and per-request records) here")
     ap.add_argument("--workdir", help="keep engine/gateway logs and configs here (default: a temp dir, removed)")
