@@ -38,6 +38,16 @@ later turns are scaled down per session to keep each conversation inside
 the slot context read from the engine's /props (the scale is reported);
 a turn that would still not fit ends its session (`ctx_stopped`).
 
+Gateway route: the engines as peers e0..eN-1 with --max-concurrency,
+`balancing.mode`, a 1 s health probe, X-Routed-* headers on; --route-extra
+adds route keys (e.g. `queue_timeout: 30s`), --peer-extra peer keys. Note
+that the gateway reads a llama-server's KV capacity from /props (slots x
+slot context: 8192 tokens for the tiny model) while llama-server also keeps
+prompt prefixes in host RAM (--cache-ram, 8 GiB by default): with a
+queue_timeout, KV-aware admission can hold new sessions until live ones
+leave their live window; `--peer-extra 'kv_capacity_tokens: 200000'`
+overrides the capacity.
+
 Needs only Python 3's standard library, a llama-server binary, a GGUF model
 (e.g. tests/real_engine/tiny_model.py's) and an llm-gateway binary:
 
@@ -207,7 +217,8 @@ class Gateway:
         d = os.path.join(workdir, f"{tag}-gw")
         os.makedirs(os.path.join(d, "routes"), exist_ok=True)
         peers = "\n".join(
-            f"  - {{name: e{i}, host: 127.0.0.1, port: {p}, max_concurrency: {args.max_concurrency}}}"
+            f"  - {{name: e{i}, host: 127.0.0.1, port: {p}, max_concurrency: {args.max_concurrency}"
+            + "".join(f", {x}" for x in args.peer_extra) + "}"
             for i, p in enumerate(engines.ports))
         with open(os.path.join(d, "routes", f"{ROUTE}.yaml"), "w") as f:
             f.write(f"peers:\n{peers}\nbalancing:\n  mode: {mode}\n"
@@ -404,6 +415,7 @@ def run_session(sess, wl, args, mode, target, t_start, deadline, out):
             "first_frame": r["first_frame"], "total": r["total"], "engine": engine,
             "placement": r["headers"].get("x-routed-mode"),
             "retries": r["headers"].get("x-routed-retries"),
+            "queued_ms": int(r["headers"].get("x-routed-queued-ms") or 0),
             "prompt_tokens": usage.get("prompt_tokens"),
             "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
             "completion_tokens": usage.get("completion_tokens"),
@@ -468,6 +480,8 @@ def summarize(mode, seed, recs, before, after, wall, n_engines):
         "requests": len(sent), "ok": len(ok), "errors": sum(errors.values()),
         "errors_by_kind": dict(errors), "not_run": dict(not_run),
         "refused_retried": sum(len(r.get("refused") or []) for r in sent),
+        "gateway_queued": sum(1 for r in sent if r.get("queued_ms")),
+        "gateway_queued_ms_max": max((r.get("queued_ms") or 0 for r in sent), default=0),
         "prompt_tokens": prompt, "cached_tokens": cached,
         "prefill_tokens": prompt - cached,
         "hit": cached / prompt if prompt else None,
@@ -490,7 +504,7 @@ def f3(v):
 
 
 def table(cells):
-    head = ("| seed | mode | req | err | 429/503 retried | not run | hit (usage) | hit (/metrics) | prefill tok "
+    head = ("| seed | mode | req | err | 429/503 retried | not run | gw queued (max ms) | hit (usage) | hit (/metrics) | prefill tok "
             "| TTFT p50 | p95 | p99 | mean t1 | mean t>1 | moved | placements | per engine |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in cells:
@@ -502,6 +516,7 @@ def table(cells):
         nr = sum(c["not_run"].values())
         lines.append(
             f"| {c['seed']} | {c['mode']} | {c['requests']} | {c['errors']} | {c['refused_retried']} | {nr} "
+            f"| {c['gateway_queued']} ({c['gateway_queued_ms_max']}) "
             f"| {f3(c['hit'])} | {f3(c['hit_metrics'])} | {c['prefill_tokens']} "
             f"| {f3(c['ttft_p50'])} | {f3(c['ttft_p95'])} | {f3(c['ttft_p99'])} "
             f"| {f3(c['ttft_mean_turn1'])} | {f3(c['ttft_mean_later'])} "
@@ -591,7 +606,10 @@ def parse(argv):
     ap.add_argument("--stagger", type=float, default=None, help="s between session starts, default 1 (--quick: 0.5)")
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--max-concurrency", type=int, default=8, help="each peer's max_concurrency in the route")
-    ap.add_argument("--route-extra", action="append", default=[], help="a line appended to the route file")
+    ap.add_argument("--route-extra", action="append", default=[],
+                    help="a line appended to the route file, e.g. 'queue_timeout: 30s'")
+    ap.add_argument("--peer-extra", action="append", default=[],
+                    help="a key added to every peer, e.g. 'kv_capacity_tokens: 200000'")
     ap.add_argument("--parallel", type=int, default=2, help="llama-server --parallel")
     ap.add_argument("--ctx", type=int, default=16384, help="llama-server -c")
     ap.add_argument("--engine-threads", type=int, default=1, help="llama-server -t")
