@@ -405,8 +405,11 @@ fn route_state(route: &Route, registry: &Registry) -> Value {
             // placement ranks by and KV admission protects.
             "returning_sessions": loads[i].bound.returning_milli as f64 / f64::from(crate::placement::WHOLE),
             "returning_tokens": loads[i].bound.returning_tokens,
-            "kv_capacity_tokens": loads[i].kv_capacity_tokens,
+            "kv_capacity_tokens": balance::kv_capacity(p).map(|(tokens, _)| tokens),
             "kv_capacity_source": balance::kv_capacity(p).map(|(_, source)| source.as_str()),
+            // Whether placement measures live sessions against it (not a
+            // llama.cpp slot context: `balance::peer_loads`).
+            "kv_aware": loads[i].kv_capacity_tokens.is_some(),
         })).collect::<Vec<_>>(),
     })
 }

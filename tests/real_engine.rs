@@ -595,3 +595,52 @@ fn route_state_shows_a_llama_cpp_peers_load_and_capacity() {
     });
     drop(stream);
 }
+
+/// llama.cpp's `/props` capacity (its slots' context, 8,192 tokens here) is
+/// not a limit on the sessions it keeps cached: between turns they live in
+/// its prompt cache in host memory. Two live sessions of ~3.5k tokens on
+/// one engine leave a third no room by that measure, yet it is placed at
+/// once, not held in the admission queue. The control: the same capacity
+/// configured as `kv_capacity_tokens` makes the newcomer wait.
+#[test]
+fn a_llama_cpp_slot_context_does_not_hold_new_sessions_back() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(paths) = engine_paths() else { return };
+    // An engine each: the second would otherwise start with the first's
+    // sessions in its cache.
+    let engines = start_engines(&paths, 2);
+    let queued_ms = |engine: &Engine, peer_extra: &str| {
+        let mut route = route(&[engine], "queue_timeout: 3s\n");
+        route = route.replace(
+            "max_concurrency: 2}",
+            &format!("max_concurrency: 2{peer_extra}}}"),
+        );
+        let gw = Gateway::start(&[("chat", route)]);
+        wait_peers_ready(&gw, 1);
+        for sid in ["long-a", "long-b"] {
+            let body = json!({"model": "tiny", "max_tokens": 4, "ignore_eos": true,
+                              "messages": [{"role": "user", "content": words(sid, 300)}]});
+            let r = http::post_json(gw.addr, CHAT, &[("x-session-id", sid)], &body);
+            assert_eq!(r.status(), 200, "{}", r.text());
+        }
+        let body = json!({"model": "tiny", "max_tokens": 4, "ignore_eos": true,
+                          "messages": [{"role": "user", "content": words("newcomer", 300)}]});
+        let r = http::post_json(gw.addr, CHAT, &[("x-session-id", "newcomer")], &body);
+        assert_eq!(r.status(), 200, "{}", r.text());
+        let state = http::get(gw.addr, "/chat/_route_state").json();
+        let kv_aware = state["peers"][0]["kv_aware"] == true;
+        let queued = r
+            .header("x-routed-queued-ms")
+            .and_then(|v| v.parse::<u64>().ok());
+        (queued.unwrap_or(0), kv_aware)
+    };
+    let (queued, kv_aware) = queued_ms(&engines[0], "");
+    assert!(!kv_aware, "a /props capacity is not measured against");
+    assert!(queued < 500, "placed at once, queued {queued} ms");
+    let (queued, kv_aware) = queued_ms(&engines[1], ", kv_capacity_tokens: 8192");
+    assert!(kv_aware);
+    assert!(
+        queued >= 1_000,
+        "configured, the same capacity holds it: {queued} ms"
+    );
+}

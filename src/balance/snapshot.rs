@@ -55,7 +55,7 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                     now_ms,
                     super::sync::CLUSTER_VIEW_MAX_AGE_MS,
                 ),
-                kv_capacity_tokens: kv_capacity(p).map(|(tokens, _)| tokens),
+                kv_capacity_tokens: kv_working_set_capacity(p),
             }
         })
         .collect()
@@ -68,6 +68,19 @@ pub fn kv_capacity(p: &RoutePeer) -> Option<(u64, CapacitySource)> {
         Some(tokens) => Some((tokens, CapacitySource::Configured)),
         None => p.state.kv_capacity(),
     }
+}
+
+/// The capacity KV-aware placement measures live sessions against. Not
+/// llama.cpp's `/props` one: that is its slots' context, what runs at once;
+/// between turns a session's cache leaves its slot for the server's prompt
+/// cache in host memory (`--cache-ram`, 8 GiB by default) and comes back
+/// from there, so live sessions far beyond the slots' context stay cached
+/// (measured on the real server: new sessions held in the admission queue
+/// for its whole timeout while both engines sat idle).
+fn kv_working_set_capacity(p: &RoutePeer) -> Option<u64> {
+    kv_capacity(p)
+        .filter(|&(_, source)| source != CapacitySource::Props)
+        .map(|(tokens, _)| tokens)
 }
 
 /// The engine's queue as it must be now: every request this gateway saw
