@@ -40,13 +40,12 @@ a turn that would still not fit ends its session (`ctx_stopped`).
 
 Gateway route: the engines as peers e0..eN-1 with --max-concurrency,
 `balancing.mode`, a 1 s health probe, X-Routed-* headers on; --route-extra
-adds route keys (e.g. `queue_timeout: 30s`), --peer-extra peer keys. Note
-that the gateway reads a llama-server's KV capacity from /props (slots x
-slot context: 8192 tokens for the tiny model) while llama-server also keeps
-prompt prefixes in host RAM (--cache-ram, 8 GiB by default): with a
-queue_timeout, KV-aware admission can hold new sessions until live ones
-leave their live window; `--peer-extra 'kv_capacity_tokens: 200000'`
-overrides the capacity.
+adds route keys (e.g. `queue_timeout: 30s`), --peer-extra peer keys. The
+gateway shows a llama-server's /props capacity (slots x slot context) but
+does not measure live sessions against it, since llama-server keeps
+prompt prefixes in host RAM between turns (--cache-ram, 8 GiB by default);
+this bench found that (before 9ec63e6, new sessions waited out the whole
+queue_timeout while the engines idled).
 
 Needs only Python 3's standard library, a llama-server binary, a GGUF model
 (e.g. tests/real_engine/tiny_model.py's) and an llm-gateway binary:

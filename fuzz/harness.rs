@@ -30,7 +30,7 @@ use llm_gateway::store::binding::StoredBinding;
 use llm_gateway::stream::pipeline::{BodyKind, ResponsePipeline};
 use llm_gateway::stream::postprocess::{rewrite_json, rewrite_sse_event, Handler};
 use llm_gateway::stream::sse::event_data;
-use llm_gateway::stream::usage::is_usage_only_event;
+use llm_gateway::stream::usage::{frame_without_usage, is_usage_only_event};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -525,6 +525,14 @@ fn model_output(
     let mut out = Vec::new();
     for event in events {
         if drop_usage && event_data(event).is_some_and(|d| is_usage_only_event(&d)) {
+            // What the engine put beside the usage (llama.cpp's timings) stays.
+            if let Some(rest) = event_data(event).and_then(|d| frame_without_usage(&d)) {
+                let rest = [&b"data: "[..], &rest, b"\n\n"].concat();
+                match handler.and_then(|h| rewrite_sse_event(h, &rest)) {
+                    Some(new) => out.extend_from_slice(&new),
+                    None => out.extend_from_slice(&rest),
+                }
+            }
             continue;
         }
         match handler.and_then(|h| rewrite_sse_event(h, event)) {

@@ -415,10 +415,12 @@ fn transform_event(
 ) {
     if drop_usage_frame && usage_only {
         if let Some(rest) = event_data(event).and_then(|d| frame_without_usage(&d)) {
-            let built = out.built(chunk);
-            built.extend_from_slice(b"data: ");
-            built.extend_from_slice(&rest);
-            built.extend_from_slice(b"\n\n");
+            // What is left is an ordinary frame: post-processed as one.
+            let rest = [&b"data: "[..], &rest, b"\n\n"].concat();
+            match handler {
+                Some(h) => write_event(h, &rest, out.built(chunk)),
+                None => out.built(chunk).extend_from_slice(&rest),
+            }
         }
         return;
     }
