@@ -166,27 +166,26 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
     }
 }
 
-/// The prompt tokens the engine had to compute, where that is known: what
-/// it says it did not find cached, or the whole prompt of a turn placed
-/// where its conversation was not (an engine that reports no cached tokens
-/// says nothing about a warm turn); the prompt as the body's size estimates
-/// it when the engine sent no usage (the gateway asks for it only where the
-/// route injects `include_usage`).
+/// The part of the prompt the engine had to compute, where that is known,
+/// in the unit placement weighs a waiting turn in: the body's size estimate
+/// (`estimated_tokens`), so that a tokenizer denser or sparser than the
+/// estimate cannot make waiting look cheaper or dearer than it is. Known
+/// from the share the engine says it did not find cached, or as the whole
+/// prompt of a turn placed where its conversation was not (an engine that
+/// reports no cached tokens says nothing about a warm turn).
 fn uncached_prompt(ctx: &RequestCtx, pipeline: &ResponsePipeline) -> Option<u64> {
     use crate::placement::PlacementKind as Kind;
-    let usage = pipeline.usage();
-    if let Some(u) = usage.filter(|u| u.cached_tokens > 0) {
-        return Some(u.prompt_tokens.saturating_sub(u.cached_tokens));
+    let estimated = crate::proxy::request::body::estimated_tokens(&ctx.request.body);
+    if let Some(u) = pipeline.usage().filter(|u| u.cached_tokens > 0) {
+        let new = u.prompt_tokens.saturating_sub(u.cached_tokens);
+        let share = new as f64 / u.prompt_tokens.max(1) as f64;
+        return Some((estimated as f64 * share) as u64);
     }
     let cold = matches!(
         ctx.request.placement?.kind,
         Kind::New | Kind::Spill | Kind::Migrated | Kind::Overflow
     );
-    let prompt = usage.map_or_else(
-        || crate::proxy::request::body::estimated_tokens(&ctx.request.body),
-        |u| u.prompt_tokens,
-    );
-    cold.then_some(prompt)
+    cold.then_some(estimated)
 }
 
 /// The model pool a request was placed in, `"_"` for a route without pools.

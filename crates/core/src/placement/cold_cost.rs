@@ -1,6 +1,7 @@
 //! What a prompt costs where it is not cached, learned from the turns that
 //! started cold: time to first token per prompt token the engine had to
-//! compute.
+//! compute (counted as the gateway estimates a request's tokens, the unit
+//! a waiting turn is weighed in).
 //!
 //! A warm session whose engine has no free slot can go elsewhere at once
 //! (`overflow`) or wait for its engine. Elsewhere it is cold: its whole
