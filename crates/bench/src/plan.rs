@@ -7,7 +7,7 @@ use crate::ids::SessionIdMode;
 use crate::options::Options;
 use crate::scenario::{self, Failover, OverloadThink, Scenario};
 use crate::workload::{Forks, LongSessions, Shape, WorkloadParams};
-use llm_gateway_sim::{EngineConfig, Profile, StepCost};
+use llm_gateway_sim::{EngineConfig, Profile, StepCost, DEFAULT_HOST_CACHE_TOKENS};
 
 /// Everything one scenario's cells use, with the defaults that depend on
 /// other options resolved.
@@ -164,6 +164,8 @@ impl Plan {
             step_cost: StepCost::scaled_to(decode_ms, prefill_us),
             request_overhead_us: 0,
             publish_kv_capacity: !opts.hide_kv_capacity,
+            // llama-server's default --cache-ram (llamacpp only).
+            host_cache_tokens: DEFAULT_HOST_CACHE_TOKENS,
         };
         let mut engines = vec![engine.clone(); opts.engines];
         if scenario == Scenario::SlowEngine {
@@ -334,11 +336,13 @@ impl Plan {
             Profile::Llamacpp => format!(
                 "llamacpp (llama-server with --parallel {}: each slot caches its own last \
                  conversation in a context of {} tokens, KV {} / slots; a request takes the \
-                 idle slot sharing the longest prefix, else the least recently used; no KV \
-                 figures in /metrics)",
+                 idle slot sharing the longest prefix, else the least recently used; a \
+                 host-memory prompt cache of {} tokens keeps the prompts slots give up; no \
+                 KV figures in /metrics)",
                 e.max_running,
                 e.kv_capacity_tokens / e.max_running.max(1),
                 e.kv_capacity_tokens,
+                e.host_cache_tokens,
             ),
             Profile::Slots => "slots (max_running sequences, each on its own clock; the \
                  simulator's original model)"

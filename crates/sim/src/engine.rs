@@ -23,7 +23,7 @@ use super::{EngineConfig, EngineStats, Faults, Profile, RecordedRequest, RECORDE
 
 mod apis;
 mod batch;
-mod llamacpp;
+pub(crate) mod llamacpp;
 mod metrics;
 pub(crate) mod scheduler;
 use apis::{Refusal, ResponseStore};

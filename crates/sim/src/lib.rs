@@ -24,7 +24,9 @@
 //! - `sglang`: the same scheduler under SGLang's metric names, with its
 //!   `/get_server_info`, `/server_info` and `/get_model_info`.
 //! - `llamacpp`: llama-server with `--parallel max_running`, each slot with
-//!   its own cache of its last conversation and its own context
+//!   its own cache of its last conversation and its own context, and behind
+//!   them the host-memory prompt cache (`--cache-ram`, `host_cache_tokens`)
+//!   that keeps the prompts slots give up and restores them
 //!   (`engine/llamacpp.rs`); llama.cpp's metric names (no KV figures), its
 //!   `/props` and `/health`, its 400 for a request over a slot's context.
 //!
@@ -116,7 +118,19 @@ pub struct EngineConfig {
     /// engine is one a gateway must learn the capacity of: a vLLM behind
     /// another proxy, an SGLang build without the metric.
     pub publish_kv_capacity: bool,
+    /// `llamacpp`: tokens llama-server's host-memory prompt cache holds
+    /// (`--cache-ram`), where slots' prompts are saved before another
+    /// conversation takes the slot and restored from when they come back
+    /// (`engine/llamacpp.rs`). 0 turns it off (`--cache-ram 0`). Default
+    /// [`DEFAULT_HOST_CACHE_TOKENS`].
+    pub host_cache_tokens: usize,
 }
+
+/// llama-server's default `--cache-ram` (8192 MiB) in tokens of a 7-8B-class
+/// model: with grouped-query attention its KV is 128 KiB a token (Llama-3-8B:
+/// 32 layers x K and V x 8 KV heads x 128 dims x 2 bytes of f16), and
+/// 8 GiB / 128 KiB = 65536 tokens: some twenty conversations of 3k tokens.
+pub const DEFAULT_HOST_CACHE_TOKENS: usize = 65_536;
 
 /// The engines the simulator imitates. Each keeps the OpenAI-compatible API
 /// (and the Anthropic and Responses shapes) and differs in scheduling, in
@@ -135,7 +149,9 @@ pub enum Profile {
     /// The same scheduler under SGLang's metric names and endpoints.
     Sglang,
     /// llama-server with `--parallel max_running`: each slot keeps its own
-    /// cache of its last conversation; no shared KV pool (`engine/llamacpp.rs`).
+    /// cache of its last conversation; no shared KV pool; a host-memory
+    /// prompt cache of `host_cache_tokens` behind the slots
+    /// (`engine/llamacpp.rs`).
     Llamacpp,
 }
 
@@ -204,6 +220,7 @@ impl Default for EngineConfig {
             },
             request_overhead_us: 0,
             publish_kv_capacity: true,
+            host_cache_tokens: DEFAULT_HOST_CACHE_TOKENS,
         }
     }
 }
@@ -246,6 +263,7 @@ impl EngineConfig {
             step_cost: StepCost::scaled_to(15, 20),
             request_overhead_us: 0,
             publish_kv_capacity: true,
+            host_cache_tokens: DEFAULT_HOST_CACHE_TOKENS,
         }
     }
 }

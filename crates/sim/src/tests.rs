@@ -1535,6 +1535,7 @@ async fn each_profile_exports_its_engines_metric_names_and_no_others() {
                 "llamacpp:requests_processing",
                 "llamacpp:requests_deferred",
                 "llamacpp:prompt_tokens_total",
+                "llamacpp:prompt_tokens_cached_total",
                 "llamacpp:tokens_predicted_total",
                 "llamacpp:prompt_tokens_seconds",
                 "llamacpp:predicted_tokens_seconds",
@@ -1722,6 +1723,68 @@ async fn llamacpp_defers_when_every_slot_is_busy() {
             .contains("llamacpp:requests_deferred 0\n")
     })
     .await;
+}
+
+#[tokio::test]
+async fn llamacpp_restores_a_conversation_whose_slot_was_taken_from_the_host_cache() {
+    // One slot. A's first turn (250 tokens), then B's takes the slot, then
+    // A's second turn (259 tokens), which repeats A's turn and its 4-token
+    // reply ("user" + 996 bytes, "assistant" + 16 bytes: 1025 bytes, 256
+    // whole tokens, 257 in A's slot) and asks for more.
+    let first = "a".repeat(996);
+    let a1 = chat(user(&first), json!({"max_tokens": 4}));
+    let b1 = chat(user("b"), json!({"max_tokens": 4}));
+    let a2 = chat(
+        json!([
+            {"role": "user", "content": first},
+            {"role": "assistant", "content": "tok tok tok tok "},
+            {"role": "user", "content": "more"},
+        ]),
+        json!({"max_tokens": 1}),
+    );
+    // Control first: without the host cache (`--cache-ram 0`) A comes back
+    // cold but for "user", which B's turn in the slot shares.
+    for (host, cached) in [(0, 1), (DEFAULT_HOST_CACHE_TOKENS, 256)] {
+        let cfg = EngineConfig {
+            max_running: 1,
+            prefill_us_per_token: 4_000,
+            host_cache_tokens: host,
+            ..profile(Profile::Llamacpp)
+        };
+        let h = engine(cfg.clone()).await;
+        let mut c = Client::connect(&h).await;
+        // B shares one token with A: "user".
+        for (body, cached) in [(&a1, 0), (&b1, 1)] {
+            let v = c.request(&post("/v1/chat/completions", body, &[])).await;
+            assert_eq!(cached_tokens(&v.json()["usage"]), cached);
+        }
+        let started = Instant::now();
+        let v = c
+            .request(&post("/v1/chat/completions", &a2, &[]))
+            .await
+            .json();
+        let elapsed = started.elapsed();
+        assert_eq!(v["usage"]["prompt_tokens"], 259);
+        assert_eq!(cached_tokens(&v["usage"]), cached, "host cache {host}");
+        let text = metrics_text(&h).await;
+        // B's 1 and A's second turn's.
+        let total = 1 + cached;
+        assert!(
+            text.contains(&format!("llamacpp:prompt_tokens_cached_total {total}\n")),
+            "{text}"
+        );
+        // Lower bounds only (a loaded machine is slower, never faster): the
+        // restore copies all 257 tokens of A's slot back, at a fiftieth of
+        // their prefill (20.56 ms), then prefills the 3 new tokens (12 ms);
+        // without it, all 258 uncached ones are prefilled.
+        let least = if host > 0 {
+            engine::llamacpp::restore_time(&cfg, 257) + Duration::from_millis(12)
+        } else {
+            Duration::from_millis(258 * 4)
+        };
+        assert!(elapsed >= least, "{elapsed:?} < {least:?}");
+        h.shutdown();
+    }
 }
 
 #[tokio::test]
