@@ -13,6 +13,18 @@
 
 use std::collections::VecDeque;
 
+/// The median of a window of recent samples, once it holds `at_least`: one
+/// sample can catch an engine mid-change, the median of several cannot be
+/// moved by a few outliers.
+pub(super) fn median_of_recent(samples: &VecDeque<u64>, at_least: usize) -> Option<u64> {
+    if samples.len() < at_least.max(1) {
+        return None;
+    }
+    let mut sorted: Vec<u64> = samples.iter().copied().collect();
+    sorted.sort_unstable();
+    Some(sorted[sorted.len() / 2])
+}
+
 /// Where a peer's KV capacity came from, most trusted first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CapacitySource {
@@ -74,12 +86,7 @@ impl CapacityLearner {
 
     /// The median of the recent quotients, once there are enough.
     pub fn estimate(&self) -> Option<u64> {
-        if self.quotients.len() < MIN_SAMPLES {
-            return None;
-        }
-        let mut sorted: Vec<u64> = self.quotients.iter().copied().collect();
-        sorted.sort_unstable();
-        Some(sorted[sorted.len() / 2])
+        median_of_recent(&self.quotients, MIN_SAMPLES)
     }
 
     /// Forgets what was learned (the engine behind the address restarted,

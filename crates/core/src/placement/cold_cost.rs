@@ -52,12 +52,7 @@ impl ColdCost {
 
     /// The median cost per cold token, once enough turns are in.
     pub fn us_per_token(&self) -> Option<u64> {
-        if self.us_per_token.len() < MIN_SAMPLES {
-            return None;
-        }
-        let mut sorted: Vec<u64> = self.us_per_token.iter().copied().collect();
-        sorted.sort_unstable();
-        Some(sorted[sorted.len() / 2])
+        super::capacity::median_of_recent(&self.us_per_token, MIN_SAMPLES)
     }
 
     /// How long a warm turn of `tokens` context tokens should wait for its
