@@ -7,8 +7,9 @@
 //! timeout, then a new session tries alongside them; new sessions go in
 //! arrival order. A warm turn whose own engine is full waits here for it
 //! (on a route without a queue too) as long as its cold prefill elsewhere
-//! would take, before it overflows. Waiters wake whenever a slot is released, a session leaves its
-//! engine's live window, or the process starts draining.
+//! would take, before it overflows. Waiters wake whenever a slot is
+//! released, a session leaves its engine's live window, or the process
+//! starts draining.
 
 use super::{place_with, Demand, Placed, Refusal};
 use crate::lifecycle;
