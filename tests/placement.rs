@@ -913,3 +913,33 @@ fn hold_session(gw: &Gateway, sid: &str, gate: &str) -> (Conn, String) {
     let peer = head.header("x-routed-peer").unwrap_or("?").to_string();
     (conn, peer)
 }
+
+/// Mode `hash` needs nothing shared: two gateways that met the same three
+/// engines in different orders (one configured with all three, the other
+/// grown to them one reload at a time, in reverse) send every session to
+/// the same engine. The control: the sessions do spread over the engines,
+/// so agreeing is not trivial.
+#[test]
+fn hash_mode_agrees_across_replicas_whatever_their_reload_history() {
+    let cluster = engines(3);
+    let p = ports(&cluster);
+    let hash = "balancing:\n  mode: hash\n";
+    let one_go = Gateway::start(&[("h", route_yaml(&p, hash))]);
+    let grown = Gateway::start(&[("h", route_yaml(&p[2..], hash))]);
+    for n in [1, 0] {
+        grown.write_route("h", &route_yaml(&p[n..], hash));
+        grown.reload();
+    }
+    let path = "/h/v1/chat/completions";
+    let mut engines_used = std::collections::HashSet::new();
+    for i in 0..30 {
+        let sid = format!("agree-{i}");
+        let body = chat_body(&sid, "hi", false);
+        let a = http::post_json(one_go.addr, path, &[("x-session-id", &sid)], &body);
+        let b = http::post_json(grown.addr, path, &[("x-session-id", &sid)], &body);
+        assert_eq!((a.status(), b.status()), (200, 200));
+        assert_eq!(peer_of(&a), peer_of(&b), "session {sid}");
+        engines_used.insert(peer_of(&a));
+    }
+    assert_eq!(engines_used.len(), 3, "spread over {engines_used:?}");
+}

@@ -13,7 +13,7 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 /// A configured peer of the current route version with its runtime state.
@@ -55,7 +55,6 @@ pub fn host_header(config: &PeerConfig) -> String {
 /// Per-route state that survives reloads.
 pub struct RouteRuntime {
     peers: Mutex<HashMap<String, Arc<PeerState>>>,
-    next_peer_id: AtomicU32,
     pub sessions: SessionTable,
     /// Conversations recognised by content (used when the route has
     /// `session_affinity.content` on), and Responses API response ids.
@@ -104,7 +103,6 @@ impl RouteRuntime {
     pub(super) fn new(config: &RouteConfig, content_key: (u64, u64)) -> Self {
         RouteRuntime {
             peers: Mutex::new(HashMap::new()),
-            next_peer_id: AtomicU32::new(0),
             sessions: SessionTable::new(table_config(config)),
             content: crate::session::content::ContentIndex::new(
                 content_key,
@@ -123,14 +121,23 @@ impl RouteRuntime {
         }
     }
 
-    /// The state for `address`, created on first sight. Ids are never reused
-    /// within a route, so a binding to a removed peer can never point at a new one.
+    /// The state for `address`, created on first sight. Its id is the
+    /// address's stable hash, so every replica and every restart gives a
+    /// peer the same id whatever order it saw the peers in: mode `hash`
+    /// ranks peers by it, and two replicas with different reload histories
+    /// must send a session to the same engine. A removed peer's bindings go
+    /// with it (`forget_peer`), so an address that comes back under the
+    /// same id inherits none. Two addresses of one route whose hashes
+    /// collide (one in four billion) take the next free id.
     pub(super) fn peer_state(&self, address: &str) -> Arc<PeerState> {
         let mut peers = self.peers.lock();
         if let Some(p) = peers.get(address) {
             return Arc::clone(p);
         }
-        let id = self.next_peer_id.fetch_add(1, Ordering::Relaxed);
+        let mut id = crate::hash::stable_hash64(address.as_bytes()) as u32;
+        while peers.values().any(|p| p.id == id) {
+            id = id.wrapping_add(1);
+        }
         let p = Arc::new(PeerState::in_route(
             id,
             address.to_string(),
