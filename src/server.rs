@@ -1,7 +1,8 @@
 //! Assembles the Pingora server: the proxy service on `listen`, the admin
 //! service on `admin_listen`, the controller (signals, reloads, per-route
 //! background tasks) and, with a body-log listener, the body-log sender,
-//! then runs it until shutdown.
+//! then runs it until shutdown. The admin listener and the dashboard's
+//! sampler run until the process exits ([`UntilExit`]), through the drain.
 
 use crate::admin::dashboard::{Dashboard, Sampler};
 use crate::admin::AdminApp;
@@ -10,14 +11,17 @@ use crate::config::{self, GatewayConfig, Overrides};
 use crate::controller::{log_reload, Controller, Trigger};
 use crate::proxy::Gateway;
 use crate::registry::Registry;
+use async_trait::async_trait;
 use pingora::apps::http_app::HttpServer;
 use pingora::server::configuration::ServerConf;
-use pingora::server::Server;
+use pingora::server::{ListenFds, RuntimeOpts, Server, ShutdownWatch};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
+use pingora::services::{ServiceReadyNotifier, ServiceWithDependents};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Where gateway.yaml is read from when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "conf/gateway.yaml";
@@ -157,12 +161,12 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
         gateway.routes_dir.display()
     );
     server.add_service(proxy);
-    server.add_service(admin);
+    server.add_service(UntilExit::new(admin));
     server.add_service(controller);
-    server.add_service(background_service(
+    server.add_service(UntilExit::new(background_service(
         "dashboard",
         Sampler::new(dashboard, Arc::clone(&registry)),
-    ));
+    )));
     if let Some(bodylog) = bodylog {
         server.add_service(background_service("bodylog", SenderService::new(bodylog)));
     }
@@ -177,4 +181,71 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
         ));
     }
     server.run_forever()
+}
+
+/// A Pingora service that keeps running through the drain. Pingora has one
+/// shutdown watch for every service and fires it at SIGTERM, and a
+/// listening service closes its listener as soon as it fires: the admin
+/// listener would be gone within milliseconds of SIGTERM, probes would meet
+/// a refused connection rather than `/healthz`'s 503, and `/metrics` could
+/// not be scraped while the streams the drain waits for run. Handed a watch
+/// of its own that never fires, the service runs until the drain watcher
+/// (`controller.rs`) ends the process; should that watcher not run,
+/// Pingora's own grace timer ends it with the rest (it shuts every
+/// service's runtime down, whatever the service's watch says).
+pub struct UntilExit<S> {
+    inner: S,
+    /// Held so that the watch stays open: with its sender dropped, the
+    /// watch reads as closed, which a listener takes as a shutdown.
+    _never: tokio::sync::watch::Sender<bool>,
+    shutdown: ShutdownWatch,
+}
+
+impl<S> UntilExit<S> {
+    pub fn new(inner: S) -> Self {
+        let (never, shutdown) = tokio::sync::watch::channel(false);
+        UntilExit {
+            inner,
+            _never: never,
+            shutdown,
+        }
+    }
+}
+
+#[async_trait]
+impl<S: ServiceWithDependents> ServiceWithDependents for UntilExit<S> {
+    async fn start_service(
+        &mut self,
+        fds: Option<ListenFds>,
+        _pingoras: ShutdownWatch,
+        listeners_per_fd: usize,
+        ready: ServiceReadyNotifier,
+    ) {
+        let shutdown = self.shutdown.clone();
+        self.inner
+            .start_service(fds, shutdown, listeners_per_fd, ready)
+            .await
+    }
+
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn threads(&self) -> Option<usize> {
+        self.inner.threads()
+    }
+
+    fn runtime_opts_override(&self, global: &RuntimeOpts) -> Option<RuntimeOpts> {
+        self.inner.runtime_opts_override(global)
+    }
+
+    fn on_startup_delay(&self, time_waited: Duration) {
+        self.inner.on_startup_delay(time_waited)
+    }
+
+    /// Forwarded: Pingora closes the inherited listening sockets that no
+    /// service claims, and keeps them all when one service says nothing.
+    fn listen_addresses(&self) -> Option<Vec<String>> {
+        self.inner.listen_addresses()
+    }
 }

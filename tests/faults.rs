@@ -491,6 +491,85 @@ fn an_engine_answering_garbage_or_resetting_gets_a_502_or_a_cut_stream() {
     }
 }
 
+/// Requests alive in the gateway, per `/healthz`: a request leaves the
+/// count only once Pingora is done with it, its own log lines included
+/// (the in-flight gauge falls earlier, when the slot goes back).
+fn active(gw: &Gateway) -> u64 {
+    let r = http::get(gw.admin, "/healthz");
+    r.json()["in_flight"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{}", r.text()))
+}
+
+/// The log lines that name a request of `route` (the gateway's lines and
+/// Pingora's, whose request summary names the route too).
+fn lines_of(log: &str, route: &str) -> Vec<String> {
+    let needle = format!("route {route} ");
+    log.lines()
+        .filter(|l| l.contains(&needle))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A stream the engine cuts after its head (the connection closes after one
+/// frame) is one line in the log, the gateway's: the peer, the status and
+/// the body bytes the client got, and that the stream had no end; not
+/// Pingora's `status: 502`, which no client received. Control: an engine
+/// that closes before any byte still gets its 502, and Pingora's line for
+/// it stays.
+#[test]
+fn a_stream_cut_after_its_head_is_one_gateway_line_not_a_502() {
+    let frame = frame_chunk();
+    let frame: &'static [u8] = Box::leak(frame.into_boxed_slice());
+    let cuts = Canned::raw(move |s| write_slowly(s, &[STREAM_HEAD, frame]));
+    let refuses = Canned::raw(|_| {});
+    let gw = Gateway::start(&[
+        ("midcut", canned::canned_route(cuts.port(), "")),
+        ("refused", canned::canned_route(refuses.port(), "")),
+    ]);
+
+    let (mut conn, head) = open_stream(gw.addr, "/midcut/v1/chat/completions", "c", &[]);
+    assert_eq!(head.status, 200);
+    let (bytes, end) = finish(&mut conn);
+    assert_eq!(end, End::Cut, "the client saw the stream cut");
+    assert_eq!(bytes, SSE_FRAME.len(), "the frame before the cut arrived");
+
+    let (mut conn, head) = open_stream(gw.addr, "/refused/v1/chat/completions", "r", &[]);
+    let body = conn.read_body(&head).expect("the 502's body");
+    let r = http::Response { head, body };
+    assert_eq!(r.status(), 502, "{}", r.text());
+
+    wait_for("both requests to be done with", DEADLINE, || {
+        (active(&gw) == 0).then_some(())
+    });
+    let log = gw.log();
+    let cut = lines_of(&log, "midcut");
+    assert_eq!(cut.len(), 1, "one line for the cut stream:\n{log}");
+    let line = &cut[0];
+    assert!(
+        line.contains(" WARN ")
+            && line.contains("route midcut peer canned: stream cut after its head")
+            && line.contains(&format!("got status 200 and {bytes} body byte(s)"))
+            && line.contains("no end of the stream")
+            && line.contains("(peer marked not ready)"),
+        "the gateway's line says what happened: {line}"
+    );
+    assert!(!line.contains("status: 502"), "{line}");
+    // Control: the suppression is the cut stream's only. The 502 a client
+    // did receive keeps Pingora's line beside the gateway's.
+    let refused = lines_of(&log, "refused");
+    assert!(
+        refused
+            .iter()
+            .any(|l| l.contains("Fail to proxy") && l.contains("status: 502")),
+        "Pingora's line for a real 502:\n{log}"
+    );
+    assert!(
+        refused.iter().any(|l| l.contains("proxying failed")),
+        "the gateway's line for it:\n{log}"
+    );
+}
+
 /// A stand-in engine that streams `frames` SSE frames of `frame_size` bytes
 /// as fast as the gateway takes them, counting the bytes it got written.
 fn firehose(frames: usize, frame_size: usize) -> (Canned, Arc<AtomicU64>) {

@@ -160,14 +160,11 @@ fn sigterm_drains_streams_then_exits_zero() {
     );
     let (mut stream, _) = start_gated_stream(&gw, "chat", "drain");
     gw.signal("TERM");
-    // Draining: health turns 503 (or the admin listener is already gone) and
-    // new connections stop being accepted.
+    // Draining: health turns 503 (the admin listener outlives the drain)
+    // and new connections stop being accepted.
     wait_for("health to report draining", DEADLINE, || {
-        let draining = match http::try_get(gw.admin, "/healthz") {
-            None => true,
-            Some(r) => r.status() == 503,
-        };
-        draining.then_some(())
+        let r = http::try_get(gw.admin, "/healthz").expect("the admin listener answers");
+        (r.status() == 503).then_some(())
     });
     wait_for("listener to stop accepting", DEADLINE, || {
         std::net::TcpStream::connect(gw.addr).is_err().then_some(())
@@ -184,6 +181,115 @@ fn sigterm_drains_streams_then_exits_zero() {
         "in-flight stream finished intact during drain"
     );
     // Exits 0 as soon as nothing is in flight, well before the 30 s grace period.
+    assert_eq!(
+        gw.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        gw.log()
+    );
+}
+
+/// `/healthz` as the admin listener answers it: status and the requests
+/// in flight; None once nothing answers.
+fn health(gw: &Gateway) -> Option<(u16, u64)> {
+    let r = http::try_get(gw.admin, "/healthz")?;
+    let in_flight = r.json()["in_flight"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("/healthz names its in-flight count: {}", r.text()));
+    Some((r.status(), in_flight))
+}
+
+/// The admin listener serves through a drain, until the process exits:
+/// `/healthz` answers 503 with the count of requests still in flight,
+/// falling as the streams the drain waits for are released, and `/metrics`
+/// and the dashboard can be scraped meanwhile; the main listener refuses
+/// new connections from the start.
+#[test]
+fn the_admin_listener_serves_through_the_drain_with_the_count_falling() {
+    const STREAMS: u64 = 3;
+    let cluster = engines(1);
+    let mut gw = Gateway::start_with(
+        &[("chat", route_yaml(&ports(&cluster), ""))],
+        GatewayOptions {
+            grace_period: "30s",
+            ..Default::default()
+        },
+    );
+    // Control: 200 while serving, and the count is the requests' own.
+    assert_eq!(health(&gw), Some((200, 0)));
+    let gates: Vec<String> = (0..STREAMS).map(|i| format!("drain-{i}")).collect();
+    let mut streams: Vec<Conn> = gates
+        .iter()
+        .map(|gate| start_gated_stream(&gw, "chat", gate).0)
+        .collect();
+    assert_eq!(health(&gw), Some((200, STREAMS)));
+
+    gw.signal("TERM");
+    wait_for("health to report draining", DEADLINE, || {
+        let (status, in_flight) = health(&gw).expect("the admin listener answers");
+        (status == 503).then_some(in_flight)
+    });
+    let r = http::get(gw.admin, "/healthz");
+    assert_eq!(
+        r.json(),
+        json!({"status": "draining", "in_flight": STREAMS}),
+        "{}",
+        r.text()
+    );
+    wait_for("listener to stop accepting", DEADLINE, || {
+        std::net::TcpStream::connect(gw.addr).is_err().then_some(())
+    });
+    // Mid-drain: the main listener refuses, the admin listener serves.
+    let metrics = http::get(gw.admin, "/metrics");
+    assert_eq!(metrics.status(), 200);
+    assert_eq!(
+        metric_sum(&metrics.text(), "llm_gateway_in_flight", &[]),
+        STREAMS as f64
+    );
+    assert_eq!(http::get(gw.admin, "/dashboard.json").status(), 200);
+
+    // Each release takes one off the count; every answer on the way is a
+    // 503 and the count never rises.
+    let mut last = STREAMS;
+    for (i, (gate, stream)) in gates.iter().zip(&mut streams).enumerate() {
+        cluster.engines[0].open_gate(gate);
+        assert!(finish_stream(stream), "stream {i} finished intact");
+        let left = STREAMS - 1 - i as u64;
+        if left == 0 {
+            break;
+        }
+        wait_for(&format!("health to count {left}"), DEADLINE, || {
+            let (status, in_flight) = health(&gw).expect("the admin listener answers");
+            assert_eq!(status, 503, "still draining");
+            assert!(
+                in_flight <= last,
+                "the count rose: {in_flight} after {last}"
+            );
+            last = in_flight;
+            (in_flight == left).then_some(())
+        });
+        assert_eq!(
+            http::get(gw.admin, "/metrics").status(),
+            200,
+            "scraped mid-drain"
+        );
+    }
+    // The last one out: the process exits as soon as the count reaches 0,
+    // so a probe meets a count of 1 (the request is logged after its last
+    // byte), of 0, or no listener.
+    wait_for(
+        "the admin listener to go with the process",
+        DEADLINE,
+        || match health(&gw) {
+            None => Some(()),
+            Some((status, in_flight)) => {
+                assert_eq!(status, 503, "still draining");
+                assert!(in_flight <= last.min(1), "the count rose: {in_flight}");
+                last = in_flight;
+                None
+            }
+        },
+    );
     assert_eq!(
         gw.wait_exit(Duration::from_secs(10)),
         Some(0),

@@ -1,12 +1,13 @@
 //! The admin listener: `/healthz`, `/metrics`, `/_routes`, and the live
-//! dashboard `/dashboard` with its `/dashboard.json` (`dashboard.rs`).
+//! dashboard `/dashboard` with its `/dashboard.json` (`dashboard.rs`). It
+//! serves until the process exits, through a drain.
 //! (Per-route `/_…` endpoints live on the main listener, see `routes.rs`.)
 
 pub mod dashboard;
 pub mod history;
 
 use crate::clock::now_ms;
-use crate::lifecycle::is_draining;
+use crate::lifecycle::{active_requests, is_draining};
 use crate::metrics::metrics;
 use crate::registry::Registry;
 use async_trait::async_trait;
@@ -68,13 +69,7 @@ impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
         match path.as_str() {
-            "/healthz" => {
-                if is_draining() {
-                    json_response(503, &json!({"status": "draining"}))
-                } else {
-                    json_response(200, &json!({"status": "ok"}))
-                }
-            }
+            "/healthz" => health(),
             "/metrics" => {
                 refresh_state_gauges(&self.registry);
                 respond(200, "text/plain; version=0.0.4", metrics().encode())
@@ -92,6 +87,18 @@ impl ServeHttp for AdminApp {
                 &json!({"error": {"type": "not_found", "message": "admin endpoints: /healthz, /metrics, /_routes, /dashboard, /dashboard.json"}}),
             ),
         }
+    }
+}
+
+/// 200 while serving, 503 while draining (load balancers stop sending),
+/// with the requests still in flight: during a drain, what it waits for.
+/// The listener answers until the process exits (`server.rs` `UntilExit`).
+fn health() -> Response<Vec<u8>> {
+    let in_flight = active_requests();
+    if is_draining() {
+        json_response(503, &json!({"status": "draining", "in_flight": in_flight}))
+    } else {
+        json_response(200, &json!({"status": "ok", "in_flight": in_flight}))
     }
 }
 

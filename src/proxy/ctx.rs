@@ -109,6 +109,10 @@ pub struct Attempt {
     pub sent_at: Option<std::time::Instant>,
     /// The current attempt's response head arrived.
     pub responded: bool,
+    /// The current attempt's exchange broke after the engine's head and its
+    /// peer was banned for it (`upstream::on_exchange_failure`): the one
+    /// line that reports the failure (`response::local::fail`) says so.
+    pub banned_mid_response: bool,
     /// Retries on the same peer, each after a pooled connection the engine
     /// had closed failed before any response byte (`upstream::stale_reuse`).
     pub stale_retries: u32,
@@ -123,6 +127,10 @@ pub struct Returning {
     pub local_status: Option<u16>,
     /// Usage and first-token time of a 2xx SSE/JSON response.
     pub pipeline: Option<ResponsePipeline>,
+    /// The response was cut after its head had gone to the client, and the
+    /// gateway logged the cut (`response::local::fail`): Pingora's own line
+    /// for it, a 502 no client received, is suppressed.
+    pub cut_logged: bool,
 }
 
 impl RequestCtx {

@@ -355,8 +355,10 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
-    /// A client that hangs up is logged at debug; ERROR stays for failures
-    /// someone should look at.
+    /// A client that hangs up is logged at debug; a stream cut after its
+    /// head was logged by `fail_to_proxy`, which says what the client got
+    /// (Pingora's line names a 502 the client never saw). ERROR stays for
+    /// failures someone should look at.
     fn suppress_error_log(&self, _: &Session, ctx: &Box<RequestCtx>, error: &Error) -> bool {
         let gone = errors::is_client_gone(error);
         if gone {
@@ -366,7 +368,7 @@ impl ProxyHttp for Gateway {
                 error.etype().as_str()
             );
         }
-        gone
+        gone || ctx.response.cut_logged
     }
 
     async fn fail_to_proxy(

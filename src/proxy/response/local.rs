@@ -39,16 +39,34 @@ pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) 
     }
 }
 
-/// After a failed attempt: the JSON error, if nothing was written yet.
+/// After a failed attempt: the JSON error, if nothing was written yet, and
+/// the one line that logs the failure: a stream cut after its head, or a
+/// failed request.
 pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
     let shortage = errors::local_shortage(e);
     let code = match shortage {
         Some(_) => 503,
         None => errors::proxy_failure_status(e, ctx.upstream.count > 0),
     };
-    if code >= 500 {
+    let banned = if ctx.upstream.banned_mid_response {
+        " (peer marked not ready)"
+    } else {
+        ""
+    };
+    if let (true, Some(head)) = (code >= 500, session.response_written()) {
+        // The client has its head (a 200, as a rule) and part of the
+        // body: the status Pingora would log is one no client received.
         log::warn!(
-            "route {} peer {}: proxying failed after {} attempt(s): {e}",
+            "route {} peer {}: stream cut after its head: the client got status {} and {} body byte(s), then no end of the stream{banned}: {e}",
+            ctx.route_name(),
+            ctx.peer_name(),
+            head.status.as_u16(),
+            session.body_bytes_sent(),
+        );
+        ctx.response.cut_logged = true;
+    } else if code >= 500 {
+        log::warn!(
+            "route {} peer {}: proxying failed after {} attempt(s){banned}: {e}",
             ctx.route_name(),
             ctx.peer_name(),
             ctx.upstream.count

@@ -37,6 +37,7 @@ pub fn next_peer(ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
     attempt.count += 1;
     attempt.pieces_sent = 0;
     attempt.responded = false;
+    attempt.banned_mid_response = false;
     build_peer(ctx)
 }
 
@@ -107,14 +108,6 @@ pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error>
     e
 }
 
-/// Passive health check on a broken exchange: a peer whose connection dies
-/// mid-request (a killed or crashed engine: reset, closed, a body cut
-/// short) or that answers something that is not HTTP is banned at once, as
-/// a refused connection is, so new sessions go elsewhere without waiting for
-/// a probe; the next passing probe readmits it. Not banned: a timeout (a
-/// busy engine, the probe's rule too), a failure on the client's side, and
-/// a reused pooled connection that fails before any answer (the engine
-/// closing an idle keep-alive, which says nothing about its health).
 /// Same-peer retries after stale pooled connections, per request: each
 /// one uses up a pooled connection, and a pool holds few per peer.
 const MAX_STALE_RETRIES: u32 = 2;
@@ -143,7 +136,17 @@ pub fn stale_reuse(ctx: &mut RequestCtx, e: &Error, reused: bool, body_kept: boo
     true
 }
 
-pub fn on_exchange_failure(ctx: &RequestCtx, e: &Error, reused: bool) {
+/// Passive health check on a broken exchange: a peer whose connection dies
+/// mid-request (a killed or crashed engine: reset, closed, a body cut
+/// short) or that answers something that is not HTTP is banned at once, as
+/// a refused connection is, so new sessions go elsewhere without waiting for
+/// a probe; the next passing probe readmits it. Not banned: a timeout (a
+/// busy engine, the probe's rule too), a failure on the client's side, and
+/// a reused pooled connection that fails before any answer (the engine
+/// closing an idle keep-alive, which says nothing about its health).
+/// A ban before the engine's head is logged here; after it, the line that
+/// reports the cut stream says it.
+pub fn on_exchange_failure(ctx: &mut RequestCtx, e: &Error, reused: bool) {
     if *e.esource() != ErrorSource::Upstream
         || matches!(
             e.etype(),
@@ -157,13 +160,14 @@ pub fn on_exchange_failure(ctx: &RequestCtx, e: &Error, reused: bool) {
         return;
     };
     p.state.ban(now_ms(), route.config.health.ban_ttl);
-    let when = if ctx.upstream.responded {
-        "mid-response"
-    } else {
-        "before its response head"
-    };
+    if ctx.upstream.responded {
+        // Said by the line that reports the cut, so that one failure is
+        // one line (`response::local::fail`).
+        ctx.upstream.banned_mid_response = true;
+        return;
+    }
     log::warn!(
-        "route {} peer {}: exchange broke {when} ({}), marked not ready",
+        "route {} peer {}: exchange broke before its response head ({}), marked not ready",
         route.name(),
         p.config.name,
         e.etype().as_str()
