@@ -35,12 +35,32 @@ def crd_check(doc):
     return problems
 
 
+def overlay_resources(overlay, failures):
+    """An overlay's own manifests (its `resources` that are files, not the
+    base directory), to be validated like the base's; its patches are
+    partial objects with no schema of their own, so they need only exist
+    and be listed. The directory and the lists must agree here too."""
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    resources = [r for r in kustomization.get("resources") or [] if r.endswith(".yaml")]
+    patches = [p["path"] for p in kustomization.get("patches") or []]
+    present = sorted(p.name for p in overlay.glob("*.yaml") if p.name != "kustomization.yaml")
+    where = overlay.name
+    for name in sorted(set(present) - set(resources) - set(patches)):
+        failures.append(f"overlays/{where}/{name}: not listed in its kustomization.yaml")
+    for name in sorted((set(resources) | set(patches)) - set(present)):
+        failures.append(f"overlays/{where}/kustomization.yaml lists {name}, which does not exist")
+    return [(f"overlays/{where}/{name}", overlay / name) for name in resources]
+
+
 def main(k8s_dir):
     k8s_dir = pathlib.Path(k8s_dir)
     kustomization = yaml.safe_load((k8s_dir / "kustomization.yaml").read_text())
     listed = kustomization.get("resources") or []
     present = sorted(p.name for p in k8s_dir.glob("*.yaml") if p.name != "kustomization.yaml")
     failures = []
+    to_check = [(name, k8s_dir / name) for name in listed]
+    for overlay in sorted((k8s_dir / "overlays").glob("*/kustomization.yaml")):
+        to_check += overlay_resources(overlay.parent, failures)
     for name in sorted(set(present) - set(listed)):
         failures.append(f"{name}: not listed in kustomization.yaml resources")
     for name in sorted(set(listed) - set(present)):
@@ -48,8 +68,7 @@ def main(k8s_dir):
     versions = all_versions()
     versions = [versions[0], versions[-1]]
     checked = 0
-    for name in listed:
-        path = k8s_dir / name
+    for name, path in to_check:
         if not path.exists():
             continue
         for doc in yaml.safe_load_all(path.read_text()):

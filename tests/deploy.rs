@@ -532,3 +532,58 @@ fn the_scale_out_example_runs_two_replicas_on_one_redis() {
     let nginx = read("deploy/scale-out/nginx.conf");
     assert!(nginx.contains("server gateway-a:8080;") && nginx.contains("server gateway-b:8080;"));
 }
+
+/// The base runs one replica (two behind a plain Service would split a
+/// conversation's turns between two tables); the replicas-redis overlay
+/// runs several on one Redis. Its gateway.yaml is the base's, line for
+/// line, plus the shared session table (so the two cannot drift), and it
+/// passes `llm-gateway check` with the base's routes, naming the overlay's
+/// Redis Service. The control: the base's own says `local`.
+#[test]
+fn k8s_replicas_share_one_session_table_or_there_is_one_replica() {
+    let k = kube();
+    assert_eq!(number(&k.deployment, "spec.replicas"), 1);
+    let overlay = "deploy/k8s/overlays/replicas-redis";
+    let replicas = yaml(&format!("{overlay}/replicas.yaml"));
+    assert!(number(&replicas, "spec.replicas") >= 2);
+    let patched = yaml(&format!("{overlay}/configmap-gateway.yaml"));
+    let overlay_yaml = at(&patched, "data")
+        .get("gateway.yaml")
+        .and_then(Value::as_str)
+        .expect("the overlay's ConfigMap holds gateway.yaml")
+        .to_string();
+    let extra = overlay_yaml
+        .strip_prefix(k.gateway_yaml.as_str())
+        .unwrap_or_else(|| {
+            panic!("the overlay's gateway.yaml starts with the base's:\n{overlay_yaml}")
+        });
+    assert!(extra.contains("session_store:"), "{extra}");
+
+    let redis = std::fs::read_to_string(root().join(overlay).join("redis.yaml")).unwrap();
+    let service: Vec<Value> = serde_yaml::Deserializer::from_str(&redis)
+        .map(|d| serde::Deserialize::deserialize(d).expect("yaml"))
+        .filter(|d: &Value| text(d, "kind") == "Service")
+        .collect();
+    let redis_host = text(&service[0], "metadata.name");
+
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes");
+    std::fs::create_dir(&routes).unwrap();
+    for (name, body) in &k.routes {
+        std::fs::write(routes.join(name), body).unwrap();
+    }
+    let run_check = |name: &str, text: &str| {
+        let config = dir.path().join(name);
+        std::fs::write(&config, text).unwrap();
+        check(&config, &routes)
+    };
+    let out = run_check("overlay.yaml", &overlay_yaml);
+    assert!(
+        out.contains(&format!(
+            "session store: redis at redis://{redis_host}:6379/0"
+        )),
+        "{out}"
+    );
+    let base = run_check("base.yaml", &k.gateway_yaml);
+    assert!(base.contains("session store: local"), "{base}");
+}
