@@ -21,6 +21,11 @@ pub struct GatewayConfig {
     pub admin_listen: SocketAddr,
     pub routes_dir: PathBuf,
     pub api_keys_file: PathBuf,
+    /// Whether a missing `api_keys_file` is a fault (logged at ERROR: the
+    /// gateway runs without authentication). Not a file option: true
+    /// unless the caller says otherwise, as `llm-gateway demo` does, which
+    /// runs without keys on purpose.
+    pub key_file_expected: bool,
     pub threads: usize,
     /// Whether the proxy's threads steal each other's tasks (Pingora's
     /// default). Off, each client connection stays on the thread it was
@@ -215,6 +220,7 @@ impl GatewayConfig {
                 .or(file.routes_dir)
                 .unwrap_or_else(|| PathBuf::from("routes")),
             api_keys_file,
+            key_file_expected: true,
             threads,
             grace_period: file
                 .grace_period
