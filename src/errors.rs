@@ -85,6 +85,17 @@ impl ErrorResponse {
         .with("limit", limit)
     }
 
+    /// A request head over `limit` bytes, the request line and headers
+    /// counted as sent (`limit` field).
+    pub fn head_too_large(limit: usize) -> Self {
+        Self::new(
+            431,
+            "request_header_fields_too_large",
+            format!("request head (request line and headers) exceeds {limit} bytes"),
+        )
+        .with("limit", limit)
+    }
+
     /// 405 for a method the target does not serve; `allow` lists those it
     /// does, as its `Allow` header will.
     pub fn method_not_allowed(message: impl Into<String>, allow: &'static str) -> Self {
