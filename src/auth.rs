@@ -73,7 +73,9 @@ impl KeyFileStatus {
     }
 }
 
-#[derive(Clone)]
+/// Compared (`PartialEq`) only to tell whether a re-read file changed,
+/// never against a presented key (that is [`KeySet::check`]).
+#[derive(Clone, PartialEq, Eq)]
 struct KeyEntry {
     digest: [u8; 32],
     owner: String,
@@ -83,7 +85,7 @@ struct KeyEntry {
 ///
 /// `Debug` shows the key count and owners only; key material is never held
 /// in clear, so it cannot leak through logs or panics either.
-#[derive(Default, Clone)]
+#[derive(Default, Clone, PartialEq, Eq)]
 pub struct KeySet {
     entries: Vec<KeyEntry>,
 }
@@ -98,11 +100,22 @@ impl fmt::Debug for KeySet {
     }
 }
 
+/// What reading a key file found, and what an operator should be told
+/// about it (never key text). Nothing is logged here: the registry logs a
+/// file's state when it changes (`registry/keys.rs`), not at every read.
+#[derive(Debug, Clone)]
+pub struct KeyFileRead {
+    pub status: KeyFileStatus,
+    /// `Some` (possibly empty) exactly when `status` is `Ok`.
+    pub keys: Option<KeySet>,
+    /// Why an unreadable file could not be read.
+    pub problem: Option<String>,
+    /// One per entry dropped or reinterpreted.
+    pub warnings: Vec<String>,
+}
+
 impl KeySet {
-    /// Reads and parses the key file, logging what an operator needs to know
-    /// (never key text): an error when the file is missing or unreadable, a
-    /// warning per malformed entry, and a warning when no key survived, since
-    /// that leaves authentication off.
+    /// Reads and parses the key file.
     ///
     /// Only "no such file" is `Missing`. Everything else that stops the read
     /// is `Unreadable`: permissions, a directory, a path through a regular
@@ -110,47 +123,37 @@ impl KeySet {
     /// secret mounts are symlinks, and one pointing nowhere is a broken
     /// mount, not an absent file. (Mode 000 only reads as `Unreadable` when
     /// not running as root.)
-    ///
-    /// `Ok` always comes with `Some(set)`, possibly empty; the other statuses
-    /// come with `None`.
-    pub fn load(path: &Path) -> (KeyFileStatus, Option<KeySet>) {
+    pub fn read(path: &Path) -> KeyFileRead {
+        let refused = |status, problem: Option<String>| KeyFileRead {
+            status,
+            keys: None,
+            problem,
+            warnings: Vec::new(),
+        };
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(error) if error.kind() == ErrorKind::NotFound && !is_dangling_symlink(path) => {
-                log::error!(
-                    "api key file {} does not exist: authentication is OFF (fail-open)",
-                    path.display()
-                );
-                return (KeyFileStatus::Missing, None);
+                return refused(KeyFileStatus::Missing, None);
             }
-            Err(error) => {
-                log::error!(
-                    "api key file {} cannot be read ({error}): authentication is OFF (fail-open)",
-                    path.display()
-                );
-                return (KeyFileStatus::Unreadable, None);
-            }
+            Err(error) => return refused(KeyFileStatus::Unreadable, Some(error.to_string())),
         };
         let Ok(text) = String::from_utf8(bytes) else {
-            log::error!(
-                "api key file {} is not valid UTF-8: authentication is OFF (fail-open)",
-                path.display()
-            );
-            return (KeyFileStatus::Unreadable, None);
+            return refused(KeyFileStatus::Unreadable, Some("not valid UTF-8".into()));
         };
         let (set, warnings) = KeySet::parse(&text);
-        for warning in &warnings {
-            log::warn!("api key file {}: {warning}", path.display());
+        KeyFileRead {
+            status: KeyFileStatus::Ok,
+            keys: Some(set),
+            problem: None,
+            warnings,
         }
-        if set.is_empty() {
-            log::warn!(
-                "api key file {} holds no valid keys: authentication is OFF (fail-open)",
-                path.display()
-            );
-        } else {
-            log::info!("api key file {}: {} keys loaded", path.display(), set.len());
-        }
-        (KeyFileStatus::Ok, Some(set))
+    }
+
+    /// [`KeySet::read`]'s status and keys: `Ok` always comes with
+    /// `Some(set)`, possibly empty; the other statuses come with `None`.
+    pub fn load(path: &Path) -> (KeyFileStatus, Option<KeySet>) {
+        let read = Self::read(path);
+        (read.status, read.keys)
     }
 
     /// Parses key file text (format in the module docs). Returns the keys

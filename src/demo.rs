@@ -40,13 +40,16 @@ pub fn run(args: DemoArgs) -> ExitCode {
         admin_listen: Some(args.admin_listen),
         routes_dir: Some(routes.clone()),
     };
-    let gateway = match GatewayConfig::parse(&PathBuf::from("<demo>"), "", &overrides) {
+    let mut gateway = match GatewayConfig::parse(&PathBuf::from("<demo>"), "", &overrides) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("demo: {e}");
             return ExitCode::FAILURE;
         }
     };
+    // The demo runs without API keys: their absence is the demo's
+    // normal state, not the fault it would be in a deployment.
+    gateway.key_file_expected = false;
     let url = format!("http://{}/demo/v1/chat/completions", gateway.listen);
     println!(
         "\nllm-gateway demo: 3 simulated engines behind {url}\n\

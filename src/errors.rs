@@ -27,6 +27,9 @@ pub struct ErrorResponse {
     /// Boxed: errors travel in `Result`s on the request path, and most have none.
     pub extra: Option<Box<Map<String, Value>>>,
     pub retry_after: Option<u32>,
+    /// The methods the target serves, for a 405's `Allow` header (RFC 9110
+    /// §15.5.6 requires one).
+    pub allow: Option<&'static str>,
 }
 
 impl ErrorResponse {
@@ -37,6 +40,7 @@ impl ErrorResponse {
             message: message.into(),
             extra: None,
             retry_after: None,
+            allow: None,
         }
     }
 
@@ -79,6 +83,25 @@ impl ErrorResponse {
             format!("request body exceeds {limit} bytes"),
         )
         .with("limit", limit)
+    }
+
+    /// A request head over `limit` bytes, the request line and headers
+    /// counted as sent (`limit` field).
+    pub fn head_too_large(limit: usize) -> Self {
+        Self::new(
+            431,
+            "request_header_fields_too_large",
+            format!("request head (request line and headers) exceeds {limit} bytes"),
+        )
+        .with("limit", limit)
+    }
+
+    /// 405 for a method the target does not serve; `allow` lists those it
+    /// does, as its `Allow` header will.
+    pub fn method_not_allowed(message: impl Into<String>, allow: &'static str) -> Self {
+        let mut e = Self::new(405, "method_not_allowed", message);
+        e.allow = Some(allow);
+        e
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {

@@ -308,29 +308,47 @@ pub fn redact_addresses(value: &mut Value) {
     }
 }
 
-pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Option<Value> {
-    let (path, query) = match path_and_query.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (path_and_query, None),
+/// A read endpoint: its answer from the route, the registry and the query
+/// string ("" when none).
+pub type Read = fn(&Route, &Registry, &str) -> Value;
+
+/// The methods every read endpoint serves, as a 405's `Allow` lists them.
+pub const READ_METHODS: &str = "GET, HEAD";
+
+/// The read endpoint at `path` (no query), or None when there is none.
+/// Looked up before anything is computed, so that a caller can be refused
+/// (a method it does not serve) without the endpoint having run: some
+/// answers change state (`/_429_status?reset=1`).
+pub fn read_endpoint(path: &str) -> Option<Read> {
+    let read: Read = match path {
+        "/_route_state" => |r, g, _| route_state(r, g),
+        "/_health_status" => |r, g, _| health_status(r, g),
+        "/_reject_rules_status" => |r, _, _| reject_rules_status(r),
+        "/_active_conns" => |r, _, _| active_conns(r),
+        "/_sessions" => |r, _, _| sessions(r),
+        "/_route_debug" => |r, _, q| route_debug(r, q),
+        "/_ttft_status" | "/_tps_status" => |r, g, _| measurement_status(r, g),
+        "/_429_status" => status_429,
+        "/_session_status" => |r, _, _| session_status(r),
+        "/_route_opts" => |r, _, _| route_opts(r),
+        "/_cluster_avg" => |r, _, _| cluster_avg(r),
+        "/_rate_limit_status" => |r, g, _| {
+            json!({
+                "route": r.config.name,
+                "rate_limit": rate_limit_json(r, g),
+            })
+        },
+        _ => return None,
     };
-    match path {
-        "/_route_state" => Some(route_state(route, registry)),
-        "/_health_status" => Some(health_status(route, registry)),
-        "/_reject_rules_status" => Some(reject_rules_status(route)),
-        "/_active_conns" => Some(active_conns(route)),
-        "/_sessions" => Some(sessions(route)),
-        "/_route_debug" => Some(route_debug(route, query.unwrap_or(""))),
-        "/_ttft_status" | "/_tps_status" => Some(measurement_status(route, registry)),
-        "/_429_status" => Some(status_429(route, registry, query.unwrap_or(""))),
-        "/_session_status" => Some(session_status(route)),
-        "/_route_opts" => Some(route_opts(route)),
-        "/_cluster_avg" => Some(cluster_avg(route)),
-        "/_rate_limit_status" => Some(json!({
-            "route": route.config.name,
-            "rate_limit": rate_limit_json(route, registry),
-        })),
-        _ => None,
-    }
+    Some(read)
+}
+
+/// The answer of the read endpoint at `path_and_query`, if there is one.
+pub fn respond(route: &Route, registry: &Registry, path_and_query: &str) -> Option<Value> {
+    let (path, query) = path_and_query
+        .split_once('?')
+        .unwrap_or((path_and_query, ""));
+    read_endpoint(path).map(|read| read(route, registry, query))
 }
 
 /// The last scrape as read; `fresh` is whether placement uses it (the

@@ -1,7 +1,7 @@
 //! The remaining read-only endpoints: `/_route_opts` (the option
 //! catalog with the values in effect), `/_cluster_avg` (in-flight per pool
-//! over 5 minutes), and `POST /_route_inspect` (where a request would go,
-//! changing nothing).
+//! over 5 minutes), `POST /_route_inspect` (where a request would go,
+//! changing nothing), and the methods every read endpoint serves.
 
 mod common;
 
@@ -195,4 +195,45 @@ fn route_opts_are_the_same_for_flat_protection_keys_and_the_protection_section()
         "{log}"
     );
     assert!(!log.contains("nested.yaml: "), "{log}");
+}
+
+/// Every read endpoint's path, as the 404 for an unknown one lists them
+/// (`ENDPOINTS`, without their queries), and the gateway-wide
+/// `/_bodylog_status`: a read endpoint added later is in the test below
+/// without being named in it.
+fn read_endpoints() -> Vec<String> {
+    let mut paths: Vec<String> = llm_gateway::route_endpoints::ENDPOINTS
+        .iter()
+        .filter(|e| !e.starts_with("POST "))
+        .map(|e| format!("/chat{}", e.split(['?', '[']).next().unwrap_or(e)))
+        .collect();
+    // "/_ttft_status" and the others are listed one by one.
+    assert!(paths.len() >= 13, "{paths:?}");
+    paths.push("/_bodylog_status".into());
+    paths
+}
+
+#[test]
+fn every_read_endpoint_answers_405_to_a_method_it_does_not_serve() {
+    let cluster = engines(1);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let r = http::request(gw.addr, "DELETE", "/chat/_route_debug", &[], b"");
+    assert_eq!(r.status(), 405, "{}", r.text());
+    for path in read_endpoints() {
+        // Control: the endpoint is there, and reads with GET and HEAD.
+        let r = http::get(gw.addr, &path);
+        assert_eq!(r.status(), 200, "GET {path}: {}", r.text());
+        let mut conn = http::Conn::open(gw.addr);
+        conn.send("HEAD", &path, &[], b"", http::Upload::Length);
+        assert_eq!(conn.read_head().status, 200, "HEAD {path}");
+        for method in ["DELETE", "OPTIONS", "BREW", "POST", "PUT", "PATCH"] {
+            let r = http::request(gw.addr, method, &path, &[], b"");
+            assert_eq!(r.status(), 405, "{method} {path}: {}", r.text());
+            assert_eq!(r.json()["error"]["type"], "method_not_allowed");
+            assert_eq!(r.header("allow"), Some("GET, HEAD"), "{method} {path}");
+        }
+    }
+    // An unknown endpoint is still a 404 whatever the method.
+    let r = http::request(gw.addr, "DELETE", "/chat/_nothing_here", &[], b"");
+    assert_eq!(r.status(), 404, "{}", r.text());
 }

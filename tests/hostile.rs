@@ -302,7 +302,14 @@ fn padded_head(total: usize, body: &[u8]) -> Vec<u8> {
 #[test]
 fn a_head_that_outgrows_pingoras_cap_when_replayed_is_a_431() {
     let engine = Canned::start("application/json", vec![b"{}".to_vec()], false);
-    let gw = Gateway::start(&[("chat", canned_route(engine.port(), ""))]);
+    // max_header_size at its top (1 MiB): Pingora's cap is the limit.
+    let gw = Gateway::start_with(
+        &[("chat", canned_route(engine.port(), ""))],
+        GatewayOptions {
+            extra_config: "max_header_size: 1m\n".into(),
+            ..Default::default()
+        },
+    );
     // A small body goes from Pingora's retry buffer, head untouched: the
     // same near-cap head is served.
     let small = small_chat();
@@ -340,6 +347,84 @@ fn a_head_that_outgrows_pingoras_cap_when_replayed_is_a_431() {
         Some(&body[..])
     );
     drop(heads);
+    gw.wait_idle();
+}
+
+// ------------------------------------------------ max_header_size
+
+/// A POST head of exactly `total` bytes, one `X-Big` header making up the
+/// size, announcing a `content_length` body that is not sent with it.
+fn head_of(total: usize, content_length: usize) -> Vec<u8> {
+    let start = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: gateway.test\r\nContent-Type: application/json\r\nContent-Length: {content_length}\r\nX-Big: "
+    );
+    let pad = total - start.len() - "\r\n\r\n".len();
+    format!("{start}{}\r\n\r\n", "b".repeat(pad)).into_bytes()
+}
+
+#[test]
+fn a_head_over_max_header_size_gets_the_gateways_431_and_reaches_no_engine() {
+    let engine = Canned::start("application/json", vec![b"{}".to_vec()], false);
+    let gw = Gateway::start(&[("chat", canned_route(engine.port(), ""))]);
+    let body = small_chat();
+
+    // 100 KiB, one big header, a body announced and not sent: the answer
+    // comes without waiting for the body.
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(&head_of(100 << 10, 5_000_000));
+    let r = conn.read_response();
+    assert_eq!(r.status(), 431, "{}", r.text());
+    let e = &r.json()["error"];
+    assert_eq!(e["type"], "request_header_fields_too_large", "{e}");
+    assert_eq!(e["limit"], 65_536, "{e}");
+    // A body never read would be taken for a next request: closed.
+    assert!(conn.is_closed(), "the connection closes after the 431");
+    assert!(engine.heads.lock().is_empty(), "the engine saw nothing");
+
+    // The whole head is counted (request line, headers, blank line):
+    // exactly the limit is served, a byte more is not.
+    let exchange_sized = |total: usize| {
+        let mut conn = Conn::open(gw.addr);
+        let mut bytes = head_of(total, body.len());
+        bytes.extend_from_slice(&body);
+        conn.send_raw(&bytes);
+        conn.read_response().status()
+    };
+    assert_eq!(exchange_sized(65_537), 431);
+    assert!(engine.heads.lock().is_empty(), "the engine saw nothing");
+    assert_eq!(exchange_sized(65_536), 200);
+
+    // Control: a 60 KiB head goes to the engine, its big header with it.
+    assert_eq!(exchange_sized(60 << 10), 200);
+    let heads = engine.heads.lock();
+    assert_eq!(heads.len(), 2, "the two heads within the limit");
+    assert!(heads[1].contains("X-Big: bbbb"), "the header forwarded");
+    drop(heads);
+    gw.wait_idle();
+}
+
+#[test]
+fn max_header_size_sets_where_heads_are_refused() {
+    let engine = Canned::start("application/json", vec![b"{}".to_vec()], false);
+    let gw = Gateway::start_with(
+        &[("chat", canned_route(engine.port(), ""))],
+        GatewayOptions {
+            extra_config: "max_header_size: 8k\n".into(),
+            ..Default::default()
+        },
+    );
+    // A GET (no body) refused keeps its connection: the next request on it
+    // is served.
+    let big = "v".repeat(9 << 10);
+    let mut conn = Conn::open(gw.addr);
+    let r = conn.request("GET", "/chat/v1/models", &[("X-Big", &big)], b"");
+    assert_eq!(r.status(), 431, "{}", r.text());
+    assert_eq!(r.json()["error"]["limit"], 8192);
+    assert!(engine.heads.lock().is_empty(), "the engine saw nothing");
+    // Control: the same connection, a head within 8 KiB.
+    let r = conn.request("GET", "/chat/v1/models", &[("X-Small", "v")], b"");
+    assert_eq!(r.status(), 200, "{}", r.text());
+    assert_eq!(engine.heads.lock().len(), 1);
     gw.wait_idle();
 }
 
@@ -995,6 +1080,9 @@ fn an_api_key_in_a_query_string_reaches_no_log_line() {
         ],
         GatewayOptions {
             env: vec![("RUST_LOG".into(), "debug".into())],
+            // The near-cap head below is for the replay's 431, not the
+            // gateway's own limit.
+            extra_config: "max_header_size: 1m\n".into(),
             ..Default::default()
         },
     );

@@ -176,6 +176,50 @@ fn missing_and_unreadable_key_files_are_told_apart_and_fail_open() {
 }
 
 #[test]
+fn the_key_file_state_is_logged_when_it_changes_not_at_every_reload() {
+    let engine = Canned::start("application/json", vec![b"{}".to_vec()], false);
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    // Two routes read the shared file: still one line per change.
+    let gw = keyed(
+        &keys,
+        &[
+            ("chat", canned_route(engine.port(), "")),
+            ("other", canned_route(engine.port(), "")),
+        ],
+    );
+    let lines = |gw: &Gateway, what: &str| -> Vec<String> {
+        gw.log()
+            .lines()
+            .filter(|l| l.contains(what))
+            .map(str::to_owned)
+            .collect()
+    };
+    let off = lines(&gw, "authentication is OFF");
+    assert_eq!(off.len(), 1, "logged at start: {off:?}");
+    assert!(off[0].contains("ERROR"), "a missing key file is an error");
+
+    // 20 reloads, nothing changed: nothing more. Each line is written
+    // before the reload that logs it is counted, so none is on its way.
+    for _ in 0..20 {
+        gw.reload();
+    }
+    assert_eq!(lines(&gw, "authentication is OFF").len(), 1, "{}", gw.log());
+    assert!(lines(&gw, "keys loaded").is_empty());
+
+    // Control: a reload that changes the state logs it, each time.
+    std::fs::write(&keys, "k1:alice\n").unwrap();
+    gw.reload();
+    assert_eq!(lines(&gw, "1 keys loaded").len(), 1, "{}", gw.log());
+    gw.reload();
+    assert_eq!(lines(&gw, "1 keys loaded").len(), 1, "{}", gw.log());
+    std::fs::remove_file(&keys).unwrap();
+    gw.reload();
+    assert_eq!(lines(&gw, "authentication is OFF").len(), 2, "{}", gw.log());
+    assert_eq!(post(&gw, CHAT, &[], &small()).status(), 200, "fail-open");
+}
+
+#[test]
 fn a_route_key_file_replaces_the_shared_one() {
     let cluster = engines(1);
     let dir = tempfile::tempdir().unwrap();

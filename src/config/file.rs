@@ -20,6 +20,7 @@ pub(super) struct GatewayFile {
     pub work_stealing: Option<Flag>,
     pub grace_period: Option<Dur>,
     pub max_body_size: Option<Size>,
+    pub max_header_size: Option<Size>,
     pub postprocess_default: Option<String>,
     pub client_idle_timeout: Option<Dur>,
     pub client_header_timeout: Option<Dur>,

@@ -10,6 +10,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const DEFAULT_MAX_BODY_SIZE: u64 = 10 << 20;
+pub const DEFAULT_MAX_HEADER_SIZE: usize = 64 << 10;
+/// `max_header_size`'s bounds. Under 1 KiB an ordinary client's head (a
+/// key, a user agent, a few `x-` headers) would not fit; Pingora refuses
+/// heads over 1 MiB itself (with a bare 400), so more would mean nothing.
+pub const MAX_HEADER_SIZE_BOUNDS: std::ops::RangeInclusive<usize> = (1 << 10)..=(1 << 20);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
 pub const DEFAULT_API_KEYS_FILE: &str = "/etc/llm-gateway/keys/api-keys";
 pub const API_KEYS_ENV: &str = "LLM_GATEWAY_API_KEYS_FILE";
@@ -21,6 +26,11 @@ pub struct GatewayConfig {
     pub admin_listen: SocketAddr,
     pub routes_dir: PathBuf,
     pub api_keys_file: PathBuf,
+    /// Whether a missing `api_keys_file` is a fault (logged at ERROR: the
+    /// gateway runs without authentication). Not a file option: true
+    /// unless the caller says otherwise, as `llm-gateway demo` does, which
+    /// runs without keys on purpose.
+    pub key_file_expected: bool,
     pub threads: usize,
     /// Whether the proxy's threads steal each other's tasks (Pingora's
     /// default). Off, each client connection stays on the thread it was
@@ -29,6 +39,10 @@ pub struct GatewayConfig {
     pub work_stealing: bool,
     pub grace_period: Duration,
     pub max_body_size: u64,
+    /// The largest request head (request line, headers, the blank line
+    /// after them), in bytes, the gateway serves; a larger one is answered
+    /// 431 and never reaches an engine.
+    pub max_header_size: usize,
     /// Post-processing handler for routes that name none.
     pub postprocess_default: Option<Handler>,
     /// How long a client's keep-alive connection may sit idle between
@@ -185,6 +199,17 @@ impl GatewayConfig {
                 "client_header_timeout must be between 100ms and 10m",
             ));
         }
+        let max_header_size = match file.max_header_size.map(|s| usize::try_from(s.0)) {
+            None => DEFAULT_MAX_HEADER_SIZE,
+            Some(Ok(size)) if MAX_HEADER_SIZE_BOUNDS.contains(&size) => size,
+            Some(_) => {
+                return Err(ConfigError::new(
+                    path,
+                    lines.line("max_header_size"),
+                    "max_header_size must be between 1k and 1m (the request line and headers, in bytes)",
+                ))
+            }
+        };
         let status_endpoints = match file.status_endpoints.as_deref() {
             None => StatusAccess::default(),
             Some(name) => StatusAccess::from_name(name).ok_or_else(|| {
@@ -205,6 +230,7 @@ impl GatewayConfig {
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
             client_header_timeout,
+            max_header_size,
             status_endpoints,
             postprocess_default,
             listen,
@@ -215,6 +241,7 @@ impl GatewayConfig {
                 .or(file.routes_dir)
                 .unwrap_or_else(|| PathBuf::from("routes")),
             api_keys_file,
+            key_file_expected: true,
             threads,
             grace_period: file
                 .grace_period

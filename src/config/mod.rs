@@ -18,7 +18,7 @@ pub use bodylog::{BodylogConfig, BodylogTarget, BODYLOG_ENV, DEFAULT_BODYLOG_POR
 pub use gateway::{
     GatewayConfig, Overrides, StatusAccess, API_KEYS_ENV, DEFAULT_API_KEYS_FILE,
     DEFAULT_CLIENT_HEADER_TIMEOUT, DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_GRACE_PERIOD,
-    DEFAULT_MAX_BODY_SIZE,
+    DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_HEADER_SIZE, MAX_HEADER_SIZE_BOUNDS,
 };
 pub use route::{
     route_name_of, valid_route_name, AdaptiveConfig, Balancing, EngineMetricsConfig, HealthConfig,

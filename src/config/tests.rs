@@ -219,6 +219,27 @@ fn client_header_timeout_defaults_to_10s_within_bounds() {
 }
 
 #[test]
+fn max_header_size_defaults_to_64k_within_bounds() {
+    assert_eq!(gw().max_header_size, DEFAULT_MAX_HEADER_SIZE);
+    assert_eq!(DEFAULT_MAX_HEADER_SIZE, 65_536);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    for (given, bytes) in [
+        ("1k", 1024),
+        ("16k", 16 << 10),
+        ("1m", 1 << 20),
+        ("2048", 2048),
+    ] {
+        let g = parse(&format!("max_header_size: {given}\n")).unwrap();
+        assert_eq!(g.max_header_size, bytes, "{given}");
+    }
+    for bad in ["1023", "0", "2m", "1g"] {
+        let e = parse(&format!("watch: false\nmax_header_size: {bad}\n")).unwrap_err();
+        assert_eq!(e.line, Some(2), "{bad}: {e}");
+        assert!(e.to_string().contains("between 1k and 1m"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn status_endpoints_default_to_open_and_take_three_modes() {
     assert_eq!(gw().status_endpoints, StatusAccess::Open);
     let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());

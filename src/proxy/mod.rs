@@ -3,7 +3,7 @@
 //!
 //! early_request_filter     `conn::head_complete`: the head's deadline is off;
 //!                          `conn::serve_pipelined`: pipelined requests in order
-//! request_filter           `request` (route, endpoints, body;
+//! request_filter           `request` (head size, route, endpoints, body;
 //!                          `conn::hold_client_bytes`) → `guards` (key,
 //!                          rules, usage, prefix) → `crate::balance` (pool, place) →
 //!                          `request::forward` (the body back to Pingora:
@@ -66,7 +66,9 @@ impl Gateway {
     /// Everything before proxying. `Ok(())`: proxy the (replayed) request;
     /// `Err(local)`: the gateway answers itself.
     async fn admit(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Local> {
-        conn::idle_timeout(session, self.registry.gateway().client_idle_timeout);
+        let gateway = self.registry.gateway();
+        conn::idle_timeout(session, gateway.client_idle_timeout);
+        request::refuse_large_head(session, gateway.max_header_size)?;
         request::refuse_dot_segments(session)?;
         request::endpoints::answer_gateway(self.bodylog.as_deref(), &self.registry, session)?;
         let (route, rest) = request::resolve_route(&self.registry, session)?;

@@ -61,6 +61,9 @@ pub struct Registry {
     /// Serialises reloads (SIGHUP can arrive while one is running).
     reload_lock: Mutex<()>,
     shared_keys: ArcSwap<KeyState>,
+    /// Each key file's state as last logged, by path: a reload logs a file
+    /// only when what it read differs (`reload_keys`).
+    logged_keys: Mutex<HashMap<std::path::PathBuf, Arc<KeyState>>>,
     /// Where session bindings are shared with other replicas; set once at
     /// start (local until then, and in tests that never set it).
     store: std::sync::OnceLock<Arc<crate::store::SessionStore>>,
@@ -79,7 +82,10 @@ impl Registry {
                 status: KeyFileStatus::Missing,
                 keys: None,
                 scope: "shared",
+                problem: None,
+                warnings: Vec::new(),
             }),
+            logged_keys: Mutex::new(HashMap::new()),
             content_key: route::content_key(&gateway.session_store),
             gateway,
             reload_lock: Mutex::new(()),
@@ -202,7 +208,7 @@ impl Registry {
     /// requests already passed their check and are unaffected.
     fn reload_keys(&self, table: &RouteTable) {
         let shared = Arc::new(KeyState::load(&self.gateway.api_keys_file, "shared"));
-        // KeySet::load has logged a missing, unreadable or empty file.
+        let mut read = vec![Arc::clone(&shared)];
         let shared_used =
             table.is_empty() || table.values().any(|r| r.config.api_keys_file.is_none());
         let mut all_enforced = !shared_used || shared.enforced().is_some();
@@ -215,12 +221,39 @@ impl Registry {
                 .map(|path| Arc::new(KeyState::load(path, "route")));
             if let Some(state) = &own {
                 all_enforced &= state.enforced().is_some();
+                read.push(Arc::clone(state));
             }
             route.runtime.keys.store(own);
         }
+        self.log_key_changes(read);
         crate::metrics::metrics()
             .api_keys_configured
             .set(all_enforced as i64);
+    }
+
+    /// Logs each key file whose state differs from what was last logged
+    /// for its path (every file at the first reload), once per path however
+    /// many routes share it. A file no longer read is forgotten, so it is
+    /// logged again if it comes back.
+    fn log_key_changes(&self, read: Vec<Arc<KeyState>>) {
+        let expected = self.gateway.key_file_expected;
+        let mut logged = self.logged_keys.lock();
+        let mut seen: HashMap<std::path::PathBuf, Arc<KeyState>> = HashMap::new();
+        for state in read {
+            if seen.contains_key(&state.path) {
+                continue;
+            }
+            let unchanged = logged
+                .get(&state.path)
+                .is_some_and(|last| last.same_as(&state));
+            if !unchanged {
+                for (level, line) in state.report(expected) {
+                    log::log!(level, "{line}");
+                }
+            }
+            seen.insert(state.path.clone(), state);
+        }
+        *logged = seen;
     }
 
     fn build_route(&self, config: RouteConfig) -> Arc<Route> {

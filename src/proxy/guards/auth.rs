@@ -7,7 +7,7 @@ use crate::registry::{Registry, Route};
 use pingora::proxy::Session;
 
 /// 401 unless the route's key file (or the shared one) is not configured
-/// (fail-open, logged at every reload) or the request carries a known key.
+/// (fail-open, logged when the file's state changes) or the request carries a known key.
 pub fn check(route: &Route, registry: &Registry, session: &Session) -> Result<(), ErrorResponse> {
     check_with(&route.keys(registry), route.name(), session)
 }

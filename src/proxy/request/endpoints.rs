@@ -28,6 +28,7 @@ pub fn answer_gateway(
     match uri.path() {
         "/_bodylog_status" => {
             let local = status_allowed(None, registry, session)?;
+            read_method(session, "/_bodylog_status")?;
             let status = bodylog.map_or_else(crate::bodylog::status_off, Bodylog::status_json);
             Err(Local::Json(200, shown(status, local)))
         }
@@ -53,12 +54,9 @@ pub fn answer_gateway(
 /// Toggles take POST, from a socket peer that is exactly 127.0.0.1 or ::1.
 fn toggle_allowed(session: &Session, name: &str) -> Result<(), Local> {
     if session.req_header().method != http::Method::POST {
-        return Err(ErrorResponse::new(
-            405,
-            "method_not_allowed",
-            format!("toggle {name} takes POST"),
-        )
-        .into());
+        return Err(
+            ErrorResponse::method_not_allowed(format!("toggle {name} takes POST"), "POST").into(),
+        );
     }
     if !is_loopback_peer(session) {
         return Err(
@@ -109,8 +107,9 @@ fn shown(mut value: serde_json::Value, local: bool) -> serde_json::Value {
 /// A runtime control: a toggle, or a limit override.
 type Control = fn(&Route, &str) -> Result<serde_json::Value, ErrorResponse>;
 
-/// `/<route>/_…`: a read-only endpoint (no key), or a toggle or limit
-/// override (POST from loopback only).
+/// `/<route>/_…`: a read-only endpoint (GET or HEAD; no key unless
+/// `status_endpoints` says so), or a toggle or limit override (POST from
+/// loopback only).
 pub fn answer(
     route: &Route,
     registry: &Registry,
@@ -138,10 +137,16 @@ pub fn answer(
         });
     }
     let local = status_allowed(Some(route), registry, session)?;
-    let resets = rest
-        .split_once('?')
-        .is_some_and(|(_, query)| crate::query::flag(query, "reset"));
-    if resets && !local {
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let Some(read) = endpoints::read_endpoint(path) else {
+        return Err(ErrorResponse::not_found(format!(
+            "unknown endpoint; per-route endpoints: {}",
+            endpoints::ENDPOINTS.join(", ")
+        ))
+        .into());
+    };
+    read_method(session, path)?;
+    if crate::query::flag(query, "reset") && !local {
         return Err(ErrorResponse::new(
             403,
             "forbidden",
@@ -149,14 +154,22 @@ pub fn answer(
         )
         .into());
     }
-    Err(match endpoints::respond(route, registry, rest) {
-        Some(value) => Local::Json(200, shown(value, local)),
-        None => ErrorResponse::not_found(format!(
-            "unknown endpoint; per-route endpoints: {}",
-            endpoints::ENDPOINTS.join(", ")
-        ))
-        .into(),
-    })
+    Err(Local::Json(200, shown(read(route, registry, query), local)))
+}
+
+/// A read endpoint serves GET and HEAD; any other method is refused (405)
+/// before the endpoint runs, rather than answered as a GET: a client that
+/// sent DELETE or POST meant something the endpoint does not do.
+fn read_method(session: &Session, path: &str) -> Result<(), Local> {
+    let method = &session.req_header().method;
+    if *method == http::Method::GET || *method == http::Method::HEAD {
+        return Ok(());
+    }
+    Err(ErrorResponse::method_not_allowed(
+        format!("{path} is read with GET (or HEAD), not {method}"),
+        endpoints::READ_METHODS,
+    )
+    .into())
 }
 
 /// `POST /<route>/_route_inspect` with a request's body and headers: its
@@ -174,10 +187,9 @@ pub async fn inspect(
     }
     let local = status_allowed(Some(route), registry, session)?;
     if session.req_header().method != http::Method::POST {
-        return Err(ErrorResponse::new(
-            405,
-            "method_not_allowed",
+        return Err(ErrorResponse::method_not_allowed(
             "_route_inspect takes POST with the request body to inspect",
+            "POST",
         )
         .into());
     }

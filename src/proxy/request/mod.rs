@@ -43,6 +43,29 @@ impl From<ErrorResponse> for Local {
     }
 }
 
+/// A request head over `limit` bytes (gateway.yaml `max_header_size`) is
+/// refused, 431, before its body is read: Pingora 0.9.1 reads heads up to
+/// its own 1 MiB cap, and forwarded they would have every engine parse a
+/// megabyte for anyone who asks, no key needed. The size is the head as
+/// the client sent it, request line, headers and the blank line after
+/// them, which Pingora keeps as one buffer: its length is known without a
+/// pass over the headers. Logged at debug only: any client can cause one.
+pub fn refuse_large_head(session: &Session, limit: usize) -> Result<(), Local> {
+    // HTTP/1 (the listener offers nothing else): a slice of the buffer the
+    // head was parsed from, not a copy.
+    let size = session.as_downstream().to_h1_raw().len();
+    if size <= limit {
+        return Ok(());
+    }
+    log::debug!(
+        "client {}: request head of {size} bytes over max_header_size ({limit}): answered 431",
+        session
+            .client_addr()
+            .map_or_else(|| "-".to_string(), ToString::to_string)
+    );
+    Err(ErrorResponse::head_too_large(limit).into())
+}
+
 /// A path with a `.` or `..` segment is refused (400 `invalid_path`), also
 /// when the dots or the slash are percent-encoded (`%2e%2e`, `..%2f`) or a
 /// backslash stands for the slash. Forwarded as is, `/r/v1/../metrics`
@@ -202,17 +225,9 @@ pub async fn forward(
                 replay::PINGORA_MAX_HEADER_SIZE
             );
             // The body is read; the head is what the client must shrink.
-            Local::Error(
-                ErrorResponse::new(
-                    431,
-                    "request_header_fields_too_large",
-                    format!(
-                        "request headers too large: at most {} bytes",
-                        replay::PINGORA_MAX_HEADER_SIZE - 1024
-                    ),
-                )
-                .with("limit", replay::PINGORA_MAX_HEADER_SIZE - 1024),
-            )
+            Local::Error(ErrorResponse::head_too_large(
+                replay::PINGORA_MAX_HEADER_SIZE - 1024,
+            ))
         }
         replay::ReplayError::Failed(e) => Local::Error(ErrorResponse::new(
             500,

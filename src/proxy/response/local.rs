@@ -6,7 +6,7 @@ use crate::errors;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::request::{body::has_body, Local};
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::HeaderValue;
 use pingora::http::ResponseHeader;
 use pingora::proxy::{FailToProxy, Session};
@@ -14,16 +14,16 @@ use pingora::{Error, Result};
 
 /// Answers `local` instead of proxying.
 pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) {
-    let (status, body, retry_after) = match local {
+    let (status, body, retry_after, allow) = match local {
         Local::ClientGone => {
             session.set_keepalive(None);
             return;
         }
-        Local::Error(e) => (e.status, e.body(), e.retry_after),
+        Local::Error(e) => (e.status, e.body(), e.retry_after, e.allow),
         Local::Json(status, value) => {
             let mut bytes = serde_json::to_vec(&value).unwrap_or_default();
             bytes.push(b'\n');
-            (status, Bytes::from(bytes), None)
+            (status, Bytes::from(bytes), None, None)
         }
     };
     ctx.response.local_status = Some(status);
@@ -34,7 +34,8 @@ pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) 
         // an unknown amount of upload, close after answering.
         session.set_keepalive(None);
     }
-    if let Err(e) = write_json(session, ctx, Origin::Gateway, status, body, retry_after).await {
+    let extra = Extra { retry_after, allow };
+    if let Err(e) = write_json(session, ctx, Origin::Gateway, status, body, extra).await {
         log::debug!("could not write local response: {e}");
     }
 }
@@ -89,13 +90,23 @@ pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> Fai
         } else {
             Origin::Gateway
         };
-        let _ = write_json(session, ctx, origin, code, err.body(), err.retry_after).await;
+        let extra = Extra {
+            retry_after: err.retry_after,
+            allow: err.allow,
+        };
+        let _ = write_json(session, ctx, origin, code, err.body(), extra).await;
     }
     ctx.upstream.slot = None;
     FailToProxy {
         error_code: code,
         can_reuse_downstream: false,
     }
+}
+
+/// The headers an error may add to the JSON response.
+struct Extra {
+    retry_after: Option<u32>,
+    allow: Option<&'static str>,
 }
 
 /// Writes a complete JSON response.
@@ -105,7 +116,7 @@ async fn write_json(
     origin: Origin,
     status: u16,
     body: Bytes,
-    retry_after: Option<u32>,
+    extra: Extra,
 ) -> Result<()> {
     let mut head = plain_head(status)?;
     let headers = &mut head.headers;
@@ -116,8 +127,11 @@ async fn write_json(
         HeaderValue::from_static("application/json"),
     )?;
     insert(headers, CONTENT_LENGTH, HeaderValue::from(body.len()))?;
-    if let Some(secs) = retry_after {
+    if let Some(secs) = extra.retry_after {
         insert(headers, RETRY_AFTER, HeaderValue::from(secs))?;
+    }
+    if let Some(methods) = extra.allow {
+        insert(headers, ALLOW, HeaderValue::from_static(methods))?;
     }
     let resp = ResponseHeader::from(head);
     session.write_response_header(Box::new(resp), false).await?;
