@@ -618,3 +618,37 @@ fn a_session_id_in_the_body_is_logged_as_its_hash() {
     let received = engine.received.lock()[0].clone();
     assert!(String::from_utf8_lossy(&received).contains("raw-body-session-55"));
 }
+
+/// The body-log status and toggle answer under a route too, as the
+/// OpenResty gateway serves them (a probe written for it looks there), with
+/// the same process-wide state: a toggle under one path shows in the other.
+/// The control: an unknown endpoint under the route is still a 404.
+#[test]
+fn the_bodylog_endpoints_answer_under_a_route_as_at_the_top() {
+    let cluster = engines(1);
+    let sink = FrameSink::start();
+    let gw = gateway(
+        &[("chat", route_yaml(&ports(&cluster), ""))],
+        sink.config(""),
+        vec![],
+    );
+    let top = http::get(gw.addr, "/_bodylog_status");
+    let under = http::get(gw.addr, "/chat/_bodylog_status");
+    assert_eq!(
+        (top.status(), under.status()),
+        (200, 200),
+        "{}",
+        under.text()
+    );
+    assert_eq!(top.json()["sample_pct"], under.json()["sample_pct"]);
+    let r = Conn::open_from(IpAddr::V4(Ipv4Addr::LOCALHOST), gw.addr).request(
+        "POST",
+        "/chat/_bodylog_toggle?pct=7",
+        &[],
+        b"",
+    );
+    assert_eq!(r.status(), 200, "{}", r.text());
+    let top = http::get(gw.addr, "/_bodylog_status").json();
+    assert_eq!(top["sample_pct"]["value"], 7, "{top}");
+    assert_eq!(http::get(gw.addr, "/chat/_bodylog_nothing").status(), 404);
+}

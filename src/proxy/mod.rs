@@ -74,7 +74,13 @@ impl Gateway {
         let (route, rest) = request::resolve_route(&self.registry, session)?;
         ctx.route = Some(Arc::clone(&route));
         request::endpoints::inspect(&route, &self.registry, session, &rest).await?;
-        request::endpoints::answer(&route, &self.registry, session, &rest)?;
+        request::endpoints::answer(
+            &route,
+            &self.registry,
+            self.bodylog.as_deref(),
+            session,
+            &rest,
+        )?;
         request::require_api_path(&route, &rest)?;
         request::refuse_upgrade(&route, session)?;
         guards::auth::check(&route, &self.registry, session)?;

@@ -25,9 +25,24 @@ pub fn answer_gateway(
 ) -> Result<(), Local> {
     let uri = &session.req_header().uri;
     let query = uri.query().unwrap_or("");
-    match uri.path() {
+    bodylog_endpoint(bodylog, None, registry, session, uri.path(), query)
+}
+
+/// The body-log status and toggle, at the top (`route` None) or under a
+/// route (`/<route>/_bodylog_…`, where the OpenResty gateway serves them
+/// and probes written for it look): the same process-wide state either
+/// way; under a route, a status read is allowed as the route's own are.
+fn bodylog_endpoint(
+    bodylog: Option<&Bodylog>,
+    route: Option<&Route>,
+    registry: &Registry,
+    session: &Session,
+    path: &str,
+    query: &str,
+) -> Result<(), Local> {
+    match path {
         "/_bodylog_status" => {
-            let local = status_allowed(None, registry, session)?;
+            let local = status_allowed(route, registry, session)?;
             read_method(session, "/_bodylog_status")?;
             let status = bodylog.map_or_else(crate::bodylog::status_off, Bodylog::status_json);
             Err(Local::Json(200, shown(status, local)))
@@ -113,6 +128,7 @@ type Control = fn(&Route, &str) -> Result<serde_json::Value, ErrorResponse>;
 pub fn answer(
     route: &Route,
     registry: &Registry,
+    bodylog: Option<&Bodylog>,
     session: &Session,
     rest: &str,
 ) -> Result<(), Local> {
@@ -121,6 +137,8 @@ pub fn answer(
     if !rest.starts_with("/_") {
         return Ok(());
     }
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    bodylog_endpoint(bodylog, Some(route), registry, session, path, query)?;
     let control = match (
         endpoints::toggle_name(rest),
         endpoints::limit_override_name(rest),
