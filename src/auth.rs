@@ -79,7 +79,18 @@ impl KeyFileStatus {
 struct KeyEntry {
     digest: [u8; 32],
     owner: String,
+    /// The documented placeholder ([`PLACEHOLDER_KEY`]): kept, so that a
+    /// file holding only it still enforces keys (every request refused)
+    /// instead of reading as "no keys" and turning authentication off, but
+    /// never matched.
+    placeholder: bool,
 }
+
+/// The key the example Secret and the docs ship (`deploy/k8s/secret-api-keys.yaml`).
+/// Applied unchanged it must not open the gateway to anyone who read the
+/// docs: it never matches, and a file of placeholders refuses every request
+/// and says so.
+pub const PLACEHOLDER_KEY: &str = "sk-replace-me";
 
 /// The accepted API keys and their owners.
 ///
@@ -217,18 +228,32 @@ impl KeySet {
                     ));
                     continue;
                 }
+                let placeholder = key == PLACEHOLDER_KEY;
+                if placeholder {
+                    warnings.push(format!(
+                        "{location} (owner \"{owner}\"): the documented placeholder key is never accepted; put real keys in this file"
+                    ));
+                }
                 first_seen.insert(digest, (location, entries.len()));
                 entries.push(KeyEntry {
                     digest,
                     owner: owner.to_string(),
+                    placeholder,
                 });
             }
         }
         (KeySet { entries }, warnings)
     }
 
+    /// The keys that can match (the placeholder is not one).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.iter().filter(|e| !e.placeholder).count()
+    }
+
+    /// Keys are configured, but the only ones are the documented
+    /// placeholder: every request is refused.
+    pub fn only_placeholders(&self) -> bool {
+        !self.entries.is_empty() && self.entries.iter().all(|e| e.placeholder)
     }
 
     /// No keys means authentication is not configured: callers let requests
@@ -248,7 +273,8 @@ impl KeySet {
         let mut matched = Choice::from(0);
         let mut matched_index = 0u64;
         for (index, entry) in self.entries.iter().enumerate() {
-            let is_this_key = entry.digest[..].ct_eq(&presented_digest[..]);
+            let is_this_key = entry.digest[..].ct_eq(&presented_digest[..])
+                & Choice::from(u8::from(!entry.placeholder));
             matched_index =
                 u64::conditional_select(&matched_index, &(index as u64), is_this_key & !matched);
             matched |= is_this_key;

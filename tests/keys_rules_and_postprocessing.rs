@@ -984,3 +984,49 @@ fn rules_judge_messages_and_responses_bodies() {
     let r = post(&gw, "/chat/v1/messages", &[], &allowed);
     assert_ne!(r.status(), 429, "{}", r.text());
 }
+
+/// The example Secret's key, applied unchanged, opens nothing: a key file
+/// holding only the documented placeholder refuses every request, the
+/// placeholder itself included, and says why (an empty file would instead
+/// turn authentication off). The control: the same file with a real key
+/// beside the placeholder lets that key in, and still not the placeholder.
+#[test]
+fn the_documented_placeholder_key_is_never_accepted() {
+    let cluster = engines(1);
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "sk-replace-me:team-a\n").unwrap();
+    let gw = keyed(&keys, &[("chat", route_yaml(&ports(&cluster), ""))]);
+    let bearer = |key: &str| format!("Bearer {key}");
+    for presented in [None, Some("sk-replace-me"), Some("anything")] {
+        let auth = presented.map(bearer);
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("authorization", a.as_str())).collect();
+        let r = post(&gw, CHAT, &headers, &small());
+        assert_eq!(r.status(), 401, "{presented:?}: {}", r.text());
+        assert!(r.text().contains("placeholder"), "{}", r.text());
+    }
+    assert!(
+        gw.log()
+            .contains("holds only the documented placeholder key"),
+        "{}",
+        gw.log()
+    );
+
+    std::fs::write(&keys, "sk-replace-me:team-a\nreal-key-456:team-b\n").unwrap();
+    gw.reload();
+    let ok = post(
+        &gw,
+        CHAT,
+        &[("authorization", &bearer("real-key-456"))],
+        &small(),
+    );
+    assert_eq!(ok.status(), 200, "{}", ok.text());
+    let r = post(
+        &gw,
+        CHAT,
+        &[("authorization", &bearer("sk-replace-me"))],
+        &small(),
+    );
+    assert_eq!(r.status(), 401, "{}", r.text());
+}

@@ -76,6 +76,12 @@ impl KeyState {
                     self.problem.as_deref().unwrap_or("unknown error")
                 ),
             ),
+            (KeyFileStatus::Ok, Some(keys)) if keys.only_placeholders() => (
+                Level::Error,
+                format!(
+                    "api key file {path} holds only the documented placeholder key: every request is refused (401) until real keys are in it"
+                ),
+            ),
             (KeyFileStatus::Ok, Some(keys)) if !keys.is_empty() => (
                 Level::Info,
                 format!("api key file {path}: {} keys loaded", keys.len()),

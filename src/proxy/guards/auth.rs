@@ -27,6 +27,16 @@ fn check_with(
         return Ok(());
     };
     let counter = &metrics().auth;
+    if keys.only_placeholders() {
+        counter
+            .with_label_values(&[route_label, "-", "invalid"])
+            .inc();
+        return Err(ErrorResponse::new(
+            401,
+            "unauthorized",
+            "no key is accepted: the gateway's key file holds only the documented placeholder",
+        ));
+    }
     match presented_key(&session.req_header().headers) {
         None => {
             counter
