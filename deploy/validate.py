@@ -36,7 +36,7 @@ def crd_check(doc):
 
 
 def overlay_resources(overlay, failures):
-    """An overlay's own manifests (its `resources` that are files, not the
+    """An overlay's or a component's own manifests (its `resources` that are files, not the
     base directory), to be validated like the base's; its patches are
     partial objects with no schema of their own, so they need only exist
     and be listed. The directory and the lists must agree here too."""
@@ -44,12 +44,12 @@ def overlay_resources(overlay, failures):
     resources = [r for r in kustomization.get("resources") or [] if r.endswith(".yaml")]
     patches = [p["path"] for p in kustomization.get("patches") or []]
     present = sorted(p.name for p in overlay.glob("*.yaml") if p.name != "kustomization.yaml")
-    where = overlay.name
+    where = f"{overlay.parent.name}/{overlay.name}"
     for name in sorted(set(present) - set(resources) - set(patches)):
-        failures.append(f"overlays/{where}/{name}: not listed in its kustomization.yaml")
+        failures.append(f"{where}/{name}: not listed in its kustomization.yaml")
     for name in sorted((set(resources) | set(patches)) - set(present)):
-        failures.append(f"overlays/{where}/kustomization.yaml lists {name}, which does not exist")
-    return [(f"overlays/{where}/{name}", overlay / name) for name in resources]
+        failures.append(f"{where}/kustomization.yaml lists {name}, which does not exist")
+    return [(f"{where}/{name}", overlay / name) for name in resources]
 
 
 def main(k8s_dir):
@@ -59,7 +59,10 @@ def main(k8s_dir):
     present = sorted(p.name for p in k8s_dir.glob("*.yaml") if p.name != "kustomization.yaml")
     failures = []
     to_check = [(name, k8s_dir / name) for name in listed]
-    for overlay in sorted((k8s_dir / "overlays").glob("*/kustomization.yaml")):
+    for overlay in sorted(
+        list((k8s_dir / "overlays").glob("*/kustomization.yaml"))
+        + list((k8s_dir / "components").glob("*/kustomization.yaml"))
+    ):
         to_check += overlay_resources(overlay.parent, failures)
     for name in sorted(set(present) - set(listed)):
         failures.append(f"{name}: not listed in kustomization.yaml resources")

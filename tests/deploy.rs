@@ -587,3 +587,59 @@ fn k8s_replicas_share_one_session_table_or_there_is_one_replica() {
     let base = run_check("base.yaml", &k.gateway_yaml);
     assert!(base.contains("session store: local"), "{base}");
 }
+
+/// The body-log component: the gateway's env names the listener's Service
+/// on the port the listener receives frames on, under the variable the
+/// gateway reads; the listener's exporter port is the Service's `metrics`
+/// port, which its ServiceMonitor scrapes; the listener runs the gateway's
+/// own image.
+#[test]
+fn k8s_bodylog_component_wires_gateway_listener_and_monitor() {
+    let dir = "deploy/k8s/components/bodylog";
+    let docs: Vec<Value> =
+        serde_yaml::Deserializer::from_str(&read(&format!("{dir}/bodylog-listener.yaml")))
+            .map(|d| serde::Deserialize::deserialize(d).expect("yaml"))
+            .collect();
+    let of_kind = |kind: &str| docs.iter().find(|d| text(d, "kind") == kind).expect(kind);
+    let (deployment, service, monitor) = (
+        of_kind("Deployment"),
+        of_kind("Service"),
+        of_kind("ServiceMonitor"),
+    );
+    let container = at(deployment, "spec.template.spec.containers.0");
+    assert_eq!(
+        text(container, "image"),
+        text(
+            at(&kube().deployment, "spec.template.spec.containers.0"),
+            "image"
+        )
+    );
+    let args: Vec<String> = list(container, "args")
+        .iter()
+        .map(|a| a.as_str().expect("arg").to_string())
+        .collect();
+    assert_eq!(args[0], "bodylog-listen");
+    let port_of = |addr: &str| addr.rsplit(':').next().unwrap().parse::<u64>().unwrap();
+    let frames = port_of(flag(&args, "--listen").expect("--listen"));
+    let exporter = port_of(flag(&args, "--metrics").expect("--metrics"));
+    let service_port = |name: &str| {
+        list(service, "spec.ports")
+            .iter()
+            .find(|p| text(p, "name") == name)
+            .map(|p| number(p, "port"))
+            .unwrap_or_else(|| panic!("service port {name}"))
+    };
+    assert_eq!(service_port("frames"), frames);
+    assert_eq!(service_port("metrics"), exporter);
+    assert_eq!(text(at(monitor, "spec.endpoints.0"), "port"), "metrics");
+
+    let env = yaml(&format!("{dir}/gateway-env.yaml"));
+    let var = at(&env, "spec.template.spec.containers.0.env.0");
+    assert_eq!(text(var, "name"), llm_gateway::config::BODYLOG_ENV);
+    let target = text(var, "value");
+    assert_eq!(
+        target,
+        format!("{}:{frames}", text(service, "metadata.name")),
+        "the gateway sends to the listener's Service"
+    );
+}
