@@ -237,3 +237,31 @@ fn every_read_endpoint_answers_405_to_a_method_it_does_not_serve() {
     let r = http::request(gw.addr, "DELETE", "/chat/_nothing_here", &[], b"");
     assert_eq!(r.status(), 404, "{}", r.text());
 }
+
+/// The admin listener's endpoints are read endpoints too: any other method
+/// is a 405 naming GET and HEAD. The control: GET reads each; an unknown
+/// admin path is still a 404 whatever the method.
+#[test]
+fn admin_endpoints_answer_405_to_a_method_they_do_not_serve() {
+    let cluster = engines(1);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    for path in [
+        "/healthz",
+        "/metrics",
+        "/_routes",
+        "/dashboard",
+        "/dashboard.json",
+    ] {
+        assert_eq!(http::get(gw.admin, path).status(), 200, "GET {path}");
+        for method in ["DELETE", "POST", "PUT", "BREW"] {
+            let r = http::request(gw.admin, method, path, &[], b"");
+            assert_eq!(r.status(), 405, "{method} {path}: {}", r.text());
+            assert_eq!(r.json()["error"]["type"], "method_not_allowed");
+            assert_eq!(r.header("allow"), Some("GET, HEAD"), "{method} {path}");
+        }
+    }
+    assert_eq!(
+        http::request(gw.admin, "DELETE", "/nothing", &[], b"").status(),
+        404
+    );
+}

@@ -68,6 +68,9 @@ pub fn json_response(status: u16, value: &serde_json::Value) -> Response<Vec<u8>
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
+        if let Some(refused) = read_method(session, &path) {
+            return refused;
+        }
         match path.as_str() {
             "/healthz" => health(),
             "/metrics" => {
@@ -88,6 +91,33 @@ impl ServeHttp for AdminApp {
             ),
         }
     }
+}
+
+/// Every admin endpoint is read with GET (or HEAD), as the main listener's
+/// status endpoints are: a 405 naming what it serves, not a read answered
+/// to a DELETE. An unknown path stays a 404 whatever the method.
+fn read_method(session: &ServerSession, path: &str) -> Option<Response<Vec<u8>>> {
+    const ENDPOINTS: [&str; 5] = [
+        "/healthz",
+        "/metrics",
+        "/_routes",
+        "/dashboard",
+        "/dashboard.json",
+    ];
+    let method = &session.req_header().method;
+    if *method == http::Method::GET || *method == http::Method::HEAD || !ENDPOINTS.contains(&path) {
+        return None;
+    }
+    let mut r = json_response(
+        405,
+        &json!({"error": {"type": "method_not_allowed",
+                          "message": format!("{path} is read with GET (or HEAD), not {method}")}}),
+    );
+    r.headers_mut().insert(
+        http::header::ALLOW,
+        http::HeaderValue::from_static(crate::route_endpoints::READ_METHODS),
+    );
+    Some(r)
 }
 
 /// 200 while serving, 503 while draining (load balancers stop sending),
