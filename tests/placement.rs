@@ -893,23 +893,7 @@ fn stream_of(mut body: serde_json::Value) -> serde_json::Value {
 /// A stream of session `sid` that its engine holds until `gate` opens, and
 /// the engine it is on.
 fn hold_session(gw: &Gateway, sid: &str, gate: &str) -> (Conn, String) {
-    let mut conn = Conn::open(gw.addr);
-    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 4,
-                      "messages": [{"role": "user", "content": "hold"}]});
-    conn.send(
-        "POST",
-        CHAT,
-        &[
-            ("content-type", "application/json"),
-            ("x-sim-gate", gate),
-            ("x-session-id", sid),
-        ],
-        body.to_string().as_bytes(),
-        Upload::Length,
-    );
-    let head = conn.read_head();
-    assert_eq!(head.status, 200, "the held stream starts");
-    conn.read_chunk().expect("first frame").expect("data");
+    let (conn, head) = hold_stream_with_head(gw, CHAT, gate, &[("x-session-id", sid)]);
     let peer = head.header("x-routed-peer").unwrap_or("?").to_string();
     (conn, peer)
 }

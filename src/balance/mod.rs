@@ -90,15 +90,7 @@ pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Plac
     let mut placed = reserve(route, demand, may_wait)?;
     // What a learned KV capacity is measured against.
     placed.slot.carry_tokens(demand.tokens);
-    // Turns that start where their conversation is not cached.
-    let cold = matches!(
-        placed.placement.kind,
-        PlacementKind::New
-            | PlacementKind::Spill
-            | PlacementKind::Migrated
-            | PlacementKind::Overflow
-    );
-    if cold {
+    if placed.placement.kind.is_cold() {
         placed.slot.cold_prefill(demand.tokens);
     }
     Ok(placed)

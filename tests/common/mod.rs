@@ -378,6 +378,17 @@ pub fn chat_body(session: &str, content: &str, stream: bool) -> serde_json::Valu
 /// frame until `gate` opens (`EngineHandle::open_gate`): a request that keeps
 /// its slot for as long as a test needs. Extra headers are sent as given.
 pub fn hold_stream(gw: &Gateway, path: &str, gate: &str, headers: &[(&str, &str)]) -> http::Conn {
+    hold_stream_with_head(gw, path, gate, headers).0
+}
+
+/// [`hold_stream`], and the head the gateway answered it with (which
+/// engine it went to, how it was placed).
+pub fn hold_stream_with_head(
+    gw: &Gateway,
+    path: &str,
+    gate: &str,
+    headers: &[(&str, &str)],
+) -> (http::Conn, http::Head) {
     let mut conn = http::Conn::open(gw.addr);
     let body = serde_json::json!({"model": "sim-model", "stream": true, "max_tokens": 4,
                                   "messages": [{"role": "user", "content": "hold"}]});
@@ -390,7 +401,8 @@ pub fn hold_stream(gw: &Gateway, path: &str, gate: &str, headers: &[(&str, &str)
         body.to_string().as_bytes(),
         http::Upload::Length,
     );
-    assert_eq!(conn.read_head().status, 200, "the held stream starts");
+    let head = conn.read_head();
+    assert_eq!(head.status, 200, "the held stream starts");
     conn.read_chunk().expect("first frame").expect("data");
-    conn
+    (conn, head)
 }

@@ -174,18 +174,13 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
 /// prompt of a turn placed where its conversation was not (an engine that
 /// reports no cached tokens says nothing about a warm turn).
 fn uncached_prompt(ctx: &RequestCtx, pipeline: &ResponsePipeline) -> Option<u64> {
-    use crate::placement::PlacementKind as Kind;
     let estimated = crate::proxy::request::body::estimated_tokens(&ctx.request.body);
     if let Some(u) = pipeline.usage().filter(|u| u.cached_tokens > 0) {
         let new = u.prompt_tokens.saturating_sub(u.cached_tokens);
         let share = new as f64 / u.prompt_tokens.max(1) as f64;
         return Some((estimated as f64 * share) as u64);
     }
-    let cold = matches!(
-        ctx.request.placement?.kind,
-        Kind::New | Kind::Spill | Kind::Migrated | Kind::Overflow
-    );
-    cold.then_some(estimated)
+    ctx.request.placement?.kind.is_cold().then_some(estimated)
 }
 
 /// The model pool a request was placed in, `"_"` for a route without pools.

@@ -217,6 +217,19 @@ pub enum PlacementKind {
 }
 
 impl PlacementKind {
+    /// A turn placed where its conversation is not cached: a new session,
+    /// or one moved off its engine (spilled, migrated, overflowed). Its
+    /// whole prompt is computed there.
+    pub fn is_cold(&self) -> bool {
+        matches!(
+            self,
+            PlacementKind::New
+                | PlacementKind::Spill
+                | PlacementKind::Migrated
+                | PlacementKind::Overflow
+        )
+    }
+
     pub fn as_str(&self) -> &'static str {
         match self {
             PlacementKind::New => "new",
