@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 pub struct Controller {
     registry: Arc<Registry>,
     grace_period: Duration,
-    tasks: crate::health::Tasks,
+    tasks: Arc<crate::health::Tasks>,
 }
 
 impl Controller {
@@ -31,7 +31,7 @@ impl Controller {
         Controller {
             registry,
             grace_period,
-            tasks: crate::health::Tasks::default(),
+            tasks: Arc::default(),
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod bodylog;
 pub mod clock;
 pub mod config;
 pub mod controller;
+pub mod discovery;
 pub mod errors;
 pub mod health;
 pub mod lifecycle;

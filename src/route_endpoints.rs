@@ -279,7 +279,17 @@ fn reject_rules_status(route: &Route) -> Value {
 /// Keys whose values say where something runs: engine `host:port`s (in
 /// `/_route_state` and `/_route_opts`), the body-log listener and its last
 /// connect error (`/_bodylog_status`), a store URL.
-const ADDRESS_KEYS: [&str; 6] = ["address", "host", "port", "target", "last_error", "url"];
+// `dns` and `api`: where `peers_from` finds its engines.
+const ADDRESS_KEYS: [&str; 8] = [
+    "address",
+    "host",
+    "port",
+    "target",
+    "last_error",
+    "url",
+    "dns",
+    "api",
+];
 /// `/_route_opts` options whose value is a file path.
 const PATH_OPTIONS: [&str; 2] = ["api_keys_file", "engine_api_key_file"];
 
@@ -647,14 +657,53 @@ fn health_status(route: &Route, registry: &Registry) -> Value {
             "probe_path": h.probe_path,
             "timeout_ms": h.timeout.as_millis() as u64,
         },
+        "discovery": discovery_json(route),
         "peers": route.peers.iter().map(|p| json!({
             "name": p.config.name,
+            // None: its host name has not resolved (yet); never chosen.
+            "address": p.addr.map(|a| a.to_string()),
             "ready": p.state.is_ready(now),
             "failing": p.state.is_failing(),
             "banned_for_ms": p.state.banned_for_ms(now),
             "probe_path": p.config.probe_path.as_deref().unwrap_or(&h.probe_path),
         })).collect::<Vec<_>>(),
     })
+}
+
+/// What the route's discovery found: each listed host name's address or
+/// why it has none, and `peers_from`'s endpoints.
+fn discovery_json(route: &Route) -> Value {
+    let found = route.runtime.found.lock();
+    let hosts: Vec<Value> = found
+        .hosts
+        .iter()
+        .map(|(host, answer)| {
+            json!({
+                "host": host,
+                "address": answer.addr.map(|a| a.to_string()),
+                "resolved": answer.addr.is_some(),
+                "last_error": answer.error,
+            })
+        })
+        .collect();
+    let peers_from = route.config.peers_from.as_ref().map(|from| {
+        let source = match &from.source {
+            crate::config::PeerSource::Dns { name, port } => {
+                json!({"kind": "dns", "host": name, "port": port})
+            }
+            crate::config::PeerSource::Kubernetes(k) => json!({
+                "kind": "kubernetes",
+                "namespace": k.namespace,
+                "selector": k.selector,
+            }),
+        };
+        json!({
+            "source": source,
+            "endpoints": found.set.as_ref().map(Vec::len),
+            "last_error": found.set_error,
+        })
+    });
+    json!({"hosts": hosts, "peers_from": peers_from})
 }
 
 fn active_conns(route: &Route) -> Value {

@@ -114,6 +114,7 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     };
     registry.set_store(Arc::clone(&store));
     log_reload(&registry.reload(), Trigger::Start);
+    crate::discovery::first_pass(&registry);
 
     let conf = ServerConf {
         threads: gateway.threads,

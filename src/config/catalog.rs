@@ -94,6 +94,7 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     opt("peers[].max_concurrency", "Max concurrency", "peers", Kind::Integer, L("64"), "requests in flight to this peer at most"),
     hidden(opt("peers[].probe_path", "Probe path", "peers", Kind::Text, N("health.probe_path"), "this peer's own health probe path")),
     hidden(opt("peers[].kv_capacity_tokens", "KV capacity", "peers", Kind::Integer, N("from the engine's metrics"), "KV capacity in tokens for KV-aware admission")),
+    opt("peers_from", "Discovered peers", "peers", Kind::Map, N("none"), "{dns: name, port} or {kubernetes: {namespace, selector, port}}: a peer per address or ready endpoint, found while running; takes the peers[] settings"),
     opt("peers_by_model", "Model pools", "peers", Kind::Map, N("one pool"), "{model: [peer names]}: a pool per model"),
     opt("max_body_size", "Max body size", "requests", Kind::Size, L("10m"), "larger request bodies get a 413"),
     opt("balancing.mode", "Balancing mode", "balancing", Kind::Choice(&["load_aware", "hash", "least_conn", "round_robin"]), L("load_aware"), "how a peer is chosen"),
@@ -192,6 +193,25 @@ pub fn values(route: &RouteConfig) -> Value {
             "max_concurrency": p.max_concurrency, "probe_path": p.probe_path,
             "kv_capacity_tokens": p.kv_capacity_tokens,
         })).collect::<Vec<_>>(),
+        "peers_from": route.peers_from.as_ref().map(|from| {
+            let source = match &from.source {
+                crate::config::PeerSource::Dns { name, port } => json!({"dns": name, "port": port}),
+                crate::config::PeerSource::Kubernetes(k) => json!({"kubernetes": {
+                    "namespace": k.namespace, "selector": k.selector,
+                    "port": match &k.port {
+                        crate::discovery::kubernetes::PortRef::Number(n) => json!(n),
+                        crate::discovery::kubernetes::PortRef::Name(n) => json!(n),
+                    },
+                    "api": k.api,
+                }}),
+            };
+            let mut v = source;
+            v["priority"] = json!(from.priority);
+            v["max_concurrency"] = json!(from.max_concurrency);
+            v["probe_path"] = json!(from.probe_path);
+            v["kv_capacity_tokens"] = json!(from.kv_capacity_tokens);
+            v
+        }),
         "peers_by_model": if pools.is_empty() { Value::Null } else { Value::Object(pools) },
         "max_body_size": route.max_body_size,
         "balancing": {

@@ -29,6 +29,16 @@ pub(super) struct GatewayFile {
     pub watch: Option<Flag>,
     pub bodylog: Option<BodylogFile>,
     pub session_store: Option<SessionStoreFile>,
+    pub resolver: Option<ResolverFile>,
+}
+
+/// `resolver:` in gateway.yaml: how engine host names are looked up.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResolverFile {
+    pub nameservers: Option<Vec<String>>,
+    pub min_ttl: Option<Dur>,
+    pub max_ttl: Option<Dur>,
 }
 
 /// `session_store:` in gateway.yaml: where session bindings live.
@@ -58,6 +68,7 @@ pub(super) struct BodylogFile {
 #[serde(deny_unknown_fields)]
 pub(super) struct RouteFile {
     pub peers: Option<Vec<PeerFile>>,
+    pub peers_from: Option<PeersFromFile>,
     pub peers_by_model: Option<BTreeMap<String, Vec<String>>>,
     pub max_body_size: Option<Size>,
     pub balancing: Option<BalancingFile>,
@@ -124,6 +135,30 @@ pub(super) struct PeerFile {
     pub max_concurrency: Option<i64>,
     pub probe_path: Option<String>,
     pub kv_capacity_tokens: Option<u64>,
+}
+
+/// `peers_from:` in a route file: one peer per address of a DNS name, or
+/// per ready endpoint of the EndpointSlices a selector matches; the other
+/// keys are what a `peers:` entry may set, for each of them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PeersFromFile {
+    pub dns: Option<String>,
+    pub kubernetes: Option<KubernetesFile>,
+    pub port: Option<i64>,
+    pub priority: Option<i32>,
+    pub max_concurrency: Option<i64>,
+    pub probe_path: Option<String>,
+    pub kv_capacity_tokens: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KubernetesFile {
+    pub namespace: String,
+    pub selector: String,
+    pub port: serde_yaml::Value,
+    pub api: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -62,6 +62,8 @@ pub struct GatewayConfig {
     pub bodylog: Option<BodylogConfig>,
     /// Where session bindings live: this process, or Redis for every replica.
     pub session_store: super::store::SessionStoreConfig,
+    /// How engine host names are looked up and how often again.
+    pub resolver: super::resolver::ResolverConfig,
 }
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -227,6 +229,7 @@ impl GatewayConfig {
             work_stealing: file.work_stealing.is_none_or(|f| f.0),
             bodylog,
             session_store: super::store::resolve(path, text, file.session_store.as_ref())?,
+            resolver: super::resolver::resolve(path, text, file.resolver.as_ref())?,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
             client_header_timeout,

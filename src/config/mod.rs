@@ -9,6 +9,7 @@ mod bodylog;
 pub mod catalog;
 mod file;
 mod gateway;
+pub mod resolver;
 mod route;
 mod spans;
 pub mod store;
@@ -22,8 +23,8 @@ pub use gateway::{
 };
 pub use route::{
     route_name_of, valid_route_name, AdaptiveConfig, Balancing, EngineMetricsConfig, HealthConfig,
-    Mode, PeerConfig, Protection, RouteConfig, SessionPrio, Timeouts, MAX_IDLE_TIMEOUT,
-    MIN_IDLE_TIMEOUT,
+    Mode, PeerConfig, PeerSource, PeersFrom, Protection, RouteConfig, SessionPrio, Timeouts,
+    MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
 };
 
 use std::fmt;

@@ -24,14 +24,53 @@ use std::time::Duration;
 pub struct Tasks {
     /// Route name → generation whose tasks are running.
     started: Mutex<HashMap<String, usize>>,
+    /// Route name → the runtime its discovery task serves (one task per
+    /// runtime, whatever its generation: a rebuild it asks for must not
+    /// stop it).
+    discovering: Mutex<HashMap<String, std::sync::Weak<crate::registry::RouteRuntime>>>,
+    /// Made on first use, in the runtime the tasks run on.
+    resolver: std::sync::OnceLock<Option<Arc<crate::discovery::resolver::Resolver>>>,
 }
 
 impl Tasks {
     /// Starts tasks for routes that are new or changed since the last call.
     /// Tasks of an older generation notice and stop by themselves, so a
     /// reload never has to abort anything mid-probe.
-    pub fn sync(&self, registry: &Arc<Registry>) {
+    pub fn sync(self: &Arc<Self>, registry: &Arc<Registry>) {
+        self.discover(registry);
         sync_tasks(&mut self.started.lock(), registry)
+    }
+
+    /// A discovery task for every route runtime that has none.
+    fn discover(self: &Arc<Self>, registry: &Arc<Registry>) {
+        let resolver = self.resolver.get_or_init(|| {
+            crate::discovery::resolver::Resolver::new(&registry.gateway().resolver)
+                .inspect_err(|e| {
+                    log::error!("discovery: {e}; peer host names are not looked up again")
+                })
+                .ok()
+                .map(Arc::new)
+        });
+        let Some(resolver) = resolver else { return };
+        let snapshot = registry.snapshot();
+        let mut discovering = self.discovering.lock();
+        discovering.retain(|name, _| snapshot.contains_key(name));
+        for (name, route) in snapshot.iter() {
+            let running = discovering
+                .get(name)
+                .and_then(std::sync::Weak::upgrade)
+                .is_some_and(|r| Arc::ptr_eq(&r, &route.runtime));
+            if !running {
+                discovering.insert(name.clone(), Arc::downgrade(&route.runtime));
+                crate::discovery::spawn(
+                    Arc::clone(registry),
+                    Arc::clone(self),
+                    Arc::clone(resolver),
+                    name.clone(),
+                    Arc::clone(&route.runtime),
+                );
+            }
+        }
     }
 }
 
@@ -155,6 +194,11 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
                 );
             }
             other => {
+                if matches!(other, Err(GetError::Connect(_))) {
+                    // Nothing listens there any more: the engine may have
+                    // moved, so its name is looked up again now.
+                    route.runtime.rediscover.notify_one();
+                }
                 let why = match other {
                     Ok((status, _)) => format!("status {status}"),
                     Err(e) => format!("{e:?}"),

@@ -25,10 +25,10 @@ pub use route::{host_header, Route, RoutePeer, RouteRuntime};
 pub use toggles::{Toggle, Toggles, TOGGLE_NAMES};
 
 use crate::auth::KeyFileStatus;
-use crate::config::{ConfigError, GatewayConfig, PeerConfig, RouteConfig};
+use crate::config::{ConfigError, GatewayConfig, RouteConfig};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use route::{resolve, table_config};
+use route::{live_peers, table_config};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -196,12 +196,34 @@ impl Registry {
             runtimes.retain(|name, _| next.contains_key(name));
         }
         self.reload_keys(&next);
+        for name in report.added.iter().chain(&report.changed) {
+            if let Some(route) = next.get(name) {
+                route.runtime.rediscover.notify_one();
+            }
+        }
         report.added.sort();
         report.changed.sort();
         report.removed.sort();
         report.unchanged.sort();
         self.table.store(Arc::new(next));
         report
+    }
+
+    /// Builds route `name` again from its config after its discovery task
+    /// found a change of address; false when the route is gone (or was
+    /// replaced by a reload meanwhile, whose version is built on the same
+    /// findings).
+    pub fn rediscovered(&self, name: &str) -> bool {
+        let _serial = self.reload_lock.lock();
+        let old = self.snapshot();
+        let Some(route) = old.get(name) else {
+            return false;
+        };
+        let rebuilt = self.build_route(route.config.clone());
+        let mut next = (*old).clone();
+        next.insert(name.to_string(), rebuilt);
+        self.table.store(Arc::new(next));
+        true
     }
 
     /// Re-reads every key file (rotation without restart). In-flight
@@ -265,8 +287,9 @@ impl Registry {
                     .or_insert_with(|| Arc::new(RouteRuntime::new(&config, self.content_key))),
             )
         };
-        let addresses: Vec<String> = config.peers.iter().map(PeerConfig::address).collect();
-        for gone in runtime.retain_peers(&addresses) {
+        let live = live_peers(&config, &runtime.found.lock());
+        let keys: Vec<String> = live.iter().map(|(_, key, _)| key.clone()).collect();
+        for gone in runtime.retain_peers(&keys) {
             runtime.sessions.forget_peer(gone);
         }
         runtime.sessions.set_config(table_config(&config));
@@ -274,16 +297,9 @@ impl Registry {
             runtime.content.set_config(content);
         }
         runtime.generation.fetch_add(1, Ordering::AcqRel);
-        let peers = config
-            .peers
-            .iter()
-            .map(|pc| {
-                RoutePeer::new(
-                    pc.clone(),
-                    runtime.peer_state(&pc.address()),
-                    resolve(&pc.host, pc.port),
-                )
-            })
+        let peers = live
+            .into_iter()
+            .map(|(pc, key, addr)| RoutePeer::new(pc, runtime.peer_state(&key), addr))
             .collect();
         for e in &config.reject_rule_errors {
             log::error!("{}: reject rule dropped: {e}", config.file.display());

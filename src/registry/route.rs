@@ -84,6 +84,13 @@ pub struct RouteRuntime {
     pub toggles: Toggles,
     /// The route's own key file, re-read on every reload (None: shared keys).
     pub(super) keys: ArcSwapOption<KeyState>,
+    /// What the route's discovery task last found: its listed peers' host
+    /// names resolved, `peers_from`'s endpoints (`discovery/`).
+    pub found: Mutex<crate::discovery::Found>,
+    /// Wakes the discovery task before its next scheduled look: an engine
+    /// refused a connection (it may have moved), or a reload changed the
+    /// route.
+    pub rediscover: tokio::sync::Notify,
 }
 
 /// A pool's in-flight over the last 5 minutes, in 30 s buckets.
@@ -118,6 +125,8 @@ impl RouteRuntime {
             round_robin: AtomicUsize::new(0),
             toggles: Toggles::default(),
             keys: ArcSwapOption::empty(),
+            found: Mutex::default(),
+            rediscover: tokio::sync::Notify::new(),
         }
     }
 
@@ -160,18 +169,48 @@ impl RouteRuntime {
     }
 }
 
-pub(super) fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
-    use std::net::ToSocketAddrs;
-    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
-        return Some(SocketAddr::new(ip, port));
-    }
-    match (host, port).to_socket_addrs() {
-        Ok(mut addrs) => addrs.next(),
-        Err(e) => {
-            log::error!("peer {host}:{port}: cannot resolve ({e}); it will not be used until a reload resolves it");
-            None
+/// The peers of a route version: the ones its file lists, each at the
+/// address its host resolved to (None until it does: never chosen), then
+/// one per endpoint `peers_from` found (an address a listed peer already
+/// has is left to it). With each, the key of its runtime state: its
+/// address, and for a listed host name the name and the address it
+/// resolved to, so an engine behind a new address is a new peer.
+pub(super) fn live_peers(
+    config: &RouteConfig,
+    found: &crate::discovery::Found,
+) -> Vec<(PeerConfig, String, Option<SocketAddr>)> {
+    let mut peers: Vec<(PeerConfig, String, Option<SocketAddr>)> = config
+        .peers
+        .iter()
+        .map(|pc| {
+            let addr = found
+                .addr_of(&pc.host)
+                .map(|ip| SocketAddr::new(ip, pc.port));
+            let key = match addr {
+                Some(addr) if pc.host.parse::<std::net::IpAddr>().is_err() => {
+                    format!("{}@{}", pc.address(), addr.ip())
+                }
+                _ => pc.address(),
+            };
+            (pc.clone(), key, addr)
+        })
+        .collect();
+    if let (Some(from), Some(set)) = (&config.peers_from, &found.set) {
+        for endpoint in set {
+            if peers.iter().any(|(_, _, a)| *a == Some(endpoint.addr)) {
+                continue;
+            }
+            // A pod named like a listed peer goes by its address.
+            let name = if peers.iter().any(|(p, _, _)| p.name == endpoint.name) {
+                endpoint.addr.to_string()
+            } else {
+                endpoint.name.clone()
+            };
+            let pc = from.peer(name, endpoint.addr);
+            peers.push((pc, endpoint.addr.to_string(), Some(endpoint.addr)));
         }
     }
+    peers
 }
 
 /// The key of the content indexes' hashes. Replicas sharing a Redis

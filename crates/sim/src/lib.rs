@@ -486,6 +486,20 @@ pub fn spawn_engines_with(
                 })
         })
         .collect::<std::io::Result<Vec<u16>>>()?;
+    let addrs = ports
+        .into_iter()
+        .map(|port| SocketAddr::from(([127, 0, 0, 1], port)))
+        .collect();
+    spawn_engines_on(addrs, configs)
+}
+
+/// Engines at the given addresses, one config each, in order: several
+/// engines behind one port on different loopback addresses (127.0.0.2,
+/// 127.0.0.3, …), as the pods behind a headless Service.
+pub fn spawn_engines_on(
+    addrs: Vec<SocketAddr>,
+    configs: Vec<EngineConfig>,
+) -> std::io::Result<SimCluster> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("sim-engine")
@@ -498,9 +512,9 @@ pub fn spawn_engines_with(
         .name("sim-engines".to_string())
         .spawn(move || {
             rt.block_on(async move {
-                let mut engines = Vec::with_capacity(ports.len());
-                for (port, cfg) in ports.into_iter().zip(configs) {
-                    let started = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+                let mut engines = Vec::with_capacity(addrs.len());
+                for (addr, cfg) in addrs.into_iter().zip(configs) {
+                    let started = match tokio::net::TcpListener::bind(addr).await {
                         Ok(listener) => start_engine(listener, cfg).await,
                         Err(e) => Err(e),
                     };

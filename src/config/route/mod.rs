@@ -18,7 +18,7 @@ mod peers;
 mod protection;
 mod sections;
 
-use peers::{parse_model_pools, parse_peers};
+use peers::{parse_model_pools, parse_peers, parse_peers_from};
 use protection::parse_protection;
 use sections::{
     parse_balancing, parse_engine_metrics, parse_health, parse_postprocess, parse_reject_rules,
@@ -81,6 +81,40 @@ impl PeerConfig {
     }
 }
 
+/// `peers_from:`: a set of engines found at run time (`discovery/`), each
+/// a peer with these settings, named after its pod or its address.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeersFrom {
+    pub source: PeerSource,
+    pub priority: i32,
+    pub max_concurrency: u32,
+    pub probe_path: Option<String>,
+    pub kv_capacity_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PeerSource {
+    /// Every address of a name (a headless Service), at one port.
+    Dns { name: String, port: u16 },
+    /// The ready endpoints of the EndpointSlices a label selector matches.
+    Kubernetes(crate::discovery::kubernetes::KubernetesSource),
+}
+
+impl PeersFrom {
+    /// The peer for one discovered endpoint.
+    pub fn peer(&self, name: String, addr: std::net::SocketAddr) -> PeerConfig {
+        PeerConfig {
+            name,
+            host: addr.ip().to_string(),
+            port: addr.port(),
+            priority: self.priority,
+            max_concurrency: self.max_concurrency,
+            probe_path: self.probe_path.clone(),
+            kv_capacity_tokens: self.kv_capacity_tokens,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Balancing {
     pub mode: Mode,
@@ -134,7 +168,10 @@ pub struct Timeouts {
 pub struct RouteConfig {
     pub name: String,
     pub file: PathBuf,
+    /// The peers the file lists (a route's live peers are these and the
+    /// ones `peers_from` finds: `Route::peers`).
     pub peers: Vec<PeerConfig>,
+    pub peers_from: Option<PeersFrom>,
     /// model name → indices into `peers`. Empty: one pool, any model.
     pub peers_by_model: Vec<(String, Vec<usize>)>,
     pub max_body_size: u64,
@@ -264,7 +301,14 @@ impl RouteConfig {
             .collect();
         let mut warnings = Vec::new();
         let protection = parse_protection(&at, &file.protection, &mut warnings)?;
-        let peers = parse_peers(&at, file.peers)?;
+        let peers_from = parse_peers_from(&at, file.peers_from)?;
+        let peers = parse_peers(&at, file.peers, peers_from.is_some())?;
+        if peers_from.is_some() && file.peers_by_model.is_some() {
+            return Err(at.at_key(
+                "peers_by_model",
+                "peers_by_model names peers, and peers_from's are only known at run time: a route with peers_from serves every model from all its peers".into(),
+            ));
+        }
         let peers_by_model = parse_model_pools(&at, &peers, file.peers_by_model)?;
         let balancing = parse_balancing(&at, file.balancing.unwrap_or_default(), &mut warnings)?;
         let health = parse_health(&at, file.health.unwrap_or_default())?;
@@ -277,6 +321,7 @@ impl RouteConfig {
             name: name.to_string(),
             file: path.to_path_buf(),
             peers,
+            peers_from,
             peers_by_model,
             max_body_size: file
                 .max_body_size

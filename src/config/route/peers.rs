@@ -1,18 +1,27 @@
-//! `peers:` and `peers_by_model:`: the engines and the model pools over them.
+//! `peers:`, `peers_from:` and `peers_by_model:`: the engines, the set
+//! they are discovered from, and the model pools over them.
 
 use super::Locator;
-use super::PeerConfig;
-use crate::config::file::PeerFile;
+use super::{PeerConfig, PeerSource, PeersFrom};
+use crate::config::file::{PeerFile, PeersFromFile};
 use crate::config::ConfigError;
+use crate::discovery::kubernetes::{KubernetesSource, PortRef};
 use std::collections::BTreeMap;
 
 pub(super) fn parse_peers(
     at: &Locator,
     raw: Option<Vec<PeerFile>>,
+    discovered: bool,
 ) -> Result<Vec<PeerConfig>, ConfigError> {
     let raw_peers = match raw {
         Some(p) if !p.is_empty() => p,
-        _ => return Err(at.at_key("peers", "peers: a route needs at least one peer".into())),
+        _ if discovered => Vec::new(),
+        _ => {
+            return Err(at.at_key(
+                "peers",
+                "peers: a route needs at least one peer, or peers_from".into(),
+            ))
+        }
     };
     let mut peers: Vec<PeerConfig> = Vec::with_capacity(raw_peers.len());
     for (i, p) in raw_peers.into_iter().enumerate() {
@@ -26,39 +35,10 @@ pub(super) fn parse_peers(
                 format!("peers[{i}] {}: host must not be empty", p.name),
             ));
         }
-        let port = u16::try_from(p.port)
-            .ok()
-            .filter(|&port| port != 0)
-            .ok_or_else(|| {
-                at.error(
-                    line,
-                    format!(
-                        "peers[{i}] {}: port {} out of range 1..65535",
-                        p.name, p.port
-                    ),
-                )
-            })?;
-        let max_concurrency = match p.max_concurrency {
-            None => 64,
-            Some(n) if (1..=1_000_000).contains(&n) => n as u32,
-            Some(n) => {
-                return Err(at.error(
-                    line,
-                    format!(
-                        "peers[{i}] {}: max_concurrency {n} out of range 1..1000000",
-                        p.name
-                    ),
-                ))
-            }
-        };
-        if let Some(path) = &p.probe_path {
-            if !path.starts_with('/') {
-                return Err(at.error(
-                    line,
-                    format!("peers[{i}] {}: probe_path must start with '/'", p.name),
-                ));
-            }
-        }
+        let what = format!("peers[{i}] {}", p.name);
+        let port = port(at, line, &what, p.port)?;
+        let max_concurrency = max_concurrency(at, line, &what, p.max_concurrency)?;
+        probe_path(at, line, &what, p.probe_path.as_deref())?;
         let peer = PeerConfig {
             name: p.name,
             host: p.host,
@@ -92,6 +72,123 @@ pub(super) fn parse_peers(
     }
 
     Ok(peers)
+}
+
+/// A peer's `max_concurrency`, 64 unless set.
+fn max_concurrency(
+    at: &Locator,
+    line: Option<usize>,
+    what: &str,
+    raw: Option<i64>,
+) -> Result<u32, ConfigError> {
+    match raw {
+        None => Ok(64),
+        Some(n) if (1..=1_000_000).contains(&n) => Ok(n as u32),
+        Some(n) => Err(at.error(
+            line,
+            format!("{what}: max_concurrency {n} out of range 1..1000000"),
+        )),
+    }
+}
+
+fn probe_path(
+    at: &Locator,
+    line: Option<usize>,
+    what: &str,
+    path: Option<&str>,
+) -> Result<(), ConfigError> {
+    match path {
+        Some(path) if !path.starts_with('/') => {
+            Err(at.error(line, format!("{what}: probe_path must start with '/'")))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn port(at: &Locator, line: Option<usize>, what: &str, raw: i64) -> Result<u16, ConfigError> {
+    u16::try_from(raw)
+        .ok()
+        .filter(|&port| port != 0)
+        .ok_or_else(|| at.error(line, format!("{what}: port {raw} out of range 1..65535")))
+}
+
+/// `peers_from:`: where the route's discovered peers come from, and the
+/// settings each of them gets.
+pub(super) fn parse_peers_from(
+    at: &Locator,
+    raw: Option<PeersFromFile>,
+) -> Result<Option<PeersFrom>, ConfigError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let line = at.line("peers_from");
+    let what = "peers_from";
+    let source = match (raw.dns, raw.kubernetes) {
+        (Some(name), None) => {
+            let name = name.trim().trim_end_matches('.').to_string();
+            if name.is_empty() || name.parse::<std::net::IpAddr>().is_ok() {
+                return Err(at.error(line, "peers_from.dns: a host name, not an address".into()));
+            }
+            let Some(p) = raw.port else {
+                return Err(at.error(line, "peers_from.dns needs port: the engines' port".into()));
+            };
+            PeerSource::Dns {
+                name,
+                port: port(at, line, what, p)?,
+            }
+        }
+        (None, Some(k)) => {
+            if raw.port.is_some() {
+                return Err(at.error(
+                    line,
+                    "peers_from: with kubernetes, the port goes under kubernetes.port".into(),
+                ));
+            }
+            let port =
+                match &k.port {
+                    serde_yaml::Value::Number(n) => {
+                        PortRef::Number(port(at, line, what, n.as_i64().unwrap_or(-1))?)
+                    }
+                    serde_yaml::Value::String(name) if !name.trim().is_empty() => {
+                        PortRef::Name(name.trim().to_string())
+                    }
+                    _ => return Err(at.error(
+                        line,
+                        "peers_from.kubernetes.port: a port number or the name of the slices' port"
+                            .into(),
+                    )),
+                };
+            if k.namespace.trim().is_empty() || k.selector.trim().is_empty() {
+                return Err(at.error(
+                    line,
+                    "peers_from.kubernetes: namespace and selector must not be empty".into(),
+                ));
+            }
+            if let Some(api) = &k.api {
+                if !(api.starts_with("http://") || api.starts_with("https://")) {
+                    return Err(at.error(
+                        line,
+                        format!(
+                            "peers_from.kubernetes.api: {api:?} is not an http:// or https:// URL"
+                        ),
+                    ));
+                }
+            }
+            PeerSource::Kubernetes(KubernetesSource {
+                namespace: k.namespace.trim().to_string(),
+                selector: k.selector.trim().to_string(),
+                port,
+                api: k.api.map(|a| a.trim_end_matches('/').to_string()),
+            })
+        }
+        _ => return Err(at.error(line, "peers_from: exactly one of dns or kubernetes".into())),
+    };
+    probe_path(at, line, what, raw.probe_path.as_deref())?;
+    Ok(Some(PeersFrom {
+        source,
+        priority: raw.priority.unwrap_or(0),
+        max_concurrency: max_concurrency(at, line, what, raw.max_concurrency)?,
+        probe_path: raw.probe_path,
+        kv_capacity_tokens: raw.kv_capacity_tokens.filter(|&n| n > 0),
+    }))
 }
 
 pub(super) fn parse_model_pools(

@@ -88,6 +88,9 @@ pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error>
         return e;
     }
     p.state.ban(now_ms(), route.config.health.ban_ttl);
+    // The engine may have moved (a restarted pod, a new address): its name
+    // is looked up again now, not at its TTL's end.
+    route.runtime.rediscover.notify_one();
     log::warn!(
         "route {} peer {}: connect failed ({}), marked not ready",
         route.name(),

@@ -1,0 +1,305 @@
+//! Engines found by name while the gateway runs (issue 33): a real DNS
+//! server on loopback (dnsmasq, `common::dns`) that the test rewrites, the
+//! gateway pointed at it through `resolver:` in gateway.yaml, and simulated
+//! engines on several loopback addresses (127.0.0.2, .3, …) behind one
+//! port, as the pods of a headless Service. No reload is ever sent: every
+//! change is the DNS server's.
+
+mod common;
+
+use common::dns::Dnsmasq;
+use common::http;
+use common::*;
+use llm_gateway_sim::spawn_engines_on;
+use serde_json::Value;
+use std::net::{IpAddr, SocketAddr};
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::from([127, 0, 0, last])
+}
+
+/// One engine per loopback address, all on one free port.
+fn engines_at(lasts: &[u8]) -> (SimCluster, u16) {
+    let port = free_port();
+    let addrs = lasts
+        .iter()
+        .map(|&l| SocketAddr::new(ip(l), port))
+        .collect();
+    let cluster = spawn_engines_on(addrs, vec![EngineConfig::default(); lasts.len()])
+        .expect("simulated engines on loopback addresses");
+    (cluster, port)
+}
+
+fn gateway(dns: &Dnsmasq, route: String) -> Gateway {
+    Gateway::start_with(
+        &[("chat", route)],
+        GatewayOptions {
+            extra_config: dns.gateway_config(),
+            ..Default::default()
+        },
+    )
+}
+
+fn health(gw: &Gateway) -> Value {
+    let r = http::get(gw.addr, "/chat/_health_status");
+    assert_eq!(r.status(), 200, "{}", r.text());
+    r.json()
+}
+
+/// Each peer's name and address (null until resolved), per `/_health_status`.
+fn peers(gw: &Gateway) -> Vec<(String, Option<String>)> {
+    health(gw)["peers"]
+        .as_array()
+        .expect("peers")
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or_default().to_string(),
+                p["address"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// A turn of `session`; the peer that served it, how it was placed, and
+/// the prompt tokens the engine had cached.
+fn turn(gw: &Gateway, session: &str, n: usize) -> (String, String, u64) {
+    // A long shared start, so a turn finds the previous one's prefix
+    // cached on the engine that served it.
+    let body = chat_body(
+        session,
+        &format!("{session}: {} turn {n}", "x".repeat(4000)),
+        false,
+    );
+    let r = http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
+    assert_eq!(r.status(), 200, "{}", r.text());
+    let cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (
+        r.header("x-routed-peer").unwrap_or_default().to_string(),
+        r.header("x-routed-mode").unwrap_or_default().to_string(),
+        cached,
+    )
+}
+
+fn served(cluster: &SimCluster, i: usize) -> u64 {
+    cluster.engines[i]
+        .stats
+        .requests
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn a_name_that_resolves_late_joins_and_one_that_never_does_blocks_nothing() {
+    let (cluster, port) = engines_at(&[1, 2]);
+    let dns = Dnsmasq::start(&[]);
+    let route = format!(
+        "peers:\n  - {{name: fixed, host: 127.0.0.1, port: {port}}}\n  - {{name: late, host: late.test, port: {port}}}\n  - {{name: never, host: never.test, port: {port}}}\n"
+    );
+    let gw = gateway(&dns, route);
+    let reloads = gw.reloads(&[]);
+
+    // Neither name resolves: both are reported, and the fixed peer serves.
+    let h = health(&gw);
+    let hosts = h["discovery"]["hosts"].as_array().expect("hosts").clone();
+    assert_eq!(hosts.len(), 2, "{h}");
+    for host in &hosts {
+        assert_eq!(host["resolved"], false, "{h}");
+        assert!(host["last_error"].is_string(), "{h}");
+    }
+    for n in 0..6 {
+        let (peer, _, _) = turn(&gw, &format!("s{n}"), 0);
+        assert_eq!(peer, "fixed");
+    }
+    assert_eq!(served(&cluster, 1), 0);
+
+    // late.test appears in the DNS: its peer gets an address and, as the
+    // less loaded engine, new sessions; never.test is still reported and
+    // still blocks nothing.
+    dns.set(&[("late.test", ip(2))]);
+    wait_for("late.test to resolve", DEADLINE, || {
+        peers(&gw)
+            .iter()
+            .any(|(name, addr)| name == "late" && addr.is_some())
+            .then_some(())
+    });
+    let late: Vec<String> = (0..8).map(|n| turn(&gw, &format!("n{n}"), 0).0).collect();
+    assert!(late.iter().any(|p| p == "late"), "{late:?}");
+    assert!(served(&cluster, 1) > 0);
+    let h = health(&gw);
+    let never = h["discovery"]["hosts"]
+        .as_array()
+        .and_then(|hs| hs.iter().find(|x| x["host"] == "never.test").cloned())
+        .expect("never.test reported");
+    assert_eq!(never["resolved"], false, "{h}");
+    assert!(never["last_error"].is_string(), "{h}");
+    let never_peer = &h["peers"].as_array().expect("peers")[2];
+    assert_eq!(never_peer["name"], "never");
+    assert!(never_peer["address"].is_null(), "{h}");
+    assert_eq!(gw.reloads(&[]), reloads, "no reload was needed");
+}
+
+#[test]
+fn an_address_that_changes_moves_its_sessions_and_starts_them_cold() {
+    let (cluster, port) = engines_at(&[2, 3]);
+    let dns = Dnsmasq::start(&[("engine.test", ip(2))]);
+    let gw = gateway(
+        &dns,
+        format!("peers:\n  - {{name: engine, host: engine.test, port: {port}}}\n"),
+    );
+    let at = |want: &str| {
+        wait_for(&format!("engine.test at {want}"), DEADLINE, || {
+            peers(&gw)
+                .iter()
+                .any(|(_, addr)| addr.as_deref() == Some(want))
+                .then_some(())
+        })
+    };
+    at(&format!("127.0.0.2:{port}"));
+
+    // Two turns on 127.0.0.2: the second one warm.
+    let (_, mode, _) = turn(&gw, "s", 1);
+    assert_eq!(mode, "new");
+    let (_, mode, cached) = turn(&gw, "s", 2);
+    assert_eq!(mode, "sticky");
+    assert!(
+        cached > 0,
+        "the second turn is warm on the engine that served the first"
+    );
+    assert_eq!((served(&cluster, 0), served(&cluster, 1)), (2, 0));
+
+    // The pod restarts elsewhere: same name, new address, empty cache.
+    dns.set(&[("engine.test", ip(3))]);
+    at(&format!("127.0.0.3:{port}"));
+    let (peer, mode, cached) = turn(&gw, "s", 3);
+    assert_eq!(peer, "engine");
+    assert_eq!(
+        (served(&cluster, 0), served(&cluster, 1)),
+        (2, 1),
+        "the turn went to the new address"
+    );
+    assert_ne!(mode, "sticky", "its binding went with the old address");
+    assert_eq!(cached, 0, "and the engine there had none of its cache");
+    // From there it is sticky again.
+    let (_, mode, cached) = turn(&gw, "s", 4);
+    assert_eq!(mode, "sticky");
+    assert!(cached > 0);
+}
+
+#[test]
+fn a_headless_name_gives_a_peer_per_address_and_one_removed_moves_only_its_sessions() {
+    let (cluster, port) = engines_at(&[2, 3, 4]);
+    let pods = [
+        ("pool.test", ip(2)),
+        ("pool.test", ip(3)),
+        ("pool.test", ip(4)),
+    ];
+    let dns = Dnsmasq::start(&pods);
+    let gw = gateway(
+        &dns,
+        format!("peers_from: {{dns: pool.test, port: {port}, max_concurrency: 8}}\n"),
+    );
+    let want: Vec<String> = [2, 3, 4]
+        .iter()
+        .map(|l| format!("127.0.0.{l}:{port}"))
+        .collect();
+    wait_for("three peers", DEADLINE, || {
+        let names: Vec<String> = peers(&gw).into_iter().map(|(n, _)| n).collect();
+        (names == want).then_some(())
+    });
+    let h = health(&gw);
+    assert_eq!(h["discovery"]["peers_from"]["endpoints"], 3, "{h}");
+
+    // Sessions spread over the three by load; each stays put.
+    let sessions: Vec<String> = (0..9).map(|n| format!("s{n}")).collect();
+    let home: Vec<String> = sessions.iter().map(|s| turn(&gw, s, 1).0).collect();
+    for w in &want {
+        assert!(home.contains(w), "every engine gets sessions: {home:?}");
+    }
+    for (s, h) in sessions.iter().zip(&home) {
+        assert_eq!(&turn(&gw, s, 2).0, h);
+    }
+
+    // One pod goes: two peers, its sessions move, the others stay.
+    let gone = &want[1];
+    dns.set(&[pods[0], pods[2]]);
+    wait_for("two peers", DEADLINE, || {
+        (peers(&gw).len() == 2).then_some(())
+    });
+    let before_gone = served(&cluster, 1);
+    for (s, h) in sessions.iter().zip(&home) {
+        let (peer, mode, _) = turn(&gw, s, 3);
+        assert_ne!(&peer, gone);
+        if h == gone {
+            assert_ne!(mode, "sticky", "{s} lost its engine");
+        } else {
+            assert_eq!(
+                (&peer, mode.as_str()),
+                (h, "sticky"),
+                "{s} keeps its engine"
+            );
+        }
+    }
+    assert_eq!(
+        served(&cluster, 1),
+        before_gone,
+        "nothing more reached the removed pod"
+    );
+
+    // It comes back: a peer again, with none of the moved sessions.
+    dns.set(&pods);
+    wait_for("three peers again", DEADLINE, || {
+        (peers(&gw).len() == 3).then_some(())
+    });
+    for (s, h) in sessions.iter().zip(&home) {
+        if h == gone {
+            assert_ne!(&turn(&gw, s, 4).0, gone, "{s} stays where it moved");
+        }
+    }
+}
+
+#[test]
+fn a_refused_connection_looks_the_name_up_again_at_once() {
+    let (cluster, port) = engines_at(&[2, 3]);
+    let dns = Dnsmasq::start(&[("engine.test", ip(2))]);
+    // Looked up again only every minute, longer than any wait below: what
+    // makes the gateway look sooner is the refused connection.
+    let gw = Gateway::start_with(
+        &[(
+            "chat",
+            format!("peers:\n  - {{name: engine, host: engine.test, port: {port}}}\n"),
+        )],
+        GatewayOptions {
+            extra_config: format!(
+                "resolver:\n  nameservers: [\"{}\"]\n  min_ttl: 60s\n  max_ttl: 60s\n",
+                dns.addr
+            ),
+            ..Default::default()
+        },
+    );
+    let address = |gw: &Gateway| peers(gw)[0].1.clone();
+    assert_eq!(address(&gw), Some(format!("127.0.0.2:{port}")));
+    turn(&gw, "s", 1);
+
+    // The engine moves in the DNS. Control: while the old address still
+    // answers, the gateway keeps using it (its next look is a minute away).
+    dns.set(&[("engine.test", ip(3))]);
+    turn(&gw, "s", 2);
+    assert_eq!((served(&cluster, 0), served(&cluster, 1)), (2, 0));
+    assert_eq!(address(&gw), Some(format!("127.0.0.2:{port}")));
+
+    // The old engine goes away: the first refused connection has the name
+    // looked up again, and the next turn reaches the new address.
+    cluster.engines[0].shutdown();
+    let body = chat_body("s", "after the move", false);
+    let refused = http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
+    assert_ne!(refused.status(), 200, "{}", refused.text());
+    wait_for("the new address", DEADLINE, || {
+        (address(&gw) == Some(format!("127.0.0.3:{port}"))).then_some(())
+    });
+    let (peer, _, cached) = turn(&gw, "s", 3);
+    assert_eq!(peer, "engine");
+    assert_eq!(served(&cluster, 1), 1);
+    assert_eq!(cached, 0);
+}
