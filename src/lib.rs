@@ -14,6 +14,7 @@
 //! - `controller`, `watch`, `lifecycle`  signals, reloads, the drain
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
+//! - `discovery`  peers found outside the route file: Kubernetes EndpointSlices
 //!
 //! The pure core (`crates/core`: `placement`, `protect`, `reject`, `rewrite`,
 //! `stream`, `request_view`, `session`, `hash`, `json_bytes`) is re-exported
@@ -26,6 +27,7 @@ pub mod bodylog;
 pub mod clock;
 pub mod config;
 pub mod controller;
+pub mod discovery;
 pub mod errors;
 pub mod health;
 pub mod lifecycle;
