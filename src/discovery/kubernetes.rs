@@ -140,9 +140,7 @@ impl Access {
     }
 
     fn from_url(url: &str, account: &Path) -> Result<Access, String> {
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|e| format!("api URL {url:?}: {e}"))?;
+        let uri: http::Uri = url.parse().map_err(|e| format!("api URL {url:?}: {e}"))?;
         let tls = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
@@ -152,7 +150,9 @@ impl Access {
             .authority()
             .ok_or_else(|| format!("api URL {url:?}: no host"))?;
         if authority.as_str().contains('@') {
-            return Err(format!("api URL {url:?}: credentials in a URL are not used"));
+            return Err(format!(
+                "api URL {url:?}: credentials in a URL are not used"
+            ));
         }
         let host = authority
             .host()
@@ -466,7 +466,10 @@ async fn read_token(path: &Path) -> Result<String, String> {
         .map_err(|e| format!("reading the service account token {}: {e}", path.display()))?;
     let token = text.trim();
     if token.is_empty() {
-        return Err(format!("the service account token {} is empty", path.display()));
+        return Err(format!(
+            "the service account token {} is empty",
+            path.display()
+        ));
     }
     Ok(token.to_string())
 }
@@ -693,10 +696,7 @@ impl Watcher {
                     self.gone_again = true;
                 }
                 Outcome::Failed(message) => {
-                    log::warn!(
-                        "kubernetes discovery {}: {message}",
-                        describe(&self.source)
-                    );
+                    log::warn!("kubernetes discovery {}: {message}", describe(&self.source));
                     self.failing = true;
                     if self.out.send(Found::Error(message)).await.is_err() {
                         return;

@@ -85,10 +85,22 @@ fn ports_by_name_or_number() {
             .collect::<Vec<_>>()
     };
     assert_eq!(at(http()), vec![8000]);
-    assert_eq!(at(PortRef::Name(String::new())), vec![7000], "an unnamed port's name is \"\"");
+    assert_eq!(
+        at(PortRef::Name(String::new())),
+        vec![7000],
+        "an unnamed port's name is \"\""
+    );
     assert_eq!(at(PortRef::Name("grpc".to_string())), Vec::<u16>::new());
-    assert_eq!(at(PortRef::Name("bad".to_string())), Vec::<u16>::new(), "not a port");
-    assert_eq!(at(PortRef::Number(1234)), vec![1234], "a number is used as is");
+    assert_eq!(
+        at(PortRef::Name("bad".to_string())),
+        Vec::<u16>::new(),
+        "not a port"
+    );
+    assert_eq!(
+        at(PortRef::Number(1234)),
+        vec![1234],
+        "a number is used as is"
+    );
     let no_ports = slice(
         r#"{"metadata":{"name":"s"},"addressType":"IPv4","ports":null,
         "endpoints":[{"addresses":["10.0.0.1"]}]}"#,
@@ -147,8 +159,12 @@ fn the_ready_set_is_the_union_sorted_one_per_address() {
     );
     // One address under two names (a pod replaced by one at the same IP,
     // seen in two slices): one endpoint, the same one whatever the order.
-    let x = slice(r#"{"metadata":{"name":"x"},"addressType":"IPv4","endpoints":[{"addresses":["10.0.0.3"],"targetRef":{"kind":"Pod","name":"new"}}]}"#);
-    let y = slice(r#"{"metadata":{"name":"y"},"addressType":"IPv4","endpoints":[{"addresses":["10.0.0.3"],"targetRef":{"kind":"Pod","name":"old"}}]}"#);
+    let x = slice(
+        r#"{"metadata":{"name":"x"},"addressType":"IPv4","endpoints":[{"addresses":["10.0.0.3"],"targetRef":{"kind":"Pod","name":"new"}}]}"#,
+    );
+    let y = slice(
+        r#"{"metadata":{"name":"y"},"addressType":"IPv4","endpoints":[{"addresses":["10.0.0.3"],"targetRef":{"kind":"Pod","name":"old"}}]}"#,
+    );
     let set = Slices::from_list(&[x, y], &PortRef::Number(80)).ready_set();
     assert_eq!(set, vec![ep("new", "10.0.0.3:80")]);
 }
@@ -159,7 +175,10 @@ fn watch_events_apply_in_order() {
     let at = |v: &str| Applied::At(Some(v.to_string()));
     assert_eq!(
         slices.ready_set(),
-        vec![ep("vllm-0", "10.244.1.5:8000"), ep("vllm-2", "10.244.3.9:8000")]
+        vec![
+            ep("vllm-0", "10.244.1.5:8000"),
+            ep("vllm-2", "10.244.3.9:8000")
+        ]
     );
     let steps: Vec<(Applied, Vec<Endpoint>)> = vec![
         (
@@ -188,7 +207,10 @@ fn watch_events_apply_in_order() {
         ),
         (
             at("1004"),
-            vec![ep("vllm-1", "10.244.2.7:8000"), ep("vllm-2", "10.244.3.9:8000")],
+            vec![
+                ep("vllm-1", "10.244.2.7:8000"),
+                ep("vllm-2", "10.244.3.9:8000"),
+            ],
         ),
         (at("1005"), vec![ep("vllm-1", "10.244.2.7:8000")]),
     ];
@@ -201,7 +223,9 @@ fn watch_events_apply_in_order() {
     // A slice added, then deleted by name whatever its content says.
     let added = r#"{"type":"ADDED","object":{"metadata":{"name":"new","resourceVersion":"1006"},"addressType":"IPv4","ports":[{"name":"http","port":8000}],"endpoints":[{"addresses":["10.244.9.9"]}]}}"#;
     assert_eq!(slices.apply(added.as_bytes(), &http()), at("1006"));
-    assert!(slices.ready_set().contains(&ep("10.244.9.9:8000", "10.244.9.9:8000")));
+    assert!(slices
+        .ready_set()
+        .contains(&ep("10.244.9.9:8000", "10.244.9.9:8000")));
     let deleted = r#"{"type":"DELETED","object":{"metadata":{"name":"new","resourceVersion":"1007"},"addressType":"IPv4"}}"#;
     assert_eq!(slices.apply(deleted.as_bytes(), &http()), at("1007"));
     assert_eq!(slices.ready_set(), vec![ep("vllm-1", "10.244.2.7:8000")]);
@@ -221,7 +245,10 @@ fn error_and_unknown_events() {
         Applied::Failed(_)
     ));
     assert!(matches!(
-        slices.apply(br#"{"type":"MODIFIED","object":{"metadata":{"name":7}}}"#, &http()),
+        slices.apply(
+            br#"{"type":"MODIFIED","object":{"metadata":{"name":7}}}"#,
+            &http()
+        ),
         Applied::Failed(_)
     ));
     assert_eq!(
@@ -242,8 +269,7 @@ fn source(selector: &str) -> KubernetesSource {
 
 #[test]
 fn list_and_watch_paths() {
-    let access = Access::from_url("http://127.0.0.1:8001/", Path::new("/sa"))
-        .expect("an http URL");
+    let access = Access::from_url("http://127.0.0.1:8001/", Path::new("/sa")).expect("an http URL");
     let s = source("app=vllm,tier in (a,b)");
     assert_eq!(
         slices_path(&access, &s, None),
@@ -289,7 +315,9 @@ fn a_ca_file_without_a_certificate_is_an_error() {
     std::fs::write(&path, "not a PEM\n").expect("write");
     let e = tls_connector(&path).err().expect("refused");
     assert!(e.contains("no certificate"), "{e}");
-    let missing = tls_connector(&dir.path().join("absent")).err().expect("refused");
+    let missing = tls_connector(&dir.path().join("absent"))
+        .err()
+        .expect("refused");
     assert!(missing.contains("absent"), "{missing}");
 }
 
@@ -379,14 +407,19 @@ async fn the_token_is_sent_and_read_again_at_each_connect() {
     // Rotated, as the kubelet does, before the watch connects.
     std::fs::write(&token, "second-token").expect("write");
     go_list.send(()).expect("stub alive");
-    let found = tokio::time::timeout(within, rx.recv()).await.expect("in time");
+    let found = tokio::time::timeout(within, rx.recv())
+        .await
+        .expect("in time");
     assert_eq!(found, Some(Found::Endpoints(Vec::new())));
     let second = tokio::time::timeout(within, heads.recv())
         .await
         .expect("the watch in time")
         .expect("a head");
     assert!(second.contains("&watch=1&resourceVersion=7&"), "{second}");
-    assert_eq!(authorization(&second).as_deref(), Some("Bearer second-token"));
+    assert_eq!(
+        authorization(&second).as_deref(),
+        Some("Bearer second-token")
+    );
 
     // Dropping the receiver ends the watcher, though its watch is silent.
     drop(rx);
