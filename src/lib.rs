@@ -14,6 +14,7 @@
 //! - `controller`, `watch`, `lifecycle`  signals, reloads, the drain
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
+//! - `discovery`  engines found while running: host names looked up again, `peers_from` (DNS, Kubernetes EndpointSlices)
 //!
 //! The pure core (`crates/core`: `placement`, `protect`, `reject`, `rewrite`,
 //! `stream`, `request_view`, `session`, `hash`, `json_bytes`) is re-exported
