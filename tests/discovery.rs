@@ -303,3 +303,114 @@ fn a_refused_connection_looks_the_name_up_again_at_once() {
     assert_eq!(served(&cluster, 1), 1);
     assert_eq!(cached, 0);
 }
+
+#[test]
+fn endpoint_slices_give_a_peer_per_ready_pod_and_a_broken_watch_resumes() {
+    use common::kube::{slice, slice_list, KubeApi};
+    let (cluster, port) = engines_at(&[2, 3, 4]);
+    let a = |v, ready1| {
+        slice(
+            "vllm-a",
+            v,
+            &[
+                ("vllm-0", "127.0.0.2", true),
+                ("vllm-1", "127.0.0.3", ready1),
+            ],
+            port,
+        )
+    };
+    let b = slice("vllm-b", 98, &[("vllm-2", "127.0.0.4", true)], port);
+    let api = KubeApi::start(&slice_list(100, &[a(99, false), b]));
+    let gw = Gateway::start(&[(
+        "chat",
+        format!(
+            "peers_from:\n  kubernetes: {{namespace: llm, selector: \"app=vllm\", port: http, api: \"{}\"}}\n  max_concurrency: 8\n",
+            api.url
+        ),
+    )]);
+    let names = |gw: &Gateway| -> Vec<String> { peers(gw).into_iter().map(|(n, _)| n).collect() };
+    let expect = |gw: &Gateway, want: &[&str]| {
+        wait_for(&format!("peers {want:?}"), DEADLINE, || {
+            (names(gw) == want).then_some(())
+        })
+    };
+    // The list: the two ready pods, named after themselves.
+    expect(&gw, &["vllm-0", "vllm-2"]);
+    wait_for("the watch", DEADLINE, || {
+        (api.open_watches() == 1).then_some(())
+    });
+    let sessions: Vec<String> = (0..6).map(|n| format!("s{n}")).collect();
+    let home: Vec<String> = sessions.iter().map(|s| turn(&gw, s, 1).0).collect();
+    assert!(
+        home.contains(&"vllm-0".to_string()) && home.contains(&"vllm-2".to_string()),
+        "{home:?}"
+    );
+    assert_eq!(served(&cluster, 1), 0, "a pod not ready gets nothing");
+
+    // vllm-1 becomes ready: it joins, and new sessions reach it.
+    api.send("MODIFIED", &a(101, true));
+    expect(&gw, &["vllm-0", "vllm-1", "vllm-2"]);
+    let newcomers: Vec<String> = (0..6).map(|n| turn(&gw, &format!("n{n}"), 1).0).collect();
+    assert!(newcomers.iter().any(|p| p == "vllm-1"), "{newcomers:?}");
+
+    // vllm-2's slice is deleted: it leaves, its sessions move, the others stay.
+    api.send(
+        "DELETED",
+        &slice("vllm-b", 102, &[("vllm-2", "127.0.0.4", true)], port),
+    );
+    expect(&gw, &["vllm-0", "vllm-1"]);
+    let before = served(&cluster, 2);
+    for (s, h) in sessions.iter().zip(&home) {
+        let (peer, mode, _) = turn(&gw, s, 2);
+        if h == "vllm-2" {
+            assert_ne!(peer, "vllm-2");
+            assert_ne!(mode, "sticky", "{s} lost its engine");
+        } else {
+            assert_eq!(
+                (&peer, mode.as_str()),
+                (h, "sticky"),
+                "{s} keeps its engine"
+            );
+        }
+    }
+    assert_eq!(served(&cluster, 2), before);
+
+    // The watch breaks: the gateway watches again from the last version it
+    // saw (the deletion's, 102), without listing again, and what comes
+    // then still applies.
+    let lists = |api: &KubeApi| {
+        api.targets()
+            .iter()
+            .filter(|t| !t.contains("watch=1"))
+            .count()
+    };
+    assert_eq!(lists(&api), 1);
+    api.break_watches();
+    wait_for("the watch to resume", DEADLINE, || {
+        (api.open_watches() == 1).then_some(())
+    });
+    let resumed = api.targets().last().cloned().unwrap_or_default();
+    assert!(resumed.contains("watch=1"), "{resumed}");
+    assert!(resumed.contains("resourceVersion=102&"), "{resumed}");
+    assert_eq!(
+        lists(&api),
+        1,
+        "resumed, not listed again: {:?}",
+        api.targets()
+    );
+    api.send(
+        "MODIFIED",
+        &slice(
+            "vllm-a",
+            103,
+            &[
+                ("vllm-0", "127.0.0.2", false),
+                ("vllm-1", "127.0.0.3", true),
+            ],
+            port,
+        ),
+    );
+    expect(&gw, &["vllm-1"]);
+    let h = health(&gw);
+    assert_eq!(h["discovery"]["peers_from"]["endpoints"], 1, "{h}");
+}

@@ -8,6 +8,7 @@ pub mod bodylog;
 pub mod canned;
 pub mod dns;
 pub mod http;
+pub mod kube;
 pub mod process;
 pub mod redis;
 pub mod simproc;
