@@ -71,7 +71,20 @@ pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
                 for w in route.notices() {
                     eprintln!("warning: {}: {w}", route.file.display());
                 }
-                println!("ok: route {name} ({} peers)", route.peers.len());
+                let found = match route.peers_from.as_ref().map(|f| &f.source) {
+                    None => String::new(),
+                    Some(crate::config::PeerSource::Dns { name, port }) => {
+                        format!(", and one per address of {name} at port {port}")
+                    }
+                    Some(crate::config::PeerSource::Kubernetes(k)) => format!(
+                        ", and one per ready endpoint of the EndpointSlices {:?} in namespace {}",
+                        k.selector, k.namespace
+                    ),
+                };
+                println!(
+                    "ok: route {name} ({} peers listed{found})",
+                    route.peers.len()
+                );
             }
             Err(e) => {
                 eprintln!("error: {e}");
@@ -91,6 +104,17 @@ pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
         );
     } else {
         println!("watch: off (reload with SIGHUP)");
+    }
+    let r = &gateway.resolver;
+    match r.nameservers.as_slice() {
+        [] => println!(
+            "resolver: the system's; names looked up again every {:?}..{:?}",
+            r.min_ttl, r.max_ttl
+        ),
+        servers => println!(
+            "resolver: {servers:?}; names looked up again every {:?}..{:?}",
+            r.min_ttl, r.max_ttl
+        ),
     }
     match &gateway.session_store {
         crate::config::store::SessionStoreConfig::Local => println!("session store: local"),

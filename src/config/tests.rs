@@ -571,3 +571,131 @@ fn errors_after_parsing_find_their_key_by_its_section() {
     assert_eq!(e.line, Some(7), "{e}");
     assert!(e.message.contains("engine_metrics.interval"), "{e}");
 }
+
+#[test]
+fn peers_from_names_a_dns_name_or_endpoint_slices_with_the_peer_settings() {
+    let r = route(
+        "peers_from: {dns: vllm-headless.llm.svc, port: 8000, max_concurrency: 8, priority: 1}\n",
+    )
+    .unwrap();
+    assert!(r.peers.is_empty());
+    let from = r.peers_from.expect("peers_from");
+    assert_eq!(
+        from.source,
+        PeerSource::Dns {
+            name: "vllm-headless.llm.svc".into(),
+            port: 8000
+        }
+    );
+    let peer = from.peer("pod".into(), "10.0.0.5:8000".parse().unwrap());
+    assert_eq!(
+        (
+            peer.host.as_str(),
+            peer.port,
+            peer.max_concurrency,
+            peer.priority
+        ),
+        ("10.0.0.5", 8000, 8, 1)
+    );
+    let r = route(&format!(
+        "{MINIMAL}peers_from:\n  kubernetes: {{namespace: llm, selector: \"app=vllm\", port: http}}\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        r.peers.len(),
+        2,
+        "listed peers and discovered ones together"
+    );
+    match r.peers_from.map(|f| f.source) {
+        Some(PeerSource::Kubernetes(k)) => {
+            assert_eq!(
+                (k.namespace.as_str(), k.selector.as_str()),
+                ("llm", "app=vllm")
+            );
+            assert_eq!(
+                k.port,
+                crate::discovery::kubernetes::PortRef::Name("http".into())
+            );
+            assert_eq!(k.api, None);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn peers_from_errors_name_what_is_wrong() {
+    for (text, says) in [
+        ("peers_from: {dns: pool.test}\n", "needs port"),
+        ("peers_from: {dns: 10.0.0.1, port: 80}\n", "a host name, not an address"),
+        ("peers_from: {port: 80}\n", "exactly one of dns or kubernetes"),
+        (
+            "peers_from: {dns: a.test, port: 80, kubernetes: {namespace: n, selector: s, port: 1}}\n",
+            "exactly one of dns or kubernetes",
+        ),
+        (
+            "peers_from: {kubernetes: {namespace: n, selector: s, port: 1}, port: 80}\n",
+            "under kubernetes.port",
+        ),
+        ("peers_from: {kubernetes: {namespace: n, selector: s, port: 0}}\n", "out of range"),
+        ("peers_from: {kubernetes: {namespace: n, selector: s, port: [1]}}\n", "a port number or the name"),
+        ("peers_from: {kubernetes: {namespace: '', selector: s, port: 1}}\n", "must not be empty"),
+        (
+            "peers_from: {kubernetes: {namespace: n, selector: s, port: 1, api: 'ftp://x'}}\n",
+            "not an http:// or https:// URL",
+        ),
+        ("peers_from: {dns: a.test, port: 80, max_concurrency: 0}\n", "max_concurrency 0 out of range"),
+        ("peers_from: {dns: a.test, port: 80, probe_path: health}\n", "probe_path must start with '/'"),
+        (
+            "peers_from: {dns: a.test, port: 80}\npeers_by_model: {m: [a]}\n",
+            "peers_by_model names peers",
+        ),
+        ("peers_from: {dns: a.test, port: 80, weight: 2}\n", "unknown field"),
+    ] {
+        let e = route(text).expect_err(text).to_string();
+        assert!(e.contains(says), "{text}: {e}");
+    }
+    // Control: without peers_from, no peers is still an error.
+    let e = route("balancing: {mode: hash}\n").unwrap_err().to_string();
+    assert!(e.contains("at least one peer, or peers_from"), "{e}");
+}
+
+#[test]
+fn resolver_defaults_bounds_and_nameservers() {
+    let g = gw();
+    assert_eq!(g.resolver, resolver::ResolverConfig::default());
+    assert_eq!(
+        (g.resolver.min_ttl, g.resolver.max_ttl),
+        (Duration::from_secs(5), Duration::from_secs(60))
+    );
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    let g = parse("resolver:\n  nameservers: [\"10.96.0.10\", \"127.0.0.1:5353\"]\n  min_ttl: 1s\n  max_ttl: 2s\n")
+        .unwrap();
+    assert_eq!(
+        g.resolver.nameservers,
+        vec![
+            "10.96.0.10:53".parse().unwrap(),
+            "127.0.0.1:5353".parse().unwrap()
+        ]
+    );
+    // A TTL is kept within the bounds.
+    assert_eq!(
+        g.resolver.next_lookup(Duration::ZERO),
+        Duration::from_secs(1)
+    );
+    assert_eq!(
+        g.resolver.next_lookup(Duration::from_secs(3600)),
+        Duration::from_secs(2)
+    );
+    assert_eq!(
+        g.resolver.next_lookup(Duration::from_millis(1500)),
+        Duration::from_millis(1500)
+    );
+    for bad in [
+        "resolver: {nameservers: [dns.local]}\n",
+        "resolver: {min_ttl: 10ms}\n",
+        "resolver: {min_ttl: 2m, max_ttl: 1m}\n",
+        "resolver: {max_ttl: 2h}\n",
+    ] {
+        assert!(parse(bad).is_err(), "{bad}");
+    }
+}

@@ -404,3 +404,72 @@ impl Route {
             .find(|(_, p)| p.state.id == id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::live_peers;
+    use crate::config::{GatewayConfig, Overrides, RouteConfig};
+    use crate::discovery::kubernetes::Endpoint;
+    use crate::discovery::{Found, HostAnswer};
+    use std::path::Path;
+
+    fn route(text: &str) -> RouteConfig {
+        let gw = GatewayConfig::parse(Path::new("g.yaml"), "", &Overrides::default()).unwrap();
+        RouteConfig::parse("chat", Path::new("chat.yaml"), text, &gw).unwrap()
+    }
+
+    fn endpoint(name: &str, addr: &str) -> Endpoint {
+        Endpoint {
+            name: name.into(),
+            addr: addr.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_resolved_name_is_keyed_by_its_address_and_discovered_peers_follow_the_listed() {
+        let config = route(
+            "peers:\n  - {name: a, host: 10.0.0.1, port: 80}\n  - {name: b, host: b.test, port: 80}\n  - {name: c, host: c.test, port: 80}\npeers_from: {dns: pool.test, port: 80}\n",
+        );
+        let mut found = Found::default();
+        found.hosts.insert(
+            "b.test".into(),
+            HostAnswer {
+                addr: Some("10.0.0.2".parse().unwrap()),
+                error: None,
+            },
+        );
+        found.hosts.insert(
+            "c.test".into(),
+            HostAnswer {
+                addr: None,
+                error: Some("NXDOMAIN".into()),
+            },
+        );
+        found.set = Some(vec![
+            // The address listed peer b resolved to: left to b.
+            endpoint("10.0.0.2:80", "10.0.0.2:80"),
+            // A pod named like a listed peer goes by its address.
+            endpoint("a", "10.0.0.9:80"),
+            endpoint("10.0.0.7:80", "10.0.0.7:80"),
+        ]);
+        let peers: Vec<(String, String, Option<String>)> = live_peers(&config, &found)
+            .into_iter()
+            .map(|(pc, key, addr)| (pc.name, key, addr.map(|a| a.to_string())))
+            .collect();
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            peers,
+            vec![
+                (s("a"), s("10.0.0.1:80"), Some(s("10.0.0.1:80"))),
+                (s("b"), s("b.test:80@10.0.0.2"), Some(s("10.0.0.2:80"))),
+                (s("c"), s("c.test:80"), None),
+                (s("10.0.0.9:80"), s("10.0.0.9:80"), Some(s("10.0.0.9:80"))),
+                (s("10.0.0.7:80"), s("10.0.0.7:80"), Some(s("10.0.0.7:80"))),
+            ]
+        );
+        // Control: b at another address is another peer state.
+        found.hosts.get_mut("b.test").unwrap().addr = Some("10.0.0.3".parse().unwrap());
+        let (_, key, _) = &live_peers(&config, &found)[1];
+        assert_eq!(key, "b.test:80@10.0.0.3");
+    }
+}
