@@ -414,3 +414,34 @@ fn endpoint_slices_give_a_peer_per_ready_pod_and_a_broken_watch_resumes() {
     let h = health(&gw);
     assert_eq!(h["discovery"]["peers_from"]["endpoints"], 1, "{h}");
 }
+
+#[test]
+fn a_name_server_that_never_answers_delays_the_start_by_its_bound_and_blocks_no_listed_peer() {
+    let (cluster, port) = engines_at(&[1]);
+    // A UDP socket that reads nothing and answers nothing: each lookup
+    // waits out the resolver's timeouts.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let gw = Gateway::start_with(
+        &[(
+            "chat",
+            format!("peers:\n  - {{name: fixed, host: 127.0.0.1, port: {port}}}\n  - {{name: named, host: engine.test, port: {port}}}\n"),
+        )],
+        GatewayOptions {
+            extra_config: format!(
+                "resolver:\n  nameservers: [\"{}\"]\n",
+                silent.local_addr().expect("addr")
+            ),
+            ..Default::default()
+        },
+    );
+    for n in 0..4 {
+        assert_eq!(turn(&gw, &format!("s{n}"), 0).0, "fixed");
+    }
+    assert_eq!(served(&cluster, 0), 4);
+    wait_for("the lookup's failure reported", DEADLINE, || {
+        let h = health(&gw);
+        let host = h["discovery"]["hosts"][0].clone();
+        (host["resolved"] == false && host["last_error"].is_string()).then_some(())
+    });
+    assert!(gw.log().contains("first lookups took over"), "{}", gw.log());
+}

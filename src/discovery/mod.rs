@@ -205,6 +205,9 @@ pub fn spawn(
             tokio::sync::mpsc::Receiver<kubernetes::Found>,
         )> = None;
         let mut last_forced = None::<tokio::time::Instant>;
+        // When the names are next looked up; a watch event between two
+        // passes is applied on its own, without a lookup.
+        let mut due = tokio::time::Instant::now();
         while let Some(config) = live(&registry, &name, &runtime) {
             let source = match config.peers_from.as_ref().map(|f| &f.source) {
                 Some(PeerSource::Kubernetes(k)) => Some(k.clone()),
@@ -217,9 +220,12 @@ pub fn spawn(
                     (source, rx)
                 });
             }
-            let before = runtime.found.lock().clone();
-            let (found, next) = look_up(&resolver, &config, &before).await;
-            publish(&registry, &tasks, &name, &runtime, found);
+            if tokio::time::Instant::now() >= due {
+                let before = runtime.found.lock().clone();
+                let (found, next) = look_up(&resolver, &config, &before).await;
+                publish(&registry, &tasks, &name, &runtime, found);
+                due = tokio::time::Instant::now() + next;
+            }
             let from_watch = async {
                 match watch.as_mut() {
                     Some((_, rx)) => rx.recv().await,
@@ -227,7 +233,7 @@ pub fn spawn(
                 }
             };
             tokio::select! {
-                _ = tokio::time::sleep(next) => {}
+                _ = tokio::time::sleep_until(due) => {}
                 _ = runtime.rediscover.notified() => {
                     // After a refused connection: ask the name servers, not
                     // the cache. Pokes that come while a pass runs fold into
@@ -238,6 +244,7 @@ pub fn spawn(
                     }
                     resolver.forget();
                     last_forced = Some(tokio::time::Instant::now());
+                    due = tokio::time::Instant::now();
                 }
                 event = from_watch => match event {
                     Some(event) => {
@@ -276,7 +283,7 @@ pub fn first_pass(registry: &Arc<Registry>) {
             return;
         }
     };
-    runtime.block_on(async {
+    let all = async {
         let resolver = match Resolver::new(&registry.gateway().resolver) {
             Ok(r) => r,
             Err(e) => {
@@ -297,5 +304,17 @@ pub fn first_pass(registry: &Arc<Registry>) {
                 registry.rediscovered(name);
             }
         }
-    });
+    };
+    // The timer is made inside the runtime it needs.
+    if runtime
+        .block_on(async { tokio::time::timeout(FIRST_PASS_BOUND, all).await })
+        .is_err()
+    {
+        log::warn!("discovery: the first lookups took over {FIRST_PASS_BOUND:?}; serving now, the route tasks finish them");
+    }
 }
+
+/// The longest the start waits for the first lookups: a name server that
+/// does not answer must not keep the gateway from serving the peers it
+/// can reach.
+const FIRST_PASS_BOUND: Duration = Duration::from_secs(5);
