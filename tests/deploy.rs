@@ -159,7 +159,7 @@ struct Kube {
 }
 
 fn kube() -> Kube {
-    let config = yaml("deploy/k8s/configmap-gateway.yaml");
+    let config = yaml("deploy/k8s/base/configmap-gateway.yaml");
     // Not `at`: the key itself has a dot.
     let gateway_yaml = at(&config, "data")
         .get("gateway.yaml")
@@ -167,7 +167,7 @@ fn kube() -> Kube {
         .expect("the ConfigMap holds gateway.yaml")
         .to_string();
     let gateway = gateway_config("configmap-gateway.yaml gateway.yaml", &gateway_yaml);
-    let routes_map = yaml("deploy/k8s/configmap-routes.yaml");
+    let routes_map = yaml("deploy/k8s/base/configmap-routes.yaml");
     let routes = at(&routes_map, "data")
         .as_mapping()
         .expect("routes data")
@@ -183,8 +183,8 @@ fn kube() -> Kube {
         gateway_yaml,
         gateway,
         routes,
-        deployment: yaml("deploy/k8s/deployment.yaml"),
-        service: yaml("deploy/k8s/service.yaml"),
+        deployment: yaml("deploy/k8s/base/deployment.yaml"),
+        service: yaml("deploy/k8s/base/service.yaml"),
     }
 }
 
@@ -271,7 +271,7 @@ fn k8s_paths_agree_between_gateway_yaml_and_the_deployment() {
         keys.parent().expect("a directory"),
         Path::new(&mount_of(d, "secret", "llm-gateway-api-keys"))
     );
-    let secret = yaml("deploy/k8s/secret-api-keys.yaml");
+    let secret = yaml("deploy/k8s/base/secret-api-keys.yaml");
     let key_name = keys.file_name().and_then(|n| n.to_str()).expect("name");
     assert!(
         at(&secret, "stringData").get(key_name).is_some(),
@@ -313,7 +313,7 @@ fn k8s_ports_probes_and_labels_agree() {
         service_ports,
         BTreeSet::from(["admin".into(), "http".into()])
     );
-    let monitor = yaml("deploy/k8s/servicemonitor.yaml");
+    let monitor = yaml("deploy/k8s/base/servicemonitor.yaml");
     let scrape = at(&monitor, "spec.endpoints.0");
     assert_eq!(text(scrape, "port"), "admin");
     assert_eq!(text(scrape, "path"), "/metrics");
@@ -344,7 +344,7 @@ fn k8s_ports_probes_and_labels_agree() {
     };
     selects_pods(at(d, "spec.selector.matchLabels"), "deployment");
     selects_pods(at(&k.service, "spec.selector"), "service");
-    let pdb = yaml("deploy/k8s/poddisruptionbudget.yaml");
+    let pdb = yaml("deploy/k8s/base/poddisruptionbudget.yaml");
     selects_pods(at(&pdb, "spec.selector.matchLabels"), "pdb");
     let service_labels = labels(at(&k.service, "metadata.labels"));
     for (key, v) in labels(at(&monitor, "spec.selector.matchLabels")) {
@@ -394,12 +394,12 @@ fn k8s_grace_budget_and_pod_security() {
         );
     }
     // Every manifest in the directory is applied by the kustomization.
-    let kustomization = yaml("deploy/k8s/kustomization.yaml");
+    let kustomization = yaml("deploy/k8s/base/kustomization.yaml");
     let listed: BTreeSet<String> = list(&kustomization, "resources")
         .iter()
         .map(|r| r.as_str().expect("name").to_string())
         .collect();
-    let present: BTreeSet<String> = std::fs::read_dir(root().join("deploy/k8s"))
+    let present: BTreeSet<String> = std::fs::read_dir(root().join("deploy/k8s/base"))
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
