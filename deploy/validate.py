@@ -1,6 +1,7 @@
 """Offline validation of deploy/k8s, run by `./dev lint-deploy` in its venv.
 
-Every resource the kustomization lists is validated against the Kubernetes
+The layout is base/ (what `kubectl apply -k deploy/k8s/base` applies),
+overlays/*/ and components/*/ beside it. Every resource the base lists is validated against the Kubernetes
 JSON schemas that kubernetes-validate ships, strictly (an unknown field is an
 error), at the oldest and the newest Kubernetes version the tool knows. The
 kustomization's list and the directory must agree, so a manifest cannot be
@@ -12,9 +13,16 @@ warns and passes. That would let a typo in a built-in kind through too, so
 this driver uses its library API instead of its command line: the CRDs named
 in CRDS skip the schema (and get a check of the fields the wiring relies
 on); any other kind without a schema is an error.
+
+Schemas do not see whether kustomize can assemble the pieces (an overlay
+nested inside its own base, for one, is refused), so every kustomization
+is also rendered with `kustomize build` or `kubectl kustomize`, whichever is
+installed; without either that step is reported as skipped.
 """
 
 import pathlib
+import shutil
+import subprocess
 import sys
 
 import kubernetes_validate
@@ -52,22 +60,45 @@ def overlay_resources(overlay, failures):
     return [(f"{where}/{name}", overlay / name) for name in resources]
 
 
+def render(k8s_dir, failures):
+    """Each buildable kustomization (the base and every overlay; a component
+    is built only as part of one) rendered as kubectl would apply it."""
+    if shutil.which("kustomize"):
+        command = ["kustomize", "build"]
+    elif shutil.which("kubectl"):
+        command = ["kubectl", "kustomize"]
+    else:
+        print("kustomize build: skipped (neither kustomize nor kubectl is installed)")
+        return
+    roots = [k8s_dir / "base"] + sorted(p.parent for p in (k8s_dir / "overlays").glob("*/kustomization.yaml"))
+    for root in roots:
+        where = root.relative_to(k8s_dir)
+        done = subprocess.run(command + [str(root)], capture_output=True, text=True)
+        if done.returncode != 0:
+            failures.append(f"{where}: {' '.join(command)} failed: {done.stderr.strip()}")
+        else:
+            kinds = sum(1 for doc in yaml.safe_load_all(done.stdout) if doc)
+            print(f"{where}: {' '.join(command)} renders {kinds} resources")
+
+
 def main(k8s_dir):
     k8s_dir = pathlib.Path(k8s_dir)
-    kustomization = yaml.safe_load((k8s_dir / "kustomization.yaml").read_text())
+    base = k8s_dir / "base"
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
     listed = kustomization.get("resources") or []
-    present = sorted(p.name for p in k8s_dir.glob("*.yaml") if p.name != "kustomization.yaml")
+    present = sorted(p.name for p in base.glob("*.yaml") if p.name != "kustomization.yaml")
     failures = []
-    to_check = [(name, k8s_dir / name) for name in listed]
+    to_check = [(f"base/{name}", base / name) for name in listed]
     for overlay in sorted(
         list((k8s_dir / "overlays").glob("*/kustomization.yaml"))
         + list((k8s_dir / "components").glob("*/kustomization.yaml"))
     ):
         to_check += overlay_resources(overlay.parent, failures)
     for name in sorted(set(present) - set(listed)):
-        failures.append(f"{name}: not listed in kustomization.yaml resources")
+        failures.append(f"base/{name}: not listed in base/kustomization.yaml resources")
     for name in sorted(set(listed) - set(present)):
-        failures.append(f"kustomization.yaml lists {name}, which does not exist")
+        failures.append(f"base/kustomization.yaml lists {name}, which does not exist")
+    render(k8s_dir, failures)
     versions = all_versions()
     versions = [versions[0], versions[-1]]
     checked = 0

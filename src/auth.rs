@@ -86,7 +86,7 @@ struct KeyEntry {
     placeholder: bool,
 }
 
-/// The key the example Secret and the docs ship (`deploy/k8s/secret-api-keys.yaml`).
+/// The key the example Secret and the docs ship (`deploy/k8s/base/secret-api-keys.yaml`).
 /// Applied unchanged it must not open the gateway to anyone who read the
 /// docs: it never matches, and a file of placeholders refuses every request
 /// and says so.

@@ -8,6 +8,7 @@ mod common;
 use llm_gateway::config::{GatewayConfig, Overrides};
 use serde_yaml::Value;
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -159,7 +160,7 @@ struct Kube {
 }
 
 fn kube() -> Kube {
-    let config = yaml("deploy/k8s/configmap-gateway.yaml");
+    let config = yaml("deploy/k8s/base/configmap-gateway.yaml");
     // Not `at`: the key itself has a dot.
     let gateway_yaml = at(&config, "data")
         .get("gateway.yaml")
@@ -167,7 +168,7 @@ fn kube() -> Kube {
         .expect("the ConfigMap holds gateway.yaml")
         .to_string();
     let gateway = gateway_config("configmap-gateway.yaml gateway.yaml", &gateway_yaml);
-    let routes_map = yaml("deploy/k8s/configmap-routes.yaml");
+    let routes_map = yaml("deploy/k8s/base/configmap-routes.yaml");
     let routes = at(&routes_map, "data")
         .as_mapping()
         .expect("routes data")
@@ -183,8 +184,8 @@ fn kube() -> Kube {
         gateway_yaml,
         gateway,
         routes,
-        deployment: yaml("deploy/k8s/deployment.yaml"),
-        service: yaml("deploy/k8s/service.yaml"),
+        deployment: yaml("deploy/k8s/base/deployment.yaml"),
+        service: yaml("deploy/k8s/base/service.yaml"),
     }
 }
 
@@ -271,7 +272,7 @@ fn k8s_paths_agree_between_gateway_yaml_and_the_deployment() {
         keys.parent().expect("a directory"),
         Path::new(&mount_of(d, "secret", "llm-gateway-api-keys"))
     );
-    let secret = yaml("deploy/k8s/secret-api-keys.yaml");
+    let secret = yaml("deploy/k8s/base/secret-api-keys.yaml");
     let key_name = keys.file_name().and_then(|n| n.to_str()).expect("name");
     assert!(
         at(&secret, "stringData").get(key_name).is_some(),
@@ -313,7 +314,7 @@ fn k8s_ports_probes_and_labels_agree() {
         service_ports,
         BTreeSet::from(["admin".into(), "http".into()])
     );
-    let monitor = yaml("deploy/k8s/servicemonitor.yaml");
+    let monitor = yaml("deploy/k8s/base/servicemonitor.yaml");
     let scrape = at(&monitor, "spec.endpoints.0");
     assert_eq!(text(scrape, "port"), "admin");
     assert_eq!(text(scrape, "path"), "/metrics");
@@ -344,7 +345,7 @@ fn k8s_ports_probes_and_labels_agree() {
     };
     selects_pods(at(d, "spec.selector.matchLabels"), "deployment");
     selects_pods(at(&k.service, "spec.selector"), "service");
-    let pdb = yaml("deploy/k8s/poddisruptionbudget.yaml");
+    let pdb = yaml("deploy/k8s/base/poddisruptionbudget.yaml");
     selects_pods(at(&pdb, "spec.selector.matchLabels"), "pdb");
     let service_labels = labels(at(&k.service, "metadata.labels"));
     for (key, v) in labels(at(&monitor, "spec.selector.matchLabels")) {
@@ -394,12 +395,12 @@ fn k8s_grace_budget_and_pod_security() {
         );
     }
     // Every manifest in the directory is applied by the kustomization.
-    let kustomization = yaml("deploy/k8s/kustomization.yaml");
+    let kustomization = yaml("deploy/k8s/base/kustomization.yaml");
     let listed: BTreeSet<String> = list(&kustomization, "resources")
         .iter()
         .map(|r| r.as_str().expect("name").to_string())
         .collect();
-    let present: BTreeSet<String> = std::fs::read_dir(root().join("deploy/k8s"))
+    let present: BTreeSet<String> = std::fs::read_dir(root().join("deploy/k8s/base"))
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
@@ -641,5 +642,405 @@ fn k8s_bodylog_component_wires_gateway_listener_and_monitor() {
         target,
         format!("{}:{frames}", text(service, "metadata.name")),
         "the gateway sends to the listener's Service"
+    );
+}
+
+/// Every document of a multi-document manifest.
+fn docs(rel: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(&read(rel))
+        .map(|d| serde::Deserialize::deserialize(d).expect("yaml"))
+        .collect()
+}
+
+/// The namespace whose EndpointSlices the shipped route watches.
+fn watched_namespace(k: &Kube) -> String {
+    let route: Value = serde_yaml::from_str(&k.routes["chat.yaml"]).expect("chat.yaml");
+    text(&route, "peers_from.kubernetes.namespace").to_string()
+}
+
+/// What is wrong with the gateway's access to the API server: a Role that
+/// grants anything but get/list/watch on discovery.k8s.io endpointslices,
+/// lives in another namespace than `ns`, or is not bound to `account` (the
+/// Deployment's ServiceAccount) in `ns`. Empty when it is right.
+fn rbac_problems(role: &Value, binding: &Value, account: &str, ns: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let strings = |v: &Value, path: &str| -> BTreeSet<String> {
+        list(v, path)
+            .iter()
+            .map(|s| s.as_str().expect("a string").to_string())
+            .collect()
+    };
+    let rules = list(role, "rules");
+    if rules.len() != 1 {
+        problems.push(format!("{} rules, want exactly one", rules.len()));
+    }
+    for rule in rules {
+        let want = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<BTreeSet<_>>();
+        for (field, expected) in [
+            ("apiGroups", want(&["discovery.k8s.io"])),
+            ("resources", want(&["endpointslices"])),
+            ("verbs", want(&["get", "list", "watch"])),
+        ] {
+            let got = strings(rule, field);
+            if got != expected {
+                problems.push(format!("{field} {got:?}, want {expected:?}"));
+            }
+        }
+        if rule.get("resourceNames").is_some() {
+            problems.push("resourceNames would hide slices the controller names".into());
+        }
+    }
+    // A kustomization `namespace:` puts the Role there; one of its own
+    // would be overridden, but a different one written here is a mistake.
+    for (what, doc) in [("Role", role), ("RoleBinding", binding)] {
+        if let Some(own) = doc.get("metadata").and_then(|m| m.get("namespace")) {
+            if own.as_str() != Some(ns) {
+                problems.push(format!("{what} in namespace {own:?}, want {ns}"));
+            }
+        }
+    }
+    let role_ref = at(binding, "roleRef");
+    if text(role_ref, "kind") != "Role" || text(role_ref, "name") != text(role, "metadata.name") {
+        problems.push(format!("the binding refers to {role_ref:?}"));
+    }
+    let bound = list(binding, "subjects").iter().any(|s| {
+        text(s, "kind") == "ServiceAccount"
+            && text(s, "name") == account
+            && s.get("namespace").and_then(Value::as_str) == Some(ns)
+    });
+    if !bound {
+        problems.push(format!("not bound to ServiceAccount {ns}/{account}"));
+    }
+    problems
+}
+
+/// The route watches EndpointSlices in one namespace, and the manifests
+/// put the gateway there with exactly the access that needs: the
+/// kustomizations' `namespace:`, the route's, the Role's and the
+/// RoleBinding's subject agree, the Role grants get/list/watch on
+/// endpointslices and nothing more, and it is bound to the ServiceAccount
+/// the Deployment runs as (whose token is mounted). Redis, which talks to
+/// no API server, gets no token. Each mutation below must be caught.
+#[test]
+fn k8s_rbac_grants_the_gateway_exactly_the_slices_its_route_watches() {
+    let k = kube();
+    let ns = watched_namespace(&k);
+    let ns = ns.as_str();
+    let base = yaml("deploy/k8s/base/kustomization.yaml");
+    assert_eq!(
+        text(&base, "namespace"),
+        ns,
+        "the base applies where the route watches"
+    );
+    let overlay = yaml("deploy/k8s/overlays/replicas-redis/kustomization.yaml");
+    assert_eq!(text(&overlay, "namespace"), ns, "and so does the overlay");
+
+    let pod = at(&k.deployment, "spec.template.spec");
+    let account = text(pod, "serviceAccountName");
+    assert_eq!(
+        at(pod, "automountServiceAccountToken").as_bool(),
+        Some(true),
+        "the watcher reads the mounted token"
+    );
+    let sa = yaml("deploy/k8s/base/serviceaccount.yaml");
+    assert_eq!(text(&sa, "kind"), "ServiceAccount");
+    assert_eq!(text(&sa, "metadata.name"), account);
+
+    let rbac = docs("deploy/k8s/base/rbac.yaml");
+    let of_kind = |kind: &str| {
+        rbac.iter()
+            .find(|d| text(d, "kind") == kind)
+            .expect(kind)
+            .clone()
+    };
+    let (role, binding) = (of_kind("Role"), of_kind("RoleBinding"));
+    assert_eq!(rbac.len(), 2, "a Role and its binding, no ClusterRole");
+    assert_eq!(
+        rbac_problems(&role, &binding, account, ns),
+        Vec::<String>::new()
+    );
+
+    // Controls: each kind of mistake is reported.
+    let mutated = |f: &dyn Fn(&mut Value, &mut Value)| {
+        let (mut r, mut b) = (role.clone(), binding.clone());
+        f(&mut r, &mut b);
+        rbac_problems(&r, &b, account, ns)
+    };
+    let verbs = |r: &mut Value| r["rules"][0]["verbs"].as_sequence_mut().unwrap().clone();
+    assert!(!mutated(&|r, _| {
+        let mut v = verbs(r);
+        v.push("delete".into());
+        r["rules"][0]["verbs"] = Value::Sequence(v);
+    })
+    .is_empty());
+    assert!(!mutated(&|r, _| {
+        let mut v = verbs(r);
+        v.retain(|x| x.as_str() != Some("watch"));
+        r["rules"][0]["verbs"] = Value::Sequence(v);
+    })
+    .is_empty());
+    assert!(!mutated(&|r, _| r["rules"][0]["apiGroups"] = vec![Value::from("")].into()).is_empty());
+    assert!(
+        !mutated(&|r, _| r["rules"][0]["resources"] = vec![Value::from("endpoints")].into())
+            .is_empty()
+    );
+    assert!(!mutated(&|_, b| b["subjects"][0]["namespace"] = "default".into()).is_empty());
+    assert!(!mutated(&|_, b| b["subjects"][0]["name"] = "default".into()).is_empty());
+    assert!(!mutated(&|r, _| r["metadata"]["name"] = "other".into()).is_empty());
+
+    // The README's commands name the same namespace.
+    let readme = read("README.md");
+    let section = readme
+        .split("### Kubernetes")
+        .nth(1)
+        .and_then(|s| s.split("\n### ").next())
+        .expect("README has a Kubernetes section");
+    let named: BTreeSet<&str> = section
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "-n")
+        .map(|w| w[1])
+        .collect();
+    assert_eq!(named, BTreeSet::from([ns]), "kubectl -n in the README");
+
+    // No token where nothing calls the API server.
+    let redis = docs("deploy/k8s/overlays/replicas-redis/redis.yaml");
+    let redis_pod = redis
+        .iter()
+        .find(|d| text(d, "kind") == "Deployment")
+        .map(|d| at(d, "spec.template.spec"))
+        .expect("redis Deployment");
+    assert_eq!(
+        at(redis_pod, "automountServiceAccountToken").as_bool(),
+        Some(false)
+    );
+}
+
+/// A stand-in for the API server, enough for `peers_from.kubernetes` with
+/// an `http://` api: the EndpointSlice list answers one slice holding
+/// `pods` (name, address) on `port`; every watch is held open and silent,
+/// as a real one is while nothing changes. Each request's target is kept.
+struct ApiServer {
+    url: String,
+    targets: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ApiServer {
+    fn start(
+        ns: &str,
+        labels: &serde_json::Value,
+        pods: &[(&str, IpAddr)],
+        port: u16,
+    ) -> ApiServer {
+        use std::io::{Read, Write};
+        let endpoints: Vec<serde_json::Value> = pods
+            .iter()
+            .map(|(name, ip)| {
+                serde_json::json!({"addresses": [ip.to_string()],
+                    "conditions": {"ready": true, "serving": true, "terminating": false},
+                    "targetRef": {"kind": "Pod", "namespace": ns, "name": name}})
+            })
+            .collect();
+        let list = serde_json::json!({"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {"resourceVersion": "100"},
+            "items": [{"metadata": {"name": "vllm-x1", "namespace": ns, "resourceVersion": "99", "labels": labels},
+                "addressType": "IPv4", "endpoints": endpoints,
+                "ports": [{"name": "http", "protocol": "TCP", "port": port}]}]})
+        .to_string();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let targets = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = targets.clone();
+        // Detached: it lives as long as the test process, like the engines.
+        std::thread::spawn(move || {
+            for mut socket in listener.incoming().flatten() {
+                let (list, seen) = (list.clone(), seen.clone());
+                std::thread::spawn(move || {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if socket.read(&mut byte).ok() != Some(1) {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let target = head.split(' ').nth(1).unwrap_or_default().to_string();
+                    seen.lock().unwrap().push(target.clone());
+                    if target.contains("watch=") {
+                        let _ = socket.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+                        // Until the gateway hangs up.
+                        while socket.read(&mut byte).is_ok_and(|n| n > 0) {}
+                    } else {
+                        let _ = socket.write_all(format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{list}",
+                            list.len()
+                        ).as_bytes());
+                    }
+                });
+            }
+        });
+        ApiServer { url, targets }
+    }
+}
+
+/// One turn of `session` through `gw`; the engine that served it.
+fn turn(gw: &common::Gateway, session: &str, n: usize) -> String {
+    let body = common::chat_body(session, &format!("turn {n} of {session}"), false);
+    let r = common::http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
+    assert_eq!(r.status(), 200, "{}", r.text());
+    r.header("x-routed-peer")
+        .expect("x-routed-peer")
+        .to_string()
+}
+
+/// Sessions whose turns, alternating between `a` and `b`, did not all go
+/// to one engine. A few sessions only `a` has seen come first, so the two
+/// tables differ as they do in any cluster that has been up a while.
+fn split_sessions(
+    a: &common::Gateway,
+    b: &common::Gateway,
+    sessions: usize,
+    turns: usize,
+) -> usize {
+    for i in 0..5 {
+        turn(a, &format!("warm-{i}"), 0);
+    }
+    (0..sessions)
+        .filter(|s| {
+            let id = format!("agent-session-{s}");
+            let peers: Vec<String> = (0..turns)
+                .map(|t| turn(if (s + t) % 2 == 0 { a } else { b }, &id, t))
+                .collect();
+            peers.iter().any(|p| *p != peers[0])
+        })
+        .count()
+}
+
+/// The replicas-redis overlay as shipped, run as two gateway processes on
+/// loopback: its gateway.yaml and the base's chat.yaml, changed only where
+/// a cluster address cannot work here (listeners and mount paths, which the
+/// harness sets; the Redis URL, to a Redis this test starts; the route's
+/// API server, to a stub serving the engines' EndpointSlice; the engines'
+/// port). The selector, namespace and pod naming are the manifests'. With
+/// the shared table every session's turns, alternating between the two,
+/// go to one engine; the control, the same without `session_store`,
+/// splits some.
+#[test]
+fn k8s_overlay_runs_as_two_gateways_that_agree_on_every_session() {
+    use common::redis::Redis;
+    let k = kube();
+    let ns = watched_namespace(&k);
+    let overlay = yaml("deploy/k8s/overlays/replicas-redis/configmap-gateway.yaml");
+    let mut config: Value = serde_yaml::from_str(
+        at(&overlay, "data")
+            .get("gateway.yaml")
+            .and_then(Value::as_str)
+            .expect("the overlay's gateway.yaml"),
+    )
+    .expect("yaml");
+    let mut route: Value = serde_yaml::from_str(&k.routes["chat.yaml"]).expect("chat.yaml");
+
+    // Engines as three pods on loopback addresses, one port, as behind a Service.
+    let port = common::free_port();
+    let pods = [
+        ("vllm-0", IpAddr::from([127, 0, 0, 2])),
+        ("vllm-1", IpAddr::from([127, 0, 0, 3])),
+        ("vllm-2", IpAddr::from([127, 0, 0, 4])),
+    ];
+    let _engines = llm_gateway_sim::spawn_engines_on(
+        pods.iter()
+            .map(|(_, ip)| SocketAddr::new(*ip, port))
+            .collect(),
+        vec![common::EngineConfig::default(); pods.len()],
+    )
+    .expect("simulated engines");
+    let selector = text(&route, "peers_from.kubernetes.selector").to_string();
+    let (key, value) = selector.split_once('=').expect("selector is key=value");
+    let api = ApiServer::start(
+        &ns,
+        &serde_json::json!({key: value, "kubernetes.io/service-name": "vllm"}),
+        &pods,
+        port,
+    );
+    let source = &mut route["peers_from"]["kubernetes"];
+    source["api"] = api.url.clone().into();
+    source["port"] = u64::from(port).into();
+
+    // The harness writes these itself, for loopback and a temp dir.
+    let map = config.as_mapping_mut().expect("a mapping");
+    for key in [
+        "listen",
+        "admin_listen",
+        "routes_dir",
+        "api_keys_file",
+        "grace_period",
+    ] {
+        assert!(map.remove(key).is_some(), "the overlay sets {key}");
+    }
+    let redis = Redis::start();
+    let store = &mut config["session_store"];
+    assert_eq!(text(store, "kind"), "redis");
+    store["url"] = redis.url().into();
+    // The default 20 ms suits a cluster; on a busy two-core test box a
+    // slower answer would place a turn locally and look like a split.
+    store["timeout"] = "200ms".into();
+
+    let route = serde_yaml::to_string(&route).unwrap();
+    let start = |config: &Value| {
+        common::Gateway::start_with(
+            &[("chat", route.clone())],
+            common::GatewayOptions {
+                extra_config: serde_yaml::to_string(config).unwrap(),
+                // The manifest's own `watch: true` stays.
+                watch: None,
+                ..Default::default()
+            },
+        )
+    };
+    let discovered = |gw: &common::Gateway| {
+        common::wait_for("the three pods as peers", common::DEADLINE, || {
+            let h = common::http::get(gw.addr, "/chat/_health_status").json();
+            let mut names: Vec<String> = h["peers"]
+                .as_array()?
+                .iter()
+                .filter(|p| p["address"].is_string())
+                .filter_map(|p| p["name"].as_str().map(str::to_string))
+                .collect();
+            names.sort();
+            (names == ["vllm-0", "vllm-1", "vllm-2"]).then_some(())
+        })
+    };
+
+    let (a, b) = (start(&config), start(&config));
+    discovered(&a);
+    discovered(&b);
+    assert_eq!(split_sessions(&a, &b, 20, 4), 0);
+    assert_eq!(a.metric("llm_gateway_session_store_up", &[]), 1.0);
+    assert!(redis.keys().iter().any(|k| k.starts_with("llmgw:s:chat:")));
+    // The gateways asked for the manifests' namespace and selector.
+    let list_path = format!(
+        "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector={}",
+        selector.replace('/', "%2F").replace('=', "%3D")
+    );
+    let targets = api.targets.lock().unwrap().clone();
+    assert!(
+        targets.contains(&list_path),
+        "{list_path} not in {targets:?}"
+    );
+
+    // Control: without the shared table the same traffic splits sessions.
+    config
+        .as_mapping_mut()
+        .unwrap()
+        .remove("session_store")
+        .expect("session_store");
+    let (la, lb) = (start(&config), start(&config));
+    discovered(&la);
+    discovered(&lb);
+    assert!(
+        split_sessions(&la, &lb, 20, 4) > 0,
+        "local tables agreed on every session: the test could not fail"
     );
 }
