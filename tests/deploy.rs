@@ -817,107 +817,6 @@ fn k8s_rbac_grants_the_gateway_exactly_the_slices_its_route_watches() {
     );
 }
 
-/// A stand-in for the API server, enough for `peers_from.kubernetes` with
-/// an `http://` api: the EndpointSlice list answers one slice holding
-/// `pods` (name, address) on `port`; every watch is held open and silent,
-/// as a real one is while nothing changes. Each request's target is kept.
-struct ApiServer {
-    url: String,
-    targets: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl ApiServer {
-    fn start(
-        ns: &str,
-        labels: &serde_json::Value,
-        pods: &[(&str, IpAddr)],
-        port: u16,
-    ) -> ApiServer {
-        use std::io::{Read, Write};
-        let endpoints: Vec<serde_json::Value> = pods
-            .iter()
-            .map(|(name, ip)| {
-                serde_json::json!({"addresses": [ip.to_string()],
-                    "conditions": {"ready": true, "serving": true, "terminating": false},
-                    "targetRef": {"kind": "Pod", "namespace": ns, "name": name}})
-            })
-            .collect();
-        let list = serde_json::json!({"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
-            "metadata": {"resourceVersion": "100"},
-            "items": [{"metadata": {"name": "vllm-x1", "namespace": ns, "resourceVersion": "99", "labels": labels},
-                "addressType": "IPv4", "endpoints": endpoints,
-                "ports": [{"name": "http", "protocol": "TCP", "port": port}]}]})
-        .to_string();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let targets = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = targets.clone();
-        // Detached: it lives as long as the test process, like the engines.
-        std::thread::spawn(move || {
-            for mut socket in listener.incoming().flatten() {
-                let (list, seen) = (list.clone(), seen.clone());
-                std::thread::spawn(move || {
-                    let mut head = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") {
-                        if socket.read(&mut byte).ok() != Some(1) {
-                            return;
-                        }
-                        head.push(byte[0]);
-                    }
-                    let head = String::from_utf8_lossy(&head).into_owned();
-                    let target = head.split(' ').nth(1).unwrap_or_default().to_string();
-                    seen.lock().unwrap().push(target.clone());
-                    if target.contains("watch=") {
-                        let _ = socket.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
-                        // Until the gateway hangs up.
-                        while socket.read(&mut byte).is_ok_and(|n| n > 0) {}
-                    } else {
-                        let _ = socket.write_all(format!(
-                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{list}",
-                            list.len()
-                        ).as_bytes());
-                    }
-                });
-            }
-        });
-        ApiServer { url, targets }
-    }
-}
-
-/// One turn of `session` through `gw`; the engine that served it.
-fn turn(gw: &common::Gateway, session: &str, n: usize) -> String {
-    let body = common::chat_body(session, &format!("turn {n} of {session}"), false);
-    let r = common::http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
-    assert_eq!(r.status(), 200, "{}", r.text());
-    r.header("x-routed-peer")
-        .expect("x-routed-peer")
-        .to_string()
-}
-
-/// Sessions whose turns, alternating between `a` and `b`, did not all go
-/// to one engine. A few sessions only `a` has seen come first, so the two
-/// tables differ as they do in any cluster that has been up a while.
-fn split_sessions(
-    a: &common::Gateway,
-    b: &common::Gateway,
-    sessions: usize,
-    turns: usize,
-) -> usize {
-    for i in 0..5 {
-        turn(a, &format!("warm-{i}"), 0);
-    }
-    (0..sessions)
-        .filter(|s| {
-            let id = format!("agent-session-{s}");
-            let peers: Vec<String> = (0..turns)
-                .map(|t| turn(if (s + t) % 2 == 0 { a } else { b }, &id, t))
-                .collect();
-            peers.iter().any(|p| *p != peers[0])
-        })
-        .count()
-}
-
 /// The replicas-redis overlay as shipped, run as two gateway processes on
 /// loopback: its gateway.yaml and the base's chat.yaml, changed only where
 /// a cluster address cannot work here (listeners and mount paths, which the
@@ -958,12 +857,17 @@ fn k8s_overlay_runs_as_two_gateways_that_agree_on_every_session() {
     .expect("simulated engines");
     let selector = text(&route, "peers_from.kubernetes.selector").to_string();
     let (key, value) = selector.split_once('=').expect("selector is key=value");
-    let api = ApiServer::start(
-        &ns,
-        &serde_json::json!({key: value, "kubernetes.io/service-name": "vllm"}),
-        &pods,
-        port,
-    );
+    let addresses: Vec<String> = pods.iter().map(|(_, ip)| ip.to_string()).collect();
+    let endpoints: Vec<(&str, &str, bool)> = pods
+        .iter()
+        .zip(&addresses)
+        .map(|((pod, _), ip)| (*pod, ip.as_str(), true))
+        .collect();
+    let mut slice = common::kube::slice("vllm-x1", 99, &endpoints, port);
+    slice["metadata"]["namespace"] = ns.clone().into();
+    slice["metadata"]["labels"] =
+        serde_json::json!({key: value, "kubernetes.io/service-name": "vllm"});
+    let api = common::kube::KubeApi::start(&common::kube::slice_list(100, &[slice]));
     let source = &mut route["peers_from"]["kubernetes"];
     source["api"] = api.url.clone().into();
     source["port"] = u64::from(port).into();
@@ -1016,7 +920,7 @@ fn k8s_overlay_runs_as_two_gateways_that_agree_on_every_session() {
     let (a, b) = (start(&config), start(&config));
     discovered(&a);
     discovered(&b);
-    assert_eq!(split_sessions(&a, &b, 20, 4), 0);
+    assert_eq!(common::split_sessions(&a, &b, 20, 4), 0);
     assert_eq!(a.metric("llm_gateway_session_store_up", &[]), 1.0);
     assert!(redis.keys().iter().any(|k| k.starts_with("llmgw:s:chat:")));
     // The gateways asked for the manifests' namespace and selector.
@@ -1024,7 +928,7 @@ fn k8s_overlay_runs_as_two_gateways_that_agree_on_every_session() {
         "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector={}",
         selector.replace('/', "%2F").replace('=', "%3D")
     );
-    let targets = api.targets.lock().unwrap().clone();
+    let targets = api.targets();
     assert!(
         targets.contains(&list_path),
         "{list_path} not in {targets:?}"
@@ -1040,7 +944,7 @@ fn k8s_overlay_runs_as_two_gateways_that_agree_on_every_session() {
     discovered(&la);
     discovered(&lb);
     assert!(
-        split_sessions(&la, &lb, 20, 4) > 0,
+        common::split_sessions(&la, &lb, 20, 4) > 0,
         "local tables agreed on every session: the test could not fail"
     );
 }

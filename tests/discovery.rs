@@ -90,6 +90,30 @@ fn served(cluster: &SimCluster, i: usize) -> u64 {
         .load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Turn `n` of each session, whose earlier turns went to `home`: the ones
+/// at `gone` move elsewhere (not sticky), every other stays where it was.
+fn only_the_gones_sessions_move(
+    gw: &Gateway,
+    sessions: &[String],
+    home: &[String],
+    gone: &str,
+    n: usize,
+) {
+    for (s, h) in sessions.iter().zip(home) {
+        let (peer, mode, _) = turn(gw, s, n);
+        if h == gone {
+            assert_ne!(peer, gone, "{s} left the engine that went");
+            assert_ne!(mode, "sticky", "{s} lost its engine");
+        } else {
+            assert_eq!(
+                (&peer, mode.as_str()),
+                (h, "sticky"),
+                "{s} keeps its engine"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_name_that_resolves_late_joins_and_one_that_never_does_blocks_nothing() {
     let (cluster, port) = engines_at(&[1, 2]);
@@ -228,19 +252,7 @@ fn a_headless_name_gives_a_peer_per_address_and_one_removed_moves_only_its_sessi
         (peers(&gw).len() == 2).then_some(())
     });
     let before_gone = served(&cluster, 1);
-    for (s, h) in sessions.iter().zip(&home) {
-        let (peer, mode, _) = turn(&gw, s, 3);
-        assert_ne!(&peer, gone);
-        if h == gone {
-            assert_ne!(mode, "sticky", "{s} lost its engine");
-        } else {
-            assert_eq!(
-                (&peer, mode.as_str()),
-                (h, "sticky"),
-                "{s} keeps its engine"
-            );
-        }
-    }
+    only_the_gones_sessions_move(&gw, &sessions, &home, gone, 3);
     assert_eq!(
         served(&cluster, 1),
         before_gone,
@@ -360,19 +372,7 @@ fn endpoint_slices_give_a_peer_per_ready_pod_and_a_broken_watch_resumes() {
     );
     expect(&gw, &["vllm-0", "vllm-1"]);
     let before = served(&cluster, 2);
-    for (s, h) in sessions.iter().zip(&home) {
-        let (peer, mode, _) = turn(&gw, s, 2);
-        if h == "vllm-2" {
-            assert_ne!(peer, "vllm-2");
-            assert_ne!(mode, "sticky", "{s} lost its engine");
-        } else {
-            assert_eq!(
-                (&peer, mode.as_str()),
-                (h, "sticky"),
-                "{s} keeps its engine"
-            );
-        }
-    }
+    only_the_gones_sessions_move(&gw, &sessions, &home, "vllm-2", 2);
     assert_eq!(served(&cluster, 2), before);
 
     // The watch breaks: the gateway watches again from the last version it

@@ -31,40 +31,12 @@ fn replicas(cluster: &SimCluster, extra: &str) -> (Gateway, Gateway) {
     (start(), start())
 }
 
-/// One turn of `session` through `gw`; the engine that served it.
-fn turn(gw: &Gateway, session: &str, n: usize) -> String {
-    let body = chat_body(session, &format!("turn {n} of {session}"), false);
-    let r = http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
-    assert_eq!(r.status(), 200, "{}", r.text());
-    r.header("x-routed-peer")
-        .expect("x-routed-peer")
-        .to_string()
-}
-
-/// Sessions whose turns, alternating between the two replicas, did not
-/// all land on one engine. A few sessions only A has seen come first, so
-/// the replicas' own tables differ, as they do in any real cluster.
-fn disagreements(a: &Gateway, b: &Gateway, sessions: usize, turns: usize) -> usize {
-    for i in 0..5 {
-        turn(a, &format!("warm-{i}"), 0);
-    }
-    (0..sessions)
-        .filter(|s| {
-            let id = format!("agent-session-{s}");
-            let peers: Vec<String> = (0..turns)
-                .map(|t| turn(if (s + t) % 2 == 0 { a } else { b }, &id, t))
-                .collect();
-            peers.iter().any(|p| *p != peers[0])
-        })
-        .count()
-}
-
 #[test]
 fn with_redis_two_replicas_send_every_turn_of_a_session_to_one_engine() {
     let cluster = engines(4);
     let redis = Redis::start();
     let (a, b) = replicas(&cluster, &store(&redis));
-    assert_eq!(disagreements(&a, &b, 20, 4), 0);
+    assert_eq!(split_sessions(&a, &b, 20, 4), 0);
     // Every binding is under its hash: no raw session id anywhere in Redis.
     let dump = redis.dump();
     assert!(dump.contains("llmgw:s:chat:"), "{dump}");
@@ -78,7 +50,7 @@ fn with_redis_two_replicas_send_every_turn_of_a_session_to_one_engine() {
     // Control: with local tables the same traffic splits some sessions.
     let (la, lb) = replicas(&cluster, "");
     assert!(
-        disagreements(&la, &lb, 20, 4) > 0,
+        split_sessions(&la, &lb, 20, 4) > 0,
         "local tables agreed on every session: the test could not fail"
     );
 }
@@ -95,8 +67,8 @@ fn a_race_of_first_turns_binds_each_session_once() {
                 let (a, b) = (&a, &b);
                 let (id_a, id_b) = (id.clone(), id);
                 [
-                    s.spawn(move || turn(a, &id_a, 0)),
-                    s.spawn(move || turn(b, &id_b, 0)),
+                    s.spawn(move || served_by(a, &id_a, 0)),
+                    s.spawn(move || served_by(b, &id_b, 0)),
                 ]
             })
             .collect();
@@ -145,7 +117,7 @@ fn a_migration_decided_on_one_replica_is_followed_by_the_other() {
     let homes: HashMap<String, String> = (0..12)
         .map(|i| {
             let id = format!("mig-{i}");
-            let home = turn(&a, &id, 0);
+            let home = served_by(&a, &id, 0);
             (id, home)
         })
         .collect();
@@ -169,9 +141,9 @@ fn a_migration_decided_on_one_replica_is_followed_by_the_other() {
     assert!(!moved.is_empty());
     for id in moved {
         // A migrates it; B, asked next, goes where A moved it.
-        let on_a = turn(&a, id, 1);
+        let on_a = served_by(&a, id, 1);
         assert_ne!(on_a, victim);
-        let on_b = turn(&b, id, 2);
+        let on_b = served_by(&b, id, 2);
         assert_eq!(on_b, on_a, "{id}: B chose its own migration target");
     }
 }
@@ -182,13 +154,13 @@ fn with_redis_gone_requests_are_placed_locally_and_bindings_converge_when_it_ret
     let mut redis = Redis::start();
     let port = redis.port;
     let (a, b) = replicas(&cluster, &store(&redis));
-    assert_eq!(turn(&a, "before", 0), turn(&b, "before", 1));
+    assert_eq!(served_by(&a, "before", 0), served_by(&b, "before", 1));
     redis.kill();
     // Every request still succeeds, from the local table.
     let during: Vec<(String, String)> = (0..8)
         .map(|i| {
             let id = format!("offline-{i}");
-            (id.clone(), turn(&a, &id, 0))
+            (id.clone(), served_by(&a, &id, 0))
         })
         .collect();
     wait_for("the store to be reported down", DEADLINE, || {
@@ -209,7 +181,7 @@ fn with_redis_gone_requests_are_placed_locally_and_bindings_converge_when_it_ret
     });
     assert_eq!(a.metric("llm_gateway_session_store_up", &[]), 1.0);
     for (id, home) in &during {
-        assert_eq!(&turn(&b, id, 1), home, "{id} converged on A's engine");
+        assert_eq!(&served_by(&b, id, 1), home, "{id} converged on A's engine");
     }
 }
 
@@ -235,7 +207,7 @@ fn a_replica_counts_the_sessions_another_replica_holds_on_each_engine() {
     let redis = Redis::start();
     let (a, b) = replicas(&cluster, &store(&redis));
     for i in 0..6 {
-        turn(&a, &format!("held-by-a-{i}"), 0);
+        served_by(&a, &format!("held-by-a-{i}"), 0);
     }
     // B never saw these sessions, yet places new ones knowing they are there.
     wait_for("B to see A's six live sessions", DEADLINE, || {
@@ -247,7 +219,7 @@ fn a_replica_counts_the_sessions_another_replica_holds_on_each_engine() {
     // Control: with local tables B sees none of them.
     let (la, lb) = replicas(&cluster, "");
     for i in 0..6 {
-        turn(&la, &format!("local-{i}"), 0);
+        served_by(&la, &format!("local-{i}"), 0);
     }
     assert_eq!(live_sessions(&la), 6);
     assert_eq!(live_sessions(&lb), 0);

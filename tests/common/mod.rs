@@ -408,3 +408,33 @@ pub fn hold_stream_with_head(
     conn.read_chunk().expect("first frame").expect("data");
     (conn, head)
 }
+
+/// One turn of `session` through `gw` on route `chat`; the engine that
+/// served it (`X-Routed-Peer`).
+pub fn served_by(gw: &Gateway, session: &str, n: usize) -> String {
+    let body = chat_body(session, &format!("turn {n} of {session}"), false);
+    let r = http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
+    assert_eq!(r.status(), 200, "{}", r.text());
+    r.header("x-routed-peer")
+        .expect("x-routed-peer")
+        .to_string()
+}
+
+/// Sessions whose turns, alternating between two replicas `a` and `b`,
+/// did not all land on one engine. A few sessions only `a` has seen come
+/// first, so the replicas' own tables differ, as they do in any cluster
+/// that has been up a while.
+pub fn split_sessions(a: &Gateway, b: &Gateway, sessions: usize, turns: usize) -> usize {
+    for i in 0..5 {
+        served_by(a, &format!("warm-{i}"), 0);
+    }
+    (0..sessions)
+        .filter(|s| {
+            let id = format!("agent-session-{s}");
+            let peers: Vec<String> = (0..turns)
+                .map(|t| served_by(if (s + t) % 2 == 0 { a } else { b }, &id, t))
+                .collect();
+            peers.iter().any(|p| *p != peers[0])
+        })
+        .count()
+}
