@@ -418,7 +418,7 @@ fn route_state(route: &Route, registry: &Registry) -> Value {
             "name": p.config.name,
             "address": p.config.address(),
             "priority": p.config.priority,
-            "ready": p.state.is_ready(now),
+            "ready": p.is_usable(now),
             "in_flight": p.state.in_flight(),
             "awaiting_first_token": p.state.awaiting_first_token(),
             "cold_prefill_tokens": p.state.cold_backlog_tokens(),
@@ -662,7 +662,7 @@ fn health_status(route: &Route, registry: &Registry) -> Value {
             "name": p.config.name,
             // None: its host name has not resolved (yet); never chosen.
             "address": p.addr.map(|a| a.to_string()),
-            "ready": p.state.is_ready(now),
+            "ready": p.is_usable(now),
             "failing": p.state.is_failing(),
             "banned_for_ms": p.state.banned_for_ms(now),
             "probe_path": p.config.probe_path.as_deref().unwrap_or(&h.probe_path),

@@ -161,6 +161,22 @@ fn a_name_that_resolves_late_joins_and_one_that_never_does_blocks_nothing() {
     let never_peer = &h["peers"].as_array().expect("peers")[2];
     assert_eq!(never_peer["name"], "never");
     assert!(never_peer["address"].is_null(), "{h}");
+    assert_eq!(
+        never_peer["ready"], false,
+        "a peer without an address is not ready: {h}"
+    );
+    assert_eq!(h["peers"][1]["ready"], true, "{h}");
+    let metrics = http::get(gw.admin, "/metrics").text();
+    assert!(metrics.contains("llm_gateway_peer_ready{peer=\"never\""), "{metrics}");
+    assert_eq!(
+        metric_sum(&metrics, "llm_gateway_peer_ready", &["peer=never"]),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_sum(&metrics, "llm_gateway_peer_ready", &["peer=late"]),
+        1.0
+    );
     assert_eq!(gw.reloads(&[]), reloads, "no reload was needed");
 }
 

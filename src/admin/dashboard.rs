@@ -224,7 +224,7 @@ fn gauges(route: &Route, now: u64) -> BTreeMap<String, f64> {
         put("tps_floor", l.tps_floor);
     }
     let in_flight: u32 = route.peers.iter().map(|p| p.state.in_flight()).sum();
-    let ready = route.peers.iter().filter(|p| p.state.is_ready(now)).count();
+    let ready = route.peers.iter().filter(|p| p.is_usable(now)).count();
     let (warm, new) = route.runtime.queue.waiting();
     g.insert("in_flight".into(), f64::from(in_flight));
     g.insert("limit".into(), limit);

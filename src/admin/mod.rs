@@ -148,7 +148,7 @@ pub fn refresh_state_gauges(registry: &Registry) {
                 .set(p.state.in_flight() as i64);
             m.peer_ready
                 .with_label_values(&labels)
-                .set(p.state.is_ready(now) as i64);
+                .set(p.is_usable(now) as i64);
             m.session_bindings
                 .with_label_values(&labels)
                 .set(bound as i64);
@@ -176,7 +176,7 @@ pub fn routes_json(registry: &Registry) -> serde_json::Value {
                     "address": p.config.address(),
                     "priority": p.config.priority,
                     "max_concurrency": p.config.max_concurrency,
-                    "ready": p.state.is_ready(now),
+                    "ready": p.is_usable(now),
                     "in_flight": p.state.in_flight(),
                 })).collect::<Vec<_>>(),
                 "models": c.peers_by_model.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>(),

@@ -29,8 +29,7 @@ pub fn model_pool(route: &Route, model: Option<&str>) -> Result<Vec<usize>, Erro
 
 /// Has an address and is not banned.
 pub(super) fn usable(route: &Route, i: usize, now: u64) -> bool {
-    let p = &route.peers[i];
-    p.addr.is_some() && p.state.is_ready(now)
+    route.peers[i].is_usable(now)
 }
 
 pub(super) fn has_room(route: &Route, i: usize) -> bool {

@@ -40,7 +40,7 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
             PeerLoad {
                 id: p.state.id,
                 // A peer whose host did not resolve can never be chosen.
-                ready: p.addr.is_some() && p.state.is_ready(now_ms),
+                ready: p.is_usable(now_ms),
                 // With a shared session store, the whole cluster's load.
                 in_flight: p.state.in_flight() + p.state.remote_in_flight(),
                 // This replica's own: the others publish their counts only.

@@ -47,6 +47,14 @@ impl RoutePeer {
     }
 }
 
+impl RoutePeer {
+    /// Can take a request: it has an address (its host name resolved) and
+    /// is not banned.
+    pub fn is_usable(&self, now_ms: u64) -> bool {
+        self.addr.is_some() && self.state.is_ready(now_ms)
+    }
+}
+
 /// The `Host` the engine receives: its own host and port.
 pub fn host_header(config: &PeerConfig) -> String {
     format!("{}:{}", config.host, config.port)
