@@ -279,8 +279,9 @@ fn reject_rules_status(route: &Route) -> Value {
 /// Keys whose values say where something runs: engine `host:port`s (in
 /// `/_route_state` and `/_route_opts`), the body-log listener and its last
 /// connect error (`/_bodylog_status`), a store URL.
-// `dns` and `api`: where `peers_from` finds its engines.
-const ADDRESS_KEYS: [&str; 8] = [
+// `dns` and `api`: where `peers_from` finds its engines;
+// `service_account_dir`: where its credentials lie on the host.
+const ADDRESS_KEYS: [&str; 9] = [
     "address",
     "host",
     "port",
@@ -289,6 +290,7 @@ const ADDRESS_KEYS: [&str; 8] = [
     "url",
     "dns",
     "api",
+    "service_account_dir",
 ];
 /// `/_route_opts` options whose value is a file path.
 const PATH_OPTIONS: [&str; 2] = ["api_keys_file", "engine_api_key_file"];
@@ -816,7 +818,9 @@ mod tests {
         let keys = dir.path().join("secret-keys");
         std::fs::write(&keys, "k:o\n").unwrap();
         let extra = format!(
-            "  - {{name: b, host: 10.9.8.7, port: 9123}}\napi_keys_file: {}\n",
+            "  - {{name: b, host: 10.9.8.7, port: 9123}}\napi_keys_file: {}\n\
+             peers_from: {{kubernetes: {{namespace: n, selector: s, port: 1, \
+             api: \"https://10.9.8.7:9123\", service_account_dir: /secret-kube}}}}\n",
             keys.display()
         );
         let reg = registry(dir.path(), &extra);
@@ -832,12 +836,15 @@ mod tests {
             let before = v.to_string();
             redact_addresses(&mut v);
             let after = v.to_string();
-            for secret in ["10.9.8.7", "9123", "secret-keys"] {
+            for secret in ["10.9.8.7", "9123", "secret-keys", "secret-kube"] {
                 assert!(!after.contains(secret), "{path} shows {secret}: {after}");
             }
             if path == "/_route_state" || path == "/_route_opts" {
                 // Control: there was something to hide, and names stay.
                 assert!(before.contains("10.9.8.7"), "{path}: {before}");
+                if path == "/_route_opts" {
+                    assert!(before.contains("secret-kube"), "{path}: {before}");
+                }
                 assert!(after.contains("\"b\""), "{path}: {after}");
             }
         }

@@ -3,7 +3,9 @@
 //! gateway pointed at it through `resolver:` in gateway.yaml, and simulated
 //! engines on several loopback addresses (127.0.0.2, .3, …) behind one
 //! port, as the pods of a headless Service. No reload is ever sent: every
-//! change is the DNS server's.
+//! change is the DNS server's. The EndpointSlice tests put a stub API
+//! server where the DNS server was: `common::kube` over plain HTTP, and one
+//! below over TLS, with a CA made per test and a service account directory.
 
 mod common;
 
@@ -13,6 +15,7 @@ use common::*;
 use llm_gateway_sim::spawn_engines_on;
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
 
 fn ip(last: u8) -> IpAddr {
     IpAddr::from([127, 0, 0, last])
@@ -460,4 +463,342 @@ fn a_name_server_that_never_answers_delays_the_start_by_its_bound_and_blocks_no_
         (host["resolved"] == false && host["last_error"].is_string()).then_some(())
     });
     assert!(gw.log().contains("first lookups took over"), "{}", gw.log());
+}
+
+// ---- the API server over TLS, with the account's token and CA ----
+
+/// A certificate authority made for one test.
+struct TestCa {
+    pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+fn new_ca(name: &str) -> TestCa {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let key = rcgen::KeyPair::generate().expect("CA key");
+    let cert = params.self_signed(&key).expect("CA certificate");
+    TestCa {
+        pem: cert.pem(),
+        issuer: rcgen::Issuer::new(params, key),
+    }
+}
+
+/// What an API server on 127.0.0.1 serves: a certificate for that address
+/// (the name the gateway checks is the api URL's host), signed by `ca`.
+fn server_config(ca: &TestCa) -> Arc<rustls::ServerConfig> {
+    let mut params =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("server parameters");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kube-apiserver");
+    params.use_authority_key_identifier_extension = true;
+    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let key = rcgen::KeyPair::generate().expect("server key");
+    let cert = params
+        .signed_by(&key, &ca.issuer)
+        .expect("server certificate");
+    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key)
+        .expect("the server's certificate and key");
+    Arc::new(config)
+}
+
+#[derive(Default)]
+struct TlsState {
+    /// Each request's target and `Authorization` header, in arrival order.
+    seen: Vec<(String, Option<String>)>,
+    /// One per open watch: sending (or dropping) it closes that connection.
+    watches: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Connections whose handshake failed.
+    refused: usize,
+}
+
+/// A stub Kubernetes API over TLS: a LIST gets `list`, a WATCH its head and
+/// then silence, until the test breaks it. Tokio here, not threads as in
+/// `common::kube`, because tokio-rustls is the TLS server at hand.
+struct TlsKubeApi {
+    url: String,
+    state: Arc<Mutex<TlsState>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl TlsKubeApi {
+    fn start(list: &Value, config: Arc<rustls::ServerConfig>) -> TlsKubeApi {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime for the stub API");
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let url = format!("https://{}", listener.local_addr().expect("addr"));
+        let state = Arc::new(Mutex::new(TlsState::default()));
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let list = Arc::new(list.to_string());
+        let shared = Arc::clone(&state);
+        runtime.spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, list, state) =
+                    (acceptor.clone(), Arc::clone(&list), Arc::clone(&shared));
+                tokio::spawn(async move {
+                    match acceptor.accept(tcp).await {
+                        Ok(tls) => serve_tls(tls, &list, &state).await,
+                        Err(_) => lock(&state).refused += 1,
+                    }
+                });
+            }
+        });
+        TlsKubeApi {
+            url,
+            state,
+            _runtime: runtime,
+        }
+    }
+
+    fn seen(&self) -> Vec<(String, Option<String>)> {
+        lock(&self.state).seen.clone()
+    }
+
+    fn refused(&self) -> usize {
+        lock(&self.state).refused
+    }
+
+    fn open_watches(&self) -> usize {
+        let mut state = lock(&self.state);
+        state.watches.retain(|w| !w.is_closed());
+        state.watches.len()
+    }
+
+    fn break_watches(&self) {
+        for w in lock(&self.state).watches.drain(..) {
+            let _ = w.send(());
+        }
+    }
+}
+
+fn lock(state: &Mutex<TlsState>) -> std::sync::MutexGuard<'_, TlsState> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn serve_tls(
+    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    list: &str,
+    state: &Mutex<TlsState>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut reader = tokio::io::BufReader::new(tls);
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).await.is_err() {
+        return;
+    }
+    let mut authorization = None;
+    loop {
+        let mut header = String::new();
+        match reader.read_line(&mut header).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) if header == "\r\n" => break,
+            Ok(_) => {}
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            if name.eq_ignore_ascii_case("authorization") {
+                authorization = Some(value.trim().to_string());
+            }
+        }
+    }
+    // A GET has no body: nothing is left in the reader's buffer.
+    let mut tls = reader.into_inner();
+    let target = request_line
+        .split(' ')
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    lock(state).seen.push((target.clone(), authorization));
+    if target.contains("watch=1") {
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+        if tls.write_all(head.as_bytes()).await.is_err() || tls.flush().await.is_err() {
+            return;
+        }
+        let (broken, when) = tokio::sync::oneshot::channel();
+        lock(state).watches.push(broken);
+        let _ = when.await;
+        // Mid-body, without the last chunk: a broken watch, not a finished one.
+        let _ = tls.shutdown().await;
+    } else {
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{list}",
+            list.len()
+        );
+        let _ = tls.write_all(response.as_bytes()).await;
+        let _ = tls.shutdown().await;
+    }
+}
+
+/// A directory laid out as the service account's mount.
+fn account(token: &str, ca_pem: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("token"), format!("{token}\n")).expect("token");
+    std::fs::write(dir.path().join("ca.crt"), ca_pem).expect("ca.crt");
+    dir
+}
+
+/// Replaces `name` in `dir` by rename, as the kubelet swaps a projected
+/// volume's files: a reader sees the old file or the new one, never half.
+fn replace(dir: &std::path::Path, name: &str, text: &str) {
+    let next = dir.join(format!(".{name}.next"));
+    std::fs::write(&next, text).expect("write");
+    std::fs::rename(&next, dir.join(name)).expect("rename");
+}
+
+fn tls_route(api: &TlsKubeApi, account: &std::path::Path) -> String {
+    format!(
+        "peers_from:\n  kubernetes: {{namespace: llm, selector: \"app=vllm\", port: http, api: \"{}\", service_account_dir: \"{}\"}}\n  max_concurrency: 8\n",
+        api.url,
+        account.display()
+    )
+}
+
+fn two_pods(port: u16) -> Value {
+    common::kube::slice_list(
+        100,
+        &[common::kube::slice(
+            "vllm-a",
+            99,
+            &[("vllm-0", "127.0.0.2", true), ("vllm-1", "127.0.0.3", true)],
+            port,
+        )],
+    )
+}
+
+#[test]
+fn endpoint_slices_over_tls_use_the_accounts_ca_and_token_and_a_resumed_watch_the_rotated_token() {
+    let (cluster, port) = engines_at(&[2, 3]);
+    let ca = new_ca("test cluster CA");
+    let api = TlsKubeApi::start(&two_pods(port), server_config(&ca));
+    let account = account("token-one", &ca.pem);
+    let gw = Gateway::start(&[("chat", tls_route(&api, account.path()))]);
+    let want = vec![
+        ("vllm-0".to_string(), Some(format!("127.0.0.2:{port}"))),
+        ("vllm-1".to_string(), Some(format!("127.0.0.3:{port}"))),
+    ];
+    wait_for("the pods as peers", DEADLINE, || {
+        (peers(&gw) == want).then_some(())
+    });
+    wait_for("the watch", DEADLINE, || {
+        (api.open_watches() == 1).then_some(())
+    });
+    let served: Vec<String> = (0..6).map(|n| turn(&gw, &format!("s{n}"), 1).0).collect();
+    assert!(
+        served.iter().all(|p| p == "vllm-0" || p == "vllm-1"),
+        "{served:?}"
+    );
+    assert_eq!(
+        cluster_served(&cluster),
+        6,
+        "the engines behind the pods served the turns"
+    );
+
+    // The list, then the watch from its version, each with the token.
+    let bearer = |t: &str| Some(format!("Bearer {t}"));
+    let seen = api.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(!seen[0].0.contains("watch=1"), "{seen:?}");
+    assert!(
+        seen[1].0.contains("watch=1&resourceVersion=100&"),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter().all(|(_, auth)| *auth == bearer("token-one")),
+        "{seen:?}"
+    );
+
+    // The kubelet rotates the token; the watch breaks; the watch that
+    // resumes it (from the same version, not a new list) carries the new one.
+    replace(account.path(), "token", "token-two\n");
+    api.break_watches();
+    wait_for("the watch to resume", DEADLINE, || {
+        (api.open_watches() == 1).then_some(())
+    });
+    let seen = api.seen();
+    assert_eq!(seen.len(), 3, "one more request, a watch: {seen:?}");
+    assert!(
+        seen[2].0.contains("watch=1&resourceVersion=100&"),
+        "{seen:?}"
+    );
+    assert_eq!(seen[2].1, bearer("token-two"), "{seen:?}");
+    assert_eq!(api.refused(), 0);
+    assert_eq!(peers(&gw), want, "the peers stayed through the break");
+}
+
+fn cluster_served(cluster: &SimCluster) -> u64 {
+    (0..cluster.engines.len()).map(|i| served(cluster, i)).sum()
+}
+
+#[test]
+fn an_api_server_the_accounts_ca_did_not_sign_gets_no_request_and_its_pods_join_once_the_ca_is_right(
+) {
+    let (_cluster, port) = engines_at(&[2, 3]);
+    let ca = new_ca("test cluster CA");
+    let other = new_ca("another cluster's CA");
+    let api = TlsKubeApi::start(&two_pods(port), server_config(&ca));
+    let account = account("token-one", &other.pem);
+    let gw = Gateway::start(&[("chat", tls_route(&api, account.path()))]);
+    let error = wait_for("the failure reported", DEADLINE, || {
+        health(&gw)["discovery"]["peers_from"]["last_error"]
+            .as_str()
+            .map(str::to_string)
+    });
+    assert!(
+        error.contains("invalid peer certificate") && error.contains("UnknownIssuer"),
+        "{error}"
+    );
+    let h = health(&gw);
+    assert_eq!(
+        h["discovery"]["peers_from"]["endpoints"],
+        Value::Null,
+        "{h}"
+    );
+    assert!(
+        peers(&gw).iter().all(|(_, addr)| addr.is_none()),
+        "{:?}",
+        peers(&gw)
+    );
+    assert!(api.refused() >= 1, "the gateway did connect");
+    assert_eq!(
+        api.seen(),
+        vec![],
+        "no request, so no token, reached a server its CA does not vouch for"
+    );
+
+    // Control: the CA is read at each connect, so the right one copied in
+    // lets the next attempt through, without a reload.
+    replace(account.path(), "ca.crt", &ca.pem);
+    wait_for("the pods as peers", DEADLINE, || {
+        (peers(&gw).len() == 2 && peers(&gw).iter().all(|(_, a)| a.is_some())).then_some(())
+    });
+    let h = health(&gw);
+    assert_eq!(
+        h["discovery"]["peers_from"]["last_error"],
+        Value::Null,
+        "{h}"
+    );
+    assert!(api
+        .seen()
+        .iter()
+        .all(|(_, auth)| auth.as_deref() == Some("Bearer token-one")));
 }

@@ -131,6 +131,7 @@ fn source(url: &str) -> KubernetesSource {
         selector: "app=vllm".to_string(),
         port: PortRef::Name("http".to_string()),
         api: Some(url.to_string()),
+        service_account_dir: None,
     }
 }
 

@@ -203,6 +203,7 @@ pub fn values(route: &RouteConfig) -> Value {
                         crate::discovery::kubernetes::PortRef::Name(n) => json!(n),
                     },
                     "api": k.api,
+                    "service_account_dir": k.service_account_dir,
                 }}),
             };
             let mut v = source;

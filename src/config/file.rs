@@ -159,6 +159,7 @@ pub(super) struct KubernetesFile {
     pub selector: String,
     pub port: serde_yaml::Value,
     pub api: Option<String>,
+    pub service_account_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -617,7 +617,19 @@ fn peers_from_names_a_dns_name_or_endpoint_slices_with_the_peer_settings() {
                 crate::discovery::kubernetes::PortRef::Name("http".into())
             );
             assert_eq!(k.api, None);
+            assert_eq!(k.service_account_dir, None);
         }
+        other => panic!("{other:?}"),
+    }
+    let r = route(&format!(
+        "{MINIMAL}peers_from:\n  kubernetes: {{namespace: llm, selector: a=b, port: 80, api: \"https://10.0.0.9:6443\", service_account_dir: /etc/kube}}\n"
+    ))
+    .unwrap();
+    match r.peers_from.map(|f| f.source) {
+        Some(PeerSource::Kubernetes(k)) => assert_eq!(
+            k.service_account_dir.as_deref(),
+            Some(Path::new("/etc/kube"))
+        ),
         other => panic!("{other:?}"),
     }
 }
@@ -642,6 +654,18 @@ fn peers_from_errors_name_what_is_wrong() {
         (
             "peers_from: {kubernetes: {namespace: n, selector: s, port: 1, api: 'ftp://x'}}\n",
             "not an http:// or https:// URL",
+        ),
+        (
+            "peers_from: {kubernetes: {namespace: n, selector: s, port: 1, service_account_dir: kube}}\n",
+            "kube is not an absolute path",
+        ),
+        (
+            "peers_from: {kubernetes: {namespace: n, selector: s, port: 1, service_account_dir: ''}}\n",
+            "is not an absolute path",
+        ),
+        (
+            "peers_from: {kubernetes: {namespace: n, selector: s, port: 1, api: 'http://127.0.0.1:8001', service_account_dir: /k}}\n",
+            "an http:// api uses no token",
         ),
         ("peers_from: {dns: a.test, port: 80, max_concurrency: 0}\n", "max_concurrency 0 out of range"),
         ("peers_from: {dns: a.test, port: 80, probe_path: health}\n", "probe_path must start with '/'"),

@@ -33,8 +33,13 @@ pub struct KubernetesSource {
     pub selector: String,
     /// The engine port: a number, or the name of a port in the slices.
     pub port: PortRef,
-    /// The API server's base URL; None: in-cluster (KUBERNETES_SERVICE_HOST / _PORT, the service account token and CA under /var/run/secrets/kubernetes.io/serviceaccount/). An `http://` URL (tests, `kubectl proxy`) is used without TLS or token; an `https://` one with the service account's token and CA.
+    /// The API server's base URL; None: in-cluster (KUBERNETES_SERVICE_HOST / _PORT, the service account token and CA). An `http://` URL (tests, `kubectl proxy`) is used without TLS or token; an `https://` one with the service account's token and CA.
     pub api: Option<String>,
+    /// Where the service account's `token` and `ca.crt` are; None: where the
+    /// kubelet mounts them, /var/run/secrets/kubernetes.io/serviceaccount.
+    /// Another directory lets the gateway run outside the cluster with a
+    /// token and CA copied from it.
+    pub service_account_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +73,11 @@ pub enum Found {
 /// unchanged or not, so the owner knows the error is over (a quiet cluster may
 /// send no change for hours). Ends when the receiver is dropped.
 pub async fn watch(source: KubernetesSource, out: Sender<Found>) {
-    let access = match Access::for_api(source.api.as_deref()) {
+    let account = source
+        .service_account_dir
+        .as_deref()
+        .unwrap_or(Path::new(SERVICE_ACCOUNT));
+    let access = match Access::for_api(source.api.as_deref(), account) {
         Ok(access) => access,
         Err(e) => {
             log::error!("kubernetes discovery {}: {e}", describe(&source));
@@ -100,14 +109,14 @@ struct Access {
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 impl Access {
-    fn for_api(api: Option<&str>) -> Result<Access, String> {
+    fn for_api(api: Option<&str>, account: &Path) -> Result<Access, String> {
         match api {
             None => Access::in_cluster(
                 std::env::var("KUBERNETES_SERVICE_HOST").ok(),
                 std::env::var("KUBERNETES_SERVICE_PORT").ok(),
-                Path::new(SERVICE_ACCOUNT),
+                account,
             ),
-            Some(url) => Access::from_url(url, Path::new(SERVICE_ACCOUNT)),
+            Some(url) => Access::from_url(url, account),
         }
     }
 

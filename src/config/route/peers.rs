@@ -172,11 +172,35 @@ pub(super) fn parse_peers_from(
                     ));
                 }
             }
+            if let Some(dir) = &k.service_account_dir {
+                // The gateway's working directory is wherever it was started
+                // from, not the route file's; a relative path would follow it.
+                if !dir.is_absolute() {
+                    return Err(at.error(
+                        line,
+                        format!(
+                            "peers_from.kubernetes.service_account_dir: {} is not an absolute path",
+                            dir.display()
+                        ),
+                    ));
+                }
+                // An http:// API is reached without a token or a CA: the key
+                // would be read by nothing, and its writer would believe otherwise.
+                if k.api.as_deref().is_some_and(|a| a.starts_with("http://")) {
+                    return Err(at.error(
+                        line,
+                        "peers_from.kubernetes.service_account_dir: an http:// api uses no token \
+                         nor CA; only in-cluster or an https:// api does"
+                            .into(),
+                    ));
+                }
+            }
             PeerSource::Kubernetes(KubernetesSource {
                 namespace: k.namespace.trim().to_string(),
                 selector: k.selector.trim().to_string(),
                 port,
                 api: k.api.map(|a| a.trim_end_matches('/').to_string()),
+                service_account_dir: k.service_account_dir,
             })
         }
         _ => return Err(at.error(line, "peers_from: exactly one of dns or kubernetes".into())),

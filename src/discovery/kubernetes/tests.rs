@@ -269,6 +269,7 @@ fn source(selector: &str) -> KubernetesSource {
         selector: selector.to_string(),
         port: http(),
         api: None,
+        service_account_dir: None,
     }
 }
 
@@ -311,6 +312,18 @@ fn where_the_api_server_is() {
     assert!(tls.token_file.is_some() && tls.ca_file.is_some());
     assert!(Access::from_url("ftp://x", sa).is_err());
     assert!(Access::from_url("http://user:pw@x", sa).is_err());
+
+    // `service_account_dir` moves both files, for either kind of https access.
+    let copied = Path::new("/etc/llm-gateway/kube");
+    let outside = Access::for_api(Some("https://10.0.0.9:6443"), copied).expect("https");
+    assert_eq!(
+        outside.token_file.as_deref(),
+        Some(copied.join("token").as_path())
+    );
+    assert_eq!(
+        outside.ca_file.as_deref(),
+        Some(copied.join("ca.crt").as_path())
+    );
 }
 
 #[test]
