@@ -170,7 +170,10 @@ fn a_name_that_resolves_late_joins_and_one_that_never_does_blocks_nothing() {
     );
     assert_eq!(h["peers"][1]["ready"], true, "{h}");
     let metrics = http::get(gw.admin, "/metrics").text();
-    assert!(metrics.contains("llm_gateway_peer_ready{peer=\"never\""), "{metrics}");
+    assert!(
+        metrics.contains("llm_gateway_peer_ready{peer=\"never\""),
+        "{metrics}"
+    );
     assert_eq!(
         metric_sum(&metrics, "llm_gateway_peer_ready", &["peer=never"]),
         0.0,
