@@ -805,3 +805,31 @@ fn an_api_server_the_accounts_ca_did_not_sign_gets_no_request_and_its_pods_join_
         .iter()
         .all(|(_, auth)| auth.as_deref() == Some("Bearer token-one")));
 }
+
+#[test]
+fn a_reload_that_adds_a_named_peer_has_it_looked_up_at_once() {
+    let (_cluster, port) = engines_at(&[1, 2]);
+    let dns = Dnsmasq::start(&[("engine.test", ip(2))]);
+    let fixed = format!("peers:\n  - {{name: fixed, host: 127.0.0.1, port: {port}}}\n");
+    // The route's next scheduled look is a minute away, longer than the
+    // wait below: only the reload can have the new name looked up.
+    let gw = Gateway::start_with(
+        &[("chat", fixed.clone())],
+        GatewayOptions {
+            extra_config: format!(
+                "resolver:\n  nameservers: [\"{}\"]\n  min_ttl: 60s\n  max_ttl: 60s\n",
+                dns.addr
+            ),
+            ..Default::default()
+        },
+    );
+    assert_eq!(peers(&gw).len(), 1);
+    gw.write_route(
+        "chat",
+        &format!("{fixed}  - {{name: named, host: engine.test, port: {port}}}\n"),
+    );
+    gw.reload();
+    wait_for("the added name resolved", DEADLINE, || {
+        (peers(&gw).get(1)?.1.as_deref() == Some(&format!("127.0.0.2:{port}"))).then_some(())
+    });
+}

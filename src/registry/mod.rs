@@ -196,16 +196,22 @@ impl Registry {
             runtimes.retain(|name, _| next.contains_key(name));
         }
         self.reload_keys(&next);
-        for name in report.added.iter().chain(&report.changed) {
-            if let Some(route) = next.get(name) {
-                route.runtime.rediscover.notify_one();
-            }
-        }
         report.added.sort();
         report.changed.sort();
         report.removed.sort();
         report.unchanged.sort();
         self.table.store(Arc::new(next));
+        // A changed route may name other hosts: its discovery task looks
+        // now, once the table it reads holds the new version. (An added
+        // route has a new runtime, whose new task looks at once anyway; a
+        // poke there would only spend the task's first forced lookup, and
+        // delay the one a refused connection asks for.)
+        let table = self.table.load();
+        for name in &report.changed {
+            if let Some(route) = table.get(name) {
+                route.runtime.rediscover.notify_one();
+            }
+        }
         report
     }
 
