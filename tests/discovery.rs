@@ -270,9 +270,14 @@ fn a_headless_name_gives_a_peer_per_address_and_one_removed_moves_only_its_sessi
     // One pod goes: two peers, its sessions move, the others stay.
     let gone = &want[1];
     dns.set(&[pods[0], pods[2]]);
+    let removed_at = std::time::Instant::now();
     wait_for("two peers", DEADLINE, || {
         (peers(&gw).len() == 2).then_some(())
     });
+    eprintln!(
+        "figure: address gone from the DNS -> peer gone in {} ms (max_ttl 1s)",
+        removed_at.elapsed().as_millis()
+    );
     let before_gone = served(&cluster, 1);
     only_the_gones_sessions_move(&gw, &sessions, &home, gone, 3);
     assert_eq!(
@@ -329,9 +334,15 @@ fn a_refused_connection_looks_the_name_up_again_at_once() {
     let body = chat_body("s", "after the move", false);
     let refused = http::post_json(gw.addr, "/chat/v1/chat/completions", &[], &body);
     assert_ne!(refused.status(), 200, "{}", refused.text());
+    let refused_at = std::time::Instant::now();
     wait_for("the new address", DEADLINE, || {
         (address(&gw) == Some(format!("127.0.0.3:{port}"))).then_some(())
     });
+    // A figure for BENCHMARKS.md (`--nocapture`), not a bound: polled every 20 ms.
+    eprintln!(
+        "figure: refused connection -> new address in {} ms",
+        refused_at.elapsed().as_millis()
+    );
     let (peer, _, cached) = turn(&gw, "s", 3);
     assert_eq!(peer, "engine");
     assert_eq!(served(&cluster, 1), 1);
@@ -383,7 +394,12 @@ fn endpoint_slices_give_a_peer_per_ready_pod_and_a_broken_watch_resumes() {
 
     // vllm-1 becomes ready: it joins, and new sessions reach it.
     api.send("MODIFIED", &a(101, true));
+    let sent_at = std::time::Instant::now();
     expect(&gw, &["vllm-0", "vllm-1", "vllm-2"]);
+    eprintln!(
+        "figure: EndpointSlice event -> peer joined in {} ms",
+        sent_at.elapsed().as_millis()
+    );
     let newcomers: Vec<String> = (0..6).map(|n| turn(&gw, &format!("n{n}"), 1).0).collect();
     assert!(newcomers.iter().any(|p| p == "vllm-1"), "{newcomers:?}");
 
