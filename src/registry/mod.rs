@@ -215,10 +215,10 @@ impl Registry {
         report
     }
 
-    /// Builds route `name` again from its config after its discovery task
-    /// found a change of address; false when the route is gone (or was
-    /// replaced by a reload meanwhile, whose version is built on the same
-    /// findings).
+    /// Builds route `name` again from its config in force after its
+    /// discovery task found a change of address (a reload in between is
+    /// kept: its config, the new findings); false when the route is gone.
+    /// Under the reload lock, held for the build only (no file is read).
     pub fn rediscovered(&self, name: &str) -> bool {
         let _serial = self.reload_lock.lock();
         let old = self.snapshot();
