@@ -11,11 +11,12 @@ mod common;
 
 use common::dns::Dnsmasq;
 use common::http;
+use common::kube::{slice, slice_list, KubeApi};
 use common::*;
 use llm_gateway_sim::spawn_engines_on;
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 fn ip(last: u8) -> IpAddr {
     IpAddr::from([127, 0, 0, last])
@@ -351,7 +352,6 @@ fn a_refused_connection_looks_the_name_up_again_at_once() {
 
 #[test]
 fn endpoint_slices_give_a_peer_per_ready_pod_and_a_broken_watch_resumes() {
-    use common::kube::{slice, slice_list, KubeApi};
     let (cluster, port) = engines_at(&[2, 3, 4]);
     let a = |v, ready1| {
         slice(
@@ -537,137 +537,6 @@ fn server_config(ca: &TestCa) -> Arc<rustls::ServerConfig> {
     Arc::new(config)
 }
 
-#[derive(Default)]
-struct TlsState {
-    /// Each request's target and `Authorization` header, in arrival order.
-    seen: Vec<(String, Option<String>)>,
-    /// One per open watch: sending (or dropping) it closes that connection.
-    watches: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// Connections whose handshake failed.
-    refused: usize,
-}
-
-/// A stub Kubernetes API over TLS: a LIST gets `list`, a WATCH its head and
-/// then silence, until the test breaks it. Tokio here, not threads as in
-/// `common::kube`, because tokio-rustls is the TLS server at hand.
-struct TlsKubeApi {
-    url: String,
-    state: Arc<Mutex<TlsState>>,
-    _runtime: tokio::runtime::Runtime,
-}
-
-impl TlsKubeApi {
-    fn start(list: &Value, config: Arc<rustls::ServerConfig>) -> TlsKubeApi {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("a runtime for the stub API");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let url = format!("https://{}", listener.local_addr().expect("addr"));
-        let state = Arc::new(Mutex::new(TlsState::default()));
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let list = Arc::new(list.to_string());
-        let shared = Arc::clone(&state);
-        runtime.spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let (acceptor, list, state) =
-                    (acceptor.clone(), Arc::clone(&list), Arc::clone(&shared));
-                tokio::spawn(async move {
-                    match acceptor.accept(tcp).await {
-                        Ok(tls) => serve_tls(tls, &list, &state).await,
-                        Err(_) => lock(&state).refused += 1,
-                    }
-                });
-            }
-        });
-        TlsKubeApi {
-            url,
-            state,
-            _runtime: runtime,
-        }
-    }
-
-    fn seen(&self) -> Vec<(String, Option<String>)> {
-        lock(&self.state).seen.clone()
-    }
-
-    fn refused(&self) -> usize {
-        lock(&self.state).refused
-    }
-
-    fn open_watches(&self) -> usize {
-        let mut state = lock(&self.state);
-        state.watches.retain(|w| !w.is_closed());
-        state.watches.len()
-    }
-
-    fn break_watches(&self) {
-        for w in lock(&self.state).watches.drain(..) {
-            let _ = w.send(());
-        }
-    }
-}
-
-fn lock(state: &Mutex<TlsState>) -> std::sync::MutexGuard<'_, TlsState> {
-    state.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-async fn serve_tls(
-    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-    list: &str,
-    state: &Mutex<TlsState>,
-) {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let mut reader = tokio::io::BufReader::new(tls);
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).await.is_err() {
-        return;
-    }
-    let mut authorization = None;
-    loop {
-        let mut header = String::new();
-        match reader.read_line(&mut header).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) if header == "\r\n" => break,
-            Ok(_) => {}
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            if name.eq_ignore_ascii_case("authorization") {
-                authorization = Some(value.trim().to_string());
-            }
-        }
-    }
-    // A GET has no body: nothing is left in the reader's buffer.
-    let mut tls = reader.into_inner();
-    let target = request_line
-        .split(' ')
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    lock(state).seen.push((target.clone(), authorization));
-    if target.contains("watch=1") {
-        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
-        if tls.write_all(head.as_bytes()).await.is_err() || tls.flush().await.is_err() {
-            return;
-        }
-        let (broken, when) = tokio::sync::oneshot::channel();
-        lock(state).watches.push(broken);
-        let _ = when.await;
-        // Mid-body, without the last chunk: a broken watch, not a finished one.
-        let _ = tls.shutdown().await;
-    } else {
-        let response = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{list}",
-            list.len()
-        );
-        let _ = tls.write_all(response.as_bytes()).await;
-        let _ = tls.shutdown().await;
-    }
-}
-
 /// A directory laid out as the service account's mount.
 fn account(token: &str, ca_pem: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -684,7 +553,7 @@ fn replace(dir: &std::path::Path, name: &str, text: &str) {
     std::fs::rename(&next, dir.join(name)).expect("rename");
 }
 
-fn tls_route(api: &TlsKubeApi, account: &std::path::Path) -> String {
+fn tls_route(api: &KubeApi, account: &std::path::Path) -> String {
     format!(
         "peers_from:\n  kubernetes: {{namespace: llm, selector: \"app=vllm\", port: http, api: \"{}\", service_account_dir: \"{}\"}}\n  max_concurrency: 8\n",
         api.url,
@@ -693,9 +562,9 @@ fn tls_route(api: &TlsKubeApi, account: &std::path::Path) -> String {
 }
 
 fn two_pods(port: u16) -> Value {
-    common::kube::slice_list(
+    slice_list(
         100,
-        &[common::kube::slice(
+        &[slice(
             "vllm-a",
             99,
             &[("vllm-0", "127.0.0.2", true), ("vllm-1", "127.0.0.3", true)],
@@ -708,7 +577,7 @@ fn two_pods(port: u16) -> Value {
 fn endpoint_slices_over_tls_use_the_accounts_ca_and_token_and_a_resumed_watch_the_rotated_token() {
     let (cluster, port) = engines_at(&[2, 3]);
     let ca = new_ca("test cluster CA");
-    let api = TlsKubeApi::start(&two_pods(port), server_config(&ca));
+    let api = KubeApi::start_tls(&two_pods(port), server_config(&ca));
     let account = account("token-one", &ca.pem);
     let gw = Gateway::start(&[("chat", tls_route(&api, account.path()))]);
     let want = vec![
@@ -774,7 +643,7 @@ fn an_api_server_the_accounts_ca_did_not_sign_gets_no_request_and_its_pods_join_
     let (_cluster, port) = engines_at(&[2, 3]);
     let ca = new_ca("test cluster CA");
     let other = new_ca("another cluster's CA");
-    let api = TlsKubeApi::start(&two_pods(port), server_config(&ca));
+    let api = KubeApi::start_tls(&two_pods(port), server_config(&ca));
     let account = account("token-one", &other.pem);
     let gw = Gateway::start(&[("chat", tls_route(&api, account.path()))]);
     let error = wait_for("the failure reported", DEADLINE, || {
