@@ -35,13 +35,24 @@ fn engines_at(lasts: &[u8]) -> (SimCluster, u16) {
 }
 
 fn gateway(dns: &Dnsmasq, route: String) -> Gateway {
+    gateway_resolving(route, dns.gateway_config())
+}
+
+/// The gateway serving `route` as `chat`, with gateway.yaml's `resolver`.
+fn gateway_resolving(route: String, resolver: String) -> Gateway {
     Gateway::start_with(
         &[("chat", route)],
         GatewayOptions {
-            extra_config: dns.gateway_config(),
+            extra_config: resolver,
             ..Default::default()
         },
     )
+}
+
+/// A `resolver:` asking only `server`, and again only every minute: longer
+/// than a test waits, so what makes the gateway look sooner is not the TTL.
+fn asking_every_minute(server: SocketAddr) -> String {
+    format!("resolver:\n  nameservers: [\"{server}\"]\n  min_ttl: 60s\n  max_ttl: 60s\n")
 }
 
 fn health(gw: &Gateway) -> Value {
@@ -305,18 +316,9 @@ fn a_refused_connection_looks_the_name_up_again_at_once() {
     let dns = Dnsmasq::start(&[("engine.test", ip(2))]);
     // Looked up again only every minute, longer than any wait below: what
     // makes the gateway look sooner is the refused connection.
-    let gw = Gateway::start_with(
-        &[(
-            "chat",
-            format!("peers:\n  - {{name: engine, host: engine.test, port: {port}}}\n"),
-        )],
-        GatewayOptions {
-            extra_config: format!(
-                "resolver:\n  nameservers: [\"{}\"]\n  min_ttl: 60s\n  max_ttl: 60s\n",
-                dns.addr
-            ),
-            ..Default::default()
-        },
+    let gw = gateway_resolving(
+        format!("peers:\n  - {{name: engine, host: engine.test, port: {port}}}\n"),
+        asking_every_minute(dns.addr),
     );
     let address = |gw: &Gateway| peers(gw)[0].1.clone();
     assert_eq!(address(&gw), Some(format!("127.0.0.2:{port}")));
@@ -459,18 +461,9 @@ fn a_name_server_that_never_answers_delays_the_start_by_its_bound_and_blocks_no_
     // A UDP socket that reads nothing and answers nothing: each lookup
     // waits out the resolver's timeouts.
     let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
-    let gw = Gateway::start_with(
-        &[(
-            "chat",
-            format!("peers:\n  - {{name: fixed, host: 127.0.0.1, port: {port}}}\n  - {{name: named, host: engine.test, port: {port}}}\n"),
-        )],
-        GatewayOptions {
-            extra_config: format!(
-                "resolver:\n  nameservers: [\"{}\"]\n",
-                silent.local_addr().expect("addr")
-            ),
-            ..Default::default()
-        },
+    let gw = gateway_resolving(
+        format!("peers:\n  - {{name: fixed, host: 127.0.0.1, port: {port}}}\n  - {{name: named, host: engine.test, port: {port}}}\n"),
+        format!("resolver:\n  nameservers: [\"{}\"]\n", silent.local_addr().expect("addr")),
     );
     for n in 0..4 {
         assert_eq!(turn(&gw, &format!("s{n}"), 0).0, "fixed");
@@ -698,16 +691,7 @@ fn a_reload_that_adds_a_named_peer_has_it_looked_up_at_once() {
     let fixed = format!("peers:\n  - {{name: fixed, host: 127.0.0.1, port: {port}}}\n");
     // The route's next scheduled look is a minute away, longer than the
     // wait below: only the reload can have the new name looked up.
-    let gw = Gateway::start_with(
-        &[("chat", fixed.clone())],
-        GatewayOptions {
-            extra_config: format!(
-                "resolver:\n  nameservers: [\"{}\"]\n  min_ttl: 60s\n  max_ttl: 60s\n",
-                dns.addr
-            ),
-            ..Default::default()
-        },
-    );
+    let gw = gateway_resolving(fixed.clone(), asking_every_minute(dns.addr));
     assert_eq!(peers(&gw).len(), 1);
     gw.write_route(
         "chat",

@@ -16,7 +16,7 @@ pub mod kubernetes;
 pub mod resolver;
 
 use crate::config::{PeerSource, RouteConfig};
-use crate::registry::{Registry, RouteRuntime};
+use crate::registry::{Registry, Route, RouteRuntime};
 use kubernetes::Endpoint;
 use resolver::Resolver;
 use std::collections::BTreeMap;
@@ -172,21 +172,24 @@ fn publish(
     runtime: &RouteRuntime,
     found: Found,
 ) {
-    let changed = {
-        let mut current = runtime.found.lock();
-        let changed = !current.same_addresses(&found);
-        *current = found;
-        changed
-    };
-    if changed && registry.rediscovered(name) {
+    if store(runtime, found) && registry.rediscovered(name) {
         tasks.sync(registry);
     }
 }
 
-/// Whether `runtime` is still the live runtime of route `name`.
-fn live(registry: &Registry, name: &str, runtime: &Arc<RouteRuntime>) -> Option<RouteConfig> {
-    let route = registry.route(name)?;
-    Arc::ptr_eq(&route.runtime, runtime).then(|| route.config.clone())
+/// Keeps `found` as the route's findings; whether it gives other addresses.
+fn store(runtime: &RouteRuntime, found: Found) -> bool {
+    let mut current = runtime.found.lock();
+    let changed = !current.same_addresses(&found);
+    *current = found;
+    changed
+}
+
+/// Route `name`'s live version, while `runtime` is still its runtime.
+fn live(registry: &Registry, name: &str, runtime: &Arc<RouteRuntime>) -> Option<Arc<Route>> {
+    registry
+        .route(name)
+        .filter(|route| Arc::ptr_eq(&route.runtime, runtime))
 }
 
 /// Starts route `name`'s discovery task; it ends when the route does.
@@ -208,7 +211,8 @@ pub fn spawn(
         // When the names are next looked up; a watch event between two
         // passes is applied on its own, without a lookup.
         let mut due = tokio::time::Instant::now();
-        while let Some(config) = live(&registry, &name, &runtime) {
+        while let Some(route) = live(&registry, &name, &runtime) {
+            let config = &route.config;
             let source = match config.peers_from.as_ref().map(|f| &f.source) {
                 Some(PeerSource::Kubernetes(k)) => Some(k.clone()),
                 _ => None,
@@ -222,10 +226,12 @@ pub fn spawn(
             }
             if tokio::time::Instant::now() >= due {
                 let before = runtime.found.lock().clone();
-                let (found, next) = look_up(&resolver, &config, &before).await;
+                let (found, next) = look_up(&resolver, config, &before).await;
                 publish(&registry, &tasks, &name, &runtime, found);
                 due = tokio::time::Instant::now() + next;
             }
+            // Not held while waiting: a version a rebuild replaced goes at once.
+            drop(route);
             let from_watch = async {
                 match watch.as_mut() {
                     Some((_, rx)) => rx.recv().await,
@@ -294,13 +300,7 @@ pub fn first_pass(registry: &Arc<Registry>) {
         for (name, route) in registry.snapshot().iter() {
             let before = route.runtime.found.lock().clone();
             let (found, _) = look_up(&resolver, &route.config, &before).await;
-            let changed = {
-                let mut current = route.runtime.found.lock();
-                let changed = !current.same_addresses(&found);
-                *current = found;
-                changed
-            };
-            if changed {
+            if store(&route.runtime, found) {
                 registry.rediscovered(name);
             }
         }
