@@ -1,106 +1,245 @@
-//! The simulator and the bench are tools the binary carries; the gateway
-//! library must never depend on them (they are not on the request path and
-//! must not become so). Only the binary's own modules may name them.
+//! The house's arrows, read from the code as Rust (tests/layering/imports.rs
+//! draws which file uses which): no file of any crate of the workspace
+//! imports another around a circle; the gateway library never uses the
+//! simulator or the bench (tools the binary carries, not on the request
+//! path); the pure core reads no clock and depends on no runtime; the admin
+//! listener and the body log never reach into the proxy; the session store
+//! knows nothing of routes. And no source file grows past 800 lines.
 
+#[path = "layering/imports.rs"]
+mod imports;
+
+use imports::{circles, Crate, Target};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-/// The binary's modules: `main.rs` declares them, the library does not.
-const BINARY_ONLY: [&str; 3] = ["main.rs", "cli.rs", "demo.rs"];
-const TOOL_CRATES: [&str; 2] = ["llm_gateway_sim", "llm_gateway_bench"];
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("readable source dir") {
-        let path = entry.expect("dir entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
+/// One crate of the workspace, read.
+struct Read {
+    /// Its root file, relative to the workspace (`crates/core/src/lib.rs`).
+    root: String,
+    krate: Crate,
+}
+
+/// Every crate of the workspace: the gateway's library and binary
+/// (`src/lib.rs`, `src/main.rs`) and each `crates/*/src/{lib,main}.rs`.
+fn workspace_crates() -> &'static [Read] {
+    static CRATES: OnceLock<Vec<Read>> = OnceLock::new();
+    CRATES.get_or_init(|| {
+        // syn's parser and visitor recurse as deep as an expression nests:
+        // more than a test thread's stack in a debug build.
+        std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn(read_workspace)
+            .expect("a thread")
+            .join()
+            .expect("the workspace read")
+    })
+}
+
+fn read_workspace() -> Vec<Read> {
+    {
+        let mut dirs = vec![PathBuf::from("src")];
+        let mut members: Vec<PathBuf> = std::fs::read_dir(workspace().join("crates"))
+            .expect("crates/")
+            .map(|e| e.expect("a dir entry").path())
+            .filter(|p| p.join("Cargo.toml").is_file())
+            .map(|p| p.strip_prefix(workspace()).expect("inside").join("src"))
+            .collect();
+        members.sort();
+        dirs.extend(members);
+        let mut crates = Vec::new();
+        for dir in dirs {
+            for root in ["lib.rs", "main.rs"] {
+                let root = dir.join(root);
+                if workspace().join(&root).is_file() {
+                    let krate = Crate::read(&workspace().join(&root))
+                        .unwrap_or_else(|e| panic!("reading {}: {}", root.display(), e.0));
+                    crates.push(Read {
+                        root: root.display().to_string(),
+                        krate,
+                    });
+                }
+            }
         }
+        crates
     }
 }
 
-fn mentions_a_tool(path: &Path) -> bool {
-    let text = std::fs::read_to_string(path).expect("readable source file");
-    TOOL_CRATES.iter().any(|c| text.contains(c))
+fn the_crate(root: &str) -> &'static Crate {
+    &workspace_crates()
+        .iter()
+        .find(|c| c.root == root)
+        .unwrap_or_else(|| panic!("no crate {root}"))
+        .krate
+}
+
+/// A crate's `src` directory relative to the workspace, to show with its
+/// file names.
+fn shown_dir(krate: &Crate) -> String {
+    let dir = krate.src.strip_prefix(workspace()).unwrap_or(&krate.src);
+    dir.display().to_string()
 }
 
 #[test]
-fn no_library_module_uses_the_simulator_or_the_bench() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let library: Vec<&PathBuf> = files
+fn no_file_imports_another_around_a_circle() {
+    let crates = workspace_crates();
+    let roots: Vec<&str> = crates.iter().map(|c| c.root.as_str()).collect();
+    for expected in ["src/lib.rs", "src/main.rs", "crates/core/src/lib.rs"] {
+        assert!(roots.contains(&expected), "{expected} not read: {roots:?}");
+    }
+    let mut found = Vec::new();
+    for read in crates {
+        let arrows = read.krate.arrows();
+        assert!(
+            read.krate.files.len() < 3 || !arrows.is_empty(),
+            "{}: {} files and no arrow between them",
+            read.root,
+            read.krate.files.len()
+        );
+        found.extend(circles(&read.krate, &shown_dir(&read.krate)));
+    }
+    let shown: Vec<String> = found.iter().map(ToString::to_string).collect();
+    assert!(
+        shown.is_empty(),
+        "{} circles between files:\n{}",
+        shown.len(),
+        shown.join("\n")
+    );
+}
+
+fn fixture(name: &str) -> Crate {
+    let root = workspace()
+        .join("tests/fixtures")
+        .join(name)
+        .join("src/lib.rs");
+    Crate::read(&root).unwrap_or_else(|e| panic!("{name}: {}", e.0))
+}
+
+/// The control: circles planted in a fixture are found, one of them behind
+/// a `pub use`, and what only a test module names is no arrow.
+#[test]
+fn a_planted_circle_is_found_also_behind_a_re_export() {
+    let planted = fixture("circles");
+    let found: Vec<String> = circles(&planted, "circles")
         .iter()
-        .filter(|p| {
-            p.parent() != Some(src.as_path()) || !BINARY_ONLY.iter().any(|b| p.ends_with(b))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "circles: direct_a.rs -> direct_b.rs (B) -> direct_a.rs (A)",
+            "circles: facade/deep.rs -> hidden.rs (Shallow) -> facade/deep.rs (Deep)",
+        ]
+    );
+    assert!(
+        !planted.files.iter().any(|f| f.ends_with("tests.rs")),
+        "a #[cfg(test)] module was read: {:?}",
+        planted.files
+    );
+}
+
+/// The other side: a parent module that re-exports its child, which uses
+/// the parent, is no circle; nor is a test module that names a user of its
+/// file. The arrows it does have are seen.
+#[test]
+fn a_re_export_and_a_test_module_make_no_circle() {
+    let acyclic = fixture("acyclic");
+    let found: Vec<String> = circles(&acyclic, "acyclic")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(found.is_empty(), "{found:#?}");
+    let arrows: Vec<String> = acyclic
+        .arrows()
+        .iter()
+        .map(|((from, to), names)| {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            format!(
+                "{} -> {} ({})",
+                acyclic.name(*from),
+                acyclic.name(*to),
+                names.join(", ")
+            )
         })
         .collect();
-    assert!(
-        library.len() > 20,
-        "the scan must see the library: {library:?}"
+    assert_eq!(
+        arrows,
+        [
+            "parent/child.rs -> parent/mod.rs (Parent)",
+            "user.rs -> parent/mod.rs (Parent)",
+            "user.rs -> parent/child.rs (Child)",
+        ]
     );
-    let offenders: Vec<&&PathBuf> = library.iter().filter(|p| mentions_a_tool(p)).collect();
-    assert!(
-        offenders.is_empty(),
-        "library modules using a tool crate: {offenders:?}"
-    );
-    // Control: the binary does use them, so the scan would see a use.
-    assert!(mentions_a_tool(&src.join("main.rs")));
 }
 
-/// The code of `path`, comments and its `#[cfg(test)]` tail left out (a doc
-/// comment may name anything, and a test may read the clock).
-fn code_of(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).expect("readable source file");
-    if path.ends_with("tests.rs") {
-        return String::new();
-    }
-    text.lines()
-        .take_while(|l| l.trim() != "#[cfg(test)]")
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Each file under `dir` (relative to the workspace) that names one of
-/// `forbidden`, with what it names.
-fn offenders(dir: &str, forbidden: &[&str]) -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    if root.join(dir).is_dir() {
-        rust_files(&root.join(dir), &mut files);
-    }
-    if root.join(format!("{dir}.rs")).is_file() {
-        files.push(root.join(format!("{dir}.rs")));
-    }
-    assert!(!files.is_empty(), "{dir} has no files");
+/// Where each reference of the files under `dir` (a prefix of the crate's
+/// file names) leads: a file of the crate, or another crate's `a::b::c`.
+fn destinations(krate: &Crate, dir: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for file in files {
-        let code = code_of(&file);
-        for name in forbidden.iter().filter(|n| code.contains(*n)) {
-            let shown = file.strip_prefix(root).unwrap_or(&file).display();
-            out.push(format!("{shown} names {name}"));
+    for (file, references) in krate.references.iter().enumerate() {
+        let name = krate.name(file);
+        if !name.starts_with(dir) {
+            continue;
+        }
+        for target in references {
+            let to = match target {
+                Target::Item { file, .. } => krate.name(*file),
+                Target::Outside(path) => path.join("::"),
+                Target::Module => continue,
+            };
+            out.push((name.clone(), to));
         }
     }
     out
 }
 
+/// What files under `dir` name of `forbidden` (each a prefix of a file
+/// name of the crate or of another crate's path), one line each.
+fn offenders(krate: &Crate, dir: &str, forbidden: &[&str]) -> Vec<String> {
+    let mut found: Vec<String> = destinations(krate, dir)
+        .into_iter()
+        .filter(|(_, to)| forbidden.iter().any(|f| to.starts_with(f)))
+        .map(|(from, to)| format!("{from} names {to}"))
+        .collect();
+    found.dedup();
+    found
+}
+
+#[test]
+fn no_library_module_uses_the_simulator_or_the_bench() {
+    let tools = ["llm_gateway_sim", "llm_gateway_bench"];
+    let library = the_crate("src/lib.rs");
+    assert!(library.files.len() > 20, "the scan must see the library");
+    let found = offenders(library, "", &tools);
+    assert!(found.is_empty(), "library modules using a tool: {found:#?}");
+    // Control: the binary does use them, and the scan sees that.
+    assert!(!offenders(the_crate("src/main.rs"), "", &tools).is_empty());
+}
+
 /// The pure core (`crates/core`) cannot name the gateway's modules, pingora
 /// or tokio: they are not its dependencies, and the compiler refuses. What
-/// the compiler cannot refuse: the standard library's clock, and a
-/// dependency added to its Cargo.toml.
+/// the compiler cannot refuse: the standard library's clock (a test may
+/// read it), and a dependency added to its Cargo.toml.
 #[test]
 fn the_pure_core_reads_no_clock_and_depends_on_no_runtime() {
-    let clock = ["Instant::now", "SystemTime::now"];
-    let found = offenders("crates/core/src", &clock);
+    let reads_the_clock = |krate: &Crate, dir: &str| -> Vec<String> {
+        destinations(krate, dir)
+            .into_iter()
+            .filter(|(_, to)| to.ends_with("Instant::now") || to.ends_with("SystemTime::now"))
+            .map(|(from, to)| format!("{from} calls {to}"))
+            .collect()
+    };
+    let found = reads_the_clock(the_crate("crates/core/src/lib.rs"), "");
     assert!(found.is_empty(), "the core reads the clock: {found:#?}");
     // Control: the gateway itself does read it, and the scan sees that.
-    assert!(!offenders("src/clock", &clock).is_empty());
+    assert!(!reads_the_clock(the_crate("src/lib.rs"), "clock").is_empty());
 
-    let manifest = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/Cargo.toml"),
-    )
-    .expect("crates/core/Cargo.toml");
+    let manifest = std::fs::read_to_string(workspace().join("crates/core/Cargo.toml"))
+        .expect("crates/core/Cargo.toml");
     let deps = manifest
         .split("[dependencies]")
         .nth(1)
@@ -115,24 +254,67 @@ fn the_pure_core_reads_no_clock_and_depends_on_no_runtime() {
 
 #[test]
 fn the_architecture_maps_arrows_hold() {
+    let gateway = the_crate("src/lib.rs");
     // The admin listener and the body log never reach into the proxy.
-    let mut found = offenders("src/admin", &["crate::proxy"]);
-    found.extend(offenders("src/bodylog", &["crate::proxy"]));
+    let mut found = offenders(gateway, "admin/", &["proxy/"]);
+    found.extend(offenders(gateway, "bodylog/", &["proxy/"]));
     assert!(found.is_empty(), "arrows broken: {found:#?}");
     // Control: the scan sees an arrow that does exist.
-    assert!(!offenders("src/proxy", &["crate::balance"]).is_empty());
+    assert!(!offenders(gateway, "proxy/", &["balance/"]).is_empty());
 }
 
 #[test]
 fn the_session_store_knows_nothing_of_routes() {
+    let gateway = the_crate("src/lib.rs");
     let above = [
-        "crate::registry",
-        "crate::balance",
-        "crate::placement",
-        "crate::proxy",
+        "registry/",
+        "balance/",
+        "proxy/",
+        "llm_gateway_core::placement",
     ];
-    let found = offenders("src/store", &above);
+    let found = offenders(gateway, "store/", &above);
     assert!(found.is_empty(), "store reaches up: {found:#?}");
-    // Control: the cluster sync, which bridges the two, does name the registry.
-    assert!(!offenders("src/balance", &["crate::registry"]).is_empty());
+    // Control: the cluster sync, which bridges the two, does name the
+    // registry, and placement through the core's re-export.
+    assert!(!offenders(gateway, "balance/", &["registry/"]).is_empty());
+    assert!(!offenders(gateway, "balance/", &["llm_gateway_core::placement"]).is_empty());
+}
+
+const MOST_LINES: usize = 800;
+
+/// The files of `files` longer than `limit` lines, longest first.
+fn over(files: &[PathBuf], limit: usize) -> Vec<(usize, String)> {
+    let mut long: Vec<(usize, String)> = files
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path).expect("a readable source file");
+            let shown = path.strip_prefix(workspace()).unwrap_or(path);
+            (text.lines().count(), shown.display().to_string())
+        })
+        .filter(|(lines, _)| *lines > limit)
+        .collect();
+    long.sort_by(|a, b| b.cmp(a));
+    long
+}
+
+/// Every source file that is not a test's: those the crates' module trees
+/// reach outside `#[cfg(test)]`, and the fuzz targets' harness.
+#[test]
+fn no_source_file_is_over_800_lines() {
+    let mut files: Vec<PathBuf> = workspace_crates()
+        .iter()
+        .flat_map(|c| c.krate.files.iter().cloned())
+        .collect();
+    files.push(workspace().join("fuzz/harness.rs"));
+    files.sort();
+    files.dedup();
+    let long = over(&files, MOST_LINES);
+    let shown: Vec<String> = long.iter().map(|(n, f)| format!("{n:>6} {f}")).collect();
+    assert!(
+        long.is_empty(),
+        "files over {MOST_LINES} lines:\n{}",
+        shown.join("\n")
+    );
+    // Control: the same count does find long files below the limit.
+    assert!(!over(&files, MOST_LINES / 2).is_empty());
 }
