@@ -80,6 +80,13 @@ pub fn run(args: BenchArgs) -> i32 {
             return 2;
         }
     };
+    let plans = match plan::plans(&opts) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("llm-gateway bench: {e}");
+            return 2;
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("bench")
@@ -94,7 +101,7 @@ pub fn run(args: BenchArgs) -> i32 {
     };
     let code = rt.block_on(async move {
         tokio::select! {
-            code = run_plan(opts) => code,
+            code = run_plan(opts, plans) => code,
             signal = interrupted() => {
                 // Dropping `run` drops the gateway process guard and the
                 // engines of the mode in progress, which stops them.
@@ -126,9 +133,9 @@ async fn interrupted() -> &'static str {
     }
 }
 
-async fn run_plan(opts: Options) -> i32 {
+async fn run_plan(opts: Options, plans: Vec<Plan>) -> i32 {
     let started = std::time::Instant::now();
-    let results = match run_cells(&opts).await {
+    let results = match run_cells(&opts, plans).await {
         Ok(r) => r,
         Err(code) => return code,
     };
@@ -138,7 +145,7 @@ async fn run_plan(opts: Options) -> i32 {
 
 /// Every scenario's cells, in order; the exit code on the first failure
 /// (said on stderr).
-async fn run_cells(opts: &Options) -> Result<Vec<ScenarioResult>, i32> {
+async fn run_cells(opts: &Options, plans: Vec<Plan>) -> Result<Vec<ScenarioResult>, i32> {
     let exe = if opts.needs_gateway() {
         match opts.gateway.clone().map_or_else(std::env::current_exe, Ok) {
             Ok(exe) => exe,
@@ -149,18 +156,6 @@ async fn run_cells(opts: &Options) -> Result<Vec<ScenarioResult>, i32> {
         }
     } else {
         PathBuf::new()
-    };
-    let plans = match opts
-        .scenarios
-        .iter()
-        .map(|&s| Plan::for_scenario(opts.clone(), s).map_err(|e| format!("scenario {s}: {e}")))
-        .collect::<Result<Vec<Plan>, String>>()
-    {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("llm-gateway bench: {e}");
-            return Err(2);
-        }
     };
     // Looked for once, so every scenario runs (and skips) the same peers.
     let (found, skipped) = if opts.peers.is_empty() {
@@ -306,7 +301,8 @@ mod tests {
              --sessions 4",
         )
         .expect("options");
-        let results = run_cells(&opts).await.expect("the run");
+        let plans = plan::plans(&opts).expect("plans");
+        let results = run_cells(&opts, plans).await.expect("the run");
         let s = &results[0];
         let names: Vec<&str> = s.cells.iter().map(|c| c.mode.as_str()).collect();
         assert_eq!(names, vec!["reference", "nginx-hash"]);

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use crate::ids::SessionIdMode;
 use crate::peers::{self, Peer};
-use crate::plan::Plan;
 use crate::router::{self, RouterSpec};
 use crate::scenario::Scenario;
 
@@ -482,9 +481,6 @@ impl BenchArgs {
             (None, Some(_)) => return Err("--router-label applies to --router-cmd only".into()),
             (None, None) => {}
         }
-        for &s in &o.scenarios {
-            Plan::for_scenario(o.clone(), s).map_err(|e| format!("scenario {s}: {e}"))?;
-        }
         if let Some(g) = &o.gateway {
             if o.needs_gateway() && !g.is_file() {
                 return Err(format!("--gateway {}: no such file", g.display()));
@@ -506,12 +502,16 @@ pub(crate) mod tests {
         args: BenchArgs,
     }
 
+    /// The options as `llm-gateway bench` takes them: resolved, and fit
+    /// for every scenario's plan.
     pub(crate) fn parse(s: &str) -> Result<Options, String> {
         let argv = std::iter::once("bench").chain(s.split_whitespace());
-        Cli::try_parse_from(argv)
+        let opts = Cli::try_parse_from(argv)
             .map_err(|e| e.to_string())?
             .args
-            .resolve()
+            .resolve()?;
+        crate::plan::plans(&opts)?;
+        Ok(opts)
     }
 
     #[test]

@@ -28,6 +28,15 @@ pub struct Plan {
     pub warmup: Duration,
 }
 
+/// Each scenario's plan, in the order given; or the first scenario the
+/// options do not fit.
+pub fn plans(opts: &Options) -> Result<Vec<Plan>, String> {
+    opts.scenarios
+        .iter()
+        .map(|&s| Plan::for_scenario(opts.clone(), s).map_err(|e| format!("scenario {s}: {e}")))
+        .collect()
+}
+
 /// vLLM's defaults for the batch profiles.
 const DEFAULT_MAX_NUM_SEQS: usize = 256;
 const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;
