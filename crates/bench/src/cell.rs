@@ -11,24 +11,22 @@ use parking_lot::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
+use crate::cell_spec::{CellKind, CellSpec};
 use crate::client;
-use crate::gateway::{self, GatewayProcess, RouteSpec, TempDir};
+use crate::gateway::{self, GatewayProcess, RouteSpec, TempDir, ROUTE};
 use crate::ids::SessionIds;
-use crate::options::{Options, REFERENCE};
-use crate::peers::Found;
 use crate::plan::{fmt_secs, Plan};
 use crate::progress::{self, Progress};
 use crate::record::{write_records, Record};
 use crate::reference::Placer;
-use crate::report::{self, ModeResult};
-use crate::router::{Fill, RouterProcess, RouterSpec};
+use crate::result::{summarize, ModeResult};
+use crate::router::{Fill, RouterProcess};
 use crate::session::{slot_task, Ctx, Target};
 use crate::stats::CpuOf;
 use crate::window::{
     probe_lag, sample_kv, sample_load, scrape, snapshot, LiveStats, Probe, Window,
 };
 use crate::workload::Workload;
-use crate::ROUTE;
 use llm_gateway_sim::{spawn_engines_with, SimCluster};
 
 /// After a cell's duration, in-flight requests get this long to finish
@@ -84,52 +82,6 @@ async fn report_progress(
     }
 }
 
-/// What a cell puts between the client and the engines.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum CellKind<'a> {
-    /// Nothing: the client places sessions (`reference`).
-    Reference,
-    /// The gateway, in the mode the cell is named after.
-    Gateway,
-    /// `--router-cmd`.
-    Router(&'a RouterSpec),
-    /// A peer router of `--peers`.
-    Peer(&'a Found),
-}
-
-/// One cell of a scenario: its name in the report and what it runs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CellSpec<'a> {
-    pub name: &'a str,
-    pub kind: CellKind<'a>,
-}
-
-impl CellKind<'_> {
-    /// An external router (a `--router-cmd` or a peer): no gateway
-    /// counters, no routed sessions.
-    pub fn is_router(self) -> bool {
-        matches!(self, CellKind::Router(_) | CellKind::Peer(_))
-    }
-}
-
-/// A scenario's cells in the order they run: `--modes` (or the
-/// `--router-cmd` cell in their place), then the peers found.
-pub(crate) fn cells<'a>(opts: &'a Options, peers: &'a [Found]) -> Vec<CellSpec<'a>> {
-    let modes = opts.modes.iter().map(|m| CellSpec {
-        name: m,
-        kind: match &opts.router {
-            Some(spec) => CellKind::Router(spec),
-            None if m == REFERENCE => CellKind::Reference,
-            None => CellKind::Gateway,
-        },
-    });
-    let peers = peers.iter().map(|f| CellSpec {
-        name: f.peer.name,
-        kind: CellKind::Peer(f),
-    });
-    modes.chain(peers).collect()
-}
-
 /// Runs one (scenario, cell) pair: each step below is one function.
 pub(crate) async fn run_mode(
     plan: &Plan,
@@ -159,7 +111,7 @@ pub(crate) async fn run_mode(
     drop(gateways);
     drop(engines);
     let records = keep_records(&ctx, plan, mode)?;
-    Ok(report::summarize(cell, plan, &records, cut, &window))
+    Ok(summarize(cell, plan, &records, cut, &window))
 }
 
 fn announce(label: &str, kind: CellKind) {

@@ -15,6 +15,9 @@ use tokio::time::Instant;
 
 use super::client;
 
+/// The one route each cell's gateway serves, whose counters the bench reads.
+pub(crate) const ROUTE: &str = "bench";
+
 /// How long the gateway may take to answer `/healthz`.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 

@@ -2,7 +2,8 @@
 //!
 //! A run is scenarios (`scenario.rs`: presets over the workload and the
 //! engines; `options.rs` the flags, `plan.rs` what they resolve to) times
-//! modes; each (scenario, mode) pair is a cell (`cell.rs`). Per cell: fresh
+//! modes; each (scenario, mode) pair is a cell (`cell_spec.rs` which cells,
+//! `cell.rs` how one runs). Per cell: fresh
 //! simulated engines (cold caches), a gateway child process with one route
 //! over them in that mode (none for the `reference` cell, where the client
 //! places sessions itself, `reference.rs`), and the scenario's seeded
@@ -16,16 +17,18 @@
 //! recognised sessions (its `X-Routed-Session` against the bench's own
 //! sessions; `--session-id`, `ids.rs`, decides how requests name theirs),
 //! errors, the gateway's placement counters (spills, migrations) over the
-//! measured window, and how the engines' load was spread (`window.rs`).
-//! Progress goes to stderr every few seconds; `--plot` draws the results
-//! (`plot.rs`).
+//! measured window, and how the engines' load was spread (`window.rs`);
+//! `result.rs` makes a cell's result of all that. Progress goes to stderr
+//! every few seconds; the results are printed as markdown or JSON
+//! (`report/`); `--plot` draws them (`plot.rs`).
 //!
 //! With `--router-cmd` the one cell of each scenario runs an external
 //! router (`router.rs`) where the gateway would be: same engines, same
 //! workload, the engine of each request told from the engine's answer.
 //! `--peers` adds such router cells after the others, the real peer
 //! routers (`peers.rs`: vllm-router, sglang-router, nginx), and the report
-//! compares every cell with the best of them and the reference cell.
+//! compares every cell with the best of them and the reference cell
+//! (`versus.rs`).
 //!
 //! Everything listens on 127.0.0.1; the gateway process (or the router's
 //! process group) is killed on every way out (see `gateway.rs`,
@@ -33,6 +36,7 @@
 
 mod analysis;
 mod cell;
+mod cell_spec;
 mod client;
 mod gateway;
 mod ids;
@@ -45,10 +49,12 @@ mod progress;
 mod record;
 mod reference;
 mod report;
+mod result;
 mod router;
 mod scenario;
 mod session;
 mod stats;
+mod versus;
 mod window;
 mod workload;
 
@@ -61,14 +67,9 @@ use options::Options;
 use plan::{fmt_secs, Plan};
 use progress::Progress;
 pub use record::Record;
-use report::ScenarioResult;
+use result::{ScenarioResult, MAX_ERROR_RATE};
 pub use window::{Lag, LoadSamples};
 use workload::Workload;
-
-const ROUTE: &str = "bench";
-/// Error share above which the run exits non-zero (in scenarios where
-/// errors are not the point, see `Scenario::errors_expected`).
-pub(crate) const MAX_ERROR_RATE: f64 = 0.01;
 
 /// Entry point of `llm-gateway bench`; returns the process exit code
 /// (2 for arguments that clap accepted but that do not fit together).
@@ -167,7 +168,7 @@ async fn run_cells(opts: &Options, plans: Vec<Plan>) -> Result<Vec<ScenarioResul
             std::env::var_os("PATH").as_deref(),
         )
     };
-    let cells = cell::cells(opts, &found);
+    let cells = cell_spec::cells(opts, &found);
     let mut progress = Progress::new(plans.len() * cells.len(), opts.duration);
     eprintln!(
         "llm-gateway bench: {} scenario(s) x {} cell(s) = {} cells, ~{} in all",
@@ -320,7 +321,7 @@ mod tests {
         );
         assert!(!nginx.new_sessions_per_peer.contains_key("?"));
         assert_eq!(nginx.switch_rate, Some(0.0));
-        let best = report::best_peer(&s.cells, false).expect("a best peer");
+        let best = versus::best_peer(&s.cells, false).expect("a best peer");
         let j = report::json(&results, Duration::ZERO);
         assert_eq!(j["scenarios"][0]["best_peer"], s.cells[best].mode.as_str());
         assert!(j["scenarios"][0]["modes"][1]["vs_best_peer"]["p95"].is_number());

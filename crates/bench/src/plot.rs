@@ -10,7 +10,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::options::REFERENCE;
-use super::report::{ModeResult, ScenarioResult};
+use super::result::{ModeResult, ScenarioResult};
 use super::scenario::Failover;
 
 const WIDTH: u32 = 1400;

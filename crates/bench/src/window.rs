@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::client;
+use crate::gateway::ROUTE;
 use crate::stats::{self, CpuOf};
-use crate::ROUTE;
 use llm_gateway_prom::Sample;
 use llm_gateway_sim::EngineStats;
 

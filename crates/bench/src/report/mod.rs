@@ -1,0 +1,11 @@
+//! The results printed: a markdown table per scenario (`markdown.rs`) or
+//! JSON (`json.rs`).
+
+mod json;
+mod markdown;
+
+pub use json::json;
+pub use markdown::{markdown, progress_line};
+
+#[cfg(test)]
+mod tests;
