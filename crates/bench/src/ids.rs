@@ -4,7 +4,7 @@
 //! `prompt_cache_key` body field, or a seeded mix of header and nothing.
 //! Pure, so the mix is a function of (seed, session) that every mode shares.
 
-use crate::workload::Rng;
+use crate::text::Rng;
 
 /// The header every session sends in `header` mode.
 pub const SESSION_HEADER: &str = "x-session-id";

@@ -7,7 +7,8 @@
 //! simulated engines (cold caches), a gateway child process with one route
 //! over them in that mode (none for the `reference` cell, where the client
 //! places sessions itself, `reference.rs`), and the scenario's seeded
-//! workload (`workload.rs`) replayed by one task per session slot over a
+//! workload (`workload.rs`; its text `text.rs`, a session's history
+//! `conversation.rs`) replayed by one task per session slot over a
 //! keep-alive connection (`session.rs`, `client.rs`). Each cell runs for
 //! `--duration`; requests started in the first `--warmup` are not measured
 //! (the run opens with every slot's first, pre-aged session arriving cold
@@ -38,6 +39,7 @@ mod analysis;
 mod cell;
 mod cell_spec;
 mod client;
+mod conversation;
 mod gateway;
 mod ids;
 mod options;
@@ -54,6 +56,7 @@ mod router;
 mod scenario;
 mod session;
 mod stats;
+mod text;
 mod versus;
 mod window;
 mod workload;

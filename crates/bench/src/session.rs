@@ -15,11 +15,12 @@ use tokio::time::{sleep, sleep_until, timeout_at, Instant};
 
 use crate::analysis;
 use crate::client::{post_stream, Conn, Exchange};
+use crate::conversation::Conversation;
 use crate::ids::{IdVia, SessionIds, SESSION_HEADER};
 use crate::record::Record;
 use crate::reference::Placer;
 use crate::router::engine_of_response_id;
-use crate::workload::{Conversation, Workload};
+use crate::workload::Workload;
 
 const MODEL: &str = "sim-model";
 /// Where the reference cell sends requests: the engines' own API (and a

@@ -25,51 +25,8 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
-
-/// Bytes per token, as the simulated engine counts them.
-pub const BYTES_PER_TOKEN: usize = 4;
-/// The text of one generated token in the simulated engine; a pre-aged
-/// history holds replies made of it, as the live ones are.
-pub const SIM_TOKEN: &str = "tok ";
-
-/// A small, fast, seedable generator (SplitMix64). Not for anything secret.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    #[cfg(test)]
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    /// A generator for one item of the workload, derived from the seed and
-    /// the item's coordinates, independent of every other item.
-    pub fn derive(seed: u64, parts: &[u64]) -> Self {
-        let mut state = Rng(seed ^ 0x6c6c_6d2d_6265_6e63);
-        for &p in parts {
-            state.0 ^= p.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            state.0 = state.next_u64();
-        }
-        state
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi` (`lo` when `hi <= lo`).
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo {
-            return lo;
-        }
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-}
+use crate::conversation::Conversation;
+use crate::text::{text, Rng, BYTES_PER_TOKEN, SIM_TOKEN};
 
 /// What the workload looks like; see `--help` for the defaults.
 #[derive(Debug, Clone, PartialEq)]
@@ -202,134 +159,6 @@ pub struct TurnPlan {
     pub think: Duration,
 }
 
-/// Identifiers (`a-z`, `_`, `::`), punctuation and paths: tool output and
-/// code as an agent sees them. No quotes or backslashes, so the JSON body
-/// has the same bytes as the text.
-const WORDS: &[&str] = &[
-    "fn",
-    "let",
-    "mut",
-    "self",
-    "return",
-    "match",
-    "Some(x)",
-    "None",
-    "Ok(())",
-    "Err(e)",
-    "struct",
-    "impl",
-    "pub",
-    "use",
-    "crate::proxy",
-    "error[E0308]:",
-    "warning:",
-    "src/main.rs:42:7",
-    "test",
-    "passed",
-    "FAILED",
-    "assert_eq!(a,",
-    "b);",
-    "=>",
-    "{",
-    "}",
-    "(",
-    ")",
-    ";",
-    "0x1f",
-    "1024",
-    "async",
-    "await?;",
-    "tokio::spawn",
-    "request",
-    "response",
-    "config",
-    "session",
-    "peer",
-    "cache",
-    "token",
-    "let",
-    "buf",
-    "len",
-    "Vec<u8>",
-    "String",
-    "&str",
-    "-> Result<()>",
-    "if",
-    "else",
-    "for",
-    "in",
-    "while",
-    "loop",
-    "break",
-    "continue",
-    "unwrap()",
-    "clone()",
-    "iter()",
-    "map(|x|",
-    "x",
-    "+",
-    "1)",
-    "collect()",
-    "#[test]",
-    "//",
-    "TODO",
-    "diff",
-    "---",
-    "+++",
-    "@@",
-    "-12,7",
-    "+12,9",
-    "git",
-    "cargo",
-    "build",
-    "Compiling",
-    "Finished",
-    "running",
-    "5",
-    "tests",
-    "ok",
-    "ms",
-    "at",
-    "line",
-    "col",
-    "note:",
-    "help:",
-    "expected",
-    "found",
-    "type",
-    "trait",
-    "where",
-    "T:",
-    "Send",
-    "Sync",
-    "'static",
-    "Arc<Mutex<T>>",
-    "parking_lot",
-    "bytes::Bytes",
-];
-
-/// ASCII text of exactly `bytes` bytes, starting with `header`, in lines of
-/// indented words.
-pub fn text(rng: &mut Rng, bytes: usize, header: &str) -> String {
-    let mut out = String::with_capacity(bytes + 32);
-    out.push_str(header);
-    out.push('\n');
-    while out.len() < bytes {
-        let indent = rng.range(0, 3) as usize * 4;
-        out.extend(std::iter::repeat_n(' ', indent));
-        let words = rng.range(4, 14);
-        for i in 0..words {
-            if i > 0 {
-                out.push(' ');
-            }
-            out.push_str(WORDS[rng.range(0, WORDS.len() as u64 - 1) as usize]);
-        }
-        out.push('\n');
-    }
-    out.truncate(bytes);
-    out
-}
-
 /// The workload of one run: a pure function of its parameters.
 #[derive(Debug, Clone)]
 pub struct Workload {
@@ -439,12 +268,7 @@ impl Workload {
         spawn: u32,
         agent: u32,
     ) -> Conversation {
-        Conversation {
-            id: self.subagent_id(parent_slot, spawn, agent),
-            generation: spawn,
-            next_turn: 0,
-            ..parent.clone()
-        }
+        parent.fork(self.subagent_id(parent_slot, spawn, agent), spawn)
     }
 
     /// Turn `turn` of a sub-agent: the first a sub-task (user message of
@@ -511,14 +335,7 @@ impl Workload {
 
     /// A new session in `slot`: the system prompt only.
     pub fn conversation(&self, slot: u32, generation: u32) -> Conversation {
-        let mut c = Conversation {
-            id: self.session_id(slot, generation),
-            generation,
-            next_turn: 0,
-            messages: Vec::new(),
-            calls: Vec::new(),
-            bytes: 0,
-        };
+        let mut c = Conversation::new(self.session_id(slot, generation), generation);
         c.push("system", self.system.clone());
         c
     }
@@ -547,165 +364,6 @@ impl Workload {
     /// gets its first turn: the caller does not ask then.
     pub fn room_for(&self, slot: u32, c: &Conversation, role: &str, content: &str) -> bool {
         c.tokens_with(role, content) <= self.params.shape(slot).max_context
-    }
-}
-
-/// The history of one session, as the client re-sends it each turn.
-#[derive(Debug, Clone)]
-pub struct Conversation {
-    pub id: String,
-    pub generation: u32,
-    /// Index of the next turn to send.
-    pub next_turn: u32,
-    messages: Vec<(&'static str, String)>,
-    /// The tool call a message made or answers, by message index: the
-    /// parent's reply that spawned sub-agents (`spawn_agents`) and its
-    /// results (the `tool` message), as an agent framework sends them.
-    calls: Vec<(usize, String)>,
-    /// Bytes of role + content, which the engine turns into tokens.
-    bytes: usize,
-}
-
-#[derive(Serialize)]
-struct Message<'a> {
-    role: &'a str,
-    content: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_calls: Option<[ToolCall<'a>; 1]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_call_id: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct ToolCall<'a> {
-    id: &'a str,
-    r#type: &'static str,
-    function: Function,
-}
-
-#[derive(Serialize)]
-struct Function {
-    name: &'static str,
-    arguments: &'static str,
-}
-
-#[derive(Serialize)]
-struct StreamOptions {
-    include_usage: bool,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    model: &'a str,
-    stream: bool,
-    stream_options: StreamOptions,
-    max_tokens: u32,
-    /// OpenAI's routing key, here the session id (`--session-id
-    /// prompt-cache-key`); absent otherwise.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prompt_cache_key: Option<&'a str>,
-    messages: Vec<Message<'a>>,
-}
-
-impl Conversation {
-    pub fn push(&mut self, role: &'static str, content: String) {
-        self.bytes += role.len() + content.len();
-        self.messages.push((role, content));
-    }
-
-    /// Drops the last message (a user message whose request failed).
-    pub fn pop(&mut self) {
-        if let Some((role, content)) = self.messages.pop() {
-            self.bytes -= role.len() + content.len();
-            let gone = self.messages.len();
-            self.calls.retain(|(at, _)| *at != gone);
-        }
-    }
-
-    /// The last message (the reply) made tool call `id`.
-    pub fn mark_call(&mut self, id: String) {
-        if let Some(last) = self.messages.len().checked_sub(1) {
-            self.calls.push((last, id));
-        }
-    }
-
-    /// A `tool` message answering call `id`.
-    pub fn push_result(&mut self, id: String, content: String) {
-        self.push("tool", content);
-        self.calls.push((self.messages.len() - 1, id));
-    }
-
-    /// The content of the last message (after a turn: its reply).
-    pub fn last_content(&self) -> Option<&str> {
-        self.messages.last().map(|(_, content)| content.as_str())
-    }
-
-    #[cfg(test)]
-    pub fn messages(&self) -> usize {
-        self.messages.len()
-    }
-
-    /// Prompt tokens as the simulated engine counts them.
-    pub fn tokens(&self) -> usize {
-        self.bytes.div_ceil(BYTES_PER_TOKEN)
-    }
-
-    fn tokens_with(&self, role: &str, content: &str) -> usize {
-        (self.bytes + role.len() + content.len()).div_ceil(BYTES_PER_TOKEN)
-    }
-
-    /// Prompt tokens after a reply of `reply_tokens` (the simulated engine
-    /// generates exactly `max_tokens`) and one more message.
-    pub fn tokens_after_reply(&self, reply_tokens: usize, role: &str, content: &str) -> usize {
-        (self.bytes
-            + "assistant".len()
-            + reply_tokens * SIM_TOKEN.len()
-            + role.len()
-            + content.len())
-        .div_ceil(BYTES_PER_TOKEN)
-    }
-
-    /// The streaming chat completion request body for the history as it
-    /// is, with `prompt_cache_key` when given.
-    pub fn body(&self, model: &str, max_tokens: u32, prompt_cache_key: Option<&str>) -> Vec<u8> {
-        let body = Body {
-            model,
-            stream: true,
-            stream_options: StreamOptions {
-                include_usage: true,
-            },
-            max_tokens,
-            prompt_cache_key,
-            messages: self
-                .messages
-                .iter()
-                .enumerate()
-                .map(|(i, (role, content))| {
-                    let call = self
-                        .calls
-                        .iter()
-                        .find(|(at, _)| *at == i)
-                        .map(|(_, id)| id.as_str());
-                    let call_made = call.filter(|_| *role == "assistant");
-                    Message {
-                        role,
-                        content,
-                        tool_calls: call_made.map(|id| {
-                            [ToolCall {
-                                id,
-                                r#type: "function",
-                                function: Function {
-                                    name: "spawn_agents",
-                                    arguments: "{}",
-                                },
-                            }]
-                        }),
-                        tool_call_id: call.filter(|_| *role == "tool"),
-                    }
-                })
-                .collect(),
-        };
-        serde_json::to_vec(&body).unwrap_or_default()
     }
 }
 
@@ -969,17 +627,5 @@ mod tests {
         assert_eq!(v["prompt_cache_key"], "bench-7-0-0");
         let v: serde_json::Value = serde_json::from_slice(&c.body("m", 1, None)).expect("json");
         assert!(v.get("prompt_cache_key").is_none());
-    }
-
-    #[test]
-    fn rng_range_is_inclusive_and_degenerate_ranges_work() {
-        let mut r = Rng::new(1);
-        let mut seen = [false; 3];
-        for _ in 0..100 {
-            seen[(r.range(10, 12) - 10) as usize] = true;
-        }
-        assert_eq!(seen, [true; 3]);
-        assert_eq!(r.range(5, 5), 5);
-        assert_eq!(r.range(5, 1), 5);
     }
 }
