@@ -248,6 +248,16 @@ impl SessionTable {
             .map_or(Share::default(), |b| self.share_of(b, now))
     }
 
+    /// Drops `sid`'s binding to `from` and what it counted there, live
+    /// share included.
+    pub(super) fn forget(&self, map: &mut ShardMap, sid: u64, from: PeerId, was: Share) {
+        if map.remove(&sid).is_some() {
+            self.total.fetch_sub(1, Relaxed);
+            self.release(from, 1);
+            self.live_change(from, was, Share::default());
+        }
+    }
+
     /// One session's share of `peer`'s counts went from `was` to `is`.
     pub(super) fn live_change(&self, peer: PeerId, was: Share, is: Share) {
         if was == is {

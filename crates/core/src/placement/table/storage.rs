@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
-use super::live::Share;
 use super::SessionTable;
 use crate::placement::rules::Remembered;
 use crate::placement::PeerId;
@@ -242,15 +241,6 @@ impl SessionTable {
             return None;
         }
         Some(self.remembered(binding, now))
-    }
-
-    /// Drops `sid`'s binding to `from` and what it counted there.
-    pub(super) fn forget(&self, map: &mut ShardMap, sid: u64, from: PeerId, was: Share) {
-        if map.remove(&sid).is_some() {
-            self.total.fetch_sub(1, Relaxed);
-            self.release(from, 1);
-            self.live_change(from, was, Share::default());
-        }
     }
 
     pub(super) fn rebind(&self, map: &mut ShardMap, sid: u64, from: PeerId, to: PeerId, now: u32) {
