@@ -20,13 +20,17 @@
 
 mod capacity;
 pub mod cold_cost;
+pub mod model;
 mod pick;
 mod rules;
+mod speed;
 mod table;
 
 pub use capacity::{CapacityLearner, CapacitySource};
 pub use cold_cost::ColdCost;
+pub use model::{Ask, Estimate, Prefix, RouteModel};
 pub use pick::{hash_place, least_conn, rendezvous};
+pub use speed::{EngineSpeed, SpeedLearner};
 pub use table::{Admission, Incoming, SessionTable, TableConfig};
 
 /// Stable id of a peer, assigned by the registry per (route, host:port) in order
@@ -52,12 +56,14 @@ pub struct PeerLoad {
     pub ready: bool,
     /// Requests in flight through this gateway.
     pub in_flight: u32,
-    /// The cold prompts this gateway sent here (new sessions, moved ones)
-    /// that have not had their first token yet, in thousandths of the
-    /// route's median live session: prefill a newcomer's own waits behind.
-    /// vLLM admits every prompt as running and prefills them in chunks in
-    /// turn, so its metrics show no queue while a newcomer waits.
-    pub cold_prefill_milli: u64,
+    /// The prompt tokens of the cold requests this gateway sent here (new
+    /// sessions, moved ones) that have not had their first token yet:
+    /// prefill a newcomer's own waits behind. vLLM admits every prompt as
+    /// running and prefills them in chunks in turn, so its metrics show no
+    /// queue while a newcomer waits.
+    pub backlog_tokens: u64,
+    /// How fast the engine has been, learned from its answers.
+    pub speed: EngineSpeed,
     pub max_concurrency: u32,
     /// `Some` only while the engine metrics are fresh (read within two scrape
     /// intervals); stale numbers would steer sessions by a past that is gone.
@@ -100,6 +106,10 @@ pub struct Bound {
     /// Their tokens, each session's weighted by its chance of coming back:
     /// the working set KV admission protects.
     pub returning_tokens: u64,
+    /// The same, each session counted at the size it is expected to grow
+    /// to (the route's typical session, or its own when more): what the
+    /// engine will hold, which is what a new binding is weighed against.
+    pub projected_tokens: u64,
 }
 
 impl Bound {
@@ -110,6 +120,7 @@ impl Bound {
             returning_milli: u64::from(sessions) * u64::from(WHOLE),
             tokens,
             returning_tokens: tokens,
+            projected_tokens: tokens,
         }
     }
 }
@@ -121,7 +132,8 @@ impl PeerLoad {
             id,
             ready: true,
             in_flight: 0,
-            cold_prefill_milli: 0,
+            backlog_tokens: 0,
+            speed: EngineSpeed::default(),
             max_concurrency,
             engine: None,
             kv_full: false,

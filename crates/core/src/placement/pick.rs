@@ -134,6 +134,11 @@ pub(super) fn least_bound(
     unit: u64,
     eligible: impl Fn(&PeerLoad) -> bool,
 ) -> Option<&PeerLoad> {
+    // The cold prompts still prefilling, by their size in sessions.
+    let cold_milli = |p: &PeerLoad| match unit {
+        0 => 0,
+        unit => p.backlog_tokens.saturating_mul(u64::from(super::WHOLE)) / unit,
+    };
     let held = |p: &PeerLoad| match unit {
         0 => 0,
         unit => {
@@ -149,33 +154,11 @@ pub(super) fn least_bound(
                 .returning_milli
                 .max(held(p))
                 .saturating_add(u64::from(p.load()) * u64::from(super::WHOLE))
-                .saturating_add(p.cold_prefill_milli),
+                .saturating_add(cold_milli(p)),
             p.bound.tokens,
             Reverse(rendezvous_weight(sid, p.id)),
         )
     })
-}
-
-/// Where a session starts (or restarts) cold: the ready peer holding the
-/// least that has KV room and fits `tokens` more; if none fits, `None`
-/// when `may_wait`, else the best ignoring the fit; if every ready peer is
-/// KV-full, the least holding one.
-pub(super) fn best_home(
-    sid: u64,
-    peers: &[PeerLoad],
-    incoming: super::Incoming,
-    room: super::KvRoom,
-) -> Option<&PeerLoad> {
-    let fits = |p: &PeerLoad| p.fits(incoming.tokens, room);
-    let unit = room.expected_session;
-    if let Some(home) = least_bound(sid, peers, unit, |p| p.ready && !p.kv_full && fits(p)) {
-        return Some(home);
-    }
-    if incoming.may_wait && peers.iter().any(|p| p.ready) {
-        return None;
-    }
-    least_bound(sid, peers, unit, |p| p.ready && !p.kv_full)
-        .or_else(|| least_bound(sid, peers, unit, |p| p.ready))
 }
 
 /// The least-loaded peer passing `eligible` (load as in [`PeerLoad::load`]).
@@ -212,18 +195,24 @@ pub(super) mod tests {
         // Peer 1 has one request more in flight; peer 2 has two sessions'
         // worth of cold prompts that have not had their first token yet.
         let busy = PeerLoad {
-            cold_prefill_milli: 2_000,
+            backlog_tokens: 2 * 5_000,
             ..peer(2, 3)
         };
         let peers = [peer(1, 4), busy];
-        assert_eq!(least_bound(7, &peers, 0, |_| true).map(|p| p.id), Some(1));
+        assert_eq!(
+            least_bound(7, &peers, 5_000, |_| true).map(|p| p.id),
+            Some(1)
+        );
         // Control: the same requests past their first token, decoding.
         let decoding = PeerLoad {
-            cold_prefill_milli: 0,
+            backlog_tokens: 0,
             ..busy
         };
         let peers = [peer(1, 4), decoding];
-        assert_eq!(least_bound(7, &peers, 0, |_| true).map(|p| p.id), Some(2));
+        assert_eq!(
+            least_bound(7, &peers, 5_000, |_| true).map(|p| p.id),
+            Some(2)
+        );
     }
 
     #[test]

@@ -3,18 +3,30 @@
 //!
 //! Kept apart from the table so that the table owns storage, locking and time,
 //! and these rules can be read (and reasoned about) on one screen.
+//!
+//! Where a session starts (new, or its engine gone) and whether it leaves a
+//! ready home are decided by the model ([`super::model`]): the expected
+//! time to its first token on each engine, with what binding it there
+//! evicts. Whether to leave a home needs the home's queue in time, which
+//! the model has once the engine's completion rate and the route's
+//! prefill speed are learned; until then the seed's margins decide (a
+//! spill needs a queue and a gap of `spill_margin` requests to the
+//! least-loaded other peer, `spill_margin_blind` without engine metrics).
 
-use super::pick::{best_home, least_bound, least_loaded};
+use super::model::{self, Ask, Estimate, RouteModel};
+use super::pick::{least_bound, least_loaded};
 use super::{Incoming, KvRoom, PeerId, PeerLoad, Reason};
 
 /// The tunables the rules read, copied out of the table config per call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Limits {
     pub spill_margin: u32,
     pub spill_margin_blind: u32,
     pub cooldown_ms: u64,
     /// What KV admission measures a peer against.
     pub room: KvRoom,
+    /// What the model knows of the route.
+    pub model: RouteModel,
 }
 
 /// What the table remembers about a live session.
@@ -23,6 +35,8 @@ pub(super) struct Remembered {
     pub peer: PeerId,
     /// Time since the session last moved; `None` if it never has.
     pub since_move_ms: Option<u64>,
+    /// The context it held there after its last turn.
+    pub held: u64,
 }
 
 /// What should happen to the session's binding.
@@ -63,17 +77,27 @@ pub(super) struct HomeState {
 }
 
 /// The facts behind a verdict, turned into prose only by `peek`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Why {
     NoReadyPeer,
     NoKvFit,
     NewSession {
-        load: u32,
+        chosen: Estimate,
         kv_room: bool,
     },
     HomeGone {
         still_configured: bool,
-        load: u32,
+        chosen: Estimate,
+    },
+    /// The model compared the home with the best other engine.
+    Estimated {
+        home: Estimate,
+        best: Estimate,
+        tolerance_ms: f32,
+    },
+    /// The model: no other engine has KV room for the session.
+    NoRoomElsewhere {
+        home: Estimate,
     },
     OnlyReadyPeer,
     Cooldown {
@@ -108,14 +132,20 @@ pub(super) fn decide(
     peers: &[PeerLoad],
     limits: Limits,
     incoming: Incoming,
+    rand: u64,
 ) -> (Verdict, Why) {
     let admit = limits.room;
     let Some(remembered) = remembered else {
-        return match best_home(sid, peers, incoming, admit) {
-            Some(to) => (
+        let ask = Ask {
+            tokens: incoming.tokens,
+            prefix: incoming.prefix,
+            ..Ask::default()
+        };
+        return match best_home(peers, &ask, incoming, admit, &limits.model, rand) {
+            Some((to, chosen)) => (
                 Verdict::New { to: to.id },
                 Why::NewSession {
-                    load: to.load(),
+                    chosen,
                     kv_room: !to.kv_full,
                 },
             ),
@@ -125,6 +155,12 @@ pub(super) fn decide(
     };
 
     let from = remembered.peer;
+    let ask = Ask {
+        tokens: incoming.tokens.max(remembered.held),
+        home: Some(from),
+        held: remembered.held,
+        prefix: None,
+    };
     let Some(home) = peers.iter().find(|p| p.id == from && p.ready) else {
         // The session loses its cache wherever it goes, so it is placed like
         // a new one (but never left waiting: its turn was already admitted
@@ -133,12 +169,13 @@ pub(super) fn decide(
             may_wait: false,
             ..incoming
         };
-        return match best_home(sid, peers, no_wait, admit) {
-            Some(to) => (
+        let cold = Ask { home: None, ..ask };
+        return match best_home(peers, &cold, no_wait, admit, &limits.model, rand) {
+            Some((to, chosen)) => (
                 Verdict::Migrate { from, to: to.id },
                 Why::HomeGone {
                     still_configured: peers.iter().any(|p| p.id == from),
-                    load: to.load(),
+                    chosen,
                 },
             ),
             None => (Verdict::NoReadyPeer, Why::NoReadyPeer),
@@ -155,7 +192,133 @@ pub(super) fn decide(
             return (stay, Why::Cooldown { left_ms });
         }
     }
+    let home_estimate = model::estimate(home, &ask, &limits.model);
+    if model_knows_the_wait(home, &home_estimate, &limits.model) {
+        return by_estimate(home, &ask, &home_estimate, peers, limits, incoming, rand);
+    }
+    by_margins(
+        sid,
+        home,
+        peers,
+        limits,
+        Incoming {
+            tokens: ask.tokens,
+            ..incoming
+        },
+    )
+}
 
+/// Whether the model can weigh staying against moving: the home's queue is
+/// known in time (no queue, or a completion rate to drain it at) and the
+/// route's prefill speed has been timed, so a wait and a cold prefill are
+/// in one unit.
+fn model_knows_the_wait(home: &PeerLoad, estimate: &Estimate, model: &RouteModel) -> bool {
+    estimate.queue_known && (model.prefill_us.is_some() || home.speed.prefill_us.is_some())
+}
+
+/// Stay or move by the model: the home's expected time (its queue, and
+/// the prefill of what it no longer holds of the session) against the
+/// best other engine's with KV room (the whole context cold, and what it
+/// evicts there); a move only when that is clearly better.
+fn by_estimate(
+    home: &PeerLoad,
+    ask: &Ask,
+    home_estimate: &Estimate,
+    peers: &[PeerLoad],
+    limits: Limits,
+    incoming: Incoming,
+    rand: u64,
+) -> (Verdict, Why) {
+    let from = home.id;
+    let cold = Ask { home: None, ..*ask };
+    let fits = |p: &PeerLoad| p.fits(ask.tokens, limits.room);
+    let best = model::choose(peers, &cold, &limits.model, rand, |p| {
+        p.ready && p.id != from && !p.kv_full && fits(p)
+    });
+    let Some((to, best)) = best else {
+        if home.overcommitted() && incoming.may_wait && !holds_half(ask.tokens, home) {
+            let why = Why::Overcommitted {
+                held: home.bound.returning_tokens,
+                capacity: home.kv_capacity_tokens.unwrap_or(0),
+            };
+            return (Verdict::Park { from }, why);
+        }
+        let why = Why::NoRoomElsewhere {
+            home: *home_estimate,
+        };
+        return (Verdict::Stay { on: from }, why);
+    };
+    let tolerance_ms = model::tolerance_ms(ask, &limits.model, best.prefill_us);
+    let why = Why::Estimated {
+        home: *home_estimate,
+        best,
+        tolerance_ms,
+    };
+    if !model::clearly_better(home_estimate, &best, tolerance_ms) {
+        return (Verdict::Stay { on: from }, why);
+    }
+    let reason = if home_estimate.cached_tokens < ask.held.min(ask.tokens) {
+        Reason::KvOvercommit
+    } else if home.kv_full {
+        Reason::KvFull
+    } else {
+        Reason::Waiting
+    };
+    let spill = Verdict::Spill {
+        from,
+        to: to.id,
+        reason,
+    };
+    (spill, why)
+}
+
+/// A session holding half its engine's KV or more stays rather than wait
+/// unbound: to wait costs it the wait and its whole prefill (an 89k-token
+/// agent context parked on the skewed replay waited 2 s, then took 8 s to
+/// prefill cold), more than any eviction it suffers by staying, while the
+/// light sessions that follow it clear the excess for a fraction of that.
+fn holds_half(tokens: u64, home: &PeerLoad) -> bool {
+    home.kv_capacity_tokens
+        .is_some_and(|cap| tokens.saturating_mul(2) >= cap)
+}
+
+/// Where a session starts (or restarts) cold: the model's choice among the
+/// ready peers with KV room that fit it; if none fits, `None` when
+/// `may_wait`, else the choice ignoring the fit; if every ready peer is
+/// KV-full, the choice among them.
+fn best_home<'a>(
+    peers: &'a [PeerLoad],
+    ask: &Ask,
+    incoming: Incoming,
+    room: KvRoom,
+    route: &RouteModel,
+    rand: u64,
+) -> Option<(&'a PeerLoad, Estimate)> {
+    let fits = |p: &PeerLoad| p.fits(ask.tokens, room);
+    let choose =
+        |eligible: &dyn Fn(&PeerLoad) -> bool| model::choose(peers, ask, route, rand, eligible);
+    if let Some(home) = choose(&|p| p.ready && !p.kv_full && fits(p)) {
+        return Some(home);
+    }
+    if incoming.may_wait && peers.iter().any(|p| p.ready) {
+        return None;
+    }
+    choose(&|p| p.ready && !p.kv_full).or_else(|| choose(&|p| p.ready))
+}
+
+/// The seed's rules, before the model knows the home's wait: a move for
+/// KV (the home over its KV) or for pressure (a queue, and a margin of
+/// requests over the least-loaded other peer with room).
+fn by_margins(
+    sid: u64,
+    home: &PeerLoad,
+    peers: &[PeerLoad],
+    limits: Limits,
+    incoming: Incoming,
+) -> (Verdict, Why) {
+    let admit = limits.room;
+    let from = home.id;
+    let stay = Verdict::Stay { on: from };
     // Over its KV, the home is evicting someone's prefix between turns, and
     // by LRU that is the session idle longest: most likely the one arriving
     // now. Its prefill is paid wherever it goes, so it goes where it fits,
@@ -193,14 +356,7 @@ pub(super) fn decide(
             // still apply.
             Some(_) => {}
             None => {
-                // A session holding half the engine's KV or more stays instead: to
-                // wait unbound costs it the wait and its whole prefill (an 89k-token
-                // agent context parked on the skewed replay waited 2 s, then took
-                // 8 s to prefill cold), more than any eviction it suffers by
-                // staying, while the light sessions that follow it clear the excess
-                // for a fraction of that.
-                let holds_half = |cap: u64| incoming.tokens.saturating_mul(2) >= cap;
-                if incoming.may_wait && !home.kv_capacity_tokens.is_some_and(holds_half) {
+                if incoming.may_wait && !holds_half(incoming.tokens, home) {
                     return (Verdict::Park { from }, why);
                 }
             }
@@ -270,22 +426,46 @@ pub(super) fn explain(verdict: Verdict, why: Why) -> String {
         (_, Why::NoKvFit) => {
             "unknown session: no ready peer's KV holds it beside the live sessions bound there: waits for room".to_owned()
         }
-        (Verdict::New { to }, Why::NewSession { load, kv_room }) => {
+        (Verdict::New { to }, Why::NewSession { chosen, kv_room }) => {
             let room = if kv_room {
                 "with KV room"
             } else {
                 "(every ready peer is KV-full)"
             };
-            format!("unknown session: least-loaded ready peer {room} is {to} (load {load})")
+            format!(
+                "unknown session: the ready peer {room} with the least expected time to first token (near-equal ones: the least held) is {to}: {}",
+                describe_estimate(&chosen)
+            )
         }
-        (Verdict::Migrate { from, to }, Why::HomeGone { still_configured, load }) => {
+        (Verdict::Migrate { from, to }, Why::HomeGone { still_configured, chosen }) => {
             let state = if still_configured {
                 "is not ready"
             } else {
                 "is no longer configured"
             };
-            format!("remembered peer {from} {state}: moves to least-loaded ready peer {to} (load {load})")
+            format!(
+                "remembered peer {from} {state}: moves to peer {to}, the least expected time to first token: {}",
+                describe_estimate(&chosen)
+            )
         }
+        (verdict, Why::Estimated { home, best, tolerance_ms }) => {
+            let outcome = match verdict {
+                Verdict::Spill { .. } => "clearly better: moves",
+                _ => "not clearly better (by half its time and the tolerance): stays",
+            };
+            format!(
+                "home {}: {}; best other peer {}: {}; tolerance {tolerance_ms:.0} ms; {outcome}",
+                home.peer,
+                describe_estimate(&home),
+                best.peer,
+                describe_estimate(&best)
+            )
+        }
+        (_, Why::NoRoomElsewhere { home }) => format!(
+            "home {}: {}; no other ready peer has KV room for it: stays",
+            home.peer,
+            describe_estimate(&home)
+        ),
         (_, Why::OnlyReadyPeer) => "remembered peer is the only ready peer: stays".to_owned(),
         (_, Why::Cooldown { left_ms }) => {
             format!("moved recently: no move for pressure for another {left_ms} ms: stays")
@@ -322,6 +502,22 @@ pub(super) fn explain(verdict: Verdict, why: Why) -> String {
         }
         (verdict, why) => format!("{verdict:?} because {why:?}"),
     }
+}
+
+/// An estimate's parts, in the words `/_route_debug` uses.
+fn describe_estimate(e: &Estimate) -> String {
+    let speed = if e.timed { "timed" } else { "assumed" };
+    format!(
+        "{:.0} ms expected (queue {:.0}, prefill ahead {:.0}, its own {:.0} for {} uncached, evicting {} tokens of others {:.0}; {:.0} µs a token, {speed})",
+        e.total_ms(),
+        e.queue_ms,
+        e.backlog_ms,
+        e.prefill_ms,
+        e.uncached_tokens,
+        e.evicts_tokens,
+        e.evicts_ms,
+        e.prefill_us
+    )
 }
 
 fn describe(home: HomeState) -> String {

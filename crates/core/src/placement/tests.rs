@@ -747,7 +747,11 @@ fn with_capacity(peer: PeerLoad, tokens: u64) -> PeerLoad {
 }
 
 fn incoming(tokens: u64, may_wait: bool) -> Incoming {
-    Incoming { tokens, may_wait }
+    Incoming {
+        tokens,
+        may_wait,
+        ..Incoming::default()
+    }
 }
 
 #[test]
@@ -784,21 +788,38 @@ fn a_new_session_avoids_the_engine_holding_more_even_when_in_flight_favours_it()
 }
 
 #[test]
-fn a_new_session_avoids_the_engine_carrying_more_requests_for_its_sessions() {
+fn a_new_session_avoids_an_engine_that_is_slower_by_what_it_does() {
     let t = table();
-    // Peer 1 has one session fewer but keeps every one of its turns in
-    // flight (a slow engine); peer 2's sessions are between turns.
-    let slow = holding(blind(1, 4), 4, 40_000);
-    let idle = holding(blind(2, 0), 5, 50_000);
+    // Peer 1 holds one session fewer, but its first tokens have been
+    // coming 2.5x slower per prompt token than peer 2's (a throttled or
+    // smaller card): the newcomer's prefill there costs 1 s against 0.4 s.
+    let timed = |peer: PeerLoad, prefill_us: f32| PeerLoad {
+        speed: EngineSpeed {
+            prefill_us: Some(prefill_us),
+            ..EngineSpeed::default()
+        },
+        ..peer
+    };
+    let slow = timed(holding(blind(1, 4), 4, 40_000), 125.0);
+    let idle = timed(holding(blind(2, 0), 5, 50_000), 50.0);
     assert_eq!(
-        t.place(90, &[slow, idle], T0),
-        at(2, PlacementKind::New, None)
+        t.place_session(90, incoming(8_000, false), &[slow, idle], T0),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::New,
+            reason: None
+        })
     );
-    // Control: with nothing in flight, the fewer sessions win.
-    let quiet = holding(blind(1, 0), 4, 40_000);
+    // Control: alike in speed, the engine holding less takes it, whatever
+    // it has in flight (its turns hold what its sessions hold).
+    let slow = timed(holding(blind(1, 4), 4, 40_000), 50.0);
     assert_eq!(
-        t.place(91, &[quiet, idle], T0),
-        at(1, PlacementKind::New, None)
+        t.place_session(91, incoming(8_000, false), &[slow, idle], T0),
+        Admission::Placed(Placement {
+            peer: 1,
+            kind: PlacementKind::New,
+            reason: None
+        })
     );
 }
 
@@ -1174,4 +1195,35 @@ fn the_live_window_follows_the_clients_think_time_and_a_turn_in_flight_stays_liv
     assert_eq!(fresh.live_of(1).sessions, 1);
     fresh.refresh_live(T0 + 11 * SECOND);
     assert_eq!(fresh.live_of(1).sessions, 0);
+}
+
+/// The sessions that ended (left the live window after an answer) teach
+/// the route's typical size; a young session then counts on its engine at
+/// that size, not at today's.
+#[test]
+fn young_sessions_count_at_the_size_the_routes_sessions_end_at() {
+    let t = SessionTable::new(TableConfig {
+        live_window_ms: 10 * SECOND,
+        ..TableConfig::default()
+    });
+    let peers = [blind(1, 0)];
+    // Four sessions end at 50k-62k: answered, then gone for good.
+    for (sid, tokens) in [(1, 50_000), (2, 56_000), (3, 62_000), (4, 56_000)] {
+        t.place_session(sid, incoming(1_000, false), &peers, T0);
+        t.turn_ended(sid, Some(tokens), T0 + SECOND);
+    }
+    t.refresh_live(T0 + 5 * SECOND);
+    assert_eq!(t.typical_session(), 0, "still live: nothing ended yet");
+    t.refresh_live(T0 + 12 * SECOND);
+    assert_eq!(t.typical_session(), 56_000);
+    // A new session of 4k counts as the 56k it will hold.
+    t.place_session(9, incoming(1_000, false), &peers, T0 + 13 * SECOND);
+    t.turn_ended(9, Some(4_000), T0 + 14 * SECOND);
+    t.refresh_live(T0 + 15 * SECOND);
+    let bound = t.live_of(1);
+    assert_eq!((bound.sessions, bound.tokens), (1, 4_000));
+    assert_eq!(bound.projected_tokens, 56_000);
+    // Control: one already past the typical size counts as itself.
+    t.turn_ended(9, Some(70_000), T0 + 16 * SECOND);
+    assert_eq!(t.live_of(1).projected_tokens, 70_000);
 }

@@ -21,11 +21,11 @@ impl SessionTable {
         let remembered = binding.map(|b| self.remembered(b, now));
         let incoming = Incoming {
             tokens: binding.map_or(0, |b| u64::from(b.tokens)),
-            may_wait: false,
+            ..Incoming::default()
         };
         let config = self.config.load();
-        let limits = config.limits(self.median_live_tokens.load(Relaxed));
-        let (verdict, why) = rules::decide(sid, remembered, peers, limits, incoming);
+        let limits = config.limits(self.median_live_tokens.load(Relaxed), self.model(peers));
+        let (verdict, why) = rules::decide(sid, remembered, peers, limits, incoming, 0);
         let mut explanation = rules::explain(verdict, why);
         let cap = config.max_sessions_per_peer;
         let placement = |peer, kind, reason| Placement { peer, kind, reason };

@@ -21,6 +21,18 @@ struct LiveRule {
 }
 
 impl LiveRule {
+    /// Whether `binding` left the live window after an answer between the
+    /// two ticks (after `from`, up to `to`): its session ended then.
+    fn left_between(&self, binding: &Binding, from: u32, to: u32) -> bool {
+        match binding.answered_at() {
+            Some(answered) if !binding.in_flight() => {
+                let left = u64::from(answered).saturating_add(self.after_answer_ticks);
+                u64::from(from) < left && left <= u64::from(to)
+            }
+            _ => false,
+        }
+    }
+
     pub(super) fn holds(&self, binding: &Binding, now: u32) -> bool {
         let since = |t: u32| u64::from(now.saturating_sub(t));
         match binding.answered_at() {
@@ -39,6 +51,7 @@ pub(super) struct LiveCounts {
     pub(super) returning_milli: AtomicU64,
     pub(super) tokens: AtomicU64,
     pub(super) returning_tokens: AtomicU64,
+    pub(super) projected_tokens: AtomicU64,
 }
 
 impl LiveCounts {
@@ -48,6 +61,7 @@ impl LiveCounts {
             returning_milli: self.returning_milli.load(Relaxed),
             tokens: self.tokens.load(Relaxed),
             returning_tokens: self.returning_tokens.load(Relaxed),
+            projected_tokens: self.projected_tokens.load(Relaxed),
         }
     }
 
@@ -56,6 +70,7 @@ impl LiveCounts {
         self.returning_milli.store(bound.returning_milli, Relaxed);
         self.tokens.store(bound.tokens, Relaxed);
         self.returning_tokens.store(bound.returning_tokens, Relaxed);
+        self.projected_tokens.store(bound.projected_tokens, Relaxed);
     }
 
     /// Replaces one session's `was` share with `is` (racing placements
@@ -82,6 +97,11 @@ impl LiveCounts {
             was.returning_tokens(),
             is.returning_tokens(),
         );
+        shift(
+            &self.projected_tokens,
+            was.returning(was.projected),
+            is.returning(is.projected),
+        );
     }
 }
 
@@ -92,11 +112,18 @@ pub(super) struct Share {
     /// Its chance of coming back, in thousandths (see `live_share`).
     pub(super) returning_milli: u32,
     pub(super) tokens: u32,
+    /// The size it is expected to grow to: its own, or the route's typical
+    /// session when that is more.
+    pub(super) projected: u32,
 }
 
 impl Share {
+    fn returning(&self, tokens: u32) -> u64 {
+        u64::from(tokens) * u64::from(self.returning_milli) / u64::from(WHOLE)
+    }
+
     fn returning_tokens(&self) -> u64 {
-        u64::from(self.tokens) * u64::from(self.returning_milli) / u64::from(WHOLE)
+        self.returning(self.tokens)
     }
 
     fn add_to(&self, bound: &mut Bound) {
@@ -104,6 +131,7 @@ impl Share {
         bound.returning_milli += u64::from(self.returning_milli);
         bound.tokens += u64::from(self.tokens);
         bound.returning_tokens += self.returning_tokens();
+        bound.projected_tokens += self.returning(self.projected);
     }
 }
 
@@ -118,9 +146,16 @@ impl SessionTable {
         let mut sizes: Vec<u32> = Vec::new();
         self.think.update();
         let rule = self.live_rule();
+        let last = self.last_recount.swap(now, Relaxed);
         for shard in self.shards.iter() {
             let map = shard.map.lock();
-            for binding in map.values().filter(|b| rule.holds(b, now)) {
+            for binding in map.values() {
+                if !rule.holds(binding, now) {
+                    if rule.left_between(binding, last, now) {
+                        self.ended.record(binding.tokens);
+                    }
+                    continue;
+                }
                 self.live_share(binding, now)
                     .add_to(counts.entry(binding.peer).or_default());
                 // Adopted from another replica and not yet served here: size unknown.
@@ -222,10 +257,12 @@ impl SessionTable {
             }
             _ => WHOLE,
         };
+        let typical = u32::try_from(self.ended.typical()).unwrap_or(u32::MAX);
         Share {
             sessions: 1,
             returning_milli,
             tokens: binding.tokens,
+            projected: binding.tokens.max(typical),
         }
     }
 

@@ -21,6 +21,7 @@
 
 mod explain;
 mod live;
+mod sizes;
 mod slots;
 mod storage;
 mod think_gaps;
@@ -32,11 +33,13 @@ use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 
+use super::model::RouteModel;
 use super::pick::rendezvous;
 use super::rules::{self, Limits, Verdict};
-use super::{KvRoom, PeerId, PeerLoad, Placement, PlacementKind, Reason};
+use super::{KvRoom, PeerId, PeerLoad, Placement, PlacementKind, Prefix, Reason};
 
 use live::{LiveCounts, Share};
+use sizes::EndedSizes;
 use storage::{touch, Binding, Shard, ShardMap, EMPTY_SHARD, SHARD_COUNT, TICK_MS};
 use think_gaps::ThinkGaps;
 
@@ -92,6 +95,12 @@ pub struct Incoming {
     /// A new session that fits no peer's KV may wait for room (the route has
     /// an admission queue) instead of being placed anyway.
     pub may_wait: bool,
+    /// A prefix of the request recently sent to some engines (a template
+    /// it shares with other conversations).
+    pub prefix: Option<Prefix>,
+    /// Drawn fresh per request by the caller: exact ties between engines
+    /// go either way, never by the session's hash.
+    pub rand: u64,
 }
 
 /// The outcome of one placement.
@@ -104,7 +113,7 @@ pub enum Admission {
 }
 
 impl TableConfig {
-    fn limits(&self, expected_session: u64) -> Limits {
+    fn limits(&self, expected_session: u64, model: RouteModel) -> Limits {
         Limits {
             spill_margin: self.spill_margin,
             spill_margin_blind: self.spill_margin_blind,
@@ -112,6 +121,10 @@ impl TableConfig {
             room: KvRoom {
                 admit_permille: self.kv_admit_permille,
                 expected_session,
+            },
+            model: RouteModel {
+                admit_permille: self.kv_admit_permille,
+                ..model
             },
         }
     }
@@ -139,6 +152,11 @@ pub struct SessionTable {
     /// Median context of the live sessions at the last recount: the size a
     /// young session is expected to grow to (KV admission).
     median_live_tokens: AtomicU64,
+    /// The sizes sessions ended at: what a young session will hold.
+    ended: EndedSizes,
+    /// The tick of the last recount: sessions that left the live window
+    /// since then ended.
+    last_recount: AtomicU32,
 }
 
 /// What `peek` and `place` need from one locked look at the session's shard.
@@ -167,6 +185,8 @@ impl SessionTable {
             live: RwLock::new(HashMap::new()),
             think: ThinkGaps::default(),
             median_live_tokens: AtomicU64::new(0),
+            ended: EndedSizes::default(),
+            last_recount: AtomicU32::new(0),
         }
     }
 
@@ -181,10 +201,40 @@ impl SessionTable {
         **self.config.load()
     }
 
+    /// What the placement model knows of the route: the median speeds of
+    /// the engines timed so far and the size sessions grow to here.
+    pub fn model(&self, peers: &[PeerLoad]) -> RouteModel {
+        let median = |speed: fn(&PeerLoad) -> Option<f32>| {
+            let mut timed: Vec<f32> = peers.iter().filter_map(speed).collect();
+            if timed.is_empty() {
+                return None;
+            }
+            let mid = timed.len() / 2;
+            Some(*timed.select_nth_unstable_by(mid, f32::total_cmp).1)
+        };
+        RouteModel {
+            prefill_us: median(|p| p.speed.prefill_us),
+            tpot_us: median(|p| p.speed.tpot_us),
+            typical_session: self.ended.typical(),
+            admit_permille: self.config.load().kv_admit_permille,
+        }
+    }
+
+    /// The size sessions of this route grow to (0 while unknown).
+    pub fn typical_session(&self) -> u64 {
+        self.ended.typical()
+    }
+
     /// Places one request of session `sid` and records the outcome. `None`
-    /// iff no peer is ready.
+    /// iff no peer is ready. Exact ties between engines go by the session's
+    /// hash here; the request path draws afresh per request
+    /// ([`Incoming::rand`]).
     pub fn place(&self, sid: u64, peers: &[PeerLoad], now_ms: u64) -> Option<Placement> {
-        match self.place_session(sid, Incoming::default(), peers, now_ms) {
+        let incoming = Incoming {
+            rand: sid,
+            ..Incoming::default()
+        };
+        match self.place_session(sid, incoming, peers, now_ms) {
             Admission::Placed(placement) => Some(placement),
             Admission::NoReadyPeer | Admission::NoKvRoom => None,
         }
@@ -233,11 +283,14 @@ impl SessionTable {
         {
             self.think.record(now.saturating_sub(answered));
         }
-        let tokens = known.map_or(incoming.tokens, |b| u64::from(b.tokens));
+        // At least what the session held after its last turn.
+        let tokens = known.map_or(incoming.tokens, |b| {
+            incoming.tokens.max(u64::from(b.tokens))
+        });
         let config = self.config.load();
         let sized = Incoming { tokens, ..incoming };
-        let limits = config.limits(self.median_live_tokens.load(Relaxed));
-        let (verdict, _) = rules::decide(sid, remembered, peers, limits, sized);
+        let limits = config.limits(self.median_live_tokens.load(Relaxed), self.model(peers));
+        let (verdict, _) = rules::decide(sid, remembered, peers, limits, sized, incoming.rand);
         let cap = config.max_sessions_per_peer;
         let placed =
             |peer, kind, reason| Attempt::Done(Admission::Placed(Placement { peer, kind, reason }));

@@ -222,6 +222,7 @@ impl SessionTable {
             since_move_ms: binding
                 .moved_at()
                 .map(|moved_at| u64::from(now.saturating_sub(moved_at)) * TICK_MS),
+            held: u64::from(binding.tokens),
         }
     }
 

@@ -1,0 +1,335 @@
+//! One model behind every placement decision: for each ready engine, the
+//! expected time to this request's first token there, in parts, and the
+//! prefill its binding there makes other sessions pay.
+//!
+//! - **Queue**: requests the engine reports waiting, drained at the rate
+//!   it has been finishing them, and one completion more when every
+//!   gateway slot there is taken.
+//! - **Backlog**: prompts still prefilling there before their first token
+//!   (the gateway's own, which vLLM's metrics do not show: it admits every
+//!   prompt as running and prefills them in chunks in turn), half of them
+//!   on average still to do.
+//! - **Prefill**: the request's own tokens not cached there. All of them
+//!   where nothing of it is; on its home, what the home still holds of it
+//!   after the eviction its KV pressure implies (LRU takes the session idle
+//!   longest, tail first: the arriving one loses at most the excess); on an
+//!   engine that was recently sent a prefix it shares (a template, a
+//!   parent's history), all but that prefix.
+//! - **Evicts**: binding a session where it was not pushes that engine's
+//!   working set up by what the session will grow to (the route's typical
+//!   ended session, learned, or its own size when more), and what passes
+//!   the engine's KV is evicted and prefilled again by someone.
+//!
+//! Each part is tokens times the engine's prefill speed, learned from its
+//! own first tokens ([`super::speed`]), or a wait, so one unit (time)
+//! decides stickiness, moves and where a new session or a template's
+//! newcomer goes. Near-equal engines (within an eighth of the session's
+//! expected cold prefill) are told apart by what they will hold relative
+//! to their KV, not by a hash: sessions that start together and grow
+//! together then spread evenly instead of by lottery.
+//!
+//! Pure: the caller hands in the peers as they are now.
+
+use super::{PeerId, PeerLoad, WHOLE};
+
+/// A prefill speed for comparisons before any engine of the route has been
+/// timed: 50 µs a token, 20k tokens a second, a mid-size model on one GPU.
+/// Where every part compared is prefill the unit cancels; it only weighs a
+/// queue against prefill until the first cold turns are timed.
+pub const PRIOR_PREFILL_US: f32 = 50.0;
+
+/// The context a session is taken to grow to while the route knows none.
+pub const UNKNOWN_SESSION_TOKENS: u64 = 8_192;
+
+/// Engines a shared prefix is remembered on at most.
+pub const MAX_HOLDERS: usize = 8;
+
+/// What the model knows of the route beyond each engine.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RouteModel {
+    /// Prefill µs per token for an engine not timed yet: the median of the
+    /// engines that were, else the route's cold cost; `None` before any.
+    pub prefill_us: Option<f32>,
+    /// The median time per output token of the timed engines: an engine
+    /// decoding slower than that is taken to prefill slower by as much
+    /// until its own first tokens say.
+    pub tpot_us: Option<f32>,
+    /// The context a session of this route grows to: the mean size at which
+    /// recent sessions ended (0: none has yet).
+    pub typical_session: u64,
+    /// Share of an engine's KV (per mille) sessions may fill before what
+    /// they hold counts as evicting.
+    pub admit_permille: u32,
+}
+
+/// A prefix of the request recently sent to some engines (a template's
+/// newcomer, a fork's parent history): cached there until their KV
+/// pressure evicts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Prefix {
+    pub tokens: u64,
+    holders: [PeerId; MAX_HOLDERS],
+    len: u8,
+}
+
+impl Prefix {
+    pub fn new(tokens: u64, holders: impl IntoIterator<Item = PeerId>) -> Self {
+        let mut p = Prefix {
+            tokens,
+            ..Prefix::default()
+        };
+        for id in holders.into_iter().take(MAX_HOLDERS) {
+            p.holders[usize::from(p.len)] = id;
+            p.len += 1;
+        }
+        p
+    }
+
+    pub fn holders(&self) -> &[PeerId] {
+        &self.holders[..usize::from(self.len)]
+    }
+
+    pub fn held_on(&self, id: PeerId) -> bool {
+        self.holders().contains(&id)
+    }
+}
+
+/// The request being placed, as the model sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ask {
+    /// Its context tokens (as estimated before the engine counts them).
+    pub tokens: u64,
+    /// The engine its session is bound to, and the context the session
+    /// held there after its last turn.
+    pub home: Option<PeerId>,
+    pub held: u64,
+    pub prefix: Option<Prefix>,
+}
+
+/// One engine's estimate for one request; every time in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    pub peer: PeerId,
+    pub queue_ms: f32,
+    /// `false`: the engine reports a queue but its completion rate is not
+    /// learned yet, so `queue_ms` says nothing.
+    pub queue_known: bool,
+    pub backlog_ms: f32,
+    pub prefill_ms: f32,
+    /// Of the request's tokens, those cached there and those not.
+    pub cached_tokens: u64,
+    pub uncached_tokens: u64,
+    /// Others' context its binding there evicts, and their prefill.
+    pub evicts_tokens: u64,
+    pub evicts_ms: f32,
+    /// What the engine will hold with the session, in tokens, and per
+    /// mille of its KV when that is known: what near-equal engines are
+    /// told apart by.
+    pub hold_tokens: u64,
+    pub hold_permille: Option<u64>,
+    /// The prefill speed used (µs a token) and whether it is the engine's own.
+    pub prefill_us: f32,
+    pub timed: bool,
+}
+
+impl Estimate {
+    /// The expected time to the first token there, plus what binding the
+    /// session there costs others.
+    pub fn total_ms(&self) -> f32 {
+        self.queue_ms + self.backlog_ms + self.prefill_ms + self.evicts_ms
+    }
+}
+
+/// The size a session of `tokens` is expected to grow to on this route.
+pub fn expected_size(tokens: u64, route: &RouteModel) -> u64 {
+    tokens.max(route.typical_session)
+}
+
+/// The prefill speed the model uses for `p`: its own, else the route's
+/// scaled by how much slower it decodes, else the prior.
+fn prefill_us(p: &PeerLoad, route: &RouteModel) -> (f32, bool) {
+    if let Some(us) = p.speed.prefill_us {
+        return (us, true);
+    }
+    let base = route.prefill_us.unwrap_or(PRIOR_PREFILL_US);
+    let scale = match (p.speed.tpot_us, route.tpot_us) {
+        (Some(own), Some(route)) if route > 0.0 => (own / route).clamp(0.25, 4.0),
+        _ => 1.0,
+    };
+    (base * scale, false)
+}
+
+/// What an engine's sessions hold between turns now (each by its chance of
+/// coming back), or what the engine reports in use when more: other
+/// gateways' traffic fills the same KV.
+fn held_now(p: &PeerLoad, cap: u64) -> u64 {
+    let reported = p.engine.map_or(0.0, |e| e.kv_usage.clamp(0.0, 1.0));
+    p.bound.returning_tokens.max((reported * cap as f64) as u64)
+}
+
+/// The tokens of the request cached on `p`.
+fn cached_on(p: &PeerLoad, ask: &Ask) -> u64 {
+    if ask.home == Some(p.id) {
+        // Over its KV by `excess`, the engine has taken at most that much
+        // of the session idle longest, which the arriving one most likely
+        // is; tail first, so the rest of its context is still there.
+        let excess = p
+            .kv_capacity_tokens
+            .map_or(0, |cap| p.bound.returning_tokens.saturating_sub(cap));
+        return ask.held.saturating_sub(excess).min(ask.tokens);
+    }
+    ask.prefix
+        .filter(|prefix| prefix.held_on(p.id))
+        .map_or(0, |prefix| prefix.tokens.min(ask.tokens))
+}
+
+/// The engine's estimate for `ask`. `unit` is the context one request in
+/// flight is taken to hold where no binding says (the route's typical
+/// session, or [`UNKNOWN_SESSION_TOKENS`]).
+pub fn estimate(p: &PeerLoad, ask: &Ask, route: &RouteModel) -> Estimate {
+    let (us, timed) = prefill_us(p, route);
+    let ms = |tokens: u64| tokens as f32 * us / 1_000.0;
+    let cached = cached_on(p, ask);
+    let at_home = ask.home == Some(p.id);
+    let size = expected_size(ask.tokens, route);
+    let unit = match route.typical_session {
+        0 => UNKNOWN_SESSION_TOKENS,
+        n => n,
+    };
+    // A live session holds a typical session's worth at least, whatever it
+    // holds today; and so does each request in flight that no binding here
+    // accounts for (another gateway's, a sessionless one).
+    let sessions = p.bound.returning_milli.saturating_mul(unit) / u64::from(WHOLE);
+    let carried = u64::from(p.load()).saturating_mul(unit);
+    let holds = p.bound.projected_tokens.max(sessions).max(carried);
+    let hold_tokens = if at_home {
+        holds
+    } else {
+        holds.saturating_add(size)
+    };
+    let (evicts_tokens, hold_permille) = match p.kv_capacity_tokens {
+        Some(cap) if cap > 0 => {
+            let line = cap.saturating_mul(u64::from(route.admit_permille)) / 1000;
+            let now = holds.max(held_now(p, cap));
+            let over = |t: u64| t.saturating_sub(line);
+            let evicts = if at_home {
+                0
+            } else {
+                over(now.saturating_add(size)) - over(now)
+            };
+            (evicts, Some(hold_tokens.saturating_mul(1000) / cap))
+        }
+        _ => (0, None),
+    };
+    let (queue_ms, queue_known) = queue(p);
+    Estimate {
+        peer: p.id,
+        queue_ms,
+        queue_known,
+        backlog_ms: ms(p.backlog_tokens / 2),
+        prefill_ms: ms(ask.tokens.saturating_sub(cached)),
+        cached_tokens: cached,
+        uncached_tokens: ask.tokens.saturating_sub(cached),
+        evicts_tokens,
+        evicts_ms: ms(evicts_tokens),
+        hold_tokens,
+        hold_permille,
+        prefill_us: us,
+        timed,
+    }
+}
+
+/// How long a request waits before the engine takes it: the sustained
+/// queue the engine reports, drained at the rate it finishes requests,
+/// and one completion more when every gateway slot there is taken.
+fn queue(p: &PeerLoad) -> (f32, bool) {
+    let ahead = p.waiting() + u32::from(p.saturated());
+    if ahead == 0 {
+        return (0.0, true);
+    }
+    match p.speed.completions_per_s {
+        Some(rate) if rate > 0.0 => (ahead as f32 * 1_000.0 / rate, true),
+        // Nothing finished lately with requests queued: stuck, as far as
+        // anyone can tell.
+        Some(_) => (ahead as f32 * 10_000.0, true),
+        None => (0.0, false),
+    }
+}
+
+/// How much better an engine must look to count as better at all: an
+/// eighth of what the session costs to prefill cold at its expected size.
+/// Below that the difference is noise or passing (a cold prompt ahead
+/// that will be done in a moment), and what the engines will hold decides.
+pub fn tolerance_ms(ask: &Ask, route: &RouteModel, us: f32) -> f32 {
+    expected_size(ask.tokens, route) as f32 * us / 1_000.0 / 8.0
+}
+
+/// The engine to bind a session to among those passing `eligible`: the
+/// least expected time (with what it evicts); among those within the
+/// tolerance of it, the one that will hold the least relative to its KV;
+/// then the least time, then the fewest requests in flight; exact ties by
+/// `rand`, which the caller draws per request.
+pub fn choose<'a>(
+    peers: &'a [PeerLoad],
+    ask: &Ask,
+    route: &RouteModel,
+    rand: u64,
+    eligible: impl Fn(&PeerLoad) -> bool,
+) -> Option<(&'a PeerLoad, Estimate)> {
+    let options: Vec<(&PeerLoad, Estimate)> = peers
+        .iter()
+        .filter(|p| eligible(p))
+        .map(|p| (p, estimate(p, ask, route)))
+        .collect();
+    let fastest = options
+        .iter()
+        .map(|(_, e)| e.total_ms())
+        .fold(f32::INFINITY, f32::min);
+    let us = route.prefill_us.unwrap_or(PRIOR_PREFILL_US);
+    let near = fastest + tolerance_ms(ask, route, us);
+    // Relative to each engine's KV where every one's is known: a larger
+    // engine takes more.
+    let by_share = options.iter().all(|(_, e)| e.hold_permille.is_some());
+    let key = |e: &Estimate| match (by_share, e.hold_permille) {
+        (true, Some(permille)) => permille,
+        _ => e.hold_tokens,
+    };
+    let mut chosen: Option<(&PeerLoad, Estimate)> = None;
+    let mut ties = 0u64;
+    for (p, e) in options.into_iter().filter(|(_, e)| e.total_ms() <= near) {
+        let order = chosen.map_or(std::cmp::Ordering::Less, |(cp, c)| {
+            let c_load = cp.load();
+            key(&e)
+                .cmp(&key(&c))
+                .then(e.total_ms().total_cmp(&c.total_ms()))
+                .then(p.load().cmp(&c_load))
+        });
+        match order {
+            std::cmp::Ordering::Less => {
+                ties = 1;
+                chosen = Some((p, e));
+            }
+            std::cmp::Ordering::Equal => {
+                // Each exact tie equally likely (reservoir sampling).
+                ties += 1;
+                if crate::hash::mix64(rand, ties) % ties == 0 {
+                    chosen = Some((p, e));
+                }
+            }
+            std::cmp::Ordering::Greater => {}
+        }
+    }
+    chosen
+}
+
+/// Whether a session bound to `home` should move to `other`: only when
+/// the other engine is clearly better, by half its own time and by the
+/// tolerance, since a move is paid in full now and its gain only lasts
+/// while the home stays worse.
+pub fn clearly_better(home: &Estimate, other: &Estimate, tolerance_ms: f32) -> bool {
+    let margin = (other.total_ms() * 0.5).max(tolerance_ms);
+    other.total_ms() + margin < home.total_ms()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,285 @@
+//! The model's parts, one behaviour a test, each with a control that
+//! shows the same setup deciding the other way when the one fact differs.
+
+use super::*;
+use crate::placement::{Bound, EngineLoad, EngineSpeed};
+
+fn engine(id: PeerId) -> PeerLoad {
+    PeerLoad::idle(id, 64)
+}
+
+fn timed(peer: PeerLoad, prefill_us: f32) -> PeerLoad {
+    PeerLoad {
+        speed: EngineSpeed {
+            prefill_us: Some(prefill_us),
+            completions_per_s: Some(10.0),
+            ..peer.speed
+        },
+        ..peer
+    }
+}
+
+/// `sessions` live sessions holding `today` tokens in all, expected to
+/// grow to `projected`.
+fn holding(peer: PeerLoad, sessions: u32, today: u64, projected: u64) -> PeerLoad {
+    PeerLoad {
+        bound: Bound {
+            projected_tokens: projected,
+            ..Bound::whole(sessions, today)
+        },
+        ..peer
+    }
+}
+
+fn with_kv(peer: PeerLoad, tokens: u64) -> PeerLoad {
+    PeerLoad {
+        kv_capacity_tokens: Some(tokens),
+        ..peer
+    }
+}
+
+fn route(typical_session: u64) -> RouteModel {
+    RouteModel {
+        prefill_us: Some(50.0),
+        tpot_us: None,
+        typical_session,
+        admit_permille: 900,
+    }
+}
+
+fn new_session(tokens: u64) -> Ask {
+    Ask {
+        tokens,
+        ..Ask::default()
+    }
+}
+
+fn chosen(peers: &[PeerLoad], ask: &Ask, route: &RouteModel) -> Option<PeerId> {
+    choose(peers, ask, route, 0, |p| p.ready).map(|(p, _)| p.id)
+}
+
+#[test]
+fn a_young_session_is_placed_by_what_its_engine_will_hold() {
+    // Engine 1's six sessions restarted a moment ago: 4k each today, but
+    // this route's sessions end at 58k. Engine 2 holds five older ones,
+    // 50k each. By today's sizes engine 1 is nearly empty; by what the
+    // sessions will hold, it carries one more.
+    let young = holding(engine(1), 6, 24_000, 6 * 58_000);
+    let older = holding(engine(2), 5, 250_000, 5 * 58_000);
+    let peers = [timed(young, 50.0), timed(older, 50.0)];
+    assert_eq!(chosen(&peers, &new_session(4_000), &route(58_000)), Some(2));
+    // Control: sessions that stay as small as they are (the projection is
+    // today's size) make engine 1 the lighter one.
+    let young = holding(engine(1), 6, 24_000, 24_000);
+    let older = holding(engine(2), 5, 250_000, 250_000);
+    let peers = [timed(young, 50.0), timed(older, 50.0)];
+    assert_eq!(chosen(&peers, &new_session(4_000), &route(4_000)), Some(1));
+}
+
+#[test]
+fn what_a_binding_would_evict_outweighs_a_passing_backlog() {
+    // 400k of KV, 90 % admitted: engine 1's six sessions will hold 348k,
+    // and one more 58k session pushes 46k past the line; engine 2's five
+    // will hold 290k, but 60k tokens of cold prompts are still prefilling
+    // there, half done on average: 1.5 s, well past the tolerance (362
+    // ms), yet less than the 2.3 s of prefill that 46k evicted costs.
+    let fullish = with_kv(holding(engine(1), 6, 200_000, 6 * 58_000), 400_000);
+    let busy = PeerLoad {
+        backlog_tokens: 60_000,
+        ..with_kv(holding(engine(2), 5, 150_000, 5 * 58_000), 400_000)
+    };
+    let peers = [timed(fullish, 50.0), timed(busy, 50.0)];
+    let ask = new_session(4_000);
+    let (_, e1) = choose(&peers, &ask, &route(58_000), 0, |p| p.id == 1).expect("engine 1");
+    assert_eq!(e1.evicts_tokens, 46_000);
+    assert_eq!(chosen(&peers, &ask, &route(58_000)), Some(2));
+    // Control: with capacity unknown nothing is evicted anywhere, and the
+    // backlog decides.
+    let blind = |p: PeerLoad| PeerLoad {
+        kv_capacity_tokens: None,
+        ..p
+    };
+    let peers = [blind(peers[0]), blind(peers[1])];
+    let (_, e1) = choose(&peers, &ask, &route(58_000), 0, |p| p.id == 1).expect("engine 1");
+    assert_eq!(e1.evicts_tokens, 0);
+    assert_eq!(chosen(&peers, &ask, &route(58_000)), Some(1));
+}
+
+#[test]
+fn with_capacity_unknown_engines_are_balanced_by_what_they_hold() {
+    let peers = [
+        timed(holding(engine(1), 7, 200_000, 7 * 40_000), 50.0),
+        timed(holding(engine(2), 6, 210_000, 6 * 40_000), 50.0),
+        timed(holding(engine(3), 8, 150_000, 8 * 40_000), 50.0),
+    ];
+    assert_eq!(chosen(&peers, &new_session(3_000), &route(40_000)), Some(2));
+    // Control: a queue at engine 2 longer than the tolerance sends the
+    // session to the next lightest.
+    let queued = PeerLoad {
+        engine: Some(EngineLoad {
+            waiting: 20,
+            running: 40,
+            kv_usage: 0.5,
+        }),
+        ..peers[1]
+    };
+    let peers = [peers[0], queued, peers[2]];
+    assert_eq!(chosen(&peers, &new_session(3_000), &route(40_000)), Some(1));
+}
+
+#[test]
+fn a_templates_newcomer_goes_where_the_template_is_until_its_queue_outweighs_the_saving() {
+    // An 8k-token prefix was sent to engine 1 a moment ago; the newcomer
+    // adds 500 tokens. Cold elsewhere it costs 425 ms; on engine 1, 25 ms.
+    let prefix = Prefix::new(8_000, [1]);
+    let ask = Ask {
+        tokens: 8_500,
+        prefix: Some(prefix),
+        ..Ask::default()
+    };
+    let holder = timed(engine(1), 50.0);
+    let other = timed(engine(2), 50.0);
+    let (_, e) = choose(&[holder, other], &ask, &route(9_000), 0, |p| p.id == 1).expect("1");
+    assert_eq!((e.cached_tokens, e.uncached_tokens), (8_000, 500));
+    assert_eq!(chosen(&[holder, other], &ask, &route(9_000)), Some(1));
+    // The template is hot: newcomers pile up there, 16k tokens of them
+    // still prefilling (400 ms), and four queue at 10 completions a
+    // second (400 ms): engine 2, cold, is now the quicker start, and the
+    // prefix goes there too.
+    let piled = PeerLoad {
+        backlog_tokens: 16_000,
+        engine: Some(EngineLoad {
+            waiting: 4,
+            running: 60,
+            kv_usage: 0.5,
+        }),
+        ..holder
+    };
+    assert_eq!(chosen(&[piled, other], &ask, &route(9_000)), Some(2));
+    // Control: the same pile-up without the prefix anywhere is no reason
+    // to prefer engine 1, and with it on both, engine 2 is simply quicker.
+    let cold = Ask {
+        prefix: None,
+        ..ask
+    };
+    assert_eq!(chosen(&[holder, other], &cold, &route(9_000)), Some(2));
+    let both = Ask {
+        prefix: Some(Prefix::new(8_000, [1, 2])),
+        ..ask
+    };
+    assert_eq!(chosen(&[piled, other], &both, &route(9_000)), Some(2));
+}
+
+#[test]
+fn a_slow_engine_is_known_by_its_answers_and_until_then_by_its_decode() {
+    let fast = holding(engine(1), 5, 100_000, 100_000);
+    let slow = holding(engine(2), 4, 80_000, 80_000);
+    let ask = new_session(8_000);
+    // Timed: the slow engine's prefill is 2.5x, 1 s against 0.4 s.
+    let peers = [timed(fast, 50.0), timed(slow, 125.0)];
+    assert_eq!(chosen(&peers, &ask, &route(20_000)), Some(1));
+    // Not timed yet, but decoding 2.5x slower than the route's median:
+    // taken to prefill as much slower.
+    let decoding = |p: PeerLoad, tpot: f32| PeerLoad {
+        speed: EngineSpeed {
+            tpot_us: Some(tpot),
+            ..EngineSpeed::default()
+        },
+        ..p
+    };
+    let route_tpot = RouteModel {
+        tpot_us: Some(20_000.0),
+        ..route(20_000)
+    };
+    let peers = [decoding(fast, 20_000.0), decoding(slow, 50_000.0)];
+    let (_, e) = choose(&peers, &ask, &route_tpot, 0, |p| p.id == 2).expect("2");
+    assert!(!e.timed);
+    assert_eq!(e.prefill_us, 125.0);
+    assert_eq!(chosen(&peers, &ask, &route_tpot), Some(1));
+    // Control: alike in speed, the engine holding less takes it.
+    let peers = [timed(fast, 50.0), timed(slow, 50.0)];
+    assert_eq!(chosen(&peers, &ask, &route(20_000)), Some(2));
+}
+
+#[test]
+fn a_home_keeps_what_its_kv_pressure_leaves_of_the_session() {
+    // 300k of KV, live sessions holding 320k between turns: the engine
+    // has evicted 20k, by LRU from the session idle longest, tail first.
+    let home = with_kv(holding(engine(1), 6, 320_000, 320_000), 300_000);
+    let ask = Ask {
+        tokens: 52_000,
+        home: Some(1),
+        held: 50_000,
+        prefix: None,
+    };
+    let e = estimate(&timed(home, 50.0), &ask, &route(50_000));
+    assert_eq!((e.cached_tokens, e.uncached_tokens), (30_000, 22_000));
+    assert_eq!(e.evicts_tokens, 0, "it is already there");
+    // Control: within its KV the home holds all of it.
+    let roomy = with_kv(holding(engine(1), 6, 280_000, 280_000), 300_000);
+    let e = estimate(&timed(roomy, 50.0), &ask, &route(50_000));
+    assert_eq!((e.cached_tokens, e.uncached_tokens), (50_000, 2_000));
+}
+
+#[test]
+fn a_session_moves_only_when_elsewhere_is_clearly_better() {
+    let base = estimate(&timed(engine(9), 50.0), &new_session(0), &route(0));
+    let at = |total_ms: f32| Estimate {
+        queue_ms: total_ms,
+        ..base
+    };
+    // Cold elsewhere 1 s, tolerance 0.2 s: the home must be past 1.5 s.
+    assert!(clearly_better(&at(1_600.0), &at(1_000.0), 200.0));
+    assert!(!clearly_better(&at(1_400.0), &at(1_000.0), 200.0));
+    // A tolerance above half the other's time is the margin then.
+    assert!(!clearly_better(&at(1_600.0), &at(1_000.0), 700.0));
+    assert!(clearly_better(&at(1_800.0), &at(1_000.0), 700.0));
+}
+
+#[test]
+fn sessions_that_start_together_spread_evenly_whatever_the_draw() {
+    // 32 sessions arrive on four empty engines faster than any counter of
+    // the engines moves; each placement adds its session to what its
+    // engine will hold, as the table does.
+    for rand in [0u64, 1, 7, 0xdead_beef, u64::MAX] {
+        let mut peers: Vec<PeerLoad> = (1..=4).map(|id| timed(engine(id), 50.0)).collect();
+        for n in 0..32u64 {
+            let ask = new_session(3_000);
+            let draw = crate::hash::mix64(rand, n);
+            let (p, _) = choose(&peers, &ask, &route(58_000), draw, |p| p.ready).expect("a peer");
+            let id = p.id;
+            let p = peers.iter_mut().find(|p| p.id == id).expect("chosen peer");
+            p.bound.sessions += 1;
+            p.bound.returning_milli += u64::from(WHOLE);
+            p.bound.projected_tokens += 58_000;
+        }
+        let counts: Vec<u32> = peers.iter().map(|p| p.bound.sessions).collect();
+        assert_eq!(counts, vec![8, 8, 8, 8], "draw {rand}");
+    }
+    // Control: the draw does decide between engines that are alike in
+    // every respect, so it is not always the first.
+    let peers: Vec<PeerLoad> = (1..=4).map(|id| timed(engine(id), 50.0)).collect();
+    let firsts: std::collections::BTreeSet<PeerId> = (0..64u64)
+        .filter_map(|draw| choose(&peers, &new_session(3_000), &route(0), draw, |p| p.ready))
+        .map(|(p, _)| p.id)
+        .collect();
+    assert_eq!(firsts.len(), 4, "{firsts:?}");
+}
+
+#[test]
+fn a_queue_without_a_learned_completion_rate_is_unknown() {
+    let queued = PeerLoad {
+        engine: Some(EngineLoad {
+            waiting: 3,
+            running: 10,
+            kv_usage: 0.5,
+        }),
+        ..engine(1)
+    };
+    let e = estimate(&queued, &new_session(1_000), &route(0));
+    assert!(!e.queue_known);
+    // Control: with the rate learned, three waiting at 10 a second is 300 ms.
+    let e = estimate(&timed(queued, 50.0), &new_session(1_000), &route(0));
+    assert!(e.queue_known);
+    assert_eq!(e.queue_ms, 300.0);
+}
