@@ -66,6 +66,10 @@ pub struct Block {
     pub tool_result: bool,
     /// A chunk of a string that went on past it (not the end of its element).
     pub chunk: bool,
+    /// The string bytes the block covers (of a chunk, the chunk's; of an
+    /// element's last block, what its strings held after their full
+    /// chunks): how long a prefix of blocks is, roughly, in tokens.
+    pub bytes: u32,
 }
 
 /// The body the skim reads, for the samples: its pieces and where each
@@ -143,6 +147,8 @@ pub struct BlockSink {
     assistant: bool,
     calls_tool: bool,
     tool_result: bool,
+    /// String bytes of the current element not yet in a block.
+    pending_bytes: usize,
     /// Cap on blocks: past it the rest of the body adds none (work and
     /// memory per request stay bounded).
     full: bool,
@@ -156,6 +162,7 @@ impl BlockSink {
     pub fn begin(&mut self, member: Member) {
         let first = self.members[member as usize].len();
         self.current = Some((member, 0x9e37_79b9_7f4a_7c15, first));
+        self.pending_bytes = 0;
         self.assistant = false;
         self.calls_tool = false;
         self.tool_result = false;
@@ -171,10 +178,11 @@ impl BlockSink {
         let mut at = start;
         while end - at > CHUNK_BYTES {
             digest = fold(digest, sample(src, at, at + CHUNK_BYTES));
-            self.push(member, digest, true);
+            self.push(member, digest, true, CHUNK_BYTES);
             at += CHUNK_BYTES;
         }
         digest = fold(digest, sample(src, at, end));
+        self.pending_bytes += end - at;
         self.current = Some((member, digest, first));
     }
 
@@ -205,7 +213,8 @@ impl BlockSink {
         let Some((member, digest, first)) = self.current.take() else {
             return;
         };
-        self.push(member, fold(digest, 0x5a), false);
+        let bytes = std::mem::take(&mut self.pending_bytes);
+        self.push(member, fold(digest, 0x5a), false, bytes);
         for b in self.members[member as usize].iter_mut().skip(first) {
             b.assistant = self.assistant;
             b.calls_tool = self.calls_tool;
@@ -213,7 +222,7 @@ impl BlockSink {
         }
     }
 
-    fn push(&mut self, member: Member, digest: u64, chunk: bool) {
+    fn push(&mut self, member: Member, digest: u64, chunk: bool, bytes: usize) {
         if self.full || self.members.iter().map(Vec::len).sum::<usize>() >= MAX_BLOCKS {
             self.full = true;
             return;
@@ -224,6 +233,7 @@ impl BlockSink {
             calls_tool: false,
             tool_result: false,
             chunk,
+            bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
         });
     }
 

@@ -35,6 +35,11 @@ use super::blocks::Block;
 /// Probes from the request's end before the search halves the rest: a
 /// later turn adds an assistant message and a user one, a few blocks.
 const NEAR_PROBES: usize = 8;
+/// Templates whose engines are remembered at most, and engines per template.
+const MAX_TEMPLATES: usize = 4_096;
+const MAX_HOLDERS: usize = 8;
+/// The gateway's estimate of a token: bytes / 4.
+const BYTES_PER_TOKEN: u64 = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ContentConfig {
@@ -68,6 +73,26 @@ pub struct Recognised {
     /// passes through, for another replica to find.
     pub tip: (u64, usize),
     pub stem: Option<(u64, usize)>,
+    /// A new conversation that shares a template with others: the
+    /// template's node, for the engines it was sent to ([`ContentIndex::holders`]).
+    pub template: Option<Template>,
+}
+
+/// A template a new conversation starts with (a system prompt with its
+/// documents, a few-shot block): its keyed node and its size in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Template {
+    pub node: u64,
+    pub tokens: u64,
+}
+
+/// An engine a template was sent to: its id, the caller's mark of how much
+/// the engine had taken in then, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    pub peer: u32,
+    pub mark: u64,
+    pub at_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +143,8 @@ struct State {
     sessions: AHashMap<u64, Latest>,
     /// A Responses API response id (its hash) → the session it answered.
     responses: AHashMap<u64, (u64, u64)>,
+    /// A template's node → the engines it was recently sent to.
+    holders: AHashMap<u64, Vec<Holder>>,
 }
 
 pub struct ContentIndex {
@@ -221,6 +248,7 @@ impl ContentIndex {
         let n = chain.len();
         let matched = longest_known(n, |i| known(i, state));
         let last = key(n - 1);
+        let mut shared = None;
         let (session, how) = match matched {
             None => (last, How::New),
             Some(m) => {
@@ -247,6 +275,13 @@ impl ContentIndex {
                 if m + 1 == n || continues {
                     (node.session, How::Continued)
                 } else if template || latest.is_none() {
+                    if template {
+                        let bytes: u64 = blocks[..=m].iter().map(|b| u64::from(b.bytes)).sum();
+                        shared = Some(Template {
+                            node: key(m),
+                            tokens: bytes / BYTES_PER_TOKEN,
+                        });
+                    }
                     (last, How::New)
                 } else {
                     (
@@ -268,6 +303,7 @@ impl ContentIndex {
             blocks: n,
             tip: (last, n),
             stem,
+            template: shared,
         };
         if !remember {
             return Some(recognised);
@@ -380,6 +416,53 @@ impl ContentIndex {
         }
     }
 
+    /// The engines `template` was sent to, most recent first.
+    pub fn holders(&self, template: u64) -> Vec<Holder> {
+        let state = self.state.lock();
+        let mut holders = state.holders.get(&template).cloned().unwrap_or_default();
+        holders.sort_unstable_by_key(|h| std::cmp::Reverse(h.at_ms));
+        holders
+    }
+
+    /// `template` was sent to engine `peer`, whose intake mark was `mark`.
+    pub fn hold(&self, template: u64, peer: u32, mark: u64, now_ms: u64) {
+        let state = &mut *self.state.lock();
+        if state.holders.len() >= MAX_TEMPLATES && !state.holders.contains_key(&template) {
+            // The template used least recently makes room.
+            let oldest = state
+                .holders
+                .iter()
+                .min_by_key(|(_, hs)| hs.iter().map(|h| h.at_ms).max().unwrap_or(0))
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                state.holders.remove(&k);
+            }
+        }
+        let holders = state.holders.entry(template).or_default();
+        let holder = Holder {
+            peer,
+            mark,
+            at_ms: now_ms,
+        };
+        let same = holders.iter().position(|h| h.peer == peer);
+        let oldest = || {
+            holders
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, h)| h.at_ms)
+                .map(|(i, _)| i)
+        };
+        match same {
+            Some(i) => holders[i] = holder,
+            None if holders.len() < MAX_HOLDERS => holders.push(holder),
+            None => {
+                if let Some(i) = oldest() {
+                    holders[i] = holder;
+                }
+            }
+        }
+    }
+
     /// Nodes and sessions held (for `/_route_inspect` and the tests).
     pub fn len(&self) -> (usize, usize) {
         let state = self.state.lock();
@@ -403,6 +486,10 @@ impl ContentIndex {
         state
             .responses
             .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= idle);
+        state.holders.retain(|_, holders| {
+            holders.retain(|h| now_ms.saturating_sub(h.at_ms) <= idle);
+            !holders.is_empty()
+        });
     }
 
     /// The index is full: what was used least recently goes, one-off

@@ -9,7 +9,7 @@ pub mod blocks;
 pub mod index;
 
 pub use blocks::{Block, BlockSink, Member, Source};
-pub use index::{ContentConfig, ContentIndex, How, Recognised};
+pub use index::{ContentConfig, ContentIndex, Holder, How, Recognised, Template};
 
 /// The blocks of a body in pieces, read as the gateway reads it: in its
 /// pieces, else joined (a member cut by a boundary).

@@ -456,3 +456,41 @@ fn entries_are_as_small_as_the_readme_says() {
         "a conversation's entry is {session} bytes"
     );
 }
+
+/// A newcomer of a template is a new conversation that names the template
+/// (its node and its size), so placement can find the engines it was sent
+/// to; the conversations before the prompt counted as a template name none.
+#[test]
+fn a_templates_newcomer_names_the_template_and_where_it_was_sent() {
+    let ix = index(2);
+    let docs = "the tenant's documents ".repeat(2_000); // 46 KB: about 11.5k tokens
+    let ask = |i: u64| chat(&[("system", &docs), ("user", &format!("question {i}"))]);
+    let first = see(&ix, &ask(0), 0);
+    assert_eq!((first.how, first.template), (How::New, None));
+    let second = see(&ix, &ask(1), 1);
+    assert!(matches!(second.how, How::Forked { .. }));
+    assert_eq!(second.template, None, "a fork, not yet a template");
+    let third = see(&ix, &ask(2), 2);
+    assert_eq!(third.how, How::New);
+    let template = third.template.expect("the prompt is a template now");
+    // The system text and its role's few bytes, at four bytes a token.
+    let tokens = docs.len() as u64 / 4;
+    assert!(
+        (tokens..=tokens + 4).contains(&template.tokens),
+        "{template:?}"
+    );
+    // The engines it went to, most recent first; none before any.
+    assert!(ix.holders(template.node).is_empty());
+    ix.hold(template.node, 3, 100, 10);
+    ix.hold(template.node, 1, 200, 20);
+    ix.hold(template.node, 3, 300, 30);
+    let held: Vec<(u32, u64)> = ix
+        .holders(template.node)
+        .iter()
+        .map(|h| (h.peer, h.mark))
+        .collect();
+    assert_eq!(held, vec![(3, 300), (1, 200)]);
+    // Forgotten with the rest of the index once idle.
+    ix.sweep(30 + 31 * MIN);
+    assert!(ix.holders(template.node).is_empty());
+}
