@@ -17,6 +17,7 @@
 mod explain;
 pub mod forks;
 mod pools;
+pub mod prefix;
 mod queue;
 pub mod shared;
 mod snapshot;
@@ -56,6 +57,9 @@ pub struct Demand<'a> {
     pub session: Option<&'a SessionId>,
     /// Context tokens, as estimated before the engine counts them.
     pub tokens: u64,
+    /// A prefix of the request recently sent to some engines (a template
+    /// shared with other conversations), cached there.
+    pub prefix: Option<placement::Prefix>,
     /// The rate-limit switch: with it off, no limit refuses.
     pub limits_on: bool,
     /// The session-priority share of the limit this request may fill (1.0
@@ -102,6 +106,7 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
         label,
         session,
         tokens,
+        prefix,
         limits_on,
         share,
         waited,
@@ -140,7 +145,12 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
         }
     }
     let loads = peer_loads(route, &rule_view(route, pool, &cands, now), now);
-    let incoming = Incoming { tokens, may_wait };
+    let incoming = Incoming {
+        tokens,
+        may_wait,
+        prefix,
+        rand: next_random(),
+    };
     let placement = match apply_mode(route, &loads, session, incoming, now) {
         Admission::NoKvRoom => {
             return Err(Refusal::Full(

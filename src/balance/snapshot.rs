@@ -3,22 +3,13 @@
 //! they are fresh, with the engine's queue corrected for what finished since
 //! the scrape.
 
-use crate::placement::{CapacitySource, EngineLoad, PeerLoad, WHOLE};
+use crate::placement::{CapacitySource, EngineLoad, PeerLoad};
 use crate::registry::{Route, RoutePeer};
-
-/// The context a session is taken to hold while the route knows none.
-const UNKNOWN_SESSION_TOKENS: u64 = 8_192;
 
 /// The load view placement works on, for the peers of `route` at `indices`.
 pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad> {
     let engine_cfg = route.config.engine_metrics.as_ref();
     let bound_of = |id| route.runtime.sessions.live_of(id);
-    // A cold prompt counts as sessions of the route's median size; before
-    // any is known, as sessions of `UNKNOWN_SESSION_TOKENS`.
-    let unit = match route.runtime.sessions.median_live_tokens() {
-        0 => UNKNOWN_SESSION_TOKENS,
-        median => median,
-    };
     indices
         .iter()
         .filter_map(|&i| route.peers.get(i))
@@ -44,7 +35,8 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                 // With a shared session store, the whole cluster's load.
                 in_flight: p.state.in_flight() + p.state.remote_in_flight(),
                 // This replica's own: the others publish their counts only.
-                cold_prefill_milli: p.state.cold_backlog_tokens() * u64::from(WHOLE) / unit,
+                backlog_tokens: p.state.cold_backlog_tokens(),
+                speed: p.state.speed(),
                 max_concurrency: p.config.max_concurrency,
                 engine: fresh,
                 kv_full,

@@ -119,10 +119,11 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
         let sweeper_registry = Arc::clone(registry);
         tokio::spawn(async move {
             // Every second the live counts are recounted (sessions age out
-            // of the live window), each pool's in-flight is sampled for
-            // `/_cluster_avg`, and waiters get a look at the room that
-            // frees; every 30 s expired sessions are swept, and what the
-            // content index no longer needs.
+            // of the live window), each engine's completion rate is taken,
+            // each pool's in-flight is sampled for `/_cluster_avg`, and
+            // waiters get a look at the room that frees; every 30 s expired
+            // sessions are swept, and what the content index no longer
+            // needs.
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
             let mut seconds = 0u64;
@@ -135,6 +136,9 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
                     sweeper_route.runtime.content.sweep(now_ms());
                 }
                 sessions.refresh_live(now_ms());
+                for peer in &sweeper_route.peers {
+                    peer.state.tick_speed(now_ms());
+                }
                 sweeper_route.sample_cluster_avg(now_ms());
                 sweeper_route.runtime.queue.room_may_have_freed();
             }

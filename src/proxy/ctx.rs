@@ -96,6 +96,10 @@ pub struct Attempt {
     pub peer: Option<usize>,
     /// In-flight slot on `peer`; dropped on every exit path.
     pub slot: Option<InFlightGuard>,
+    /// The cold prompts' tokens prefilling on `peer` when the slot was
+    /// taken (kept past the slot, which goes at the stream's end, for the
+    /// engine's speed learned in `logging`).
+    pub backlog_ahead: u64,
     /// Peers tried so far, in order.
     pub tried: Vec<usize>,
     /// Upstream attempts started.

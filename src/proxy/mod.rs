@@ -161,6 +161,7 @@ impl Gateway {
             label,
             session: req.session.as_ref(),
             tokens: request::body::estimated_tokens(&req.body),
+            prefix: crate::balance::prefix::prefix_for(route, req.content.as_ref()),
             limits_on: route.rate_limit(self.registry.gateway().load_rate_limit).0,
             share: turn.map_or(1.0, |t| t.share),
             waited: std::time::Duration::ZERO,
@@ -204,8 +205,10 @@ fn record_placement(
             placed.placement.reason.map_or("none", |r| r.as_str()),
         )
         .inc();
+    crate::balance::prefix::sent(route, ctx.request.content.as_ref(), placed.placement.peer);
     ctx.request.placement = Some(placed.placement);
     ctx.upstream.peer = Some(placed.peer);
+    ctx.upstream.backlog_ahead = placed.slot.backlog_ahead();
     ctx.upstream.slot = Some(placed.slot);
     Ok(())
 }

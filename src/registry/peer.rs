@@ -4,7 +4,9 @@
 //! the health tasks (bans, engine samples); read by `balance`.
 
 use super::room::RoomSignal;
-use crate::placement::{CapacityLearner, CapacitySource, EngineLoad, PeerId};
+use crate::placement::{
+    CapacityLearner, CapacitySource, EngineLoad, EngineSpeed, PeerId, SpeedLearner,
+};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,6 +44,10 @@ pub struct PeerState {
     in_flight_tokens: AtomicU64,
     /// Requests finished (slots released) since the peer was first seen.
     completed: AtomicU64,
+    /// Prompt tokens sent here cold since the peer was first seen: what the
+    /// engine has had to find KV for, evicting its least recently used
+    /// prefixes (how long a prefix sent here stays cached).
+    intake: AtomicU64,
     /// 0 = not banned; else `now_ms()` until which the peer is not ready.
     banned_until_ms: AtomicU64,
     /// Set by a failing probe or a live connect failure, cleared by a passing probe.
@@ -55,6 +61,9 @@ pub struct PeerState {
     /// The capacity learned from the engine's KV-usage gauge, for an engine
     /// that publishes none.
     learner: Mutex<CapacityLearner>,
+    /// How fast the engine has been: its prefill per token, its time per
+    /// output token and its completions per second (`placement::speed`).
+    speed: Mutex<SpeedLearner>,
     /// The route's queue signal, told whenever a slot here is released.
     room: Arc<RoomSignal>,
     /// Requests in flight to this peer through the other gateway replicas,
@@ -92,12 +101,14 @@ impl PeerState {
             cold_backlog_tokens: AtomicU64::new(0),
             in_flight_tokens: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            intake: AtomicU64::new(0),
             banned_until_ms: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             engine: Mutex::new(None),
             kv_capacity_tokens: AtomicU64::new(0),
             published_from: Mutex::new(CapacitySource::Metrics),
             learner: Mutex::default(),
+            speed: Mutex::default(),
             room,
             remote_in_flight: AtomicU32::new(0),
             cluster_sessions: AtomicU32::new(0),
@@ -120,6 +131,11 @@ impl PeerState {
     /// The prompt tokens of cold requests here still before their first token.
     pub fn cold_backlog_tokens(&self) -> u64 {
         self.cold_backlog_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Prompt tokens sent here cold so far (see `intake`).
+    pub fn intake(&self) -> u64 {
+        self.intake.load(Ordering::Relaxed)
     }
 
     /// The other replicas' in-flight to this peer (see `balance/sync.rs`).
@@ -186,6 +202,9 @@ impl PeerState {
             returning_milli: to_u64(local.returning_milli as i64 + others * whole),
             tokens: to_u64(tokens),
             returning_tokens: to_u64(local.returning_tokens as i64 + others_tokens),
+            // The others' sessions at their size today: only this replica
+            // knows how its own will grow.
+            projected_tokens: to_u64(local.projected_tokens as i64 + others_tokens),
         }
     }
 
@@ -275,6 +294,31 @@ impl PeerState {
         }
     }
 
+    /// A stream's first token came `ttft` after it was sent, with
+    /// `new_tokens` of its prompt not cached here and `ahead` tokens of
+    /// cold prompts prefilling here when it was placed.
+    pub fn learn_first_token(&self, new_tokens: u64, ahead: u64, ttft: Duration) {
+        self.speed
+            .lock()
+            .observe_first_token(new_tokens, ahead, ttft);
+    }
+
+    /// A stream decoded `tokens` output tokens in `decode` after its first.
+    pub fn learn_decode(&self, tokens: u64, decode: Duration) {
+        self.speed.lock().observe_decode(tokens, decode);
+    }
+
+    /// About once a second (the route's sweeper): the completion rate.
+    pub fn tick_speed(&self, now_ms: u64) {
+        let completed = self.completed.load(Ordering::Acquire);
+        self.speed.lock().tick(now_ms, completed);
+    }
+
+    /// What has been learned of the engine's speed.
+    pub fn speed(&self) -> EngineSpeed {
+        self.speed.lock().speed()
+    }
+
     pub fn engine_sample(&self) -> Option<EngineSample> {
         *self.engine.lock()
     }
@@ -294,6 +338,7 @@ impl PeerState {
                     tokens: 0,
                     awaiting_first: true,
                     cold_tokens: 0,
+                    ahead: self.cold_backlog_tokens(),
                 }
             })
     }
@@ -313,11 +358,19 @@ pub struct InFlightGuard {
     /// A cold request's prompt tokens, in the peer's `cold_backlog_tokens`
     /// until the first token.
     cold_tokens: u64,
+    /// The cold prompts' tokens that were prefilling on the peer when the
+    /// slot was taken: what the request waited behind.
+    ahead: u64,
 }
 
 impl InFlightGuard {
     pub fn peer(&self) -> &Arc<PeerState> {
         &self.peer
+    }
+
+    /// The cold prompts' tokens prefilling on the peer when the slot was taken.
+    pub fn backlog_ahead(&self) -> u64 {
+        self.ahead
     }
 
     /// The engine sent the request's first token: it no longer holds a
@@ -341,6 +394,7 @@ impl InFlightGuard {
             self.peer
                 .cold_backlog_tokens
                 .fetch_add(tokens, Ordering::AcqRel);
+            self.peer.intake.fetch_add(tokens, Ordering::Relaxed);
         }
     }
 

@@ -145,6 +145,15 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
     };
     if let (Some(ttft), Some(new_tokens)) = (timing.ttft, uncached_prompt(ctx, pipeline)) {
         route.runtime.cold_cost.lock().observe(new_tokens, ttft);
+        if let Some((_, p)) = ctx.peer() {
+            p.state
+                .learn_first_token(new_tokens, ctx.upstream.backlog_ahead, ttft);
+        }
+    }
+    if let (Some((_, p)), Some(decode), Some(tokens)) =
+        (ctx.peer(), timing.decode, timing.completion_tokens)
+    {
+        p.state.learn_decode(tokens, decode);
     }
     let pool = pool_label(route, ctx.request.model.as_deref());
     let peer = ctx.peer_name();

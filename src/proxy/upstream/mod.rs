@@ -28,6 +28,7 @@ pub fn next_peer(ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
             .ok_or_else(|| Error::explain(ErrorType::ConnectNoRoute, "no untried ready peer left"))
             .inspect_err(|_| ctx.upstream.peer = None)?;
         ctx.upstream.peer = Some(peer);
+        ctx.upstream.backlog_ahead = slot.backlog_ahead();
         ctx.upstream.slot = Some(slot);
     }
     let attempt = &mut ctx.upstream;
