@@ -92,7 +92,7 @@ pub(crate) async fn run_mode(
 ) -> Result<ModeResult, String> {
     let cell_started = std::time::Instant::now();
     let mode = cell.name;
-    let label = format!("{}/{mode}", plan.scenario);
+    let label = format!("{}/{mode}", plan.label());
     announce(&label, cell.kind);
     let mut engines = Engines::start(plan).await?;
     let mut gateways = Gateways::start(plan, cell, exe, &engines.addrs).await?;
@@ -120,7 +120,7 @@ fn announce(label: &str, kind: CellKind) {
         match kind {
             CellKind::Reference => "",
             CellKind::Router(_) | CellKind::Peer(_) => " and router",
-            CellKind::Gateway => " and gateway",
+            CellKind::Gateway | CellKind::Compare(_) => " and gateway",
         }
     );
 }
@@ -181,7 +181,7 @@ impl Gateways {
             return Ok(g);
         }
         let mode = cell.name;
-        let tag = format!("{}-{mode}", plan.scenario);
+        let tag = format!("{}-{mode}", plan.label().replace(' ', "-"));
         let dir = g
             .dir
             .insert(TempDir::new(&tag).map_err(|e| format!("cannot create a temp dir: {e}"))?);
@@ -195,8 +195,13 @@ impl Gateways {
                 g.router = Some(RouterProcess::start_with(&command, engine_addrs, &dir.0).await?);
                 return Ok(g);
             }
-            CellKind::Reference | CellKind::Gateway => {}
+            CellKind::Reference | CellKind::Gateway | CellKind::Compare(_) => {}
         }
+        // A `--compare` cell is another build of the gateway, in load_aware.
+        let (exe, mode) = match cell.kind {
+            CellKind::Compare(path) => (path, "load_aware"),
+            _ => (exe, mode),
+        };
         if plan.opts.session_store == "redis" {
             g.redis = Some(gateway::RedisProcess::start(&dir.0).await?);
         }
@@ -408,7 +413,7 @@ async fn drain(ctx: &Ctx, mut tasks: JoinSet<()>, label: &str) -> u64 {
 fn keep_records(ctx: &Ctx, plan: &Plan, mode: &str) -> Result<Vec<Record>, String> {
     let records = std::mem::take(&mut *ctx.records.lock());
     if let Some(path) = &plan.opts.records {
-        write_records(path, plan.scenario.name(), mode, &records)
+        write_records(path, &plan.label(), mode, &records)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(records)

@@ -13,6 +13,8 @@ pub(crate) enum CellKind<'a> {
     Reference,
     /// The gateway, in the mode the cell is named after.
     Gateway,
+    /// Another gateway binary in `load_aware` (`--compare`).
+    Compare(&'a std::path::Path),
     /// `--router-cmd`.
     Router(&'a RouterSpec),
     /// A peer router of `--peers`.
@@ -32,10 +34,16 @@ impl CellKind<'_> {
     pub fn is_router(self) -> bool {
         matches!(self, CellKind::Router(_) | CellKind::Peer(_))
     }
+
+    /// A gateway process sits between client and engines.
+    pub fn is_gateway(self) -> bool {
+        matches!(self, CellKind::Gateway | CellKind::Compare(_))
+    }
 }
 
 /// A scenario's cells in the order they run: `--modes` (or the
-/// `--router-cmd` cell in their place), then the peers found.
+/// `--router-cmd` cell in their place), the `--compare` binaries, then the
+/// peers found.
 pub(crate) fn cells<'a>(opts: &'a Options, peers: &'a [Found]) -> Vec<CellSpec<'a>> {
     let modes = opts.modes.iter().map(|m| CellSpec {
         name: m,
@@ -45,9 +53,13 @@ pub(crate) fn cells<'a>(opts: &'a Options, peers: &'a [Found]) -> Vec<CellSpec<'
             None => CellKind::Gateway,
         },
     });
+    let compared = opts.compare.iter().map(|(label, path)| CellSpec {
+        name: label,
+        kind: CellKind::Compare(path),
+    });
     let peers = peers.iter().map(|f| CellSpec {
         name: f.peer.name,
         kind: CellKind::Peer(f),
     });
-    modes.chain(peers).collect()
+    modes.chain(compared).chain(peers).collect()
 }

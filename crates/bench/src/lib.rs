@@ -40,6 +40,7 @@ mod cell;
 mod cell_spec;
 mod client;
 mod conversation;
+mod family;
 mod gateway;
 mod ids;
 mod options;
@@ -182,20 +183,24 @@ async fn run_cells(opts: &Options, plans: Vec<Plan>) -> Result<Vec<ScenarioResul
     );
     let mut results = Vec::new();
     for plan in plans {
-        eprintln!("\n== scenario {}\n{}\n", plan.scenario, plan.describe());
+        eprintln!("\n== scenario {}\n{}\n", plan.label(), plan.describe());
+        if let Some(d) = plan.draw {
+            eprintln!("engines of family draw {}: {}\n", d.label(), d.flags());
+        }
         let workload = Arc::new(Workload::new(plan.workload.clone()));
         let mut done = Vec::new();
         for cell in &cells {
             let cell_started = std::time::Instant::now();
             match cell::run_mode(&plan, &workload, cell, &exe, &progress).await {
                 Ok(r) => {
-                    eprintln!("{}", report::progress_line(plan.scenario.name(), &r));
+                    eprintln!("{}", report::progress_line(&plan.label(), &r));
                     done.push(r);
                 }
                 Err(e) => {
                     eprintln!(
                         "llm-gateway bench: cell {}/{} failed: {e}",
-                        plan.scenario, cell.name
+                        plan.label(),
+                        cell.name
                     );
                     return Err(1);
                 }
@@ -243,7 +248,7 @@ fn report_and_judge(opts: &Options, results: &[ScenarioResult], elapsed: Duratio
                 s.cells
                     .iter()
                     .filter(move |r| r.peer == peer && r.error_rate() > MAX_ERROR_RATE)
-                    .map(move |r| format!("{}/{}", s.plan.scenario, r.mode))
+                    .map(move |r| format!("{}/{}", s.plan.label(), r.mode))
             })
             .collect()
     };

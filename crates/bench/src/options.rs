@@ -74,6 +74,15 @@ pub struct BenchArgs {
     /// Workload seed [default: 1]
     #[arg(long, value_name = "N", help_heading = "Run shape")]
     pub seed: Option<u64>,
+    /// Workload seeds: every scenario runs once per seed (a comma list;
+    /// replaces --seed)
+    #[arg(
+        long,
+        value_name = "a,b",
+        value_delimiter = ',',
+        help_heading = "Run shape"
+    )]
+    pub seeds: Vec<u64>,
     /// Scenarios to run, in order; repeatable or a comma list [default: uniform]
     #[arg(
         long = "scenario",
@@ -149,6 +158,24 @@ pub struct BenchArgs {
     /// KV capacity [default: 1.75 x sessions x mean context]
     #[arg(long, value_name = "N", value_parser = positive::<usize>, help_heading = "Engines (defaults explained in the output header)")]
     pub kv_tokens: Option<usize>,
+    /// KV capacity as a multiple of an engine's share of the sessions'
+    /// working set (sessions x mean context); instead of --kv-tokens
+    #[arg(long, value_name = "F", value_parser = positive::<f64>, conflicts_with = "kv_tokens", help_heading = "Engines (defaults explained in the output header)")]
+    pub kv_factor: Option<f64>,
+    /// vllm/sglang: step cost per sequence in the batch, in us [default:
+    /// the calibrated preset's, scaled to --decode-ms]
+    #[arg(long, value_name = "US", value_parser = non_negative, help_heading = "Engines (defaults explained in the output header)")]
+    pub per_seq_us: Option<f64>,
+    /// vllm/sglang: step cost per context token attended, in us [default:
+    /// the calibrated preset's, scaled to --decode-ms]
+    #[arg(long, value_name = "US", value_parser = non_negative, help_heading = "Engines (defaults explained in the output header)")]
+    pub per_context_us: Option<f64>,
+    /// Engine e0 runs at 0.4x speed in every scenario (as in slow-engine)
+    #[arg(
+        long,
+        help_heading = "Engines (defaults explained in the output header)"
+    )]
+    pub slow_first: bool,
     /// Engine imitated: vllm, sglang, llamacpp or slots [default: vllm]
     #[arg(
         long,
@@ -211,6 +238,36 @@ pub struct BenchArgs {
     /// [default: router]
     #[arg(long, value_name = "NAME", help_heading = "External router")]
     pub router_label: Option<String>,
+    /// Run every scenario over N engine configurations drawn from
+    /// --family-seed instead of the engine flags: KV 0.5-4x the working
+    /// set, max_num_seqs 32-256, prefill 5k-40k tok/s, decode step 5-15 ms
+    /// + 90-900 us per sequence + the context term x0.5-1.5, capacity
+    /// published or not, e0 slowed or not; each draw is printed as the
+    /// flags that rerun it
+    #[arg(long, value_name = "N", value_parser = positive::<usize>, help_heading = "Engine family")]
+    pub family: Option<usize>,
+    /// Seed of the --family draws [default: 1]
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "family",
+        help_heading = "Engine family"
+    )]
+    pub family_seed: Option<u64>,
+    /// Run only these draws of the family (1-based; a comma list)
+    #[arg(
+        long,
+        value_name = "a,b",
+        value_delimiter = ',',
+        requires = "family",
+        help_heading = "Engine family"
+    )]
+    pub family_only: Vec<usize>,
+    /// Also run another gateway binary in load_aware mode, as a cell named
+    /// LABEL (an earlier build, side by side); repeatable
+    #[arg(long, value_name = "LABEL=PATH", value_parser = parse_compare, help_heading = "Gateway")]
+    pub compare: Vec<(String, PathBuf)>,
+
     /// Also run the peer routers, one cell each after the --modes cells:
     /// all, or a comma list of vllm-sticky, vllm-cache, vllm-hash,
     /// sglang-cache, nginx-hash (see the description at the top)
@@ -239,6 +296,16 @@ pub struct Options {
     pub prefill_interference: f64,
     pub max_running: Option<usize>,
     pub kv_tokens: Option<usize>,
+    pub kv_factor: Option<f64>,
+    pub per_seq_us: Option<f64>,
+    pub per_context_us: Option<f64>,
+    pub slow_first: bool,
+    /// Workload seeds, one run of every scenario each (`seed` is the first).
+    pub seeds: Vec<u64>,
+    /// `--family`: the engine configurations every scenario runs over.
+    pub family: Vec<crate::family::Draw>,
+    /// `--compare`: other gateway binaries, each a load_aware cell.
+    pub compare: Vec<(String, PathBuf)>,
     pub engine_profile: llm_gateway_sim::Profile,
     /// `--hide-kv-capacity`.
     pub hide_kv_capacity: bool,
@@ -282,6 +349,13 @@ impl Default for Options {
             prefill_interference: 0.5,
             max_running: None,
             kv_tokens: None,
+            kv_factor: None,
+            per_seq_us: None,
+            per_context_us: None,
+            slow_first: false,
+            seeds: vec![1],
+            family: Vec::new(),
+            compare: Vec::new(),
             engine_profile: llm_gateway_sim::Profile::Vllm,
             hide_kv_capacity: false,
             time_scale: 1.0,
@@ -318,6 +392,19 @@ fn check_label(label: &str) -> Result<(), String> {
         return Err("--router-label: \"reference\" names the cell without a router".into());
     }
     Ok(())
+}
+
+fn parse_compare(s: &str) -> Result<(String, PathBuf), String> {
+    let (label, path) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected LABEL=PATH"))?;
+    check_label(label)?;
+    if ALL_MODES.contains(&label) {
+        return Err(format!(
+            "{label:?} names a mode; give the cell another name"
+        ));
+    }
+    Ok((label.to_string(), PathBuf::from(path)))
 }
 
 fn parse_range<T: std::str::FromStr + PartialOrd + Copy>(s: &str) -> Result<(T, T), String> {
@@ -363,7 +450,7 @@ impl BenchArgs {
             sessions_per_engine: self.sessions.unwrap_or(d.sessions_per_engine),
             duration: d.duration,
             warmup: self.warmup,
-            seed: self.seed.unwrap_or(d.seed),
+            seed: self.seeds.first().copied().or(self.seed).unwrap_or(d.seed),
             scenarios: if self.scenarios.is_empty() {
                 d.scenarios
             } else {
@@ -392,6 +479,22 @@ impl BenchArgs {
             prefill_interference: self.prefill_interference.unwrap_or(d.prefill_interference),
             max_running: self.max_running,
             kv_tokens: self.kv_tokens,
+            kv_factor: self.kv_factor,
+            per_seq_us: self.per_seq_us,
+            per_context_us: self.per_context_us,
+            slow_first: self.slow_first,
+            seeds: if self.seeds.is_empty() {
+                vec![self.seed.unwrap_or(d.seed)]
+            } else {
+                self.seeds.clone()
+            },
+            family: match self.family {
+                None => Vec::new(),
+                Some(n) => {
+                    crate::family::draws(n, self.family_seed.unwrap_or(1), &self.family_only)?
+                }
+            },
+            compare: self.compare.clone(),
             engine_profile: self.engine_profile.unwrap_or(d.engine_profile),
             hide_kv_capacity: self.hide_kv_capacity,
             time_scale: self.time_scale.unwrap_or(d.time_scale),
@@ -485,6 +588,25 @@ impl BenchArgs {
             if o.needs_gateway() && !g.is_file() {
                 return Err(format!("--gateway {}: no such file", g.display()));
             }
+        }
+        if self.seed.is_some() && !self.seeds.is_empty() {
+            return Err("--seed and --seeds: give one".into());
+        }
+        if !o.compare.is_empty() && o.router.is_some() {
+            return Err("--compare adds gateway cells; --router-cmd runs none".into());
+        }
+        for (label, path) in &o.compare {
+            if !path.is_file() {
+                return Err(format!(
+                    "--compare {label}={}: no such file",
+                    path.display()
+                ));
+            }
+        }
+        if !o.family.is_empty() && (o.kv_tokens.is_some() || o.kv_factor.is_some()) {
+            return Err(
+                "--family draws the engines' KV; leave out --kv-tokens and --kv-factor".into(),
+            );
         }
         Ok(o)
     }

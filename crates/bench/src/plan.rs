@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use crate::family::Draw;
 use crate::ids::SessionIdMode;
 use crate::options::Options;
 use crate::scenario::{self, Failover, OverloadThink, Scenario};
-use crate::workload::{Forks, LongSessions, Shape, WorkloadParams};
+use crate::workload::{Forks, LongSessions, Shape, Tenants, WorkloadParams};
 use llm_gateway_sim::{EngineConfig, Profile, StepCost, DEFAULT_HOST_CACHE_TOKENS};
 
 /// Everything one scenario's cells use, with the defaults that depend on
@@ -26,15 +27,67 @@ pub struct Plan {
     pub failover: Option<Failover>,
     pub overload: Option<OverloadThink>,
     pub warmup: Duration,
+    /// The family draw the engines come from (`--family`).
+    pub draw: Option<Draw>,
 }
 
-/// Each scenario's plan, in the order given; or the first scenario the
-/// options do not fit.
+/// Each scenario's plans, in the order given: one per engine draw of the
+/// family (or the engines the flags describe) and workload seed; or the
+/// first scenario the options do not fit.
 pub fn plans(opts: &Options) -> Result<Vec<Plan>, String> {
-    opts.scenarios
-        .iter()
-        .map(|&s| Plan::for_scenario(opts.clone(), s).map_err(|e| format!("scenario {s}: {e}")))
-        .collect()
+    let draws: Vec<Option<Draw>> = if opts.family.is_empty() {
+        vec![None]
+    } else {
+        opts.family.iter().copied().map(Some).collect()
+    };
+    let mut plans = Vec::new();
+    for &s in &opts.scenarios {
+        for draw in &draws {
+            for &seed in &opts.seeds {
+                let mut o = opts.clone();
+                o.seed = seed;
+                if let Some(d) = draw {
+                    apply(d, &mut o);
+                }
+                let mut plan =
+                    Plan::for_scenario(o, s).map_err(|e| format!("scenario {s}: {e}"))?;
+                plan.draw = *draw;
+                plans.push(plan);
+            }
+        }
+    }
+    Ok(plans)
+}
+
+/// The engine flags a family draw stands for.
+fn apply(d: &Draw, o: &mut Options) {
+    o.kv_tokens = None;
+    o.kv_factor = Some(d.kv_factor);
+    o.max_running = Some(d.max_num_seqs);
+    o.prefill_us = d.prefill_us;
+    o.decode_ms = d.decode_ms;
+    o.per_seq_us = Some(d.per_seq_us);
+    o.per_context_us = Some(d.per_context_us);
+    o.hide_kv_capacity = !d.publish_kv;
+    o.slow_first = d.slow_first;
+}
+
+/// KV over an engine's share of the working set, unless `--kv-tokens` or
+/// `--kv-factor` say otherwise (see `build` for why).
+const KV_OVER_WORKING_SET: f64 = 1.75;
+
+/// An engine's share of what the sessions hold: its sessions (those the
+/// engines are sized for, `--sessions`: `overload` doubles them on the same
+/// fleet) times their mean context; with tenants, its share of their
+/// prefixes and its conversations' own turns.
+fn working_set(w: &WorkloadParams, opts: &Options, spe: usize) -> usize {
+    match w.tenants {
+        Some(t) => {
+            t.count as usize * t.prefix_tokens / opts.engines.max(1)
+                + spe * w.mean_turn_tokens(w.common())
+        }
+        None => opts.sessions_per_engine * w.mean_context(),
+    }
 }
 
 /// vLLM's defaults for the batch profiles.
@@ -63,11 +116,18 @@ impl Plan {
         Ok(p)
     }
 
-    fn build(opts: Options, scenario: Scenario) -> Plan {
+    fn build(mut opts: Options, scenario: Scenario) -> Plan {
+        if scenario == Scenario::SharedPrefix {
+            // The shape of llm-d's prefix benchmark names no session.
+            opts.session_id = SessionIdMode::None;
+        }
         let scale = opts.time_scale;
         let scaled = |v: u64| ((v as f64) * scale).round() as u64;
         let spe = match scenario {
             Scenario::Overload => opts.sessions_per_engine * 2,
+            Scenario::SharedPrefix => {
+                opts.sessions_per_engine * scenario::SHARED_SESSIONS_PER_ENGINE / 8
+            }
             Scenario::Forks => {
                 let (num, den) = scenario::FORK_PARENTS;
                 (opts.sessions_per_engine * num).div_ceil(den).max(1)
@@ -84,7 +144,31 @@ impl Plan {
             max_context: opts.max_context,
             long: None,
             forks: None,
+            pre_age: true,
+            tenants: None,
         };
+        if scenario == Scenario::Outgrow {
+            workload.user_tokens = scenario::OUTGROW_USER;
+            workload.max_tokens = scenario::OUTGROW_MAX_TOKENS;
+            workload.think_ms = (
+                scaled(scenario::OUTGROW_THINK_MS.0),
+                scaled(scenario::OUTGROW_THINK_MS.1),
+            );
+            workload.pre_age = false;
+        }
+        if scenario == Scenario::SharedPrefix {
+            let t = Tenants {
+                count: scenario::SHARED_TENANTS,
+                prefix_tokens: scenario::SHARED_PREFIX_TOKENS,
+                turns: scenario::SHARED_TURNS,
+            };
+            workload.system_tokens = t.prefix_tokens;
+            workload.user_tokens = scenario::SHARED_USER;
+            // A conversation ends on its turns, long before any limit.
+            let turn = workload.user_tokens.1 + workload.max_tokens.1;
+            workload.max_context = t.prefix_tokens + (t.turns.1 as usize + 1) * turn;
+            workload.tenants = Some(t);
+        }
         if scenario == Scenario::Skewed {
             // Many short chats, and one long agent session per engine: a
             // placement that counts sessions can still pile two 120k
@@ -138,8 +222,9 @@ impl Plan {
         });
         let block_tokens = 16;
         let kv = opts.kv_tokens.unwrap_or_else(|| {
-            let share = opts.sessions_per_engine * workload.mean_context();
-            let mut kv = share * 7 / 4;
+            let share = working_set(&workload, &opts, spe);
+            let factor = opts.kv_factor.unwrap_or(KV_OVER_WORKING_SET);
+            let mut kv = (share as f64 * factor) as usize;
             if profile == Profile::Llamacpp {
                 // llama-server refuses a prompt past its slot's context,
                 // so each slot holds the longest conversation, as an
@@ -170,14 +255,23 @@ impl Plan {
             // The calibrated preset's shape at the bench's speeds
             // (crates/sim/CALIBRATION.md); no front-end time: the bench
             // measures the gateway, not a Python server.
-            step_cost: StepCost::scaled_to(decode_ms, prefill_us),
+            step_cost: {
+                let scaled = StepCost::scaled_to(decode_ms, prefill_us);
+                StepCost {
+                    per_seq_us: opts.per_seq_us.unwrap_or(scaled.per_seq_us),
+                    per_context_token_us: opts
+                        .per_context_us
+                        .unwrap_or(scaled.per_context_token_us),
+                    ..scaled
+                }
+            },
             request_overhead_us: 0,
             publish_kv_capacity: !opts.hide_kv_capacity,
             // llama-server's default --cache-ram (llamacpp only).
             host_cache_tokens: DEFAULT_HOST_CACHE_TOKENS,
         };
         let mut engines = vec![engine.clone(); opts.engines];
-        if scenario == Scenario::SlowEngine {
+        if scenario == Scenario::SlowEngine || opts.slow_first {
             engines[0] = scenario::slowed(&engine);
         }
         let overload = (scenario == Scenario::Overload).then(|| {
@@ -203,7 +297,21 @@ impl Plan {
             failover,
             overload,
             warmup,
+            draw: None,
         }
+    }
+
+    /// The scenario, with the family draw and the seed when the run has
+    /// more than one of either: `uniform f3 s2`.
+    pub fn label(&self) -> String {
+        let mut out = self.scenario.name().to_string();
+        if let Some(d) = self.draw {
+            out.push_str(&format!(" {}", d.label()));
+        }
+        if self.opts.seeds.len() > 1 || self.draw.is_some() {
+            out.push_str(&format!(" s{}", self.opts.seed));
+        }
+        out
     }
 
     pub fn slots(&self) -> usize {
@@ -479,6 +587,44 @@ impl Plan {
                         self.opts.sessions_per_engine,
                     )
                 }
+                None => String::new(),
+            },
+            Scenario::Outgrow => format!(
+                "sessions of one shape start together, not pre-aged: user turns of {}-{} \
+                 tokens, max_tokens {}-{}, think {}-{} ms, so each reaches {} tokens in ~{} \
+                 turns and the slots restart together; near the end of a generation {} \
+                 sessions hold ~{} tokens an engine against KV {}",
+                w.user_tokens.0,
+                w.user_tokens.1,
+                w.max_tokens.0,
+                w.max_tokens.1,
+                w.think_ms.0,
+                w.think_ms.1,
+                w.max_context,
+                w.expected_turns(w.common()),
+                self.sessions_per_engine,
+                self.sessions_per_engine * w.max_context,
+                e.kv_capacity_tokens,
+            ),
+            Scenario::SharedPrefix => match w.tenants {
+                Some(t) => format!(
+                    "{} tenants, each with a {}-token prefix of its own ({} tokens of prefixes, \
+                     {} an engine if each tenant had one); conversations of {}-{} turns of \
+                     {}-{}-token questions start with their tenant's prefix; {} at once per \
+                     engine; no session id; KV {}. The reference cell sends tenant k to \
+                     engine k mod {}",
+                    t.count,
+                    t.prefix_tokens,
+                    t.count as usize * t.prefix_tokens,
+                    t.count as usize * t.prefix_tokens / self.opts.engines.max(1),
+                    t.turns.0,
+                    t.turns.1,
+                    w.user_tokens.0,
+                    w.user_tokens.1,
+                    self.sessions_per_engine,
+                    e.kv_capacity_tokens,
+                    self.opts.engines,
+                ),
                 None => String::new(),
             },
         }

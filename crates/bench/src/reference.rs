@@ -3,8 +3,9 @@
 //! session's first turn goes to the engine with the fewest of this client's
 //! requests in flight (ties: the fewest sessions bound there, then the lowest
 //! index), and every later turn to the same engine; a sub-agent (`forks`)
-//! starts on its parent's engine, which holds their shared history. An
-//! engine that refuses a connection is avoided for [`DOWN_FOR`] (about what
+//! starts on its parent's engine, which holds their shared history; a
+//! tenant's conversation (`shared-prefix`) on its tenant's engine, one per
+//! tenant, where the tenant's prefix is cached. An engine that refuses a connection is avoided for [`DOWN_FOR`] (about what
 //! a health check takes to notice), and the session that met the refusal is
 //! placed again.
 
@@ -50,15 +51,23 @@ impl Placer {
         }
     }
 
-    /// Places a session and binds it there. None only without engines.
-    pub fn place(&self, now: Instant) -> Option<usize> {
+    /// Places a session and binds it there: on engine `affinity` modulo
+    /// the engines when given and usable (a tenant's conversations share
+    /// its prefix there), else the least loaded. None only without engines.
+    pub fn place(&self, now: Instant, affinity: Option<usize>) -> Option<usize> {
         let mut s = self.state.lock();
         let usable: Vec<bool> = s
             .down_until
             .iter()
             .map(|d| d.is_none_or(|until| until <= now))
             .collect();
-        let e = choose(&s.in_flight, &s.sessions, &usable)?;
+        let preferred = affinity
+            .map(|k| k % usable.len().max(1))
+            .filter(|&e| usable.get(e).copied().unwrap_or(false));
+        let e = match preferred {
+            Some(e) => e,
+            None => choose(&s.in_flight, &s.sessions, &usable)?,
+        };
         s.sessions[e] += 1;
         Some(e)
     }
@@ -140,25 +149,36 @@ mod tests {
     async fn placement_binds_and_a_refusing_engine_is_avoided_for_a_while() {
         let p = Placer::new(2);
         let now = Instant::now();
-        assert_eq!(p.place(now), Some(0));
+        assert_eq!(p.place(now, None), Some(0));
         // Equal in flight: e1 has fewer sessions.
-        assert_eq!(p.place(now), Some(1));
+        assert_eq!(p.place(now, None), Some(1));
         {
             let _busy = p.start(0);
             assert_eq!(p.counts(), (vec![1, 0], vec![1, 1]));
-            assert_eq!(p.place(now), Some(1));
+            assert_eq!(p.place(now, None), Some(1));
         }
         assert_eq!(p.counts(), (vec![0, 0], vec![1, 2]));
         p.refused(0, now);
         p.unbind(1);
         // e0 is emptier but down.
-        assert_eq!(p.place(now), Some(1));
-        assert_eq!(p.place(now + DOWN_FOR), Some(0));
+        assert_eq!(p.place(now, None), Some(1));
+        assert_eq!(p.place(now + DOWN_FOR, None), Some(0));
         assert_eq!(p.counts(), (vec![0, 0], vec![2, 2]));
         p.unbind(7);
         p.bind(1);
         assert_eq!(p.counts(), (vec![0, 0], vec![2, 3]));
         p.bind(7);
-        assert_eq!(Placer::new(0).place(now), None);
+        assert_eq!(Placer::new(0).place(now, None), None);
+    }
+
+    #[tokio::test]
+    async fn a_tenant_goes_to_its_engine_while_that_is_usable() {
+        let p = Placer::new(4);
+        let now = Instant::now();
+        assert_eq!(p.place(now, Some(6)), Some(2));
+        assert_eq!(p.place(now, Some(6)), Some(2), "however loaded");
+        p.refused(2, now);
+        // Control: down, it is the least loaded instead.
+        assert_eq!(p.place(now, Some(6)), Some(0));
     }
 }

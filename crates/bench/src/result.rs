@@ -247,8 +247,10 @@ pub fn summarize(
     };
     // A router names no session: nothing to recognise, nothing to claim.
     let router = cell.kind.is_router();
-    let recognition =
-        matches!(cell.kind, CellKind::Gateway).then(|| analysis::recognition(records, is_measured));
+    let recognition = cell
+        .kind
+        .is_gateway()
+        .then(|| analysis::recognition(records, is_measured));
     let times: Vec<Duration> = std::iter::successors(Some(warm), |t| Some(*t + BINDINGS_EVERY))
         .take_while(|t| *t < end)
         .collect();

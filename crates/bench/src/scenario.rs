@@ -5,8 +5,11 @@
 //! one thing a placement policy must handle: uneven sessions (`skewed`), an
 //! uneven fleet (`slow-engine`), an engine that leaves and comes back cold
 //! (`failover`), more demand than the engines' KV comfortably holds
-//! (`overload`), and agents that fork sub-agents sharing their history
-//! (`forks`).
+//! (`overload`), agents that fork sub-agents sharing their history
+//! (`forks`), sessions of one size that grow, end and restart together and
+//! outgrow the KV at the end of each generation (`outgrow`), and many
+//! tenants' conversations that share a long prefix per tenant and name no
+//! session (`shared-prefix`, the shape of llm-d's prefix benchmark).
 
 use std::time::Duration;
 
@@ -32,6 +35,16 @@ pub enum Scenario {
     /// them and goes on with their results (3/4 as many parents, so the
     /// sessions live at once are about those of uniform).
     Forks,
+    /// Sessions of one shape (user turns 6k-8k tokens) that start
+    /// together, not pre-aged: they reach the context limit at about the
+    /// same time, end and restart together, and each generation outgrows
+    /// the engines' KV near its end.
+    Outgrow,
+    /// 80 tenants, each with an 8k-token prefix of its own (a system
+    /// prompt with its documents); conversations of one or two turns that
+    /// start with their tenant's prefix; 12 at once per engine; no session
+    /// id. The reference cell places each tenant on one engine.
+    SharedPrefix,
 }
 
 impl Scenario {
@@ -43,6 +56,8 @@ impl Scenario {
             Scenario::Failover => "failover",
             Scenario::Overload => "overload",
             Scenario::Forks => "forks",
+            Scenario::Outgrow => "outgrow",
+            Scenario::SharedPrefix => "shared-prefix",
         }
     }
 
@@ -67,6 +82,22 @@ pub const SKEWED_SHORT_CONTEXT_PAST_SYSTEM: usize = 6_000;
 /// `skewed`: the long agent sessions, one per engine.
 pub const SKEWED_LONG_USER: (usize, usize) = (4_000, 12_000);
 pub const SKEWED_LONG_CONTEXT: usize = 120_000;
+
+/// `outgrow`: big tool outputs, short replies and short pauses, so a
+/// session reaches the 60k limit in eight turns or so (about half a
+/// minute); no pre-aged first sessions.
+pub const OUTGROW_USER: (usize, usize) = (6_000, 8_000);
+pub const OUTGROW_MAX_TOKENS: (usize, usize) = (100, 200);
+pub const OUTGROW_THINK_MS: (u64, u64) = (300, 1_000);
+
+/// `shared-prefix`: tenants, the prefix each one's conversations start
+/// with, turns per conversation, a question's size, conversations at once
+/// per engine.
+pub const SHARED_TENANTS: u32 = 80;
+pub const SHARED_PREFIX_TOKENS: usize = 8_000;
+pub const SHARED_TURNS: (u32, u32) = (1, 2);
+pub const SHARED_USER: (usize, usize) = (200, 800);
+pub const SHARED_SESSIONS_PER_ENGINE: usize = 12;
 
 /// `slow-engine`: e0's speed relative to the others.
 pub const SLOW_SPEED: f64 = 0.4;

@@ -128,6 +128,7 @@ impl Ctx {
         via: IdVia,
         body: &[u8],
         started: Instant,
+        affinity: Option<usize>,
     ) -> Result<(Exchange, bool, Option<usize>), String> {
         // The id goes in a header only with `--session-id header` (the
         // body carries `prompt_cache_key` itself).
@@ -179,7 +180,7 @@ impl Ctx {
                     let e = match route.engine {
                         Some(e) => e,
                         None => {
-                            let e = placer.place(Instant::now()).ok_or("no engines")?;
+                            let e = placer.place(Instant::now(), affinity).ok_or("no engines")?;
                             route.engine = Some(e);
                             e
                         }
@@ -266,6 +267,11 @@ impl Ctx {
         let via = self.id_via(&conv.id);
         let key = (via == IdVia::PromptCacheKey).then_some(conv.id.as_str());
         let body = conv.body(MODEL, max_tokens, key);
+        // The reference cell keeps each tenant's conversations on one engine.
+        let affinity = self
+            .workload
+            .tenant_of(d.slot, conv.generation)
+            .map(|(tenant, _)| tenant as usize);
         let started = Instant::now();
         let mut record = Record {
             slot: d.slot,
@@ -284,7 +290,7 @@ impl Ctx {
         let deadline = (started + REQUEST_TIMEOUT).min(self.hard_end);
         let outcome = timeout_at(
             deadline,
-            self.send(&mut d.route, &conv.id, via, &body, started),
+            self.send(&mut d.route, &conv.id, via, &body, started, affinity),
         )
         .await;
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -385,7 +391,8 @@ async fn run_slot(ctx: &Arc<Ctx>, slot: u32, d: &mut Driver) {
             None => ("user", plan.user),
         };
         let call = format!("call_fork{}", spawns.saturating_sub(1));
-        if conv.next_turn > 0 && !w.room_for(slot, &conv, role, &input) {
+        if conv.next_turn > 0 && (w.finished(slot, &conv) || !w.room_for(slot, &conv, role, &input))
+        {
             ctx.end_session(&mut d.route);
             conv = w.conversation(slot, conv.generation + 1);
             d.next_session();

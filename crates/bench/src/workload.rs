@@ -47,6 +47,23 @@ pub struct WorkloadParams {
     pub long: Option<LongSessions>,
     /// Parents spawn sub-agents (the `forks` scenario); None: never.
     pub forks: Option<Forks>,
+    /// Each slot's first session starts at a random turn (a fleet of
+    /// agents has sessions of every age); off, every session starts empty
+    /// and they grow together (`outgrow`).
+    pub pre_age: bool,
+    /// Conversations start with their tenant's prefix instead of the shared
+    /// system prompt and end after a few turns (`shared-prefix`).
+    pub tenants: Option<Tenants>,
+}
+
+/// `shared-prefix`: tenants, each with a prefix of its own that all its
+/// conversations start with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tenants {
+    pub count: u32,
+    pub prefix_tokens: usize,
+    /// Turns per conversation, inclusive.
+    pub turns: (u32, u32),
 }
 
 /// How parents spawn sub-agents.
@@ -129,9 +146,16 @@ impl WorkloadParams {
     }
 
     /// The average prompt of a live session: sessions are spread evenly over
-    /// their lifetimes, so contexts are spread over system..max_context.
+    /// their lifetimes, so contexts are spread over system..max_context
+    /// (a tenant's conversation: its prefix and half its turns).
     pub fn mean_context_of(&self, shape: Shape) -> usize {
-        (self.system_tokens + shape.max_context) / 2
+        match self.tenants {
+            Some(t) => {
+                let turns = (t.turns.0 + t.turns.1) as usize;
+                t.prefix_tokens + self.mean_turn_tokens(shape) * turns / 4
+            }
+            None => (self.system_tokens + shape.max_context) / 2,
+        }
     }
 
     /// The average prompt of a live session over all slots.
@@ -164,6 +188,8 @@ pub struct TurnPlan {
 pub struct Workload {
     pub params: WorkloadParams,
     system: String,
+    /// `shared-prefix`: each tenant's prefix.
+    tenant_prefixes: Vec<String>,
 }
 
 impl Workload {
@@ -175,7 +201,43 @@ impl Workload {
             .saturating_sub("system".len())
             .max(header.len() + 1);
         let system = text(&mut rng, bytes, header);
-        Workload { params, system }
+        let tenant_prefixes = params.tenants.map_or_else(Vec::new, |t| {
+            (0..t.count)
+                .map(|tenant| {
+                    let mut rng = Rng::derive(params.seed, &[8, u64::from(tenant)]);
+                    let header = format!(
+                        "You answer questions for tenant {tenant} from the documents below,                          which are theirs alone."
+                    );
+                    let bytes = (t.prefix_tokens * BYTES_PER_TOKEN).saturating_sub("system".len());
+                    text(&mut rng, bytes.max(header.len() + 1), &header)
+                })
+                .collect()
+        });
+        Workload {
+            params,
+            system,
+            tenant_prefixes,
+        }
+    }
+
+    /// `shared-prefix`: the tenant of session (slot, generation), and how
+    /// many turns it runs.
+    pub fn tenant_of(&self, slot: u32, generation: u32) -> Option<(u32, u32)> {
+        let t = self.params.tenants?;
+        let mut rng = Rng::derive(
+            self.params.seed,
+            &[9, u64::from(slot), u64::from(generation)],
+        );
+        let tenant = rng.range(0, u64::from(t.count.max(1)) - 1) as u32;
+        let turns = rng.range(u64::from(t.turns.0), u64::from(t.turns.1)) as u32;
+        Some((tenant, turns.max(1)))
+    }
+
+    /// Whether session (slot, `c`) has run all its turns (a tenant's
+    /// conversation runs a set number; the others end on their context).
+    pub fn finished(&self, slot: u32, c: &Conversation) -> bool {
+        self.tenant_of(slot, c.generation)
+            .is_some_and(|(_, turns)| c.next_turn >= turns)
     }
 
     #[cfg(test)]
@@ -333,10 +395,13 @@ impl Workload {
         ) as u32
     }
 
-    /// A new session in `slot`: the system prompt only.
+    /// A new session in `slot`: the system prompt (its tenant's prefix) only.
     pub fn conversation(&self, slot: u32, generation: u32) -> Conversation {
         let mut c = Conversation::new(self.session_id(slot, generation), generation);
-        c.push("system", self.system.clone());
+        let prefix = self
+            .tenant_of(slot, generation)
+            .and_then(|(tenant, _)| self.tenant_prefixes.get(tenant as usize));
+        c.push("system", prefix.unwrap_or(&self.system).clone());
         c
     }
 
@@ -344,6 +409,9 @@ impl Workload {
     /// history (fewer if the context would not leave room for another turn).
     pub fn initial_conversation(&self, slot: u32) -> Conversation {
         let mut c = self.conversation(slot, 0);
+        if !self.params.pre_age || self.params.tenants.is_some() {
+            return c;
+        }
         for k in 0..self.initial_age(slot) {
             let plan = self.turn(slot, 0, k);
             c.push("user", plan.user);
@@ -382,6 +450,8 @@ mod tests {
             max_context: 60_000,
             long: None,
             forks: None,
+            pre_age: true,
+            tenants: None,
         }
     }
 

@@ -161,13 +161,15 @@ pub(super) fn parameters_json(plan: &Plan) -> Value {
     })
 }
 
-pub fn json(scenarios: &[ScenarioResult], elapsed: Duration) -> Value {
-    let scenarios: Vec<Value> = scenarios
+pub fn json(results: &[ScenarioResult], elapsed: Duration) -> Value {
+    let scenarios: Vec<Value> = results
         .iter()
         .map(|s| {
             let best = best_peer(&s.cells, s.plan.scenario.errors_expected()).map(|i| &s.cells[i]);
             json!({
                 "scenario": s.plan.scenario.name(),
+                "run": s.plan.label(),
+                "engines_flags": s.plan.draw.map(|d| d.flags()),
                 "parameters": parameters_json(&s.plan),
                 "modes": s.cells.iter().map(|c| cell_json(c, best)).collect::<Vec<_>>(),
                 "best_peer": best.map(|b| b.mode.as_str()),
@@ -185,5 +187,6 @@ pub fn json(scenarios: &[ScenarioResult], elapsed: Duration) -> Value {
     json!({
         "elapsed_s": elapsed.as_secs_f64(),
         "scenarios": scenarios,
+        "over_runs": super::family::json(results),
     })
 }

@@ -168,11 +168,15 @@ pub fn markdown(scenarios: &[ScenarioResult], elapsed: Duration) -> String {
         cells
     ));
     for s in scenarios {
-        out.push_str(&format!("\n### Scenario {}\n\n", s.plan.scenario));
+        out.push_str(&format!("\n### Scenario {}\n\n", s.plan.label()));
+        if let Some(d) = s.plan.draw {
+            out.push_str(&format!("Engines: `{}`\n\n", d.flags()));
+        }
         out.push_str(&peers_markdown(s));
         out.push_str(&scenario_markdown(&s.plan, &s.cells));
         out.push_str(&best_peer_markdown(&s.plan, &s.cells));
     }
+    out.push_str(&super::family::markdown(scenarios));
     out.push_str(
         "\nColumns: requests started in the measured window (after warm-up); errors = every \
          response the client saw fail (any non-2xx status, 429 included, a transport error, a \

@@ -1,6 +1,7 @@
 //! The results printed: a markdown table per scenario (`markdown.rs`) or
 //! JSON (`json.rs`).
 
+pub mod family;
 mod json;
 mod markdown;
 
