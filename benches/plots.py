@@ -466,7 +466,8 @@ PLOTS = [
         ],
     },
     # BENCHMARKS.md, "Placement (issues 8 and 3)": the table "The minute after
-    # the table has learned" (65389a9).
+    # the table has learned" (65389a9), in the section's full record,
+    # docs/bench/history/BENCHMARKS-to-stop-39.md.
     {
         "file": "placement-learned.svg",
         "title": "Placement: TTFT p99 in the minute after the table has learned",
@@ -496,7 +497,8 @@ PLOTS = [
         ],
     },
     # BENCHMARKS.md, "Restructure and hostile-input fixes (issue 7)": its
-    # memory table and the mimalloc / glibc figures under it.
+    # memory table, and the mimalloc / glibc figures under it in the section's
+    # full record, docs/bench/history/BENCHMARKS-to-stop-39.md.
     {
         "file": "body-memory.svg",
         "title": "Hostile body: memory a 10 MB body of five million numbers adds",
@@ -518,7 +520,9 @@ PLOTS = [
         ],
     },
     # BENCHMARKS.md, "Sessions without an id (issue 30)": the medians over
-    # seeds 1-3 of its first table (before: content off, f13621e / 78ace31).
+    # seeds 1-3 of its first table (before: content off, f13621e / 78ace31);
+    # the page shows seed 1, the section's full record
+    # (docs/bench/history/BENCHMARKS-to-stop-39.md) all three.
     {
         "file": "anonymous-sessions.svg",
         "title": "Sessions without an id: recognised by content, against a session header",

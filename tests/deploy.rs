@@ -788,21 +788,20 @@ fn k8s_rbac_grants_the_gateway_exactly_the_slices_its_route_watches() {
     assert!(!mutated(&|_, b| b["subjects"][0]["name"] = "default".into()).is_empty());
     assert!(!mutated(&|r, _| r["metadata"]["name"] = "other".into()).is_empty());
 
-    // The README's commands name the same namespace.
-    let readme = read("README.md");
-    let section = readme
-        .split("### Kubernetes")
-        .nth(1)
-        .and_then(|s| s.split("\n### ").next())
-        .expect("README has a Kubernetes section");
-    let named: BTreeSet<&str> = section
+    // The book's Kubernetes page names the same namespace in its commands.
+    let page = read("docs/src/deployment/kubernetes.md");
+    let named: BTreeSet<&str> = page
         .split_whitespace()
         .collect::<Vec<_>>()
         .windows(2)
         .filter(|w| w[0] == "-n")
         .map(|w| w[1])
         .collect();
-    assert_eq!(named, BTreeSet::from([ns]), "kubectl -n in the README");
+    assert_eq!(
+        named,
+        BTreeSet::from([ns]),
+        "kubectl -n in docs/src/deployment/kubernetes.md"
+    );
 
     // No token where nothing calls the API server.
     let redis = docs("deploy/k8s/overlays/replicas-redis/redis.yaml");

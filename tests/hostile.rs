@@ -530,7 +530,7 @@ fn exchange(gw: &Gateway, bytes: &[u8]) -> String {
 
 /// What Pingora 0.9.1 answers for a head its parser refuses, before any
 /// hook of the gateway runs: a bare 400 (no JSON body is possible, see the
-/// README's "Hostile input"), and the connection closes.
+/// book's docs/src/security/hostile-input.md), and the connection closes.
 fn assert_pingora_400(answer: &str, what: &str) {
     assert!(answer.starts_with("HTTP/1.1 400 "), "{what}: {answer:?}");
     let head = answer

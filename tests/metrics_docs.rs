@@ -1,9 +1,9 @@
 //! The metrics as documented and as graphed cannot drift
 //! from the code. A gateway is driven through every path that feeds a
 //! metric family (streams, a queued 429, API keys, a reject rule, a body-log
-//! frame); its `/metrics` is then the reference for the README's metric
-//! table (names, types, labels) and for every expression of the Grafana
-//! dashboard in `deploy/grafana/`.
+//! frame); its `/metrics` is then the reference for the book's metric
+//! table (docs/src/operations/metrics.md: names, types, labels) and for
+//! every expression of the Grafana dashboard in `deploy/grafana/`.
 
 mod common;
 
@@ -228,14 +228,17 @@ fn exercised() -> Exercised {
     }
 }
 
-/// The README's metric table: name → (type, labels).
-fn readme_metrics() -> BTreeMap<String, (String, BTreeSet<String>)> {
-    let readme = read("README.md");
-    let table = readme
+/// The page that documents every metric.
+const METRICS_PAGE: &str = "docs/src/operations/metrics.md";
+
+/// The book's metric table: name → (type, labels).
+fn documented_metrics() -> BTreeMap<String, (String, BTreeSet<String>)> {
+    let page = read(METRICS_PAGE);
+    let table = page
         .split_once("<!-- metrics:begin -->")
         .and_then(|(_, rest)| rest.split_once("<!-- metrics:end -->"))
         .map(|(table, _)| table)
-        .expect("README.md has the metrics table between its markers");
+        .unwrap_or_else(|| panic!("{METRICS_PAGE} has the metrics table between its markers"));
     table
         .lines()
         .filter_map(|line| {
@@ -254,7 +257,7 @@ fn readme_metrics() -> BTreeMap<String, (String, BTreeSet<String>)> {
 }
 
 #[test]
-fn every_registered_metric_is_in_the_readme_with_its_type_and_labels() {
+fn every_registered_metric_is_in_the_book_with_its_type_and_labels() {
     let registered: BTreeSet<String> = metric_names(&read("src/metrics.rs"))
         .into_iter()
         .filter(|n| n != "llm_gateway_")
@@ -271,16 +274,16 @@ fn every_registered_metric_is_in_the_readme_with_its_type_and_labels() {
         live_names, registered,
         "families in /metrics vs src/metrics.rs"
     );
-    let documented = readme_metrics();
+    let documented = documented_metrics();
     let documented_names: BTreeSet<String> = documented.keys().cloned().collect();
     assert_eq!(
         documented_names, registered,
-        "README metric table vs src/metrics.rs"
+        "the book's metric table vs src/metrics.rs"
     );
     for (name, (kind, labels)) in &live.families {
         let (doc_kind, doc_labels) = &documented[name];
-        assert_eq!(doc_kind, kind, "{name}: the README's type");
-        assert_eq!(doc_labels, labels, "{name}: the README's labels");
+        assert_eq!(doc_kind, kind, "{name}: the book's type");
+        assert_eq!(doc_labels, labels, "{name}: the book's labels");
     }
 }
 

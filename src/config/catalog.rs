@@ -1,7 +1,7 @@
 //! The catalog of every route option: key, label, group, kind, default and
 //! description, and the value a loaded route runs with. `/_route_opts`
-//! serves it; the README's option table is generated from it (and a test
-//! fails when either drifts); another test fails when a literal default
+//! serves it; the book's option reference (docs/src/configuration/route-options.md)
+//! is generated from it (and a test fails when either drifts); another test fails when a literal default
 //! here is not what the parser applies. Engine internals (windows, EWMA and
 //! probe allowances, the fine print of session priority) are `hidden`:
 //! still settable, served under `advanced` rather than offered first.
@@ -367,8 +367,11 @@ pub fn option_json(o: &RouteOption, values: &Value, set: &[String]) -> Value {
     v
 }
 
-/// The README's table of route options, generated from the catalog.
+/// The book's table of route options, generated from the catalog. `<` is
+/// written as `&lt;`: Markdown takes `<hash>` in a cell for an HTML tag and
+/// shows nothing.
 pub fn markdown_table() -> String {
+    let cell = |text: &str| text.replace('|', "\\|").replace('<', "&lt;");
     let mut out = String::from("| option | default | group | meaning |\n|---|---|---|---|\n");
     for o in ROUTE_OPTIONS {
         let default = match o.default {
@@ -379,9 +382,9 @@ pub fn markdown_table() -> String {
         out.push_str(&format!(
             "| `{}` | {} | {}{advanced} | {} |\n",
             o.key,
-            default.replace('|', "\\|"),
+            cell(&default),
             o.group,
-            o.description.replace('|', "\\|"),
+            cell(o.description),
         ));
     }
     out
@@ -395,6 +398,28 @@ mod tests {
     use std::path::Path;
 
     const MINIMAL: &str = "peers:\n  - {name: a, host: 127.0.0.1, port: 8001}\n";
+
+    const ROUTE_OPTIONS_BEGIN: &str = "<!-- route-options:begin -->\n";
+    const ROUTE_OPTIONS_END: &str = "<!-- route-options:end -->";
+
+    /// The page with `table` between its route-options markers: `None` when it
+    /// already has it, else the page as it should be; an error without markers.
+    fn table_between_markers(page: &str, table: &str) -> Result<Option<String>, &'static str> {
+        let start = page
+            .find(ROUTE_OPTIONS_BEGIN)
+            .ok_or("no <!-- route-options:begin --> marker")?
+            + ROUTE_OPTIONS_BEGIN.len();
+        let stop = page
+            .find(ROUTE_OPTIONS_END)
+            .ok_or("no <!-- route-options:end --> marker")?;
+        if stop < start {
+            return Err("the end marker comes before the begin marker");
+        }
+        if &page[start..stop] == table {
+            return Ok(None);
+        }
+        Ok(Some(format!("{}{table}{}", &page[..start], &page[stop..])))
+    }
 
     fn parse(text: &str) -> RouteConfig {
         let gw = GatewayConfig::parse(Path::new("gateway.yaml"), "", &Overrides::default())
@@ -507,23 +532,36 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_option_table_is_the_catalogs() {
-        let readme_path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-        let readme = std::fs::read_to_string(readme_path).expect("README.md");
-        let (begin, end) = (
-            "<!-- route-options:begin -->\n",
-            "<!-- route-options:end -->",
+    fn the_route_options_page_is_the_catalogs() {
+        let page_path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/src/configuration/route-options.md"
         );
-        let start = readme.find(begin).expect("the begin marker") + begin.len();
-        let stop = readme.find(end).expect("the end marker");
+        let page = std::fs::read_to_string(page_path).expect("the route options page");
         let table = markdown_table();
-        if readme[start..stop] != table {
-            if std::env::var_os("UPDATE_README").is_some() {
-                let updated = format!("{}{table}{}", &readme[..start], &readme[stop..]);
-                std::fs::write(readme_path, updated).expect("write README.md");
-                return;
+        match table_between_markers(&page, &table) {
+            Ok(None) => {}
+            Ok(Some(updated)) if std::env::var_os("UPDATE_DOCS").is_some() => {
+                std::fs::write(page_path, updated).expect("write the route options page");
             }
-            panic!("README's route option table differs from the catalog; run UPDATE_README=1 cargo test --lib the_readme_option_table");
+            Ok(Some(_)) => panic!(
+                "docs/src/configuration/route-options.md differs from the catalog; \
+                 run UPDATE_DOCS=1 cargo test --lib route_options_page"
+            ),
+            Err(e) => panic!("docs/src/configuration/route-options.md: {e}"),
         }
+    }
+
+    /// The control: the page with one cell changed, or without its markers,
+    /// is not taken for the catalog's.
+    #[test]
+    fn a_route_options_page_that_drifted_is_caught() {
+        let table = markdown_table();
+        let page = format!("# Options\n\n{ROUTE_OPTIONS_BEGIN}{table}{ROUTE_OPTIONS_END}\n");
+        assert_eq!(table_between_markers(&page, &table), Ok(None));
+        let drifted = page.replacen("`30m`", "`31m`", 1);
+        assert_ne!(drifted, page, "the fixture has the default it changes");
+        assert!(table_between_markers(&table, &table).is_err());
+        assert_eq!(table_between_markers(&drifted, &table), Ok(Some(page)));
     }
 }
