@@ -13,7 +13,8 @@ use criterion::{criterion_group, BatchSize, Criterion};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use llm_gateway::hash::stable_hash64;
 use llm_gateway::placement::{
-    hash_place, least_conn, EngineLoad, PeerLoad, PlacementKind, SessionTable, TableConfig,
+    hash_place, least_conn, Bound, EngineLoad, EngineSpeed, Incoming, PeerLoad, PlacementKind,
+    Prefix, SessionTable, TableConfig,
 };
 use llm_gateway::request_view::RequestView;
 use llm_gateway::session::extract_session;
@@ -190,6 +191,83 @@ fn placement(c: &mut Criterion) {
         })
     });
     stateless.finish();
+
+    model(c);
+}
+
+/// 64 engines the model knows everything of: learned speeds and
+/// completion rates, published KV, live sessions, a queue on some. The
+/// decision the issue bounds (20 us at 64 engines): a new session, a
+/// template's newcomer, and a warm turn weighing its home against the rest.
+fn model(c: &mut Criterion) {
+    let engines: Vec<PeerLoad> = (1..=64u32)
+        .map(|id| PeerLoad {
+            in_flight: 4 + id % 5,
+            backlog_tokens: u64::from(id % 3) * 8_000,
+            speed: EngineSpeed {
+                prefill_us: Some(40.0 + (id % 7) as f32),
+                tpot_us: Some(20_000.0),
+                completions_per_s: Some(8.0),
+            },
+            engine: Some(EngineLoad {
+                running: 20 + id % 9,
+                waiting: id % 4,
+                kv_usage: 0.6,
+            }),
+            bound: Bound {
+                projected_tokens: 8 * 58_000,
+                ..Bound::whole(8, 240_000 + u64::from(id) * 1_000)
+            },
+            kv_capacity_tokens: Some(434_000),
+            ..PeerLoad::idle(id, 256)
+        })
+        .collect();
+    let mut group = c.benchmark_group("model_64_engines");
+    let table = SessionTable::new(TableConfig::default());
+    let mut n = 0u64;
+    group.bench_function("new_session", |b| {
+        b.iter(|| {
+            n += 1;
+            let incoming = Incoming {
+                tokens: 8_000,
+                rand: n,
+                ..Incoming::default()
+            };
+            black_box(table.place_session(sid(n), incoming, &engines, T0))
+        })
+    });
+    let prefix = Prefix::new(8_000, [3, 17, 42]);
+    group.bench_function("template_newcomer", |b| {
+        b.iter(|| {
+            n += 1;
+            let incoming = Incoming {
+                tokens: 8_500,
+                prefix: Some(prefix),
+                rand: n,
+                ..Incoming::default()
+            };
+            black_box(table.place_session(sid(n), incoming, &engines, T0))
+        })
+    });
+    // Warm sessions whose home the model weighs against every other
+    // engine (the cooldown long past).
+    let warm: Vec<u64> = (0..1_000u64).map(|k| sid(1 << 50 | k)).collect();
+    for &s in &warm {
+        table.place(s, &engines, T0);
+    }
+    let mut k = 0usize;
+    group.bench_function("warm_turn_stay_or_move", |b| {
+        b.iter(|| {
+            k = (k + 1) % warm.len();
+            let incoming = Incoming {
+                tokens: 30_000,
+                rand: k as u64,
+                ..Incoming::default()
+            };
+            black_box(table.place_session(warm[k], incoming, &engines, T0 + 120_000))
+        })
+    });
+    group.finish();
 }
 
 fn extraction(c: &mut Criterion) {

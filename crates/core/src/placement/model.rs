@@ -24,9 +24,10 @@
 //! own first tokens ([`super::speed`]), or a wait, so one unit (time)
 //! decides stickiness, moves and where a new session or a template's
 //! newcomer goes. Near-equal engines (within an eighth of the session's
-//! expected cold prefill) are told apart by what they will hold relative
-//! to their KV, not by a hash: sessions that start together and grow
-//! together then spread evenly instead of by lottery.
+//! expected cold prefill; between engines that cache as much of it, within
+//! the largest backlog among them) are told apart by what they will hold
+//! relative to their KV, not by a hash: sessions that start together and
+//! grow together then spread evenly instead of by lottery.
 //!
 //! Pure: the caller hands in the peers as they are now.
 
@@ -286,7 +287,24 @@ pub fn choose<'a>(
         .map(|(_, e)| e.total_ms())
         .fold(f32::INFINITY, f32::min);
     let us = route.prefill_us.unwrap_or(PRIOR_PREFILL_US);
-    let near = fastest + tolerance_ms(ask, route, us);
+    // Between engines that hold as much of the request (none of it, for a
+    // new session), the cold prompts ahead pass within seconds while a
+    // binding lasts the session's life: their backlogs, which leave an
+    // engine a whole prompt at a time, are no reason to pick one, and what
+    // the engines will hold decides. Against an engine holding more of it
+    // (a template's holder) the backlog counts in full: the prefill it
+    // saves is worth a wait no longer than that.
+    let least_cached = options
+        .iter()
+        .map(|(_, e)| e.cached_tokens)
+        .min()
+        .unwrap_or(0);
+    let passing = options
+        .iter()
+        .filter(|(_, e)| e.cached_tokens == least_cached)
+        .map(|(_, e)| e.backlog_ms)
+        .fold(0.0, f32::max);
+    let near = fastest + tolerance_ms(ask, route, us).max(passing);
     // Relative to each engine's KV where every one's is known: a larger
     // engine takes more.
     let by_share = options.iter().all(|(_, e)| e.hold_permille.is_some());

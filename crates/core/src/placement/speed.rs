@@ -11,7 +11,6 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::capacity::median_of_recent;
 use super::cold_cost::MIN_NEW_TOKENS;
 
 /// Samples kept per series: the last few dozen turns, so a change of
@@ -25,8 +24,11 @@ const MIN_DECODED: u64 = 8;
 /// The completion rate's time constant: a rate follows a change of load
 /// within a few seconds and is not moved by one burst.
 const RATE_TAU_MS: f64 = 5_000.0;
-/// The rate is reported once this much time has been watched.
+/// The rate is reported once this much time has been watched and this many
+/// requests finished in it: before the first answers of a burst of long
+/// turns come back, no completion says the engine is slow, not stuck.
 const RATE_WARMUP_MS: u64 = 3_000;
+const RATE_WARMUP_COMPLETIONS: u64 = 4;
 
 /// What placement knows of one engine's speed at this instant; `None`
 /// where nothing has been learned yet.
@@ -42,23 +44,41 @@ pub struct EngineSpeed {
     pub completions_per_s: Option<f32>,
 }
 
-/// Learns one engine's [`EngineSpeed`].
+/// Learns one engine's [`EngineSpeed`]. Placement reads it for every
+/// engine on every request, so the medians are taken when a sample
+/// arrives, not when they are read.
 #[derive(Debug, Default, Clone)]
 pub struct SpeedLearner {
     prefill_us: VecDeque<u64>,
     tpot_us: VecDeque<u64>,
+    /// The medians of the two windows, as of their last sample.
+    prefill_median: Option<f32>,
+    tpot_median: Option<f32>,
     /// Completions per second, smoothed; with the clock and count it was
     /// last updated at, and since when it has been watched.
     rate: f64,
     last: Option<(u64, u64)>,
-    watched_since_ms: Option<u64>,
+    /// When watching began, and the count then.
+    watched_since: Option<(u64, u64)>,
 }
 
-fn push(window: &mut VecDeque<u64>, sample: u64) {
+/// Adds `sample` to `window` and returns the window's median once it holds
+/// enough samples; sorted in a buffer on the stack.
+fn push(window: &mut VecDeque<u64>, sample: u64) -> Option<f32> {
     if window.len() == WINDOW {
         window.pop_front();
     }
     window.push_back(sample);
+    if window.len() < MIN_SAMPLES {
+        return None;
+    }
+    let mut sorted = [0u64; WINDOW];
+    for (slot, v) in sorted.iter_mut().zip(window.iter()) {
+        *slot = *v;
+    }
+    let sorted = &mut sorted[..window.len()];
+    sorted.sort_unstable();
+    Some(sorted[sorted.len() / 2] as f32)
 }
 
 impl SpeedLearner {
@@ -73,7 +93,7 @@ impl SpeedLearner {
         }
         let work = new_tokens.saturating_add(ahead / 2);
         let us = u64::try_from(ttft.as_micros()).unwrap_or(u64::MAX) / work.max(1);
-        push(&mut self.prefill_us, us);
+        self.prefill_median = push(&mut self.prefill_us, us);
     }
 
     /// A stream decoded `tokens` output tokens in `decode` after its first.
@@ -82,13 +102,14 @@ impl SpeedLearner {
             return;
         }
         let us = u64::try_from(decode.as_micros()).unwrap_or(u64::MAX) / (tokens - 1);
-        push(&mut self.tpot_us, us);
+        self.tpot_median = push(&mut self.tpot_us, us);
     }
 
     /// The engine had finished `completed` requests in all at `now_ms`
     /// (called about once a second).
     pub fn tick(&mut self, now_ms: u64, completed: u64) {
-        self.watched_since_ms.get_or_insert(now_ms);
+        let was_warm = self.warm();
+        let (since, first) = *self.watched_since.get_or_insert((now_ms, completed));
         if let Some((at, count)) = self.last {
             let dt = now_ms.saturating_sub(at);
             if dt == 0 {
@@ -99,16 +120,30 @@ impl SpeedLearner {
             self.rate += alpha * (now_rate - self.rate);
         }
         self.last = Some((now_ms, completed));
+        if !was_warm && self.warm() {
+            // The smoothing started from nothing: it begins at the mean
+            // rate over the warm-up instead.
+            let watched = now_ms.saturating_sub(since).max(1) as f64;
+            self.rate = completed.saturating_sub(first) as f64 * 1_000.0 / watched;
+        }
+    }
+
+    /// Watched long enough, and long enough for answers to come back.
+    fn warm(&self) -> bool {
+        match (self.watched_since, self.last) {
+            (Some((since, first)), Some((at, count))) => {
+                at.saturating_sub(since) >= RATE_WARMUP_MS
+                    && count.saturating_sub(first) >= RATE_WARMUP_COMPLETIONS
+            }
+            _ => false,
+        }
     }
 
     pub fn speed(&self) -> EngineSpeed {
-        let watched = match (self.watched_since_ms, self.last) {
-            (Some(since), Some((at, _))) => at.saturating_sub(since) >= RATE_WARMUP_MS,
-            _ => false,
-        };
+        let watched = self.warm();
         EngineSpeed {
-            prefill_us: median_of_recent(&self.prefill_us, MIN_SAMPLES).map(|us| us as f32),
-            tpot_us: median_of_recent(&self.tpot_us, MIN_SAMPLES).map(|us| us as f32),
+            prefill_us: self.prefill_median,
+            tpot_us: self.tpot_median,
             completions_per_s: watched.then_some(self.rate as f32),
         }
     }
@@ -177,18 +212,23 @@ mod tests {
         let mut done = 0;
         l.tick(0, done);
         assert_eq!(l.speed().completions_per_s, None);
+        // Long first turns: nothing finished for five seconds is no rate.
+        for s in 1..=5 {
+            l.tick(s * 1_000, done);
+        }
+        assert_eq!(l.speed().completions_per_s, None, "no answer back yet");
         // Ten completions a second for a minute.
-        for s in 1..=60 {
+        for s in 6..=65 {
             done += 10;
             l.tick(s * 1_000, done);
         }
         let rate = l.speed().completions_per_s.expect("watched long enough");
         assert!((rate - 10.0).abs() < 0.1, "{rate}");
         // The engine stalls: the rate falls within seconds, not at once.
-        l.tick(61_000, done);
+        l.tick(66_000, done);
         let after_one = l.speed().completions_per_s.expect("rate");
         assert!(after_one > 7.0 && after_one < 9.5, "{after_one}");
-        for s in 62..=80 {
+        for s in 67..=85 {
             l.tick(s * 1_000, done);
         }
         assert!(l.speed().completions_per_s.expect("rate") < 0.5);

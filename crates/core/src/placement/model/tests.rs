@@ -77,24 +77,20 @@ fn a_young_session_is_placed_by_what_its_engine_will_hold() {
 }
 
 #[test]
-fn what_a_binding_would_evict_outweighs_a_passing_backlog() {
+fn what_a_binding_would_evict_outweighs_a_faster_prefill() {
     // 400k of KV, 90 % admitted: engine 1's six sessions will hold 348k,
-    // and one more 58k session pushes 46k past the line; engine 2's five
-    // will hold 290k, but 60k tokens of cold prompts are still prefilling
-    // there, half done on average: 1.5 s, well past the tolerance (362
-    // ms), yet less than the 2.3 s of prefill that 46k evicted costs.
-    let fullish = with_kv(holding(engine(1), 6, 200_000, 6 * 58_000), 400_000);
-    let busy = PeerLoad {
-        backlog_tokens: 60_000,
-        ..with_kv(holding(engine(2), 5, 150_000, 5 * 58_000), 400_000)
-    };
-    let peers = [timed(fullish, 50.0), timed(busy, 50.0)];
-    let ask = new_session(4_000);
+    // and one more 58k session pushes 46k past the line; engine 1 also
+    // prefills at twice engine 2's speed (a 16k prompt: 400 ms against
+    // 800 ms), but 46k evicted costs 1.15 s of prefill there.
+    let fast = with_kv(holding(engine(1), 6, 200_000, 6 * 58_000), 400_000);
+    let slower = with_kv(holding(engine(2), 5, 150_000, 5 * 58_000), 400_000);
+    let peers = [timed(fast, 25.0), timed(slower, 50.0)];
+    let ask = new_session(16_000);
     let (_, e1) = choose(&peers, &ask, &route(58_000), 0, |p| p.id == 1).expect("engine 1");
     assert_eq!(e1.evicts_tokens, 46_000);
     assert_eq!(chosen(&peers, &ask, &route(58_000)), Some(2));
     // Control: with capacity unknown nothing is evicted anywhere, and the
-    // backlog decides.
+    // faster prefill decides.
     let blind = |p: PeerLoad| PeerLoad {
         kv_capacity_tokens: None,
         ..p
@@ -103,6 +99,29 @@ fn what_a_binding_would_evict_outweighs_a_passing_backlog() {
     let (_, e1) = choose(&peers, &ask, &route(58_000), 0, |p| p.id == 1).expect("engine 1");
     assert_eq!(e1.evicts_tokens, 0);
     assert_eq!(chosen(&peers, &ask, &route(58_000)), Some(1));
+}
+
+#[test]
+fn between_engines_caching_alike_a_backlog_passes_and_what_they_hold_decides() {
+    // Two cold engines: engine 2 holds a session less but has 24k tokens
+    // of cold prompts still prefilling (600 ms): they will be done in a
+    // moment, the extra session on engine 1 stays for its life.
+    let more = timed(holding(engine(1), 6, 48_000, 48_000), 50.0);
+    let busy = PeerLoad {
+        backlog_tokens: 24_000,
+        ..timed(holding(engine(2), 5, 40_000, 40_000), 50.0)
+    };
+    assert_eq!(
+        chosen(&[more, busy], &new_session(8_000), &route(0)),
+        Some(2)
+    );
+    // Control: when engine 1 caches the request's prefix, the same backlog
+    // is a wait against a saving, and the saving wins.
+    let ask = Ask {
+        prefix: Some(Prefix::new(7_000, [1])),
+        ..new_session(8_000)
+    };
+    assert_eq!(chosen(&[more, busy], &ask, &route(0)), Some(1));
 }
 
 #[test]
@@ -238,20 +257,30 @@ fn a_session_moves_only_when_elsewhere_is_clearly_better() {
 
 #[test]
 fn sessions_that_start_together_spread_evenly_whatever_the_draw() {
-    // 32 sessions arrive on four empty engines faster than any counter of
-    // the engines moves; each placement adds its session to what its
-    // engine will hold, as the table does.
+    // 32 sessions arrive on four empty engines within a second, before
+    // any has ended (no typical size yet); each placement adds its session
+    // to what its engine will hold, as the table does, and its cold prompt
+    // to the engine's backlog, which leaves it a whole prompt at a time.
     for rand in [0u64, 1, 7, 0xdead_beef, u64::MAX] {
         let mut peers: Vec<PeerLoad> = (1..=4).map(|id| timed(engine(id), 50.0)).collect();
         for n in 0..32u64 {
-            let ask = new_session(3_000);
+            let ask = new_session(8_000);
             let draw = crate::hash::mix64(rand, n);
-            let (p, _) = choose(&peers, &ask, &route(58_000), draw, |p| p.ready).expect("a peer");
+            let (p, _) = choose(&peers, &ask, &route(0), draw, |p| p.ready).expect("a peer");
             let id = p.id;
             let p = peers.iter_mut().find(|p| p.id == id).expect("chosen peer");
             p.bound.sessions += 1;
             p.bound.returning_milli += u64::from(WHOLE);
-            p.bound.projected_tokens += 58_000;
+            p.bound.projected_tokens += 8_000;
+            p.backlog_tokens += 8_000;
+            // Meanwhile a prompt here and there has its first token and
+            // leaves its engine's backlog whole (another draw decides
+            // which): one a placement on average, unevenly.
+            for p in peers.iter_mut() {
+                if crate::hash::mix64(draw, u64::from(p.id)) % 4 == 0 {
+                    p.backlog_tokens = p.backlog_tokens.saturating_sub(8_000);
+                }
+            }
         }
         let counts: Vec<u32> = peers.iter().map(|p| p.bound.sessions).collect();
         assert_eq!(counts, vec![8, 8, 8, 8], "draw {rand}");

@@ -204,8 +204,18 @@ impl SessionTable {
     /// What the placement model knows of the route: the median speeds of
     /// the engines timed so far and the size sessions grow to here.
     pub fn model(&self, peers: &[PeerLoad]) -> RouteModel {
+        // On the stack: this runs on every placement.
         let median = |speed: fn(&PeerLoad) -> Option<f32>| {
-            let mut timed: Vec<f32> = peers.iter().filter_map(speed).collect();
+            let mut timed = [0f32; 64];
+            let mut n = 0;
+            for v in peers.iter().filter_map(speed) {
+                if n == timed.len() {
+                    break;
+                }
+                timed[n] = v;
+                n += 1;
+            }
+            let timed = &mut timed[..n];
             if timed.is_empty() {
                 return None;
             }
