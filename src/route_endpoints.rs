@@ -641,7 +641,7 @@ fn queue_json(route: &Route) -> Value {
 fn health_status(route: &Route, registry: &Registry) -> Value {
     let now = now_ms();
     let h = &route.config.health;
-    let keys = route.keys(registry);
+    let keys = registry.keys_for(route);
     let enforced = keys.enforced().is_some();
     json!({
         "_meta": {
