@@ -1,4 +1,7 @@
+use super::client::tls_connector;
+use super::slices::{slice_endpoints, Slice};
 use super::*;
+use tokio::net::TcpStream;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
