@@ -156,7 +156,7 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     let bodylog = gateway.bodylog.clone().map(|c| Arc::new(Bodylog::new(c)));
     // Pingora's proxy behind `Front`, which bounds how long a request head
     // may take (`proxy/conn/`); Pingora's HTTP loop is otherwise its own.
-    let front = crate::proxy::conn::Front::new(
+    let front = crate::proxy::front::Front::new(
         pingora::proxy::http_proxy(
             &server.configuration,
             Gateway::new(Arc::clone(&registry), bodylog.clone()),

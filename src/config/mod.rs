@@ -7,6 +7,7 @@
 
 mod bodylog;
 pub mod catalog;
+mod error;
 mod file;
 mod gateway;
 pub mod resolver;
@@ -16,6 +17,7 @@ pub mod store;
 pub mod units;
 
 pub use bodylog::{BodylogConfig, BodylogTarget, BODYLOG_ENV, DEFAULT_BODYLOG_PORT};
+pub use error::ConfigError;
 pub use gateway::{
     GatewayConfig, Overrides, StatusAccess, API_KEYS_ENV, DEFAULT_API_KEYS_FILE,
     DEFAULT_CLIENT_HEADER_TIMEOUT, DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_GRACE_PERIOD,
@@ -27,48 +29,7 @@ pub use route::{
     MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
 };
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-
-/// A config error with the file and, where it can be told, the line.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConfigError {
-    pub file: PathBuf,
-    pub line: Option<usize>,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(line) => write!(f, "{}:{}: {}", self.file.display(), line, self.message),
-            None => write!(f, "{}: {}", self.file.display(), self.message),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-impl ConfigError {
-    pub(super) fn new(file: &Path, line: Option<usize>, message: impl Into<String>) -> Self {
-        ConfigError {
-            file: file.to_path_buf(),
-            line,
-            message: message.into(),
-        }
-    }
-
-    /// serde_yaml reports "... at line L column C"; keep its line, drop the
-    /// duplicate location from the message.
-    pub(super) fn from_yaml(file: &Path, err: serde_yaml::Error) -> Self {
-        let line = err.location().map(|l| l.line());
-        let mut message = err.to_string();
-        if let Some(idx) = message.find(" at line ") {
-            message.truncate(idx);
-        }
-        ConfigError::new(file, line, message)
-    }
-}
 
 /// A route name with its parsed file, or why the file was rejected.
 pub type LoadedRoute = (String, Result<RouteConfig, ConfigError>);

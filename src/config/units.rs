@@ -21,6 +21,11 @@ pub struct Size(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Flag(pub bool);
 
+/// `value` where the file set it, else `default`.
+pub(crate) fn flag(value: Option<Flag>, default: bool) -> bool {
+    value.map(|f| f.0).unwrap_or(default)
+}
+
 /// A duration as humantime reads it (`500ms`, `30s`, `5m`, `2h`, `1d`,
 /// `1h 30m`); a bare number is seconds, as YAML users write `timeout: 5`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -12,11 +12,13 @@
 //! sessions of the one it replaces move, as a removed peer's do, since
 //! the engine behind the new address holds none of their cache.
 
+pub mod found;
 pub mod kubernetes;
 pub mod resolver;
 
 use crate::config::{PeerSource, RouteConfig};
 use crate::registry::{Registry, Route, RouteRuntime};
+use found::{Found, HostAnswer};
 use kubernetes::Endpoint;
 use resolver::Resolver;
 use std::collections::BTreeMap;
@@ -26,48 +28,6 @@ use std::time::Duration;
 
 /// The least time between two lookups a refused connection asks for.
 const FORCED_GAP: Duration = Duration::from_millis(250);
-
-/// What discovery last found for one route.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Found {
-    /// Each listed peer's host name (not an address) → what it resolved to.
-    pub hosts: BTreeMap<String, HostAnswer>,
-    /// `peers_from`'s endpoints: None until first found.
-    pub set: Option<Vec<Endpoint>>,
-    /// Why the last look at `peers_from` failed, if it did (the set found
-    /// before stays in force).
-    pub set_error: Option<String>,
-}
-
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct HostAnswer {
-    /// The first of its addresses, sorted; kept when a later lookup fails
-    /// (the health probe, not a DNS hiccup, judges the engine).
-    pub addr: Option<IpAddr>,
-    /// Why the last lookup failed, if it did.
-    pub error: Option<String>,
-}
-
-impl Found {
-    /// Whether `other` gives the route other peers: a changed address
-    /// rebuilds the route, an error noted beside the same ones only shows.
-    fn same_addresses(&self, other: &Found) -> bool {
-        self.set == other.set
-            && self.hosts.len() == other.hosts.len()
-            && self
-                .hosts
-                .iter()
-                .zip(&other.hosts)
-                .all(|((h, a), (g, b))| h == g && a.addr == b.addr)
-    }
-
-    /// The address `host` stands for: itself when it is one.
-    pub fn addr_of(&self, host: &str) -> Option<IpAddr> {
-        host.parse()
-            .ok()
-            .or_else(|| self.hosts.get(host).and_then(|a| a.addr))
-    }
-}
 
 /// The listed peers' host names that need a lookup.
 fn names(config: &RouteConfig) -> Vec<String> {
@@ -163,17 +123,21 @@ async fn look_up(resolver: &Resolver, config: &RouteConfig, found: &Found) -> (F
     (out, next)
 }
 
+/// What a discovery task calls after its route was rebuilt with other
+/// addresses: the route's background tasks follow (`health::Tasks::sync`).
+pub type Rebuilt = Box<dyn Fn(&Arc<Registry>) + Send + Sync>;
+
 /// Stores what was found; when an address changed, the route is rebuilt
 /// and its background tasks follow.
 fn publish(
     registry: &Arc<Registry>,
-    tasks: &Arc<crate::health::Tasks>,
+    rebuilt: &Rebuilt,
     name: &str,
     runtime: &RouteRuntime,
     found: Found,
 ) {
     if store(runtime, found) && registry.rediscovered(name) {
-        tasks.sync(registry);
+        rebuilt(registry);
     }
 }
 
@@ -195,10 +159,10 @@ fn live(registry: &Registry, name: &str, runtime: &Arc<RouteRuntime>) -> Option<
 /// Starts route `name`'s discovery task; it ends when the route does.
 pub fn spawn(
     registry: Arc<Registry>,
-    tasks: Arc<crate::health::Tasks>,
     resolver: Arc<Resolver>,
     name: String,
     runtime: Arc<RouteRuntime>,
+    rebuilt: Rebuilt,
 ) {
     tokio::spawn(async move {
         // The EndpointSlice watch of the source in force, restarted when a
@@ -227,7 +191,7 @@ pub fn spawn(
             if tokio::time::Instant::now() >= due {
                 let before = runtime.found.lock().clone();
                 let (found, next) = look_up(&resolver, config, &before).await;
-                publish(&registry, &tasks, &name, &runtime, found);
+                publish(&registry, &rebuilt, &name, &runtime, found);
                 due = tokio::time::Instant::now() + next;
             }
             // Not held while waiting: a version a rebuild replaced goes at once.
@@ -262,7 +226,7 @@ pub fn spawn(
                             }
                             kubernetes::Found::Error(e) => found.set_error = Some(e),
                         }
-                        publish(&registry, &tasks, &name, &runtime, found);
+                        publish(&registry, &rebuilt, &name, &runtime, found);
                     }
                     // The watcher ended (it never does by itself): start
                     // it again on the next pass.

@@ -62,12 +62,13 @@ impl Tasks {
                 .is_some_and(|r| Arc::ptr_eq(&r, &route.runtime));
             if !running {
                 discovering.insert(name.clone(), Arc::downgrade(&route.runtime));
+                let tasks = Arc::clone(self);
                 crate::discovery::spawn(
                     Arc::clone(registry),
-                    Arc::clone(self),
                     Arc::clone(resolver),
                     name.clone(),
                     Arc::clone(&route.runtime),
+                    Box::new(move |registry| tasks.sync(registry)),
                 );
             }
         }

@@ -31,6 +31,7 @@
 
 pub mod conn;
 pub mod ctx;
+pub mod front;
 pub mod guards;
 pub mod request;
 pub mod response;

@@ -109,6 +109,14 @@ impl Registry {
         self.shared_keys.load_full()
     }
 
+    /// The key file in force for `route`: its own, else the shared one.
+    pub fn keys_for(&self, route: &Route) -> Arc<KeyState> {
+        match route.runtime.keys.load_full() {
+            Some(own) if route.config.api_keys_file.is_some() => own,
+            _ => self.shared_keys(),
+        }
+    }
+
     pub fn gateway(&self) -> &GatewayConfig {
         &self.gateway
     }

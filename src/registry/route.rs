@@ -5,7 +5,6 @@ use super::keys::KeyState;
 use super::peer::PeerState;
 use super::room::RoomSignal;
 use super::toggles::Toggles;
-use super::Registry;
 use crate::config::{PeerConfig, RouteConfig};
 use crate::placement::{PeerId, SessionTable, TableConfig};
 use crate::protect::route::{PoolLoad, RouteProtection};
@@ -94,7 +93,7 @@ pub struct RouteRuntime {
     pub(super) keys: ArcSwapOption<KeyState>,
     /// What the route's discovery task last found: its listed peers' host
     /// names resolved, `peers_from`'s endpoints (`discovery/`).
-    pub found: Mutex<crate::discovery::Found>,
+    pub found: Mutex<crate::discovery::found::Found>,
     /// Wakes the discovery task before its next scheduled look: an engine
     /// refused a connection (it may have moved), or a reload changed the
     /// route.
@@ -185,7 +184,7 @@ impl RouteRuntime {
 /// resolved to, so an engine behind a new address is a new peer.
 pub(super) fn live_peers(
     config: &RouteConfig,
-    found: &crate::discovery::Found,
+    found: &crate::discovery::found::Found,
 ) -> Vec<(PeerConfig, String, Option<SocketAddr>)> {
     let mut peers: Vec<(PeerConfig, String, Option<SocketAddr>)> = config
         .peers
@@ -283,14 +282,6 @@ pub struct Route {
 impl Route {
     pub fn name(&self) -> &str {
         &self.config.name
-    }
-
-    /// The key file in force for this route: its own, else the shared one.
-    pub fn keys(&self, registry: &Registry) -> Arc<KeyState> {
-        match self.runtime.keys.load_full() {
-            Some(own) if self.config.api_keys_file.is_some() => own,
-            _ => registry.shared_keys(),
-        }
     }
 
     /// The prefix-stability transforms in force: the route's options as the
@@ -417,8 +408,8 @@ impl Route {
 mod tests {
     use super::live_peers;
     use crate::config::{GatewayConfig, Overrides, RouteConfig};
+    use crate::discovery::found::{Found, HostAnswer};
     use crate::discovery::kubernetes::Endpoint;
-    use crate::discovery::{Found, HostAnswer};
     use std::path::Path;
 
     fn route(text: &str) -> RouteConfig {

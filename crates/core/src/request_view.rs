@@ -40,19 +40,6 @@ pub struct RequestView<'a> {
     pub conversation: Option<&'a RawValue>,
 }
 
-/// The members [`RequestView`] keeps, in the order of its fields.
-const KEPT: [&str; 9] = [
-    "model",
-    "stream",
-    "stream_options",
-    "metadata",
-    "litellm_metadata",
-    "user",
-    "prompt_cache_key",
-    "previous_response_id",
-    "conversation",
-];
-
 impl<'a> RequestView<'a> {
     /// The view of `body`, which must be one JSON object.
     pub fn parse(body: &'a [u8]) -> Result<Self, serde_json::Error> {

@@ -1,11 +1,12 @@
 //! `routes/<name>.yaml` → [`RouteConfig`]: one validated route. `parse`
 //! reads as the file's sections, each validated by its own function:
-//! `peers.rs`, `protection.rs`, and `sections.rs` for the rest.
+//! `peers.rs`, `protection.rs`, and `sections.rs` for the rest. What they
+//! make is in `settings.rs`; `locator.rs` points their errors at a line.
 
 use super::file::{keys_set, RouteFile};
 use super::gateway::GatewayConfig;
 use super::spans::KeyLines;
-use super::units::Flag;
+use super::units::flag;
 use super::ConfigError;
 pub use crate::protect::config::{AdaptiveConfig, Protection, SessionPrio};
 use crate::reject::RuleSet;
@@ -14,154 +15,23 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod locator;
 mod peers;
 mod protection;
 mod sections;
+mod settings;
 
+use locator::Locator;
 use peers::{parse_model_pools, parse_peers, parse_peers_from};
 use protection::parse_protection;
 use sections::{
     parse_balancing, parse_engine_metrics, parse_health, parse_postprocess, parse_reject_rules,
     parse_timeouts,
 };
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// The session table: stick to where the cache is, move only under real pressure.
-    LoadAware,
-    /// Rendezvous hashing of the session id over the ready peers.
-    Hash,
-    /// Ignore sessions; lowest in-flight / max_concurrency.
-    LeastConn,
-    /// Ignore sessions; rotate over the ready peers. A baseline for benchmarks.
-    RoundRobin,
-}
-
-impl Mode {
-    pub fn parse(text: &str) -> Option<Mode> {
-        match text.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-            "load_aware" | "loadaware" => Some(Mode::LoadAware),
-            "hash" => Some(Mode::Hash),
-            "least_conn" | "leastconn" => Some(Mode::LeastConn),
-            "round_robin" | "roundrobin" => Some(Mode::RoundRobin),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::LoadAware => "load_aware",
-            Mode::Hash => "hash",
-            Mode::LeastConn => "least_conn",
-            Mode::RoundRobin => "round_robin",
-        }
-    }
-}
-
-/// One engine endpoint of a route.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PeerConfig {
-    pub name: String,
-    pub host: String,
-    pub port: u16,
-    /// Lower value = preferred tier (0 is the primary tier), as in Envoy.
-    pub priority: i32,
-    pub max_concurrency: u32,
-    pub probe_path: Option<String>,
-    /// The engine's KV capacity in tokens, for KV-aware admission; when
-    /// unset, read from the engine's metrics (`vllm:cache_config_info`,
-    /// `sglang:max_total_num_tokens`) where it reports it.
-    pub kv_capacity_tokens: Option<u64>,
-}
-
-impl PeerConfig {
-    /// The identity runtime state is keyed by across reloads.
-    pub fn address(&self) -> String {
-        format!("{}:{}", self.host, self.port)
-    }
-}
-
-/// `peers_from:`: a set of engines found at run time (`discovery/`), each
-/// a peer with these settings, named after its pod or its address.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PeersFrom {
-    pub source: PeerSource,
-    pub priority: i32,
-    pub max_concurrency: u32,
-    pub probe_path: Option<String>,
-    pub kv_capacity_tokens: Option<u64>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum PeerSource {
-    /// Every address of a name (a headless Service), at one port.
-    Dns { name: String, port: u16 },
-    /// The ready endpoints of the EndpointSlices a label selector matches.
-    Kubernetes(crate::discovery::kubernetes::KubernetesSource),
-}
-
-impl PeersFrom {
-    /// The peer for one discovered endpoint.
-    pub fn peer(&self, name: String, addr: std::net::SocketAddr) -> PeerConfig {
-        PeerConfig {
-            name,
-            host: addr.ip().to_string(),
-            port: addr.port(),
-            priority: self.priority,
-            max_concurrency: self.max_concurrency,
-            probe_path: self.probe_path.clone(),
-            kv_capacity_tokens: self.kv_capacity_tokens,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Balancing {
-    pub mode: Mode,
-    /// Route-specific session headers, tried before the built-in ones.
-    pub session_headers: Vec<http::HeaderName>,
-    pub idle_timeout: Duration,
-    /// A session used within this long counts as holding KV on its engine.
-    pub live_window: Duration,
-    pub cross_tier_fallback: bool,
-    /// Conversations recognised by content for requests that name no
-    /// session (`None`: off). Its `idle_ms` is `idle_timeout`'s.
-    pub content: Option<crate::session::content::ContentConfig>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct HealthConfig {
-    pub enabled: bool,
-    pub interval: Duration,
-    pub ban_ttl: Duration,
-    pub probe_path: String,
-    pub timeout: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineMetricsConfig {
-    pub interval: Duration,
-    pub kv_full_threshold: f64,
-    pub path: String,
-}
-
-impl EngineMetricsConfig {
-    /// A sample is fresh, and two samples are consecutive, within two
-    /// scrape intervals: one slow or lost scrape does not blind placement.
-    pub fn max_age_ms(&self) -> u64 {
-        2 * self.interval.as_millis() as u64
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Timeouts {
-    pub connect: Duration,
-    /// Also bounds the wait for the response header, so a non-stream
-    /// generation needs a generous value, and each write of a long prompt
-    /// to an engine that stopped reading it.
-    pub read: Duration,
-    pub idle: Duration,
-}
+pub use settings::{
+    Balancing, EngineMetricsConfig, HealthConfig, Mode, PeerConfig, PeerSource, PeersFrom,
+    Timeouts, MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
+};
 
 /// A validated route.
 #[derive(Debug, Clone, PartialEq)]
@@ -226,10 +96,6 @@ pub struct RouteConfig {
     pub keys_set: Vec<String>,
 }
 
-pub const DEFAULT_LIVE_WINDOW: Duration = Duration::from_secs(10);
-pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-
 /// A route name is the first path segment, so it must be URL-safe and must
 /// not collide with the `/_…` endpoints.
 pub fn valid_route_name(name: &str) -> bool {
@@ -272,11 +138,7 @@ impl RouteConfig {
         text: &str,
         gateway: &GatewayConfig,
     ) -> Result<Self, ConfigError> {
-        let mut at = Locator {
-            path,
-            lines: KeyLines::of(text),
-            adopted: Vec::new(),
-        };
+        let mut at = Locator::new(path, KeyLines::of(text));
         if !valid_route_name(name) {
             return Err(at.error(
                 None,
@@ -349,42 +211,5 @@ impl RouteConfig {
             deprecations,
             keys_set: keys_set(text),
         })
-    }
-}
-
-pub(super) fn flag(value: Option<Flag>, default: bool) -> bool {
-    value.map(|f| f.0).unwrap_or(default)
-}
-
-/// Errors found after the YAML layer point at the line of the key they are
-/// about (from the parser's positions, `spans.rs`) and name it as the file
-/// wrote it: a flat protection key keeps its own name and line.
-pub(super) struct Locator<'a> {
-    path: &'a Path,
-    lines: KeyLines,
-    /// The (flat, nested) protection keys this file wrote flat.
-    adopted: Vec<(&'static str, &'static str)>,
-}
-
-impl Locator<'_> {
-    pub(super) fn error(&self, line: Option<usize>, message: String) -> ConfigError {
-        ConfigError::new(self.path, line, message)
-    }
-
-    /// `path` (dotted, as `protection.ttft.limit_ms`) as the file wrote it.
-    pub(super) fn written(&self, path: &str) -> String {
-        self.adopted
-            .iter()
-            .find(|(_, nested)| *nested == path)
-            .map_or(path, |(flat, _)| flat)
-            .to_string()
-    }
-
-    pub(super) fn line(&self, path: &str) -> Option<usize> {
-        self.lines.line(&self.written(path))
-    }
-
-    pub(super) fn at_key(&self, path: &str, message: String) -> ConfigError {
-        self.error(self.line(path), message)
     }
 }

@@ -1,8 +1,8 @@
 //! `peers:`, `peers_from:` and `peers_by_model:`: the engines, the set
 //! they are discovered from, and the model pools over them.
 
-use super::Locator;
-use super::{PeerConfig, PeerSource, PeersFrom};
+use super::locator::Locator;
+use super::settings::{PeerConfig, PeerSource, PeersFrom};
 use crate::config::file::{PeerFile, PeersFromFile};
 use crate::config::ConfigError;
 use crate::discovery::kubernetes::{KubernetesSource, PortRef};

@@ -1,9 +1,10 @@
 //! The `protection:` section: the load gates' settings, validated.
 
-use super::{flag, Locator};
-use super::{AdaptiveConfig, Protection, SessionPrio};
+use super::locator::Locator;
 use crate::config::file::{AdaptiveFile, ProtectionFile, SessionPrioFile};
+use crate::config::units::flag;
 use crate::config::ConfigError;
+use crate::protect::config::{AdaptiveConfig, Protection, SessionPrio};
 use crate::protect::limits::{metric_limit, MetricLimit};
 use crate::protect::meter::MeterConfig;
 use crate::protect::window::{Folds, MAX_FOLDS};

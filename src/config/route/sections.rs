@@ -1,8 +1,8 @@
 //! The route file's other sections: balancing, health, engine metrics,
 //! timeouts, reject rules and post-processing.
 
-use super::{flag, Locator};
-use super::{
+use super::locator::Locator;
+use super::settings::{
     Balancing, EngineMetricsConfig, HealthConfig, Mode, Timeouts, DEFAULT_LIVE_WINDOW,
     MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
 };
@@ -11,6 +11,7 @@ use crate::config::file::{
     TimeoutsFile,
 };
 use crate::config::gateway::GatewayConfig;
+use crate::config::units::flag;
 use crate::config::units::Flag;
 use crate::config::ConfigError;
 use crate::session::content::ContentConfig;

@@ -1,7 +1,10 @@
+use super::client::tls_connector;
+use super::slices::{slice_endpoints, Slice};
 use super::*;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::net::TcpStream;
 
 const LIST: &str = include_str!("../../../tests/golden/kubernetes/list.json");
 const WATCH: &str = include_str!("../../../tests/golden/kubernetes/watch.ndjson");

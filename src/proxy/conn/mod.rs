@@ -7,7 +7,7 @@
 //! client sending one byte a second keeps its connection forever
 //! (slowloris). `HttpSession::set_read_timeout` is the same per-read
 //! timeout, and no server option bounds the head, so the gateway wraps each
-//! accepted stream ([`ClientStream`]) before Pingora sees it ([`Front`]).
+//! accepted stream ([`ClientStream`]) before Pingora sees it (`proxy/front.rs`).
 //! The deadline starts at the first byte of a head, so a keep-alive
 //! connection's idle wait stays `client_idle_timeout`'s; it ends when
 //! Pingora has parsed the head (`early_request_filter` →
@@ -45,73 +45,15 @@
 //! its limit with no byte of the next request ends (an end of stream,
 //! which Pingora takes as the client leaving).
 
-use crate::proxy::Gateway;
-use async_trait::async_trait;
-use pingora::apps::ServerApp;
-use pingora::protocols::raw_connect::ProxyDigest;
-use pingora::protocols::tls::{SslDigest, TlsRef};
-use pingora::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
-    TimingDigest, UniqueID, UniqueIDType, ALPN,
-};
-use pingora::proxy::{HttpProxy, Session};
-use pingora::server::ShutdownWatch;
+use pingora::proxy::Session;
 use pingora::{Error, ErrorType};
-use std::future::Future;
-use std::io;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 mod stream;
 mod watch;
 
-pub use stream::ClientStream;
-
-/// What the failed read says; Pingora wraps it as a ReadError "while
-/// reading request headers".
-pub const HEADER_TIMEOUT: &str = "client_header_timeout: request head incomplete";
-
-/// What the failed read says when the engine stayed silent; never seen by
-/// a client ([`engine_silence`] turns it into the engine's timeout).
-pub const ENGINE_TIMEOUT: &str = "timeouts.read: the engine sent nothing";
-
-/// The proxy service's application: every accepted connection is wrapped
-/// in a [`ClientStream`] and handed to Pingora's own HTTP loop unchanged.
-pub struct Front {
-    proxy: Arc<HttpProxy<Gateway>>,
-    header_timeout: Duration,
-}
-
-impl Front {
-    pub fn new(proxy: HttpProxy<Gateway>, header_timeout: Duration) -> Self {
-        Front {
-            proxy: Arc::new(proxy),
-            header_timeout,
-        }
-    }
-}
-
-#[async_trait]
-impl ServerApp for Front {
-    async fn process_new(
-        self: &Arc<Self>,
-        stream: Stream,
-        shutdown: &ShutdownWatch,
-    ) -> Option<Stream> {
-        let guarded: Stream = Box::new(ClientStream::new(stream, self.header_timeout));
-        self.proxy.process_new(guarded, shutdown).await
-    }
-
-    async fn cleanup(&self) {
-        // Pingora's own shutdown: wakes keep-alive connections waiting for
-        // a next request so they close.
-        ServerApp::cleanup(&*self.proxy).await
-    }
-}
+pub use stream::{ClientStream, ENGINE_TIMEOUT, HEADER_TIMEOUT};
 
 /// Phase of `early_request_filter`: the head is parsed, its deadline is off.
 pub fn head_complete(session: &Session) {

@@ -2,7 +2,29 @@
 //! wait and the engine's silence; everything else is the inner stream's.
 
 use super::watch::{EngineWatch, IdleWatch};
-use super::*;
+use async_trait::async_trait;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::{SslDigest, TlsRef};
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType, ALPN,
+};
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// What the failed read says; Pingora wraps it as a ReadError "while
+/// reading request headers".
+pub const HEADER_TIMEOUT: &str = "client_header_timeout: request head incomplete";
+
+/// What the failed read says when the engine stayed silent; never seen by
+/// a client (`conn::engine_silence` turns it into the engine's timeout).
+pub const ENGINE_TIMEOUT: &str = "timeouts.read: the engine sent nothing";
 
 /// A client stream whose reads fail once a request head has been arriving
 /// for longer than the limit, or once the engine serving its request has

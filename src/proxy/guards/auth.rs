@@ -9,7 +9,7 @@ use pingora::proxy::Session;
 /// 401 unless the route's key file (or the shared one) is not configured
 /// (fail-open, logged when the file's state changes) or the request carries a known key.
 pub fn check(route: &Route, registry: &Registry, session: &Session) -> Result<(), ErrorResponse> {
-    check_with(&route.keys(registry), route.name(), session)
+    check_with(&registry.keys_for(route), route.name(), session)
 }
 
 /// The same check for a gateway-wide endpoint (no route): the shared key
@@ -67,7 +67,7 @@ fn check_with(
 /// it is a known one (`check` let it through). Only the body log asks, and
 /// only for the requests it records, so the common path hashes once.
 pub fn owner(route: &Route, registry: &Registry, session: &Session) -> Option<String> {
-    let state = route.keys(registry);
+    let state = registry.keys_for(route);
     let key = presented_key(&session.req_header().headers)?;
     state.enforced()?.check(key).map(str::to_string)
 }

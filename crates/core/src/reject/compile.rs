@@ -1,8 +1,15 @@
 //! Rules as written (route YAML, as JSON values) → compiled conditions, or
 //! one error per rule that names what is wrong.
 
-use super::*;
+use super::rule::{
+    CompiledRule, Condition, Field, FieldKind, OrderOp, PathSegment, Test, DEFAULT_STATUS,
+    LEAF_KEYS, MAX_CONDITION_DEPTH, RULE_KEYS,
+};
+use regex::Regex;
 use serde_json::Map;
+use serde_json::Value;
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
 
 pub(super) fn compile_rule(
     item: &Value,

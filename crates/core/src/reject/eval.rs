@@ -1,6 +1,7 @@
 //! One request's facts against compiled conditions.
 
-use super::*;
+use super::rule::{Condition, Field, OrderOp, RequestFacts, Test};
+use serde_json::{Number, Value};
 use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::cmp::Ordering;

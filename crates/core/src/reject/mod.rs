@@ -62,26 +62,18 @@
 
 mod compile;
 mod eval;
+mod rule;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::Ordering as AtomicOrdering;
 
-use regex::Regex;
-use serde_json::{json, Number, Value};
+use serde_json::{json, Value};
 
 use compile::{compile_rule, json_type};
 use eval::Evaluation;
-
-pub const DEFAULT_STATUS: u16 = 429;
-
-/// Deep enough for any hand-written rule, shallow enough that evaluation
-/// recursion can never threaten the stack.
-pub const MAX_CONDITION_DEPTH: usize = 32;
-
-pub(super) const RULE_KEYS: [&str; 4] = ["name", "status", "message", "when"];
-pub(super) const LEAF_KEYS: [&str; 3] = ["field", "op", "value"];
+pub use rule::{CompiledRule, RequestFacts, DEFAULT_STATUS, MAX_CONDITION_DEPTH};
 
 /// A route's compiled reject rules, in configured order.
 #[derive(Debug, Default)]
@@ -97,81 +89,6 @@ impl PartialEq for RuleSet {
     fn eq(&self, other: &Self) -> bool {
         self.source == other.source
     }
-}
-
-#[derive(Debug)]
-pub struct CompiledRule {
-    pub name: String,
-    pub status: u16,
-    pub message: String,
-    /// Requests this rule rejected since it was compiled.
-    pub hits: AtomicU64,
-    pub(super) condition: Condition,
-    /// Kept verbatim for the status endpoint, so operators see what they wrote.
-    pub(super) configured_when: Value,
-}
-
-/// What a rule can look at: the parsed body (`Value::Null` if it did not
-/// parse — computed fields still work) and its raw length.
-#[derive(Debug, Clone, Copy)]
-pub struct RequestFacts<'a> {
-    pub body: &'a Value,
-    pub raw_len: usize,
-}
-
-#[derive(Debug)]
-pub(super) enum Condition {
-    All(Vec<Condition>),
-    Any(Vec<Condition>),
-    Test { field: Field, test: Test },
-}
-
-#[derive(Debug)]
-pub(super) enum Field {
-    InputBytes,
-    InputChars,
-    MessagesCount,
-    ToolsCount,
-    MaxTokens,
-    Stream,
-    Path(Vec<PathSegment>),
-}
-
-/// The type a field is known to have before any request arrives; used only
-/// to refuse rules that could never match.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum FieldKind {
-    AlwaysNumber,
-    AlwaysBool,
-    FromBody,
-}
-
-#[derive(Debug)]
-pub(super) struct PathSegment {
-    pub(super) key: String,
-    pub(super) index: Option<usize>,
-}
-
-#[derive(Debug)]
-pub(super) enum Test {
-    Order(OrderOp, Number),
-    Equal(Value),
-    NotEqual(Value),
-    In(Vec<Value>),
-    NotIn(Vec<Value>),
-    Matches(Regex),
-    Contains(Value),
-    Prefix(String),
-    Exists,
-    Absent,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(super) enum OrderOp {
-    Greater,
-    GreaterOrEqual,
-    Less,
-    LessOrEqual,
 }
 
 impl RuleSet {

@@ -29,8 +29,22 @@ use memchr::memchr2;
 use crate::json_bytes::{is_ws, unescape};
 use crate::session::content::{BlockSink, Member, Source};
 
-/// The members the view keeps, in this order (see [`super::KEPT`]).
-pub(super) type Found<'a> = [Option<&'a [u8]>; super::KEPT.len()];
+/// The members [`super::RequestView`] keeps, in the order of its fields:
+/// the skim looks for these and no other.
+const KEPT: [&str; 9] = [
+    "model",
+    "stream",
+    "stream_options",
+    "metadata",
+    "litellm_metadata",
+    "user",
+    "prompt_cache_key",
+    "previous_response_id",
+    "conversation",
+];
+
+/// The members the view keeps, in the order of [`KEPT`].
+pub(super) type Found<'a> = [Option<&'a [u8]>; KEPT.len()];
 
 /// Containers deep, the body's own object included, past which the serde
 /// path decides (serde_json refuses the 128th level).
@@ -58,7 +72,7 @@ pub(super) fn skim_pieces<'a>(
         at: 0,
         piece: 0,
     };
-    let mut found: Found = [None; super::KEPT.len()];
+    let mut found: Found = [None; KEPT.len()];
     r.ws();
     r.eat(b'{')?;
     r.ws();
@@ -84,7 +98,7 @@ pub(super) fn skim_pieces<'a>(
                 (Some(sink), Some(src), Some(member)) => r.member(member, sink, src)?,
                 _ => r.value(2)?,
             }
-            if let Some(slot) = super::KEPT.iter().position(|name| name.as_bytes() == key) {
+            if let Some(slot) = KEPT.iter().position(|name| name.as_bytes() == key) {
                 found[slot] = Some(r.since(value_start, 0)?);
             }
             r.ws();

@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 
-use super::{span_in, CchStripped, Edit};
+use super::edit::{span_in, Edit};
 use crate::json_bytes::{next_char, Step};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -36,6 +36,15 @@ struct Part<'a> {
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     text: Option<&'a RawValue>,
+}
+
+/// What [`strip`] removed from a body, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CchStripped {
+    pub removed: String,
+    /// A JSON-path-like place: `system`, `system[0].text`,
+    /// `messages[0].content`, `messages[0].content[1].text`.
+    pub location: String,
 }
 
 /// The edit that removes the `cch` field from the start of the system

@@ -9,7 +9,7 @@
 
 use bytes::Bytes;
 
-use super::{splice, Edit};
+use super::edit::{splice, Edit};
 use crate::json_bytes::{key_equals, skip_value, skip_ws, string_end};
 use crate::request_view::{member, RequestView};
 

@@ -11,7 +11,7 @@
 //! Only `tool_calls[].id` of assistant messages and `tool_call_id` of tool
 //! messages are looked at; ids of any other shape are left as they are.
 
-use super::{span_in, Edit};
+use super::edit::{span_in, Edit};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;

