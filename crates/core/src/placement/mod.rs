@@ -20,6 +20,7 @@
 
 mod capacity;
 pub mod cold_cost;
+mod incoming;
 pub mod model;
 mod pick;
 mod rules;
@@ -28,10 +29,11 @@ mod table;
 
 pub use capacity::{CapacityLearner, CapacitySource};
 pub use cold_cost::ColdCost;
+pub use incoming::Incoming;
 pub use model::{Ask, Estimate, Prefix, RouteModel};
 pub use pick::{hash_place, least_conn, rendezvous};
 pub use speed::{EngineSpeed, SpeedLearner};
-pub use table::{Admission, Incoming, SessionTable, TableConfig};
+pub use table::{Admission, SessionTable, TableConfig};
 
 /// Stable id of a peer, assigned by the registry per (route, host:port) in order
 /// of first appearance, and kept across reloads.

@@ -13,9 +13,10 @@
 //! spill needs a queue and a gap of `spill_margin` requests to the
 //! least-loaded other peer, `spill_margin_blind` without engine metrics).
 
+use super::incoming::Incoming;
 use super::model::{self, Ask, Estimate, RouteModel};
 use super::pick::{least_bound, least_loaded};
-use super::{Incoming, KvRoom, PeerId, PeerLoad, Reason};
+use super::{KvRoom, PeerId, PeerLoad, Reason};
 
 /// The tunables the rules read, copied out of the table config per call.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -2,7 +2,8 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{table_full, Incoming, SessionTable};
+use super::{table_full, SessionTable};
+use crate::placement::incoming::Incoming;
 use crate::placement::rules::{self, Verdict};
 use crate::placement::{PeerId, PeerLoad, Placement, PlacementKind, Reason};
 

@@ -19,6 +19,8 @@
 //! both the idle timeout and the cooldown, and halve the entry size compared
 //! with `u64` milliseconds.
 
+mod binding;
+mod counts;
 mod explain;
 mod live;
 mod sizes;
@@ -33,14 +35,15 @@ use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 
+use super::incoming::Incoming;
 use super::model::RouteModel;
 use super::pick::rendezvous;
 use super::rules::{self, Limits, Verdict};
-use super::{KvRoom, PeerId, PeerLoad, Placement, PlacementKind, Prefix, Reason};
+use super::{KvRoom, PeerId, PeerLoad, Placement, PlacementKind, Reason};
 
-use live::{LiveCounts, Share};
+use binding::{touch, Binding, Shard, ShardMap, EMPTY_SHARD, SHARD_COUNT, TICK_MS};
+use counts::{LiveCounts, Share};
 use sizes::EndedSizes;
-use storage::{touch, Binding, Shard, ShardMap, EMPTY_SHARD, SHARD_COUNT, TICK_MS};
 use think_gaps::ThinkGaps;
 
 /// Tunables of one route's table; `set_config` applies a reload.
@@ -84,23 +87,6 @@ impl Default for TableConfig {
             kv_admit_permille: 900,
         }
     }
-}
-
-/// What the caller knows about the request being placed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Incoming {
-    /// Context tokens of this request, as far as the gateway can tell
-    /// before the engine answers (prompt bytes / 4).
-    pub tokens: u64,
-    /// A new session that fits no peer's KV may wait for room (the route has
-    /// an admission queue) instead of being placed anyway.
-    pub may_wait: bool,
-    /// A prefix of the request recently sent to some engines (a template
-    /// it shares with other conversations).
-    pub prefix: Option<Prefix>,
-    /// Drawn fresh per request by the caller: exact ties between engines
-    /// go either way, never by the session's hash.
-    pub rand: u64,
 }
 
 /// The outcome of one placement.
