@@ -927,3 +927,75 @@ fn hash_mode_agrees_across_replicas_whatever_their_reload_history() {
     }
     assert_eq!(engines_used.len(), 3, "spread over {engines_used:?}");
 }
+
+/// `/_route_state` shows the placement model's estimate on each ready
+/// engine and what it has learned of each engine's speed; `/_route_inspect`
+/// the estimate for the request it is handed: on the session's engine its
+/// context is cached, elsewhere it would be prefilled whole.
+#[test]
+fn the_model_shows_each_engines_estimate_and_learns_from_the_answers() {
+    let cluster = engines(3);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let state = http::get(gw.addr, "/chat/_route_state").json();
+    let model = &state["placement_model"];
+    let peers = model["peers"].as_array().expect("an estimate per peer");
+    assert_eq!(peers.len(), 3, "{model}");
+    for e in peers {
+        assert_eq!(e["speed"], "assumed", "nothing timed yet: {e}");
+        assert!(e["expected_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{e}");
+    }
+    // Cold conversations, streamed: each engine's first tokens and decode
+    // teach it its speeds.
+    for n in 0..12 {
+        let body = json!({
+            "model": "sim-model", "max_tokens": 16, "stream": true,
+            "messages": [{"role": "user", "content": long_text(&format!("c{n}-"), 600)}],
+        });
+        let sid = format!("learn-{n}");
+        let r = http::post_json(gw.addr, CHAT, &[("x-session-id", &sid)], &body);
+        assert_eq!(r.status(), 200, "{}", r.text());
+    }
+    let timed = wait_for("an engine timed from its answers", DEADLINE, || {
+        let state = http::get(gw.addr, "/chat/_route_state").json();
+        let timed: Vec<serde_json::Value> = state["peers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["speed"]["prefill_us_per_token"].as_f64().is_some())
+            .cloned()
+            .collect();
+        (!timed.is_empty()).then_some(timed)
+    });
+    assert!(timed[0]["speed"]["tpot_us"].as_f64().is_some(), "{timed:?}");
+    // A bound session's next turn: cached on its engine only.
+    let history = vec![long_text("home-", 800)];
+    let first = http::post_json(
+        gw.addr,
+        CHAT,
+        &[("x-session-id", "inspected")],
+        &turn_body(&history),
+    );
+    assert_eq!(first.status(), 200, "{}", first.text());
+    let home = peer_of(&first);
+    let mut next = history.clone();
+    next.push("answer".into());
+    next.push("and now?".into());
+    let inspect = http::post_json(
+        gw.addr,
+        "/chat/_route_inspect",
+        &[("x-session-id", "inspected")],
+        &turn_body(&next),
+    )
+    .json();
+    let estimates = inspect["estimates"]["peers"].as_array().expect("estimates");
+    assert_eq!(estimates.len(), 3, "{inspect}");
+    for e in estimates {
+        let cached = e["cached_tokens"].as_u64().expect("cached tokens");
+        if e["peer"] == home.as_str() {
+            assert!(cached > 0, "its home holds its context: {e}");
+        } else {
+            assert_eq!(cached, 0, "nothing of it elsewhere: {e}");
+            assert!(e["uncached_tokens"].as_u64() > Some(500), "{e}");
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! `/_route_debug`: the placement a session would get and why, computed by
-//! the same rules as a real request, changing nothing.
+//! the same rules as a real request, changing nothing; and the model's
+//! estimate on each peer, in its parts (`/_route_state`, `/_route_inspect`).
 
 use super::{candidates, peer_loads, rule_view};
 use crate::clock::now_ms;
@@ -62,5 +63,60 @@ pub fn explain(route: &Route, pool: &[usize], session: &SessionId) -> serde_json
         "candidates": candidates,
         "decision": {"peer": peer, "kind": mode, "reason": reason},
         "why": why,
+    })
+}
+
+/// The placement model's estimate on each ready peer of `pool` for a
+/// request of `tokens` (of `session`, if bound: its home and what it held
+/// there; sharing a template cached on `prefix`'s engines), in its parts,
+/// and what the model knows of the route. Changes nothing.
+pub fn estimates(
+    route: &Route,
+    pool: &[usize],
+    session: Option<&SessionId>,
+    tokens: u64,
+    prefix: Option<placement::Prefix>,
+) -> serde_json::Value {
+    let now = now_ms();
+    let cands = candidates(route, pool, now);
+    let loads = peer_loads(route, &cands, now);
+    let incoming = placement::Incoming {
+        tokens,
+        prefix,
+        ..placement::Incoming::default()
+    };
+    let (model, estimates) =
+        route
+            .runtime
+            .sessions
+            .estimates(session.map(|s| s.hash), incoming, &loads, now);
+    let name_of = |id: u32| {
+        route
+            .peer_by_id(id)
+            .map(|(_, p)| p.config.name.clone())
+            .unwrap_or_default()
+    };
+    serde_json::json!({
+        "tokens": tokens,
+        "route": {
+            "prefill_us_per_token": model.prefill_us,
+            "tpot_us": model.tpot_us,
+            "typical_session_tokens": model.typical_session,
+        },
+        "peers": estimates.iter().map(|e| serde_json::json!({
+            "peer": name_of(e.peer),
+            "expected_ms": e.total_ms(),
+            "queue_ms": e.queue_known.then_some(e.queue_ms),
+            "backlog_ms": e.backlog_ms,
+            "prefill_ms": e.prefill_ms,
+            "cached_tokens": e.cached_tokens,
+            "uncached_tokens": e.uncached_tokens,
+            "evicts_tokens": e.evicts_tokens,
+            "evicts_ms": e.evicts_ms,
+            "holds_tokens": e.hold_tokens,
+            "holds_permille_of_kv": e.hold_permille,
+            "prefill_us_per_token": e.prefill_us,
+            "speed": if e.timed { "timed" } else { "assumed" },
+        })).collect::<Vec<_>>(),
     })
 }

@@ -23,7 +23,7 @@ pub mod shared;
 mod snapshot;
 pub mod sync;
 
-pub use explain::explain;
+pub use explain::{estimates, explain};
 pub use pools::{candidates, model_pool, rule_view};
 pub use queue::{place_or_wait, Granted, Refused};
 #[cfg(test)]
@@ -95,7 +95,13 @@ pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Plac
     // What a learned KV capacity is measured against.
     placed.slot.carry_tokens(demand.tokens);
     if placed.placement.kind.is_cold() {
-        placed.slot.cold_prefill(demand.tokens);
+        // A template's newcomer placed where the template is cached
+        // prefills only what follows it.
+        let cached = demand
+            .prefix
+            .filter(|p| p.held_on(placed.placement.peer))
+            .map_or(0, |p| p.tokens.min(demand.tokens));
+        placed.slot.cold_prefill(demand.tokens - cached);
     }
     Ok(placed)
 }

@@ -89,8 +89,28 @@ pub(super) fn route_state(route: &Route, registry: &Registry) -> Value {
             // Whether placement measures live sessions against it (not a
             // llama.cpp slot context: `balance::peer_loads`).
             "kv_aware": loads[i].kv_capacity_tokens.is_some(),
+            // What the sessions bound here will hold, each at the size the
+            // route's sessions end at when more than today's.
+            "projected_tokens": loads[i].bound.projected_tokens,
+            "speed": {
+                "prefill_us_per_token": loads[i].speed.prefill_us,
+                "tpot_us": loads[i].speed.tpot_us,
+                "completions_per_s": loads[i].speed.completions_per_s,
+            },
         })).collect::<Vec<_>>(),
+        // The placement model's estimate on each ready peer for a new
+        // session of the route's typical size.
+        "placement_model": balance::estimates(route, &all, None, typical_request(route), None),
     })
+}
+
+/// A new session of the size this route's sessions end at (8,192 tokens
+/// while none has).
+fn typical_request(route: &Route) -> u64 {
+    match route.runtime.sessions.typical_session() {
+        0 => crate::placement::model::UNKNOWN_SESSION_TOKENS,
+        n => n,
+    }
 }
 
 /// The catalog with the values this route runs with: tunables under

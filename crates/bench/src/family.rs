@@ -58,8 +58,8 @@ impl Draw {
                 StepCost::L4_QWEN_0_5B.per_context_token_us * decode_ms as f64 / 5.0
                     * context_scale,
             ),
-            publish_kv: rng.next_u64() % 2 == 0,
-            slow_first: rng.next_u64() % 2 == 0,
+            publish_kv: rng.next_u64().is_multiple_of(2),
+            slow_first: rng.next_u64().is_multiple_of(2),
         }
     }
 

@@ -240,10 +240,10 @@ pub struct BenchArgs {
     pub router_label: Option<String>,
     /// Run every scenario over N engine configurations drawn from
     /// --family-seed instead of the engine flags: KV 0.5-4x the working
-    /// set, max_num_seqs 32-256, prefill 5k-40k tok/s, decode step 5-15 ms
-    /// + 90-900 us per sequence + the context term x0.5-1.5, capacity
-    /// published or not, e0 slowed or not; each draw is printed as the
-    /// flags that rerun it
+    /// set, max_num_seqs 32-256, prefill 5k-40k tok/s, decode steps of 5-15
+    /// ms plus 90-900 us per sequence plus the context term x0.5-1.5,
+    /// capacity published or not, e0 slowed or not; each draw is printed as
+    /// the flags that rerun it
     #[arg(long, value_name = "N", value_parser = positive::<usize>, help_heading = "Engine family")]
     pub family: Option<usize>,
     /// Seed of the --family draws [default: 1]

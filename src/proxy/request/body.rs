@@ -122,7 +122,12 @@ impl Framing {
 /// Tokens a body's prompt is likely to be, before the engine counts them
 /// (about 4 bytes a token, as BPE tokenizers give on English and code).
 pub fn estimated_tokens(body: &RequestBody) -> u64 {
-    (body.len() / 4) as u64
+    estimated_len(body.len())
+}
+
+/// [`estimated_tokens`] of a body of `bytes`.
+pub fn estimated_len(bytes: usize) -> u64 {
+    (bytes / 4) as u64
 }
 
 /// Whether the request carries a body at all (by its framing headers).

@@ -279,6 +279,13 @@ pub async fn inspect(
         "candidates": candidates.iter().map(|&i| route.peers[i].config.name.clone()).collect::<Vec<_>>(),
         "mode": route.config.balancing.mode.as_str(),
         "placement": placement,
+        "estimates": crate::balance::estimates(
+            route,
+            &pool,
+            sid.as_ref(),
+            super::body::estimated_len(body.len()),
+            crate::balance::prefix::prefix_for(route, content.as_ref()),
+        ),
         "transforms": crate::route_endpoints::preview(route, &body),
     });
     Err(Local::Json(200, shown(answer, local)))

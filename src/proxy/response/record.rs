@@ -150,9 +150,9 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
                 .learn_first_token(new_tokens, ctx.upstream.backlog_ahead, ttft);
         }
     }
-    if let (Some((_, p)), Some(decode), Some(tokens)) =
-        (ctx.peer(), timing.decode, timing.completion_tokens)
-    {
+    if let (Some((_, p)), Some(decode)) = (ctx.peer(), timing.decode) {
+        // The content frames when no usage came, as the decode-rate gate counts.
+        let tokens = timing.completion_tokens.unwrap_or(timing.content_frames);
         p.state.learn_decode(tokens, decode);
     }
     let pool = pool_label(route, ctx.request.model.as_deref());

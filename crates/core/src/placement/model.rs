@@ -168,20 +168,27 @@ fn held_now(p: &PeerLoad, cap: u64) -> u64 {
     p.bound.returning_tokens.max((reported * cap as f64) as u64)
 }
 
-/// The tokens of the request cached on `p`.
+/// The tokens of the request cached on `p`: on its home, what the home
+/// still holds of the session; where its shared prefix was sent, that
+/// prefix (a fork bound next to its parent has both, the more counts).
 fn cached_on(p: &PeerLoad, ask: &Ask) -> u64 {
-    if ask.home == Some(p.id) {
+    let at_home = (ask.home == Some(p.id)).then(|| {
         // Over its KV by `excess`, the engine has taken at most that much
         // of the session idle longest, which the arriving one most likely
         // is; tail first, so the rest of its context is still there.
         let excess = p
             .kv_capacity_tokens
             .map_or(0, |cap| p.bound.returning_tokens.saturating_sub(cap));
-        return ask.held.saturating_sub(excess).min(ask.tokens);
-    }
-    ask.prefix
+        ask.held.saturating_sub(excess)
+    });
+    let shared = ask
+        .prefix
         .filter(|prefix| prefix.held_on(p.id))
-        .map_or(0, |prefix| prefix.tokens.min(ask.tokens))
+        .map(|prefix| prefix.tokens);
+    at_home
+        .unwrap_or(0)
+        .max(shared.unwrap_or(0))
+        .min(ask.tokens)
 }
 
 /// The engine's estimate for `ask`. `unit` is the context one request in
@@ -330,7 +337,7 @@ pub fn choose<'a>(
             std::cmp::Ordering::Equal => {
                 // Each exact tie equally likely (reservoir sampling).
                 ties += 1;
-                if crate::hash::mix64(rand, ties) % ties == 0 {
+                if crate::hash::mix64(rand, ties).is_multiple_of(ties) {
                     chosen = Some((p, e));
                 }
             }

@@ -160,7 +160,7 @@ pub(super) fn decide(
         tokens: incoming.tokens.max(remembered.held),
         home: Some(from),
         held: remembered.held,
-        prefix: None,
+        prefix: incoming.prefix,
     };
     let Some(home) = peers.iter().find(|p| p.id == from && p.ready) else {
         // The session loses its cache wherever it goes, so it is placed like

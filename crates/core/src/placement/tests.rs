@@ -1227,3 +1227,52 @@ fn young_sessions_count_at_the_size_the_routes_sessions_end_at() {
     t.turn_ended(9, Some(70_000), T0 + 16 * SECOND);
     assert_eq!(t.live_of(1).projected_tokens, 70_000);
 }
+
+/// An engine the model can weigh: its speeds learned, the queue it
+/// reports, `waiting` requests drained at 10 a second.
+fn weighed(id: PeerId, running: u32, waiting: u32) -> PeerLoad {
+    PeerLoad {
+        speed: EngineSpeed {
+            prefill_us: Some(50.0),
+            completions_per_s: Some(10.0),
+            ..EngineSpeed::default()
+        },
+        ..fresh(id, running, waiting)
+    }
+}
+
+/// A fork bound next to its parent holds nothing of its own there yet,
+/// but the parent's history it starts with is cached there: the model
+/// counts that, and the fork stays where a plain newcomer with the same
+/// queue ahead would go elsewhere.
+#[test]
+fn a_fork_next_to_its_parent_stays_for_the_history_they_share() {
+    let t = table();
+    let parent_engine = weighed(1, 30, 6); // 600 ms of queue
+    let idle = weighed(2, 10, 0);
+    let peers = [parent_engine, idle];
+    t.adopt(70, 1, None, T0);
+    let fork = Incoming {
+        prefix: Some(Prefix::new(20_000, [1])),
+        ..incoming(21_000, false)
+    };
+    assert_eq!(
+        t.place_session(70, fork, &peers, T0 + SECOND),
+        Admission::Placed(Placement {
+            peer: 1,
+            kind: PlacementKind::Sticky,
+            reason: None
+        })
+    );
+    // Control: the same bound session with nothing of it cached anywhere
+    // moves off the queue.
+    t.adopt(71, 1, None, T0);
+    assert_eq!(
+        t.place_session(71, incoming(21_000, false), &peers, T0 + SECOND),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::Spill,
+            reason: Some(Reason::Waiting)
+        })
+    );
+}

@@ -277,7 +277,7 @@ fn sessions_that_start_together_spread_evenly_whatever_the_draw() {
             // leaves its engine's backlog whole (another draw decides
             // which): one a placement on average, unevenly.
             for p in peers.iter_mut() {
-                if crate::hash::mix64(draw, u64::from(p.id)) % 4 == 0 {
+                if crate::hash::mix64(draw, u64::from(p.id)).is_multiple_of(4) {
                     p.backlog_tokens = p.backlog_tokens.saturating_sub(8_000);
                 }
             }

@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::{table_full, SessionTable};
 use crate::placement::incoming::Incoming;
+use crate::placement::model::{self, Ask, Estimate, RouteModel};
 use crate::placement::rules::{self, Verdict};
 use crate::placement::{PeerId, PeerLoad, Placement, PlacementKind, Reason};
 
@@ -62,5 +63,38 @@ impl SessionTable {
             }
         };
         result.map(|placement| (placement, explanation))
+    }
+
+    /// The model's estimate on each of `peers` for a request of `incoming`
+    /// (of session `sid`, when it has a live binding: its home, and what it
+    /// held there), and what the model knew of the route; changing nothing.
+    pub fn estimates(
+        &self,
+        sid: Option<u64>,
+        incoming: Incoming,
+        peers: &[PeerLoad],
+        now_ms: u64,
+    ) -> (RouteModel, Vec<Estimate>) {
+        let now = self.tick(now_ms);
+        let binding = sid.and_then(|sid| {
+            let map = self.shard(sid).map.lock();
+            map.get(&sid)
+                .copied()
+                .filter(|b| !self.expired(b.last_seen, now))
+        });
+        let held = binding.map_or(0, |b| u64::from(b.tokens));
+        let ask = Ask {
+            tokens: incoming.tokens.max(held),
+            home: binding.map(|b| b.peer),
+            held,
+            prefix: incoming.prefix,
+        };
+        let route = self.model(peers);
+        let estimates = peers
+            .iter()
+            .filter(|p| p.ready)
+            .map(|p| model::estimate(p, &ask, &route))
+            .collect();
+        (route, estimates)
     }
 }

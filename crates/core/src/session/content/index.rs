@@ -73,8 +73,9 @@ pub struct Recognised {
     /// passes through, for another replica to find.
     pub tip: (u64, usize),
     pub stem: Option<(u64, usize)>,
-    /// A new conversation that shares a template with others: the
-    /// template's node, for the engines it was sent to ([`ContentIndex::holders`]).
+    /// A new conversation that shares a prefix with others (a template, a
+    /// forked parent's history): that prefix's node, for the engines it was
+    /// sent to ([`ContentIndex::holders`]).
     pub template: Option<Template>,
 }
 
@@ -200,6 +201,11 @@ impl ContentIndex {
             .collect()
     }
 
+    #[cfg(test)]
+    pub(super) fn keyed_for_tests(&self, chain: u64) -> u64 {
+        self.keyed(chain)
+    }
+
     fn keyed(&self, chain: u64) -> u64 {
         let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
         h.write_u64(chain);
@@ -274,22 +280,25 @@ impl ContentIndex {
                     config.template_fanout > 0 && node.children >= config.template_fanout;
                 if m + 1 == n || continues {
                     (node.session, How::Continued)
-                } else if template || latest.is_none() {
-                    if template {
-                        let bytes: u64 = blocks[..=m].iter().map(|b| u64::from(b.bytes)).sum();
-                        shared = Some(Template {
-                            node: key(m),
-                            tokens: bytes / BYTES_PER_TOKEN,
-                        });
-                    }
-                    (last, How::New)
                 } else {
-                    (
-                        last,
-                        How::Forked {
-                            parent: node.session,
-                        },
-                    )
+                    // Shared with another conversation: where it was sent
+                    // is worth remembering from the first fork on, so that
+                    // the prefix's engines are known when it turns template.
+                    let bytes: u64 = blocks[..=m].iter().map(|b| u64::from(b.bytes)).sum();
+                    shared = Some(Template {
+                        node: key(m),
+                        tokens: bytes / BYTES_PER_TOKEN,
+                    });
+                    if template || latest.is_none() {
+                        (last, How::New)
+                    } else {
+                        (
+                            last,
+                            How::Forked {
+                                parent: node.session,
+                            },
+                        )
+                    }
                 }
             }
         };
@@ -428,15 +437,13 @@ impl ContentIndex {
     pub fn hold(&self, template: u64, peer: u32, mark: u64, now_ms: u64) {
         let state = &mut *self.state.lock();
         if state.holders.len() >= MAX_TEMPLATES && !state.holders.contains_key(&template) {
-            // The template used least recently makes room.
-            let oldest = state
-                .holders
-                .iter()
-                .min_by_key(|(_, hs)| hs.iter().map(|h| h.at_ms).max().unwrap_or(0))
-                .map(|(k, _)| *k);
-            if let Some(k) = oldest {
-                state.holders.remove(&k);
-            }
+            // The quarter used least recently makes room, in one pass
+            // (amortised: one scan per quarter of the cap, not per insert).
+            let last_used = |hs: &Vec<Holder>| hs.iter().map(|h| h.at_ms).max().unwrap_or(0);
+            let mut ages: Vec<u64> = state.holders.values().map(last_used).collect();
+            let cut = ages.len() / 4;
+            let (_, &mut horizon, _) = ages.select_nth_unstable(cut);
+            state.holders.retain(|_, hs| last_used(hs) > horizon);
         }
         let holders = state.holders.entry(template).or_default();
         let holder = Holder {

@@ -457,9 +457,15 @@ fn entries_are_as_small_as_the_readme_says() {
     );
 }
 
+/// The node of a system prompt alone, as the index keys it.
+fn first_node(ix: &ContentIndex, system: &str) -> u64 {
+    let chain = ContentIndex::chain(&blocks(&chat(&[("system", system)])));
+    ix.keyed_for_tests(*chain.last().expect("a block"))
+}
+
 /// A newcomer of a template is a new conversation that names the template
 /// (its node and its size), so placement can find the engines it was sent
-/// to; the conversations before the prompt counted as a template name none.
+/// to.
 #[test]
 fn a_templates_newcomer_names_the_template_and_where_it_was_sent() {
     let ix = index(2);
@@ -468,11 +474,20 @@ fn a_templates_newcomer_names_the_template_and_where_it_was_sent() {
     let first = see(&ix, &ask(0), 0);
     assert_eq!((first.how, first.template), (How::New, None));
     let second = see(&ix, &ask(1), 1);
-    assert!(matches!(second.how, How::Forked { .. }));
-    assert_eq!(second.template, None, "a fork, not yet a template");
+    assert!(
+        matches!(second.how, How::Forked { .. }),
+        "not yet a template"
+    );
+    // A fork already names the prefix it shares, so its engine is known
+    // when the prefix turns template.
+    assert_eq!(
+        second.template.map(|t| t.node),
+        Some(first_node(&ix, &docs))
+    );
     let third = see(&ix, &ask(2), 2);
     assert_eq!(third.how, How::New);
     let template = third.template.expect("the prompt is a template now");
+    assert_eq!(Some(template), second.template);
     // The system text and its role's few bytes, at four bytes a token.
     let tokens = docs.len() as u64 / 4;
     assert!(
