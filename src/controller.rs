@@ -1,12 +1,21 @@
-//! The one background service: signals (SIGHUP reload, SIGTERM drain), the
-//! file watch (`watch.rs`: reload on change) and, per route, the health
-//! probe / engine scrape / session sweep tasks.
+//! The main background service (the others, `server.rs` assembles: the
+//! body-log sender, the dashboard's sampler, the session-store sync):
+//! signals (SIGHUP reload, SIGTERM drain), the file watch (`watch.rs`:
+//! reload on change) and, per route, the tasks of `health/` (probes,
+//! engine scrapes, the session sweeper, discovery), which it owns
+//! ([`crate::health::Tasks`]).
 //!
 //! Every reload after the first, whoever asks for it, runs through
-//! [`Controller::reload`] in this service's loop, one at a time.
+//! [`Controller::reload`] in this service's loop, one at a time, counted by
+//! its trigger.
 //!
 //! Pingora cannot add services after `run_forever`, so per-route work is
 //! tasks this service starts and stops itself after each reload.
+//!
+//! SIGTERM starts the drain watcher: the process exits as soon as nothing
+//! is in flight (after up to 2 s for body-log frames still queued), and at
+//! `grace_period` at the latest, cutting what is left and logging how much
+//! (Pingora's own grace timer, a second later, is only a backstop).
 
 use crate::lifecycle;
 use crate::metrics::metrics;

@@ -1,8 +1,10 @@
 //! Assembles the Pingora server: the proxy service on `listen`, the admin
 //! service on `admin_listen`, the controller (signals, reloads, per-route
-//! background tasks) and, with a body-log listener, the body-log sender,
-//! then runs it until shutdown. The admin listener and the dashboard's
-//! sampler run until the process exits ([`UntilExit`]), through the drain.
+//! background tasks), the dashboard's sampler, with a body-log listener
+//! the body-log sender, and with a Redis session store the cluster sync
+//! (`balance/sync.rs`), then runs it until shutdown. The admin listener
+//! and the dashboard's sampler run until the process exits
+//! ([`UntilExit`]), through the drain.
 
 use crate::admin::dashboard::{Dashboard, Sampler};
 use crate::admin::AdminApp;

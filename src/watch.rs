@@ -11,6 +11,12 @@
 //! reload; a file still half-written when a reload runs fails to parse and
 //! keeps its previous version (as on SIGHUP), and the writes that finish it
 //! trigger the reload that loads it.
+//!
+//! Three parts: the watcher's thread filters events (route files, key
+//! files, the `..data` link; it never reads a file), a debounce task
+//! folds a burst into one [`Burst`], and the controller's loop reloads on
+//! it, then hands the watch the new table's key files ([`ConfigWatch::sync`]
+//! with `Registry::key_files`). The watch never touches the registry.
 
 use crate::metrics::metrics;
 use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};

@@ -1,7 +1,10 @@
 //! The admin listener: `/healthz`, `/metrics`, `/_routes`, and the live
-//! dashboard `/dashboard` with its `/dashboard.json` (`dashboard.rs`). It
-//! serves until the process exits, through a drain.
-//! (Per-route `/_…` endpoints live on the main listener, see `routes.rs`.)
+//! dashboard `/dashboard` with its `/dashboard.json` (`dashboard.rs`).
+//! It serves until the process exits, through a drain (`server::UntilExit`),
+//! while the main listener stops accepting at SIGTERM: `/healthz` answers
+//! 503 with the requests still in flight, and `/metrics` can be scraped.
+//! (Per-route `/_…` endpoints live on the main listener, see
+//! `route_endpoints.rs`.)
 
 pub mod dashboard;
 pub mod history;

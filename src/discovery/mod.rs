@@ -2,15 +2,22 @@
 //!
 //! A route's peers are the ones its file lists (a host name is looked up
 //! again whenever its answer's TTL runs out, within `resolver.min_ttl` ..
-//! `max_ttl`, and at once after an engine refused a connection) and, with
-//! `peers_from`, one per address of a DNS name or per ready endpoint of
-//! the EndpointSlices a selector matches (`kubernetes.rs`). One task per
-//! route (`spawn`) does the looking; what it finds goes into
+//! `max_ttl`, and at once when `RouteRuntime::rediscover` is notified: an
+//! engine refused a connection, a probe could not connect, a reload
+//! changed the route) and, with `peers_from`, one per address of a DNS
+//! name or per ready endpoint of the EndpointSlices a selector matches
+//! (`kubernetes.rs`). One task per route runtime (`spawn`, started by
+//! `health::Tasks`) does the looking; what it finds goes into
 //! `RouteRuntime::found`, and when an address changes it has the registry
-//! build a new version of the route (`Registry::rediscovered`): a peer at
-//! a new address is a new peer (its state keyed by that address), and the
-//! sessions of the one it replaces move, as a removed peer's do, since
-//! the engine behind the new address holds none of their cache.
+//! build a new version of the route on the same config
+//! (`Registry::rediscovered`), whose probes and scrapes `Tasks::sync`
+//! restarts: a peer at a new address is a new peer (its state keyed by
+//! that address), and the sessions of the one it replaces go
+//! (`SessionTable::forget_peer`), as a removed peer's do, since the engine
+//! behind the new address holds none of their cache.
+//!
+//! Before the listeners open, [`first_pass`] looks every route's names up
+//! once.
 
 pub mod found;
 pub mod kubernetes;

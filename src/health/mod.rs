@@ -1,4 +1,19 @@
-//! Active health probes and engine metric scrapes, one task pair per peer.
+//! A route's background tasks, owned by the controller ([`Tasks`]):
+//!
+//! - per peer, the health probe and the engine metrics scrape (load, KV
+//!   capacity from `/metrics`, else llama.cpp's `/props`, else learned
+//!   from the KV-usage gauge);
+//! - per route, the session sweeper (every second: the live recount, each
+//!   engine's completion rate, the pools' in-flight for `/_cluster_avg`,
+//!   a wake-up for the admission queue; every 30 s, expired sessions and
+//!   what the content index no longer needs) and, with adaptive
+//!   concurrency, its tick (`Route::adaptive_tick`);
+//! - per route runtime, the discovery task (`crate::discovery`), which
+//!   outlives the rebuilds it asks for.
+//!
+//! A new version of a route (a reload that changed it, a rebuild its
+//! discovery asked for) bumps its generation: [`Tasks::sync`] starts the
+//! new generation's tasks, and the old ones stop by themselves.
 //!
 //! Probe semantics (from the OpenResty gateway): 2xx → ready (unban); 429 or
 //! a timeout → alive but busy, left as is (banning a busy peer would remove

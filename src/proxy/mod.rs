@@ -3,27 +3,33 @@
 //!
 //! early_request_filter     `conn::head_complete`: the head's deadline is off;
 //!                          `conn::serve_pipelined`: pipelined requests in order
-//! request_filter           `request` (head size, route, endpoints, body;
-//!                          `conn::hold_client_bytes`) → `guards` (key,
-//!                          rules, usage, prefix) → `crate::balance` (pool, place) →
-//!                          `request::forward` (the body back to Pingora:
-//!                          its retry buffer, or the replay)
+//! request_filter           `request` (head size, route, endpoints) →
+//!                          `guards::auth` → `request` (body, session;
+//!                          `conn::hold_client_bytes`) → `guards::rules` →
+//!                          `request::rewrites` (usage, prefix) →
+//!                          `Gateway::place` (pool, load gates,
+//!                          `crate::balance`) → `request::forward` (the body
+//!                          back to Pingora: its retry buffer, or the replay)
 //! upstream_peer            `upstream::next_peer`: the placed peer, or on a
 //!                          retry the next untried ready one
 //! fail_to_connect          `upstream::on_connect_failure`: ban, retry?
 //! error_while_proxy        `conn::engine_silence`: the engine's timeout as
 //!                          such; `upstream::on_exchange_failure`: ban a
-//!                          peer whose connection broke
+//!                          peer whose connection broke; `upstream::stale_reuse`:
+//!                          a closed pooled connection tried again
 //! upstream_request_filter  `conn::watch_engine`: its silence is bounded;
 //!                          `upstream::rewrite_head`: Host, real Content-Length
 //! request_body_filter      `upstream::swap_body`: the real body for the placeholder
-//! response_filter          `response::headers`: pipeline, X-Routed-* headers
+//! response_filter          `response::headers`: an unasked `101` refused,
+//!                          pipeline, X-Routed-* headers; the head into the
+//!                          body-log capture
 //! response_body_filter     `response::bodylog::tee` (raw bytes), then the
 //!                          `crate::stream` pipeline: observe, drop, rewrite;
 //!                          the slot released at the engine's last byte
 //! fail_to_proxy            `response::local::fail`: the JSON error
-//! logging                  `response::record`, the slot released (if not yet), the
-//!                          body-log frame is queued, `conn::await_next_head`
+//! logging                  the slot released (if not yet), `response::record`
+//!                          (and `share_response`), the body-log frame is
+//!                          queued, `conn::await_next_head`
 //!
 //! Under the hooks, `conn` wraps each client connection: a request head
 //! must arrive within `client_header_timeout` of its first byte, and an

@@ -7,10 +7,13 @@
 //! reload hands the same state to every peer that is still configured and
 //! drops it for the rest.
 //!
-//! Who writes what: `reload` (the controller) swaps the table and re-reads
-//! key files; the request path takes in-flight slots and bans peers it
-//! cannot reach; the health tasks ban, unban and record engine samples; the
-//! toggle endpoints flip `Toggles`.
+//! Who writes what: `reload` (at start, then only the controller's
+//! `Controller::reload`, on SIGHUP or a file-watch burst) swaps the table
+//! and re-reads key files; `rediscovered` (a route's discovery task, when
+//! an address changed) swaps in one route rebuilt on the same config; the
+//! request path takes in-flight slots and bans peers it cannot reach; the
+//! health tasks ban, unban and record engine samples; the toggle endpoints
+//! flip `Toggles`.
 
 mod keys;
 mod peer;

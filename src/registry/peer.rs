@@ -1,7 +1,29 @@
-//! Runtime state of one peer (route + `host:port`), shared by every worker
-//! thread and carried across reloads: in-flight slots, readiness, the last
-//! engine metrics. Written by the request path (slots, passive bans) and by
-//! the health tasks (bans, engine samples); read by `balance`.
+//! Runtime state of one peer, shared by every worker thread and carried
+//! across reloads. Keyed by route and address (`host:port`; for a listed
+//! host name, with the address it resolved to, so an engine at a new
+//! address starts afresh: `registry/route.rs` `live_peers`).
+//!
+//! - In-flight slots ([`InFlightGuard`]), the prompt tokens they carry, and
+//!   of those the requests still before their first token and the cold
+//!   prompts among them (the backlog a newcomer waits behind, released by
+//!   [`InFlightGuard::first_token`] from `response_body_filter`); the cold
+//!   tokens taken in so far, which tell how long a template sent here stays
+//!   cached (`balance/prefix.rs`). Written by the request path.
+//! - Readiness: bans from the request path (a refused connection, a broken
+//!   exchange) and from the health probes.
+//! - The engine's last metrics and its KV capacity, published (`/metrics`,
+//!   llama.cpp's `/props`) or learned from its KV-usage gauge
+//!   (`CapacityLearner`, `placement/capacity.rs`): the health scrapes.
+//! - The engine's speeds (`SpeedLearner`, `placement/speed.rs`): prefill
+//!   and decode learned from each 2xx stream's timing
+//!   ([`PeerState::learn_first_token`], [`PeerState::learn_decode`], from
+//!   `proxy/response/record.rs`), its completion rate once a second
+//!   ([`PeerState::tick_speed`], the route's sweeper).
+//! - The other replicas' in-flight here and the cluster's sessions bound
+//!   here (shared session store only: `balance/sync.rs`).
+//!
+//! Read by `balance` (`balance/snapshot.rs` turns it into placement's
+//! `PeerLoad`) and by the status endpoints.
 
 use super::room::RoomSignal;
 use crate::placement::{

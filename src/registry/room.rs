@@ -1,8 +1,10 @@
-//! A route's "room may have freed" signal: an in-flight slot was released,
-//! a session left its engine's live window, or the process began draining.
-//! Requests waiting in the route's admission queue (`crate::balance`) sleep
-//! on it; the request path pays one atomic load per released slot when
-//! nobody waits.
+//! A route's "room may have freed" signal: an in-flight slot was released
+//! (`InFlightGuard`), an adaptive limit rose, or the route's sweeper
+//! recounted the live sessions (once a second: a session may have left its
+//! engine's live window, and a waiter sees a drain that began). Requests
+//! waiting in the route's admission queue (`crate::balance`) sleep on it,
+//! warm turns first, new sessions in arrival order; the request path pays
+//! one atomic load per released slot when nobody waits.
 
 use parking_lot::Mutex;
 use std::collections::BTreeSet;

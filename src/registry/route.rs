@@ -62,14 +62,27 @@ pub fn host_header(config: &PeerConfig) -> String {
 /// Per-route state that survives reloads.
 pub struct RouteRuntime {
     peers: Mutex<HashMap<String, Arc<PeerState>>>,
+    /// Where each session is bound, its context tokens, and the live
+    /// sessions per peer. Written by placement (`balance`, and
+    /// `balance/shared.rs` / `balance/sync.rs` adopting what other replicas
+    /// decided), by `proxy/response/record.rs` at a turn's end (its
+    /// tokens), by the route's sweeper (`health/`: the live recount every
+    /// second, expiry every 30 s) and by a rebuild that drops a peer
+    /// (`forget_peer`).
     pub sessions: SessionTable,
     /// Conversations recognised by content (used when the route has
-    /// `session_affinity.content` on), and Responses API response ids.
+    /// `session_affinity.content` on), Responses API response ids, and the
+    /// engines each shared template was sent to (`balance/prefix.rs`).
     pub content: crate::session::content::ContentIndex,
     /// Wakes the route's admission queue when room may have freed.
     pub queue: Arc<RoomSignal>,
     /// The load gates' measurements, counters, adaptive limits and
-    /// runtime overrides.
+    /// runtime overrides, touched only through its verbs: `judge` (the
+    /// load gates, `proxy/guards/gates.rs`), the `count…` verbs (the
+    /// guards, placement, `proxy/mod.rs` for the turn, `proxy/response/record.rs`
+    /// for the streams), `tick` (`Route::adaptive_tick`, driven from
+    /// `health/`), `overrides` (`/_ttft_limit`, `/_tps_limit`) and
+    /// `reset_counts` (`/_429_status?reset=1`).
     pub protection: RouteProtection,
     /// Prompt and cached prompt tokens the engines reported, for the cache
     /// hit rate in `/_session_status`.
@@ -95,8 +108,8 @@ pub struct RouteRuntime {
     /// names resolved, `peers_from`'s endpoints (`discovery/`).
     pub found: Mutex<crate::discovery::found::Found>,
     /// Wakes the discovery task before its next scheduled look: an engine
-    /// refused a connection (it may have moved), or a reload changed the
-    /// route.
+    /// refused a connection (it may have moved), a probe could not connect,
+    /// or a reload changed the route.
     pub rediscover: tokio::sync::Notify,
 }
 

@@ -15,6 +15,14 @@
 //!   last read or wrote it: a move made elsewhere is seen within that bound;
 //! - bindings expire with the route's `idle_timeout`, refreshed at most every
 //!   `idle_timeout / 8` per session, not on every request.
+//!
+//! Beside the bindings: where each conversation recognised by content goes
+//! on (`content_put`, `content_get`: `proxy/request/session.rs`) and which
+//! session each Responses API answer belongs to (`response_put`:
+//! `proxy/response/record.rs`; `response_get`). This module owns the
+//! connections and every command, each bounded by the store's timeout;
+//! `binding.rs` the keys and values (pure); it knows nothing of routes but
+//! their names. The background task that drives it is `balance/sync.rs`.
 
 pub mod binding;
 

@@ -102,8 +102,10 @@ pub fn serve_pipelined(session: &mut Session) {
     session.as_downstream_mut().set_pipelining_enabled(true);
 }
 
-/// Phase of `logging`: the request is done, the next bytes on this
-/// connection start a new head (with a fresh deadline from its first byte).
+/// Phase of `logging`: the request is done. The engine's watch is off, the
+/// bytes held for the next request are let through, and the next bytes on
+/// this connection start a new head (with a fresh deadline from its first
+/// byte).
 pub fn await_next_head(session: &Session) {
     if let Some(c) = client_stream(session) {
         c.await_next_head();

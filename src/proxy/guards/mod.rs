@@ -1,11 +1,13 @@
 //! Request guards that run before placement: API keys (`auth`), content
-//! reject rules (`rules`), the load gates (`load`, `prio`), and who counts
-//! as local for the toggles. The body's rewrites are not guards: they are
-//! in `proxy::request::rewrites`.
+//! reject rules (`rules`), the load gates (`gates`, with the turn's
+//! priority bucket from `prio`), and who counts as local for the toggles.
+//! The body's rewrites are not guards: they are in
+//! `proxy::request::rewrites`.
 //!
 //! Where new guards go: load-based refusals (TTFT/decode-rate shedding,
 //! session turn priority, the rate-limit switch) are modules here, called
-//! from `Gateway::admit` between the content guards and placement.
+//! from `Gateway::place` after the content guards and the rewrites, before
+//! placement.
 
 pub mod auth;
 pub mod gates;

@@ -1,5 +1,13 @@
-//! The request body: whether there is one, reading it whole (bounded by the
-//! route's `max_body_size`), and parsing an LLM endpoint's JSON.
+//! The request body: whether there is one (its framing headers read once),
+//! reading it whole (413 over the route's `max_body_size`) in the pieces it
+//! arrives in (`pieces.rs`), and one pass over it for everything the
+//! request path needs: the API the path names (`api.rs`; other endpoints
+//! pass unread), the model, whether it streams, the session the client
+//! named, the conversation's blocks when it named none (`session/content/`),
+//! and the include_usage edit the route may ask for. The skim
+//! (`request_view/skim.rs`) reads an ordinary body across its pieces;
+//! serde_json reads, joined, whatever the skim is unsure of, and words the
+//! 400.
 
 use super::pieces::{Gather, RequestBody};
 use super::rewrites;

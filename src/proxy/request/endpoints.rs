@@ -1,8 +1,16 @@
 //! The answers the gateway gives itself, without an engine: the gateway-wide
-//! `/_bodylog_…` endpoints, a route's `/_…` status endpoints and toggles,
-//! and `GET /v1/models` for a route with model pools.
+//! `/_bodylog_…` endpoints (also under each route, as `/<route>/_bodylog_…`),
+//! a route's `/_…` status endpoints and toggles, `/_route_inspect`, and
+//! `GET /v1/models` for a route with model pools.
 //! Each returns `Err(Local)` with the answer when the request is one of
 //! them, so the hook reads as one `?` per phase.
+//!
+//! Who may ask: a toggle or limit override is a POST from loopback; a
+//! status endpoint (and `/_route_inspect`) is open, needs a key, or
+//! answers loopback only, as gateway.yaml's `status_endpoints` says, and
+//! shows engine addresses to a loopback caller only. Status endpoints take
+//! GET or HEAD (405 before they run), `/_route_inspect` POST. The answers
+//! themselves are `route_endpoints.rs`'.
 
 use super::Local;
 use crate::bodylog::Bodylog;

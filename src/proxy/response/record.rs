@@ -1,6 +1,17 @@
-//! What a finished request leaves behind in the metrics. Runs in `logging`,
-//! which Pingora calls on every path (local answer, connect failure, upstream
-//! death, client gone).
+//! What a finished request leaves behind. Runs in `logging`, which Pingora
+//! calls on every path (local answer, connect failure, upstream death,
+//! client gone):
+//!
+//! - the metrics (requests, duration, tokens, TTFT);
+//! - in the session table, the turn's end and, from the usage, the context
+//!   the session now holds on its engine (`SessionTable::turn_ended`);
+//! - a Responses answer's id, mapped to its session in the content index
+//!   (and, when the route shares sessions, in Redis: [`share_response`]);
+//! - from a 2xx stream's timing: the route's TTFT and decode-rate samples
+//!   (`RouteProtection::count_stream`), the cost of a cold prompt
+//!   (`RouteRuntime::cold_cost`), and the engine's own speeds
+//!   (`PeerState::learn_first_token`, `learn_decode`), which placement's
+//!   model reads.
 
 use crate::clock::now_ms;
 use crate::metrics::metrics;

@@ -67,9 +67,11 @@ fn build_peer(ctx: &RequestCtx) -> Result<Box<HttpPeer>> {
 }
 
 /// Passive health check: a peer that refuses connections is not ready until
-/// a probe (or the ban TTL) says otherwise. Retry when another ready peer is
-/// left untried. A connection the gateway could not open for want of its
-/// own resources (descriptors, ports) bans nothing and is not retried.
+/// a probe (or the ban TTL) says otherwise, and the route's discovery looks
+/// its name up again at once (`RouteRuntime::rediscover`). Retry when
+/// another ready peer is left untried. A connection the gateway could not
+/// open for want of its own resources (descriptors, ports) bans nothing, is
+/// not retried, and answers 503.
 pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error> {
     let Some((route, p)) = ctx.peer() else {
         return e;

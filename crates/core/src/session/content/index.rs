@@ -20,6 +20,12 @@
 //!   routers' failure (every conversation on the engine holding the
 //!   shared system prompt) away.
 //!
+//! Two memories ride along, for the same route: each Responses API
+//! answer's id (its hash) → the session it answered
+//! ([`ContentIndex::remember_response`]), and, per template, the engines
+//! it was sent to lately ([`ContentIndex::hold`], [`ContentIndex::holders`]:
+//! the gateway's `balance/prefix.rs` prices a newcomer by them).
+//!
 //! Bounded: nodes and sessions unused for `idle_ms` are swept, and at
 //! `max_nodes` the least recently used go, one-off conversations first.
 //! Only keyed hashes are kept (SipHash-1-3 under the route's key of each
