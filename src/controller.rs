@@ -36,6 +36,14 @@ pub struct Controller {
 }
 
 impl Controller {
+    /// Draining has begun: every admission queue's waiters take their last
+    /// try now rather than at the next released slot or sweeper tick.
+    fn wake_queues(&self) {
+        for route in self.registry.snapshot().values() {
+            route.runtime.queue.room_may_have_freed();
+        }
+    }
+
     pub fn new(registry: Arc<Registry>, grace_period: Duration) -> Self {
         Controller {
             registry,
@@ -240,10 +248,12 @@ impl BackgroundService for Controller {
                 _ = term.recv() => {
                     log::info!("SIGTERM: draining for at most {:?}", self.grace_period);
                     spawn_drain_watcher(self.grace_period);
+                    self.wake_queues();
                 }
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() {
                         spawn_drain_watcher(self.grace_period);
+                        self.wake_queues();
                         return;
                     }
                 }

@@ -2,7 +2,8 @@
 //! in-flight slot reserved, and why.
 //!
 //! - `pools`: the model's pool and the active priority tier (candidates);
-//! - `load`: live peer state turned into the pure rules' input;
+//! - `snapshot`: live peer state turned into the pure rules' input;
+//! - `prefix`: which engines hold a request's shared prefix;
 //! - this file: the route's mode applied (`crate::placement` holds the pure
 //!   rules and the session table), overflow when the placed peer is full,
 //!   retries after a refused connection;
