@@ -291,3 +291,53 @@ fn response_id(r: &http::Response) -> String {
         .find_map(|v| v["response"]["id"].as_str().map(str::to_string))
         .unwrap_or_else(|| panic!("no response id in {text}"))
 }
+
+/// Conversations one after another, each starting with `system(i)` and a
+/// question of its own: the engine of each, and the tokens cached for it.
+fn one_after_another(
+    gw: &Gateway,
+    n: usize,
+    system: impl Fn(usize) -> String,
+) -> Vec<(String, u64)> {
+    (0..n)
+        .map(|i| {
+            let body = chat(&[
+                ("system".into(), system(i)),
+                (
+                    "user".into(),
+                    format!("question {i}: what does section {i} say?"),
+                ),
+            ]);
+            let r = http::post_json(gw.addr, CHAT, &[], &body);
+            assert_eq!(r.status(), 200, "{}", r.text());
+            (
+                r.header("x-routed-peer").unwrap_or("?").to_string(),
+                cached(&r),
+            )
+        })
+        .collect()
+}
+
+/// A template (a long prefix many conversations start with) is priced, not
+/// ignored: with the engines idle, each new conversation goes where the
+/// template is cached and prefills only its question.
+#[test]
+fn a_templates_newcomers_go_where_it_is_cached_while_that_costs_no_wait() {
+    let cluster = engines(3);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let docs = long_text("tenant-docs", 1_500);
+    let placed = one_after_another(&gw, 12, |_| docs.clone());
+    let engines: HashSet<&String> = placed.iter().map(|(peer, _)| peer).collect();
+    assert_eq!(engines.len(), 1, "where the template is: {placed:?}");
+    // From the second on, the template is cached for each.
+    assert!(
+        placed[1..].iter().all(|(_, cached)| *cached >= 1_500),
+        "{placed:?}"
+    );
+    // Control: conversations that share nothing spread by what the engines
+    // hold (away from the one the template's conversations are on).
+    let own = one_after_another(&gw, 12, |i| long_text(&format!("own{i}-"), 1_500));
+    let engines: HashSet<&String> = own.iter().map(|(peer, _)| peer).collect();
+    assert!(engines.len() >= 2, "{own:?}");
+    assert!(own.iter().all(|(_, cached)| *cached < 1_500), "{own:?}");
+}

@@ -6,31 +6,42 @@
 //! engines' queues outweigh the prefill it saves, the next newcomer goes
 //! elsewhere cold, and that engine holds it too.
 
-use crate::placement::{Prefix, WHOLE};
+use crate::placement::Prefix;
 use crate::registry::Route;
-use crate::session::content::Recognised;
+use crate::session::content::{How, Recognised};
 
 /// Cold tokens an engine of unknown KV capacity may take in after a
 /// prefix before the prefix is taken to be evicted: half of what a mid-size
 /// model's KV holds on one GPU.
 const RETENTION_UNKNOWN_KV: u64 = 200_000;
 
-/// The request's template and the engines that still hold it: sent there,
-/// and since then fewer cold tokens taken in than half the engine's KV (the
-/// rest holds the sequences running there), which LRU would have evicted
-/// the template for.
+/// The request's shared prefix and the engines that still hold it: sent
+/// there, and since then fewer cold tokens taken in than half the engine's
+/// KV (the rest holds the sequences running there), which LRU would have
+/// evicted it for; and a fork's parent's engine, which has held their
+/// shared history since before anyone knew it would be shared.
 pub fn prefix_for(route: &Route, content: Option<&Recognised>) -> Option<Prefix> {
-    let template = content?.template?;
+    let content = content?;
+    let template = content.template?;
     let holders = route.runtime.content.holders(template.node);
     let still_cached = holders.iter().filter_map(|h| {
         let (_, peer) = route.peer_by_id(h.peer)?;
-        let retention = super::kv_capacity(peer).map_or(RETENTION_UNKNOWN_KV, |(cap, _)| {
-            cap * u64::from(WHOLE / 2) / u64::from(WHOLE)
-        });
+        let retention = super::kv_capacity(peer).map_or(RETENTION_UNKNOWN_KV, |(cap, _)| cap / 2);
         let taken_in = peer.state.intake().saturating_sub(h.mark);
         (taken_in < retention).then_some(h.peer)
     });
-    Some(Prefix::new(template.tokens, still_cached))
+    let parents_engine = match content.how {
+        How::Forked { parent } => route
+            .runtime
+            .sessions
+            .binding_of(parent, crate::clock::now_ms())
+            .map(|(peer, _)| peer),
+        _ => None,
+    };
+    Some(Prefix::new(
+        template.tokens,
+        parents_engine.into_iter().chain(still_cached),
+    ))
 }
 
 /// The request went to `peer` (a peer id of the route): it holds the

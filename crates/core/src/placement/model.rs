@@ -55,6 +55,9 @@ pub struct RouteModel {
     /// decoding slower than that is taken to prefill slower by as much
     /// until its own first tokens say.
     pub tpot_us: Option<f32>,
+    /// The median completion rate of the engines that have one: what a
+    /// request in flight is worth on an engine whose own is not known yet.
+    pub completions_per_s: Option<f32>,
     /// The context a session of this route grows to: the mean size at which
     /// recent sessions ended (0: none has yet).
     pub typical_session: u64,
@@ -116,6 +119,10 @@ pub struct Estimate {
     /// learned yet, so `queue_ms` says nothing.
     pub queue_known: bool,
     pub backlog_ms: f32,
+    /// The requests the engine carries beyond the least loaded candidate,
+    /// each a completion's worth of waiting (the queue a binding there adds
+    /// to): set by [`weigh`], 0 from [`estimate`] alone.
+    pub load_ms: f32,
     pub prefill_ms: f32,
     /// Of the request's tokens, those cached there and those not.
     pub cached_tokens: u64,
@@ -137,7 +144,7 @@ impl Estimate {
     /// The expected time to the first token there, plus what binding the
     /// session there costs others.
     pub fn total_ms(&self) -> f32 {
-        self.queue_ms + self.backlog_ms + self.prefill_ms + self.evicts_ms
+        self.queue_ms + self.backlog_ms + self.load_ms + self.prefill_ms + self.evicts_ms
     }
 }
 
@@ -235,6 +242,7 @@ pub fn estimate(p: &PeerLoad, ask: &Ask, route: &RouteModel) -> Estimate {
         queue_ms,
         queue_known,
         backlog_ms: ms(p.backlog_tokens / 2),
+        load_ms: 0.0,
         prefill_ms: ms(ask.tokens.saturating_sub(cached)),
         cached_tokens: cached,
         uncached_tokens: ask.tokens.saturating_sub(cached),
@@ -277,6 +285,62 @@ pub fn tolerance_ms(ask: &Ask, route: &RouteModel, us: f32) -> f32 {
 /// tolerance of it, the one that will hold the least relative to its KV;
 /// then the least time, then the fewest requests in flight; exact ties by
 /// `rand`, which the caller draws per request.
+/// Each engine passing `eligible` with its estimate, the load it carries
+/// beyond the least loaded of them counted in (its requests in flight, or
+/// what its live sessions keep in flight on average when more): each
+/// request more is a
+/// completion's worth of time there (the engine's own rate, else the
+/// route's; before any, a typical session's prefill), the queue a binding
+/// there joins. What keeps a template's holder from drawing every
+/// newcomer while it is busier than the rest by more than the template
+/// saves.
+pub fn weigh<'a>(
+    peers: &'a [PeerLoad],
+    ask: &Ask,
+    route: &RouteModel,
+    eligible: impl Fn(&PeerLoad) -> bool,
+) -> Vec<(&'a PeerLoad, Estimate)> {
+    let mut options: Vec<(&PeerLoad, Estimate)> = peers
+        .iter()
+        .filter(|p| eligible(p))
+        .map(|p| (p, estimate(p, ask, route)))
+        .collect();
+    // Live sessions between turns come back: an engine carries at least its
+    // sessions likely to return, times the share of their time sessions
+    // spend in flight (the route's requests in flight over its returning
+    // sessions, now).
+    let returning = |p: &PeerLoad| p.bound.returning_milli as f32 / WHOLE as f32;
+    let in_flight: f32 = options.iter().map(|(p, _)| p.load() as f32).sum();
+    let sessions: f32 = options.iter().map(|(p, _)| returning(p)).sum();
+    let duty = if sessions > 0.0 {
+        (in_flight / sessions).min(1.0)
+    } else {
+        0.0
+    };
+    let carried = |p: &PeerLoad| (p.load() as f32).max(returning(p) * duty);
+    let lightest = options
+        .iter()
+        .map(|(p, _)| carried(p))
+        .fold(f32::INFINITY, f32::min);
+    let unit = match route.typical_session {
+        0 => UNKNOWN_SESSION_TOKENS,
+        n => n,
+    };
+    for (p, e) in options.iter_mut() {
+        let rate = p
+            .speed
+            .completions_per_s
+            .or(route.completions_per_s)
+            .filter(|r| *r > 0.0);
+        let per_request_ms = match rate {
+            Some(rate) => 1_000.0 / rate,
+            None => unit as f32 * e.prefill_us / 1_000.0,
+        };
+        e.load_ms = (carried(p) - lightest).max(0.0) * per_request_ms;
+    }
+    options
+}
+
 pub fn choose<'a>(
     peers: &'a [PeerLoad],
     ask: &Ask,
@@ -284,11 +348,7 @@ pub fn choose<'a>(
     rand: u64,
     eligible: impl Fn(&PeerLoad) -> bool,
 ) -> Option<(&'a PeerLoad, Estimate)> {
-    let options: Vec<(&PeerLoad, Estimate)> = peers
-        .iter()
-        .filter(|p| eligible(p))
-        .map(|p| (p, estimate(p, ask, route)))
-        .collect();
+    let options = weigh(peers, ask, route, eligible);
     let fastest = options
         .iter()
         .map(|(_, e)| e.total_ms())

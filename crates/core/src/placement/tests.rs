@@ -810,16 +810,34 @@ fn a_new_session_avoids_an_engine_that_is_slower_by_what_it_does() {
             reason: None
         })
     );
-    // Control: alike in speed, the engine holding less takes it, whatever
-    // it has in flight (its turns hold what its sessions hold).
-    let slow = timed(holding(blind(1, 4), 4, 40_000), 50.0);
+    // Control: alike in speed, the engine holding less takes it.
+    let quiet = timed(holding(blind(1, 0), 4, 40_000), 50.0);
     assert_eq!(
-        t.place_session(91, incoming(8_000, false), &[slow, idle], T0),
+        t.place_session(91, incoming(8_000, false), &[quiet, idle], T0),
         Admission::Placed(Placement {
             peer: 1,
             kind: PlacementKind::New,
             reason: None
         })
+    );
+}
+
+#[test]
+fn a_new_session_avoids_the_engine_carrying_more_requests_for_its_sessions() {
+    let t = table();
+    // Peer 1 has one session fewer but keeps every one of its turns in
+    // flight (a slow engine); peer 2's sessions are between turns.
+    let slow = holding(blind(1, 4), 4, 40_000);
+    let idle = holding(blind(2, 0), 5, 50_000);
+    assert_eq!(
+        t.place(90, &[slow, idle], T0),
+        at(2, PlacementKind::New, None)
+    );
+    // Control: with nothing in flight, the fewer sessions win.
+    let quiet = holding(blind(1, 0), 4, 40_000);
+    assert_eq!(
+        t.place(91, &[quiet, idle], T0),
+        at(1, PlacementKind::New, None)
     );
 }
 

@@ -42,6 +42,7 @@ fn route(typical_session: u64) -> RouteModel {
     RouteModel {
         prefill_us: Some(50.0),
         tpot_us: None,
+        completions_per_s: None,
         typical_session,
         admit_permille: 900,
     }

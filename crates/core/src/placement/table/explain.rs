@@ -90,10 +90,9 @@ impl SessionTable {
             prefix: incoming.prefix,
         };
         let route = self.model(peers);
-        let estimates = peers
-            .iter()
-            .filter(|p| p.ready)
-            .map(|p| model::estimate(p, &ask, &route))
+        let estimates = model::weigh(peers, &ask, &route, |p| p.ready)
+            .into_iter()
+            .map(|(_, e)| e)
             .collect();
         (route, estimates)
     }

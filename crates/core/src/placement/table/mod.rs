@@ -211,6 +211,7 @@ impl SessionTable {
         RouteModel {
             prefill_us: median(|p| p.speed.prefill_us),
             tpot_us: median(|p| p.speed.tpot_us),
+            completions_per_s: median(|p| p.speed.completions_per_s),
             typical_session: self.ended.typical(),
             admit_permille: self.config.load().kv_admit_permille,
         }
