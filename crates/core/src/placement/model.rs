@@ -18,7 +18,11 @@
 //! - **Evicts**: binding a session where it was not pushes that engine's
 //!   working set up by what the session will grow to (the route's typical
 //!   ended session, learned, or its own size when more), and what passes
-//!   the engine's KV is evicted and prefilled again by someone.
+//!   the engine's KV is evicted and prefilled again by someone. On its
+//!   home, the same share of the home's excess is what staying costs: a
+//!   young session on an engine its cohort will overfill moves while its
+//!   context is small, an old one stays (the layout corrects itself at
+//!   move points).
 //!
 //! Each part is tokens times the engine's prefill speed, learned from its
 //! own first tokens ([`super::speed`]), or a wait, so one unit (time)
@@ -127,7 +131,9 @@ pub struct Estimate {
     /// Of the request's tokens, those cached there and those not.
     pub cached_tokens: u64,
     pub uncached_tokens: u64,
-    /// Others' context its binding there evicts, and their prefill.
+    /// Others' context its binding there evicts, and their prefill (on its
+    /// home: what its staying there keeps evicting, which a move would
+    /// relieve; a young session is cheap to move, an old one is not).
     pub evicts_tokens: u64,
     pub evicts_ms: f32,
     /// What the engine will hold with the session, in tokens, and per
@@ -227,8 +233,10 @@ pub fn estimate(p: &PeerLoad, ask: &Ask, route: &RouteModel) -> Estimate {
             let line = cap.saturating_mul(u64::from(route.admit_permille)) / 1000;
             let now = holds.max(held_now(p, cap));
             let over = |t: u64| t.saturating_sub(line);
+            // At home, what the session's own binding keeps past the line
+            // (what moving it would relieve); elsewhere, what it would add.
             let evicts = if at_home {
-                0
+                over(now) - over(now.saturating_sub(size))
             } else {
                 over(now.saturating_add(size)) - over(now)
             };

@@ -234,11 +234,14 @@ fn a_home_keeps_what_its_kv_pressure_leaves_of_the_session() {
     };
     let e = estimate(&timed(home, 50.0), &ask, &route(50_000));
     assert_eq!((e.cached_tokens, e.uncached_tokens), (30_000, 22_000));
-    assert_eq!(e.evicts_tokens, 0, "it is already there");
+    // 90 % admitted: 270k; its 52k keep 50k of the 320k past the line.
+    assert_eq!(e.evicts_tokens, 50_000, "what staying keeps evicting");
     // Control: within its KV the home holds all of it.
     let roomy = with_kv(holding(engine(1), 6, 280_000, 280_000), 300_000);
     let e = estimate(&timed(roomy, 50.0), &ask, &route(50_000));
     assert_eq!((e.cached_tokens, e.uncached_tokens), (50_000, 2_000));
+    // Six sessions that will hold the typical 50k each: 300k, 30k past.
+    assert_eq!(e.evicts_tokens, 30_000);
 }
 
 #[test]
@@ -312,4 +315,37 @@ fn a_queue_without_a_learned_completion_rate_is_unknown() {
     let e = estimate(&timed(queued, 50.0), &new_session(1_000), &route(0));
     assert!(e.queue_known);
     assert_eq!(e.queue_ms, 300.0);
+}
+
+#[test]
+fn a_young_session_leaves_an_engine_its_cohort_will_overfill_and_an_old_one_stays() {
+    // Nine sessions on 400k of KV will hold 9 x 58k: 162k past the 360k
+    // line. Five on another engine will hold 290k: room for one more.
+    let crowded = timed(
+        with_kv(holding(engine(1), 9, 200_000, 9 * 58_000), 400_000),
+        50.0,
+    );
+    let roomy = timed(
+        with_kv(holding(engine(2), 5, 150_000, 5 * 58_000), 400_000),
+        50.0,
+    );
+    let at_home = |held: u64| Ask {
+        tokens: held + 2_000,
+        home: Some(1),
+        held,
+        prefix: None,
+    };
+    let route = route(58_000);
+    let moves = |held: u64| {
+        let ask = at_home(held);
+        let home = estimate(&crowded, &ask, &route);
+        let cold = Ask { home: None, ..ask };
+        let other = estimate(&roomy, &cold, &route);
+        clearly_better(&home, &other, tolerance_ms(&ask, &route, 50.0))
+    };
+    // Young (6k): 8k cold elsewhere, 0.4 s, against the 2.9 s of others'
+    // context its staying keeps evicting.
+    assert!(moves(6_000));
+    // Control: old (55k), the move's 2.85 s cold prefill outweighs it.
+    assert!(!moves(55_000));
 }
