@@ -17,12 +17,15 @@
 //!   parent's history), all but that prefix.
 //! - **Evicts**: binding a session where it was not pushes that engine's
 //!   working set up by what the session will grow to (the route's typical
-//!   ended session, learned, or its own size when more), and what passes
-//!   the engine's KV is evicted and prefilled again by someone. On its
-//!   home, the same share of the home's excess is what staying costs: a
-//!   young session on an engine its cohort will overfill moves while its
-//!   context is small, an old one stays (the layout corrects itself at
-//!   move points).
+//!   ended session, learned, or its own size when more); what then passes
+//!   the engine's KV is evicted between turns, each turn there finding its
+//!   share of it gone and prefilling it again. Per turn and per session, so
+//!   an engine far past its KV costs more per session than one just past
+//!   it: sessions spread evenly rather than piling where one more seems to
+//!   change little. On its home the same share is what the home no longer
+//!   holds of it: a young session on an engine its cohort overfills moves
+//!   while its context is cheap to move, an old one stays (a layout that
+//!   turns out badly is corrected at move points).
 //!
 //! Each part is tokens times the engine's prefill speed, learned from its
 //! own first tokens ([`super::speed`]), or a wait, so one unit (time)
@@ -131,9 +134,11 @@ pub struct Estimate {
     /// Of the request's tokens, those cached there and those not.
     pub cached_tokens: u64,
     pub uncached_tokens: u64,
-    /// Others' context its binding there evicts, and their prefill (on its
-    /// home: what its staying there keeps evicting, which a move would
-    /// relieve; a young session is cheap to move, an old one is not).
+    /// What each turn there will find evicted once the session is bound
+    /// there (the engine's excess over its KV, the sessions grown to their
+    /// expected size, shared by its sessions), and its prefill: a cost the
+    /// session and every other session there pay each turn. On its home,
+    /// what its cohort growing will take beyond what is gone already.
     pub evicts_tokens: u64,
     pub evicts_ms: f32,
     /// What the engine will hold with the session, in tokens, and per
@@ -181,18 +186,29 @@ fn held_now(p: &PeerLoad, cap: u64) -> u64 {
     p.bound.returning_tokens.max((reported * cap as f64) as u64)
 }
 
+/// The live sessions of `p` likely to come back.
+fn returning(p: &PeerLoad) -> f64 {
+    p.bound.returning_milli as f64 / f64::from(WHOLE)
+}
+
+/// An engine's excess spread over the sessions that share it (at least one).
+fn per_session(excess: u64, sessions: f64) -> u64 {
+    (excess as f64 / sessions.max(1.0)) as u64
+}
+
 /// The tokens of the request cached on `p`: on its home, what the home
 /// still holds of the session; where its shared prefix was sent, that
 /// prefix (a fork bound next to its parent has both, the more counts).
 fn cached_on(p: &PeerLoad, ask: &Ask) -> u64 {
     let at_home = (ask.home == Some(p.id)).then(|| {
-        // Over its KV by `excess`, the engine has taken at most that much
-        // of the session idle longest, which the arriving one most likely
-        // is; tail first, so the rest of its context is still there.
+        // Over its KV by `excess`, the engine evicts sessions' tails (vLLM
+        // and SGLang free a sequence's blocks tail first) as they sit idle,
+        // and each returning turn finds its share of the excess gone and
+        // the rest of its context still there.
         let excess = p
             .kv_capacity_tokens
             .map_or(0, |cap| p.bound.returning_tokens.saturating_sub(cap));
-        ask.held.saturating_sub(excess)
+        ask.held.saturating_sub(per_session(excess, returning(p)))
     });
     let shared = ask
         .prefix
@@ -230,15 +246,20 @@ pub fn estimate(p: &PeerLoad, ask: &Ask, route: &RouteModel) -> Estimate {
     };
     let (evicts_tokens, hold_permille) = match p.kv_capacity_tokens {
         Some(cap) if cap > 0 => {
+            // Bound there, with the others grown to their expected size:
+            // what the engine holds past the line, as each of its sessions'
+            // turns will find its share of it gone. Its own home's share is
+            // already in what the home holds of it (`cached_on`).
             let line = cap.saturating_mul(u64::from(route.admit_permille)) / 1000;
             let now = holds.max(held_now(p, cap));
-            let over = |t: u64| t.saturating_sub(line);
-            // At home, what the session's own binding keeps past the line
-            // (what moving it would relieve); elsewhere, what it would add.
             let evicts = if at_home {
-                over(now) - over(now.saturating_sub(size))
+                // What its cohort growing will take of it there, beyond
+                // what the home has taken already.
+                let lost = ask.held.saturating_sub(cached.min(ask.held));
+                per_session(now.saturating_sub(line), returning(p)).saturating_sub(lost)
             } else {
-                over(now.saturating_add(size)) - over(now)
+                let after = now.saturating_add(size);
+                per_session(after.saturating_sub(line), returning(p) + 1.0)
             };
             (evicts, Some(hold_tokens.saturating_mul(1000) / cap))
         }

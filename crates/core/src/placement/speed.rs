@@ -18,6 +18,12 @@ use super::cold_cost::MIN_NEW_TOKENS;
 const WINDOW: usize = 31;
 /// Samples a series needs before it is used.
 const MIN_SAMPLES: usize = 3;
+/// The prefill speed is the lower quartile of its samples, not the median:
+/// prompts that arrive together share the engine's prefill (vLLM chunks
+/// them in turn), so each first token waits for the others too, more than
+/// the backlog the sample is corrected for; the least crowded samples are
+/// nearest the engine's own speed, and the model adds the crowd itself.
+const PREFILL_QUANTILE: f64 = 0.25;
 /// Output tokens below which a stream says little about decode speed
 /// (its first interval is mostly scheduling).
 const MIN_DECODED: u64 = 8;
@@ -51,7 +57,8 @@ pub struct EngineSpeed {
 pub struct SpeedLearner {
     prefill_us: VecDeque<u64>,
     tpot_us: VecDeque<u64>,
-    /// The medians of the two windows, as of their last sample.
+    /// The two windows' figures (prefill: its lower quartile; time per
+    /// output token: its median), as of their last sample.
     prefill_median: Option<f32>,
     tpot_median: Option<f32>,
     /// Completions per second, smoothed; with the clock and count it was
@@ -62,9 +69,9 @@ pub struct SpeedLearner {
     watched_since: Option<(u64, u64)>,
 }
 
-/// Adds `sample` to `window` and returns the window's median once it holds
-/// enough samples; sorted in a buffer on the stack.
-fn push(window: &mut VecDeque<u64>, sample: u64) -> Option<f32> {
+/// Adds `sample` to `window` and returns the window's quantile `at` (0.5:
+/// the median) once it holds enough samples; sorted on the stack.
+fn push(window: &mut VecDeque<u64>, sample: u64, at: f64) -> Option<f32> {
     if window.len() == WINDOW {
         window.pop_front();
     }
@@ -78,7 +85,8 @@ fn push(window: &mut VecDeque<u64>, sample: u64) -> Option<f32> {
     }
     let sorted = &mut sorted[..window.len()];
     sorted.sort_unstable();
-    Some(sorted[sorted.len() / 2] as f32)
+    let i = ((sorted.len() - 1) as f64 * at).round() as usize;
+    Some(sorted[i] as f32)
 }
 
 impl SpeedLearner {
@@ -93,7 +101,7 @@ impl SpeedLearner {
         }
         let work = new_tokens.saturating_add(ahead / 2);
         let us = u64::try_from(ttft.as_micros()).unwrap_or(u64::MAX) / work.max(1);
-        self.prefill_median = push(&mut self.prefill_us, us);
+        self.prefill_median = push(&mut self.prefill_us, us, PREFILL_QUANTILE);
     }
 
     /// A stream decoded `tokens` output tokens in `decode` after its first.
@@ -102,7 +110,7 @@ impl SpeedLearner {
             return;
         }
         let us = u64::try_from(decode.as_micros()).unwrap_or(u64::MAX) / (tokens - 1);
-        self.tpot_median = push(&mut self.tpot_us, us);
+        self.tpot_median = push(&mut self.tpot_us, us, 0.5);
     }
 
     /// The engine had finished `completed` requests in all at `now_ms`
@@ -234,5 +242,24 @@ mod tests {
         assert!(l.speed().completions_per_s.expect("rate") < 0.5);
         l.reset();
         assert_eq!(l.speed(), EngineSpeed::default());
+    }
+
+    #[test]
+    fn prompts_crowded_together_do_not_make_an_engine_look_slow() {
+        let mut l = SpeedLearner::default();
+        // A burst: most first tokens waited for prompts placed after them
+        // (4x the engine's 50 µs a token); a third were alone.
+        for i in 0..24 {
+            let ms = if i % 3 == 0 { 200 } else { 800 };
+            l.observe_first_token(4_000, 0, Duration::from_millis(ms));
+        }
+        assert_eq!(l.speed().prefill_us, Some(50.0));
+        // Control: when most are alone, the crowded ones move nothing.
+        let mut calm = SpeedLearner::default();
+        for i in 0..24 {
+            let ms = if i % 3 == 0 { 800 } else { 200 };
+            calm.observe_first_token(4_000, 0, Duration::from_millis(ms));
+        }
+        assert_eq!(calm.speed().prefill_us, Some(50.0));
     }
 }
