@@ -9,7 +9,8 @@
 //! step of 5-15 ms plus 90-900 us per sequence (log-uniform: the
 //! calibrated small model's 90 us to the 600 us of a large one) plus the
 //! calibrated context term times 0.5-1.5, the KV capacity published or
-//! not, and engine e0 slowed to 0.4x or not.
+//! not, and engine e0 slowed to 0.4x or not. Drawn as a Latin hypercube,
+//! so a family of a few draws still spans every range.
 
 use crate::text::Rng;
 use llm_gateway_sim::StepCost;
@@ -35,32 +36,52 @@ fn uniform(rng: &mut Rng, lo: f64, hi: f64) -> f64 {
     lo + (hi - lo) * unit
 }
 
-/// A log-uniform draw in `lo..hi`: each factor of two as likely.
-fn log_uniform(rng: &mut Rng, lo: f64, hi: f64) -> f64 {
-    uniform(rng, lo.ln(), hi.ln()).exp()
+/// A seeded shuffle of `0..n`.
+fn permutation(rng: &mut Rng, n: usize) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.range(0, i as u64) as usize;
+        p.swap(i, j);
+    }
+    p
 }
 
 impl Draw {
-    fn sample(seed: u64, index: usize) -> Draw {
-        let mut rng = Rng::derive(seed, &[0x4641_4d49, index as u64]);
-        let decode_ms = uniform(&mut rng, 5.0, 15.0).round() as u64;
-        let context_scale = uniform(&mut rng, 0.5, 1.5);
-        Draw {
-            index,
-            kv_factor: round2(log_uniform(&mut rng, 0.5, 4.0)),
-            max_num_seqs: log_uniform(&mut rng, 32.0, 256.0).round() as usize,
-            prefill_us: (1e6 / log_uniform(&mut rng, 5_000.0, 40_000.0)).round() as u64,
-            decode_ms,
-            per_seq_us: log_uniform(&mut rng, 90.0, 900.0).round(),
-            // The calibrated preset's context term, scaled to the decode
-            // time as `StepCost::scaled_to` scales it.
-            per_context_us: round4(
-                StepCost::L4_QWEN_0_5B.per_context_token_us * decode_ms as f64 / 5.0
-                    * context_scale,
-            ),
-            publish_kv: rng.next_u64().is_multiple_of(2),
-            slow_first: rng.next_u64().is_multiple_of(2),
+    /// The `n` draws of `seed` as a Latin hypercube: each range cut into
+    /// `n` strata and every stratum drawn once, in a shuffled order per
+    /// range (so a family of four already covers small and large KV, slow
+    /// and fast prefill); each switch on in half the draws.
+    fn family(seed: u64, n: usize) -> Vec<Draw> {
+        let mut rng = Rng::derive(seed, &[0x4641_4d49, n as u64]);
+        let strata: Vec<Vec<usize>> = (0..7).map(|_| permutation(&mut rng, n)).collect();
+        let at = |range: usize, k: usize, rng: &mut Rng| {
+            (strata[range][k] as f64 + uniform(rng, 0.0, 1.0)) / n as f64
+        };
+        let log_between = |lo: f64, hi: f64, u: f64| (lo.ln() + (hi.ln() - lo.ln()) * u).exp();
+        let mut draws = Vec::with_capacity(n);
+        // The two switches in all four combinations, in turn.
+        for (k, &switch) in strata[6].iter().enumerate() {
+            let decode_ms = (5.0 + 10.0 * at(0, k, &mut rng)).round() as u64;
+            let context_scale = 0.5 + at(1, k, &mut rng);
+            draws.push(Draw {
+                index: k + 1,
+                kv_factor: round2(log_between(0.5, 4.0, at(2, k, &mut rng))),
+                max_num_seqs: log_between(32.0, 256.0, at(3, k, &mut rng)).round() as usize,
+                prefill_us: (1e6 / log_between(5_000.0, 40_000.0, at(4, k, &mut rng))).round()
+                    as u64,
+                decode_ms,
+                per_seq_us: log_between(90.0, 900.0, at(5, k, &mut rng)).round(),
+                // The calibrated preset's context term, scaled to the
+                // decode time as `StepCost::scaled_to` scales it.
+                per_context_us: round4(
+                    StepCost::L4_QWEN_0_5B.per_context_token_us * decode_ms as f64 / 5.0
+                        * context_scale,
+                ),
+                publish_kv: switch.is_multiple_of(2),
+                slow_first: (switch / 2).is_multiple_of(2),
+            });
         }
+        draws
     }
 
     /// `f3`, in labels and the report.
@@ -98,14 +119,14 @@ fn round4(v: f64) -> f64 {
     (v * 10_000.0).round() / 10_000.0
 }
 
-/// The first `n` draws of `seed`, or of them only those `only` names.
+/// The `n` draws of `seed`, or of them only those `only` names.
 pub fn draws(n: usize, seed: u64, only: &[usize]) -> Result<Vec<Draw>, String> {
     if let Some(bad) = only.iter().find(|&&k| k == 0 || k > n) {
         return Err(format!("--family-only {bad}: the draws are 1-{n}"));
     }
-    Ok((1..=n)
-        .filter(|k| only.is_empty() || only.contains(k))
-        .map(|k| Draw::sample(seed, k))
+    Ok(Draw::family(seed, n)
+        .into_iter()
+        .filter(|d| only.is_empty() || only.contains(&d.index))
         .collect())
 }
 
@@ -130,6 +151,26 @@ mod tests {
         assert!(all.iter().any(|d| d.prefill_us < 50) && all.iter().any(|d| d.prefill_us > 100));
         assert!(all.iter().any(|d| d.publish_kv) && all.iter().any(|d| !d.publish_kv));
         assert!(all.iter().any(|d| d.slow_first) && all.iter().any(|d| !d.slow_first));
+    }
+
+    #[test]
+    fn four_draws_already_span_each_range() {
+        for seed in 1..=5 {
+            let d = draws(4, seed, &[]).expect("draws");
+            let kv: Vec<f64> = d.iter().map(|d| d.kv_factor).collect();
+            // One in each quarter of the log range: below 0.84, above 2.38.
+            assert!(
+                kv.iter().any(|&f| f < 0.85) && kv.iter().any(|&f| f > 2.35),
+                "{kv:?}"
+            );
+            let prefill: Vec<u64> = d.iter().map(|d| d.prefill_us).collect();
+            assert!(
+                prefill.iter().any(|&p| p < 42) && prefill.iter().any(|&p| p > 118),
+                "{prefill:?}"
+            );
+            assert_eq!(d.iter().filter(|d| d.publish_kv).count(), 2);
+            assert_eq!(d.iter().filter(|d| d.slow_first).count(), 2);
+        }
     }
 
     #[test]
