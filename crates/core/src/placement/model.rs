@@ -9,12 +9,16 @@
 //!   (the gateway's own, which vLLM's metrics do not show: it admits every
 //!   prompt as running and prefills them in chunks in turn), half of them
 //!   on average still to do.
+//! - **Load** (when a session is bound, [`weigh`]): the requests an engine
+//!   carries beyond the lightest candidate, each a completion's worth of
+//!   time there: the batch a binding joins.
 //! - **Prefill**: the request's own tokens not cached there. All of them
 //!   where nothing of it is; on its home, what the home still holds of it
-//!   after the eviction its KV pressure implies (LRU takes the session idle
-//!   longest, tail first: the arriving one loses at most the excess); on an
-//!   engine that was recently sent a prefix it shares (a template, a
-//!   parent's history), all but that prefix.
+//!   after the eviction its KV pressure implies (its share of the excess:
+//!   vLLM and SGLang free a sequence's blocks tail first, so the rest of
+//!   its context is still there); on an engine that was recently sent a
+//!   prefix it shares (a template, a parent's history), all but that
+//!   prefix.
 //! - **Evicts**: binding a session where it was not pushes that engine's
 //!   working set up by what the session will grow to (the route's typical
 //!   ended session, learned, or its own size when more); what then passes
@@ -56,7 +60,7 @@ pub const MAX_HOLDERS: usize = 8;
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RouteModel {
     /// Prefill µs per token for an engine not timed yet: the median of the
-    /// engines that were, else the route's cold cost; `None` before any.
+    /// engines that were; `None` before any.
     pub prefill_us: Option<f32>,
     /// The median time per output token of the timed engines: an engine
     /// decoding slower than that is taken to prefill slower by as much
@@ -309,20 +313,14 @@ pub fn tolerance_ms(ask: &Ask, route: &RouteModel, us: f32) -> f32 {
     expected_size(ask.tokens, route) as f32 * us / 1_000.0 / 8.0
 }
 
-/// The engine to bind a session to among those passing `eligible`: the
-/// least expected time (with what it evicts); among those within the
-/// tolerance of it, the one that will hold the least relative to its KV;
-/// then the least time, then the fewest requests in flight; exact ties by
-/// `rand`, which the caller draws per request.
 /// Each engine passing `eligible` with its estimate, the load it carries
 /// beyond the least loaded of them counted in (its requests in flight, or
 /// what its live sessions keep in flight on average when more): each
-/// request more is a
-/// completion's worth of time there (the engine's own rate, else the
-/// route's; before any, a typical session's prefill), the queue a binding
-/// there joins. What keeps a template's holder from drawing every
-/// newcomer while it is busier than the rest by more than the template
-/// saves.
+/// request more is a completion's worth of time there (the engine's own
+/// rate, else the route's; before any, a typical session's prefill), the
+/// queue a binding there joins. What keeps a template's holder from
+/// drawing every newcomer while it is busier than the rest by more than
+/// the template saves.
 pub fn weigh<'a>(
     peers: &'a [PeerLoad],
     ask: &Ask,
@@ -370,6 +368,12 @@ pub fn weigh<'a>(
     options
 }
 
+/// The engine to bind a session to among those passing `eligible`: the
+/// least expected time ([`weigh`]: with the load it joins and what it
+/// evicts); among those within the tolerance of it, the one that will hold
+/// the least relative to its KV; then the least time, then the fewest
+/// requests in flight; exact ties by `rand`, which the caller draws per
+/// request.
 pub fn choose<'a>(
     peers: &'a [PeerLoad],
     ask: &Ask,
