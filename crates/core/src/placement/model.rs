@@ -168,6 +168,11 @@ pub fn expected_size(tokens: u64, route: &RouteModel) -> u64 {
     tokens.max(route.typical_session)
 }
 
+/// The prefill speed (µs a token) the model uses for `p`.
+pub fn prefill_speed(p: &PeerLoad, route: &RouteModel) -> f32 {
+    prefill_us(p, route).0
+}
+
 /// The prefill speed the model uses for `p`: its own, else the route's
 /// scaled by how much slower it decodes, else the prior.
 fn prefill_us(p: &PeerLoad, route: &RouteModel) -> (f32, bool) {

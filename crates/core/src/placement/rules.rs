@@ -100,6 +100,12 @@ pub(super) enum Why {
     NoRoomElsewhere {
         home: Estimate,
     },
+    /// The model: even the whole request cold at the fastest engine's speed
+    /// would not be clearly better than staying.
+    NothingClearlyBetter {
+        home: Estimate,
+        floor_ms: f32,
+    },
     OnlyReadyPeer,
     Cooldown {
         left_ms: u64,
@@ -231,6 +237,27 @@ fn by_estimate(
     rand: u64,
 ) -> (Verdict, Why) {
     let from = home.id;
+    // Elsewhere the request pays at least its tokens not in a shared
+    // prefix, at the fastest engine's speed: when even that would not be
+    // clearly better than staying, no engine is, and none is weighed (the
+    // common warm turn costs one estimate, not one per engine).
+    if !home.overcommitted() {
+        let fastest_us = peers
+            .iter()
+            .filter(|p| p.ready && p.id != from)
+            .map(|p| model::prefill_speed(p, &limits.model))
+            .fold(f32::INFINITY, f32::min);
+        let shared = ask.prefix.map_or(0, |p| p.tokens);
+        let floor_ms = ask.tokens.saturating_sub(shared) as f32 * fastest_us / 1_000.0;
+        let tolerance = model::tolerance_ms(ask, &limits.model, fastest_us);
+        if floor_ms + (floor_ms * 0.5).max(tolerance) >= home_estimate.total_ms() {
+            let why = Why::NothingClearlyBetter {
+                home: *home_estimate,
+                floor_ms,
+            };
+            return (Verdict::Stay { on: from }, why);
+        }
+    }
     let cold = Ask { home: None, ..*ask };
     let fits = |p: &PeerLoad| p.fits(ask.tokens, limits.room);
     let best = model::choose(peers, &cold, &limits.model, rand, |p| {
@@ -462,6 +489,11 @@ pub(super) fn explain(verdict: Verdict, why: Why) -> String {
                 describe_estimate(&best)
             )
         }
+        (_, Why::NothingClearlyBetter { home, floor_ms }) => format!(
+            "home {}: {}; elsewhere it would cost at least {floor_ms:.0} ms cold, not clearly better: stays",
+            home.peer,
+            describe_estimate(&home)
+        ),
         (_, Why::NoRoomElsewhere { home }) => format!(
             "home {}: {}; no other ready peer has KV room for it: stays",
             home.peer,
