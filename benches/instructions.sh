@@ -24,6 +24,7 @@
 #   N=200 SCENARIOS="small stream" bash benches/instructions.sh
 #   FRAME_DELAY_MS=0 SCENARIOS=stream bash benches/instructions.sh  # frames in a burst
 #   GATEWAY_EXTRA=$'bodylog:\n  listener: 127.0.0.1:9999\n' bash benches/instructions.sh
+#   ENGINES=4 TARGETS=gateway bash benches/instructions.sh   # a route of 4 peers
 #   SESSION_ID= SCENARIOS=agent400k TARGETS=gateway bash benches/instructions.sh
 #                                 # no session id: the content index decides
 #                                 # (issue 30); against the same with
@@ -100,8 +101,17 @@ done
 bench_init instructions
 
 ENGINE_PORT=$(free_port)
-"$SIM_BIN" sim --engines 1 --port "$ENGINE_PORT" --max-running 64 >/dev/null 2>&1 &
+# ENGINES (default 1): the gateway's route gets that many peers, simulated
+# engines on consecutive ports (placement weighs each on every request);
+# bare and nginx use the first.
+ENGINES=${ENGINES:-1}
+"$SIM_BIN" sim --engines "$ENGINES" --port "$ENGINE_PORT" --max-running 64 >/dev/null 2>&1 &
 PIDS+=($!)
+ENGINE_PORTS=$ENGINE_PORT
+for i in $(seq 1 $((ENGINES - 1))); do
+    ENGINE_PORTS+=",$((ENGINE_PORT + i))"
+    wait_port "$((ENGINE_PORT + i))"
+done
 wait_port "$ENGINE_PORT"
 
 cat > "$TMP/client.py" <<'PY'
@@ -158,7 +168,7 @@ start() {
     [ "$COUNT" = syscalls ] && vg=(strace -f -c -o "$dir/cg.out" --)
     case $target in
         gateway)
-            gateway_config "$dir" "$ENGINE_PORT" "$port" "${GATEWAY_THREADS:-1}" $'include_usage: true\n'"${ROUTE_EXTRA:-}" "${GATEWAY_EXTRA:-}"
+            gateway_config "$dir" "$ENGINE_PORTS" "$port" "${GATEWAY_THREADS:-1}" $'include_usage: true\n'"${ROUTE_EXTRA:-}" "${GATEWAY_EXTRA:-}"
             "${vg[@]}" "$GATEWAY_BIN" --config "$dir/gateway.yaml" 2>"$dir/log" &
             ;;
         bare|bare_mimalloc)

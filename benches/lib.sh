@@ -34,8 +34,14 @@ wait_port() {
 gateway_config() {
     local dir=$1 engine=$2 port=$3 threads=$4
     mkdir -p "$dir/routes"
-    printf 'peers:\n  - {name: e0, host: 127.0.0.1, port: %s, max_concurrency: 100000}\nhealth: {enabled: false}\nengine_metrics: false\n%s' \
-        "$engine" "${5:-}" > "$dir/routes/r.yaml"
+    # $engine: one port, or several separated by commas (one peer each).
+    local peers="" i=0 p
+    for p in ${engine//,/ }; do
+        peers+=$(printf '  - {name: e%s, host: 127.0.0.1, port: %s, max_concurrency: 100000}\n' "$i" "$p")$'\n'
+        i=$((i + 1))
+    done
+    printf 'peers:\n%shealth: {enabled: false}\nengine_metrics: false\n%s' \
+        "$peers" "${5:-}" > "$dir/routes/r.yaml"
     printf 'listen: 127.0.0.1:%s\nadmin_listen: 127.0.0.1:%s\nroutes_dir: %s\nthreads: %s\napi_keys_file: %s/none\nwatch: false\n%s' \
         "$port" "$(free_port)" "$dir/routes" "$threads" "$dir" "${6:-}" > "$dir/gateway.yaml"
 }
