@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::Api;
 use proptest::prelude::*;
 use std::cell::Cell;
 
@@ -12,10 +13,12 @@ fn compile_clean(rules: Value) -> RuleSet {
     set
 }
 
+/// A body on an endpoint of no known API (read as chat and completions).
 fn facts(body: &Value) -> RequestFacts<'_> {
     RequestFacts {
         body,
         raw_len: body.to_string().len(),
+        api: None,
     }
 }
 
@@ -46,13 +49,15 @@ fn field_input_bytes_is_the_raw_length() {
     assert!(set
         .evaluate(&RequestFacts {
             body: &body,
-            raw_len: 101
+            raw_len: 101,
+            api: None,
         })
         .is_some());
     assert!(set
         .evaluate(&RequestFacts {
             body: &body,
-            raw_len: 100
+            raw_len: 100,
+            api: None,
         })
         .is_none());
 }
@@ -65,7 +70,8 @@ fn named_fields_take_precedence_over_body_keys() {
     assert!(set
         .evaluate(&RequestFacts {
             body: &body,
-            raw_len: 1000
+            raw_len: 1000,
+            api: None,
         })
         .is_some());
 }
@@ -93,8 +99,12 @@ fn field_input_chars_counts_a_string_prompt() {
         json!({"prompt": "abc"})
     ));
     assert!(matches(
+        leaf("input_chars", "eq", json!(5)),
+        json!({"prompt": ["abc", "de"]})
+    ));
+    assert!(matches(
         leaf("input_chars", "eq", json!(0)),
-        json!({"prompt": ["abc"]})
+        json!({"prompt": [1, 2, 3]})
     ));
     assert!(matches(
         leaf("input_chars", "eq", json!(0)),
@@ -135,8 +145,16 @@ fn field_messages_count() {
     ));
     assert!(!matches(leaf("messages_count", "gt", json!(3)), body));
     assert!(matches(
-        leaf("messages_count", "eq", json!(0)),
+        leaf("messages_count", "eq", json!(1)),
         json!({"prompt": "x"})
+    ));
+    assert!(matches(
+        leaf("messages_count", "eq", json!(1)),
+        json!({"prompt": [1, 2, 3]})
+    ));
+    assert!(matches(
+        leaf("messages_count", "eq", json!(2)),
+        json!({"prompt": ["x", "y"]})
     ));
     assert!(matches(
         leaf("messages_count", "eq", json!(0)),
@@ -792,7 +810,7 @@ fn rules_compile_from_yaml() {
 // from a handful of keys and values so that random conditions actually hit
 // the body often enough for the logical properties to mean something.
 
-const WIDE_KEYS: [&str; 14] = [
+const WIDE_KEYS: [&str; 29] = [
     "model",
     "messages",
     "content",
@@ -807,6 +825,22 @@ const WIDE_KEYS: [&str; 14] = [
     "prompt",
     "0",
     "1",
+    // The other APIs' members, and the part and item types they read.
+    "system",
+    "instructions",
+    "input",
+    "output",
+    "arguments",
+    "tool_calls",
+    "function",
+    "max_output_tokens",
+    "tool_result",
+    "tool_use",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "input_text",
+    "assistant",
 ];
 const DENSE_KEYS: [&str; 6] = ["a", "b", "0", "model", "stream", "max_tokens"];
 const NAMED_FIELDS: [&str; 7] = [
@@ -1017,9 +1051,16 @@ proptest! {
         ),
         body in prop_oneof![wide_body(), dense_body()],
         raw_len in any::<usize>(),
+        api in prop::sample::select(vec![
+            None,
+            Some(Api::Chat),
+            Some(Api::Completions),
+            Some(Api::Messages),
+            Some(Api::Responses),
+        ]),
     ) {
         let (set, _errors) = RuleSet::compile(&Value::Array(rules));
-        let _ = set.evaluate(&RequestFacts { body: &body, raw_len });
+        let _ = set.evaluate(&RequestFacts { body: &body, raw_len, api });
         let _ = set.status_json();
     }
 
