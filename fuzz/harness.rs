@@ -15,6 +15,7 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
+use llm_gateway::api::Api;
 use llm_gateway::bodylog::frame::{self, Frame, HeadTail};
 use llm_gateway::bodylog::record;
 use llm_gateway::config::{catalog, GatewayConfig, Overrides, RouteConfig};
@@ -170,20 +171,30 @@ pub fn reject_rules(data: &[u8]) {
     let parsed = serde_json::from_slice::<Value>(body).unwrap_or(Value::Null);
     let mut matched = 0u64;
     // The parsed body, then (as for a body that does not parse) null: the
-    // computed fields still work on the latter.
+    // computed fields still work on the latter. Each as every API reads it.
+    let apis = [
+        None,
+        Some(Api::Chat),
+        Some(Api::Completions),
+        Some(Api::Messages),
+        Some(Api::Responses),
+    ];
     for value in [&parsed, &Value::Null] {
-        let facts = RequestFacts {
-            body: value,
-            raw_len: body.len(),
-        };
-        let first = set.evaluate(&facts).map(|r| r.name.clone());
-        let again = set.evaluate(&facts).map(|r| {
-            assert!((400..=599).contains(&r.status));
-            let _ = rejection_body(r, "fuzz");
-            r.name.clone()
-        });
-        assert_eq!(first, again, "evaluation is deterministic");
-        matched += 2 * u64::from(first.is_some());
+        for api in apis {
+            let facts = RequestFacts {
+                body: value,
+                raw_len: body.len(),
+                api,
+            };
+            let first = set.evaluate(&facts).map(|r| r.name.clone());
+            let again = set.evaluate(&facts).map(|r| {
+                assert!((400..=599).contains(&r.status));
+                let _ = rejection_body(r, "fuzz");
+                r.name.clone()
+            });
+            assert_eq!(first, again, "evaluation is deterministic");
+            matched += 2 * u64::from(first.is_some());
+        }
     }
     let hits: u64 = set
         .status_json()

@@ -985,6 +985,155 @@ fn rules_judge_messages_and_responses_bodies() {
     assert_ne!(r.status(), 429, "{}", r.text());
 }
 
+// The pieces of one conversation for `computed_fields_mean_the_same_on_every_endpoint`.
+const SYSTEM: &str = "You are terse.";
+const ASK: &str = "Read the log and say what broke.";
+const ARGS: &str = r#"{"path":"app.log"}"#;
+const ANSWER: &str = "The disk is full.";
+const FOLLOW_UP: &str = "Why?";
+const CHARS_LIMIT: usize = 200;
+const TOKENS_LIMIT: u64 = 64;
+const MESSAGES_LIMIT: u64 = 5;
+
+/// One conversation in the shape of the API at `path`: a system prompt, a
+/// question, a tool call and its result (4 messages in chat form), then
+/// `later_turns` of the assistant's answer and one more question. The
+/// tool's result is filled so that the conversation has `chars` characters;
+/// the cap on generated tokens is `cap`. Completions gets the same text as
+/// one prompt (it has no turns).
+fn conversation(path: &str, chars: usize, cap: u64, later_turns: usize) -> Value {
+    let later_texts = &[ANSWER, FOLLOW_UP][..later_turns];
+    let fixed: usize = [SYSTEM, ASK, ARGS]
+        .iter()
+        .chain(later_texts)
+        .map(|piece| piece.chars().count())
+        .sum();
+    // Two-byte characters: the limit is on characters, not bytes.
+    let result = "é".repeat(chars - fixed);
+    let later = |answer: Value, follow_up: Value| {
+        let mut turns = vec![answer, follow_up];
+        turns.truncate(later_turns);
+        turns
+    };
+    let call = json!({"id": "call_1", "type": "function",
+                      "function": {"name": "read", "arguments": ARGS}});
+    match path {
+        "/v1/chat/completions" => {
+            let mut messages = vec![
+                json!({"role": "system", "content": SYSTEM}),
+                json!({"role": "user", "content": [{"type": "text", "text": ASK}]}),
+                json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+                json!({"role": "tool", "tool_call_id": "call_1", "content": result}),
+            ];
+            messages.extend(later(
+                json!({"role": "assistant", "content": ANSWER}),
+                json!({"role": "user", "content": FOLLOW_UP}),
+            ));
+            json!({"model": "m", "max_completion_tokens": cap, "messages": messages})
+        }
+        "/v1/completions" => {
+            let prompt = format!("{SYSTEM}{ASK}{ARGS}{result}{}", later_texts.concat());
+            json!({"model": "m", "max_tokens": cap, "prompt": prompt})
+        }
+        "/v1/messages" => {
+            let args: Value = serde_json::from_str(ARGS).unwrap();
+            let mut messages = vec![
+                json!({"role": "user", "content": ASK}),
+                json!({"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "call_1", "name": "read", "input": args}]}),
+                json!({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "call_1",
+                     "content": [{"type": "text", "text": result}]}]}),
+            ];
+            messages.extend(later(
+                json!({"role": "assistant", "content": [{"type": "text", "text": ANSWER}]}),
+                json!({"role": "user", "content": FOLLOW_UP}),
+            ));
+            json!({"model": "m", "max_tokens": cap,
+                   "system": [{"type": "text", "text": SYSTEM}], "messages": messages})
+        }
+        "/v1/responses" => {
+            let mut input = vec![
+                json!({"role": "user", "content": [{"type": "input_text", "text": ASK}]}),
+                json!({"type": "function_call", "call_id": "call_1", "name": "read",
+                       "arguments": ARGS}),
+                json!({"type": "function_call_output", "call_id": "call_1", "output": result}),
+            ];
+            input.extend(later(
+                json!({"type": "message", "role": "assistant",
+                       "content": [{"type": "output_text", "text": ANSWER}]}),
+                json!({"role": "user", "content": FOLLOW_UP}),
+            ));
+            json!({"model": "m", "max_output_tokens": cap, "instructions": SYSTEM,
+                   "input": input})
+        }
+        other => panic!("no shape for {other}"),
+    }
+}
+
+/// Rules on `input_chars`, `max_tokens` and `messages_count` judge one
+/// conversation alike on the four endpoints, though each keeps its system
+/// prompt, tool result and token cap in members of its own. Over a limit
+/// each endpoint refuses it with that limit's rule; the control, the same
+/// conversation at each limit exactly, is forwarded on each. (Completions
+/// has no turns: a prompt is one message, so only the two other limits.)
+#[test]
+fn computed_fields_mean_the_same_on_every_endpoint() {
+    let cluster = engines(1);
+    let port = cluster.engines[0].port();
+    let rules = json!([
+        {"name": "too-long", "status": 413,
+         "when": {"field": "input_chars", "op": "gt", "value": CHARS_LIMIT}},
+        {"name": "too-much", "when": {"field": "max_tokens", "op": "gt", "value": TOKENS_LIMIT}},
+        {"name": "too-many", "when": {"field": "messages_count", "op": "gt", "value": MESSAGES_LIMIT}},
+    ]);
+    let route =
+        format!("peers:\n  - {{name: e0, host: 127.0.0.1, port: {port}}}\nreject_rules: {rules}\n");
+    let gw = Gateway::start(&[("chat", route)]);
+    let send = |path: &str, body: &Value| post(&gw, &format!("/chat{path}"), &[], body);
+    let refused = |path: &str, body: &Value, rule: &str, status: u16| {
+        let r = send(path, body);
+        assert_eq!(r.status(), status, "{path} over {rule}: {}", r.text());
+        let error = &r.json()["error"];
+        assert_eq!(error["type"], "rejected_by_rule", "{path}");
+        assert_eq!(error["rule"], rule, "{path}");
+    };
+    let paths = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/responses",
+    ];
+    for path in paths {
+        // 5 messages, 200 characters, 64 tokens.
+        let at_limits = conversation(path, CHARS_LIMIT, TOKENS_LIMIT, 1);
+        let r = send(path, &at_limits);
+        assert_eq!(
+            r.status(),
+            200,
+            "{path} at the limits is forwarded: {}",
+            r.text()
+        );
+
+        let long = conversation(path, CHARS_LIMIT + 1, TOKENS_LIMIT, 1);
+        refused(path, &long, "too-long", 413);
+        let greedy = conversation(path, CHARS_LIMIT, TOKENS_LIMIT + 1, 1);
+        refused(path, &greedy, "too-much", 429);
+        if path != "/v1/completions" {
+            let chatty = conversation(path, CHARS_LIMIT, TOKENS_LIMIT, 2);
+            refused(path, &chatty, "too-many", 429);
+        }
+    }
+    let status = http::get(gw.addr, "/chat/_reject_rules_status").json();
+    let hits: Vec<u64> = status["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rule| rule["hits"].as_u64().unwrap())
+        .collect();
+    assert_eq!(hits, [4, 4, 3], "each endpoint refused by each rule once");
+}
+
 /// The example Secret's key, applied unchanged, opens nothing: a key file
 /// holding only the documented placeholder refuses every request, the
 /// placeholder itself included, and says why (an empty file would instead

@@ -30,6 +30,7 @@ pub fn check(route: &Route, req: &Admitted) -> Result<(), ErrorResponse> {
     let Some(rule) = rules.evaluate(&RequestFacts {
         body: &body,
         raw_len,
+        api: req.api,
     }) else {
         return Ok(());
     };

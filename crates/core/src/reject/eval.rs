@@ -1,6 +1,7 @@
 //! One request's facts against compiled conditions.
 
 use super::rule::{Condition, Field, OrderOp, RequestFacts, Test};
+use super::shapes;
 use serde_json::{Number, Value};
 use std::borrow::Cow;
 use std::cell::OnceCell;
@@ -11,6 +12,7 @@ use std::cmp::Ordering;
 pub(super) struct Evaluation<'f, 'a> {
     facts: &'f RequestFacts<'a>,
     input_chars: OnceCell<u64>,
+    messages_count: OnceCell<u64>,
 }
 
 impl<'f, 'a> Evaluation<'f, 'a> {
@@ -18,29 +20,45 @@ impl<'f, 'a> Evaluation<'f, 'a> {
         Evaluation {
             facts,
             input_chars: OnceCell::new(),
+            messages_count: OnceCell::new(),
         }
     }
 
     /// The field's value, or `None` when it is absent (missing or `null`).
     fn resolve(&self, field: &Field) -> Option<Cow<'a, Value>> {
         let body: &'a Value = self.facts.body;
+        let api = self.facts.api;
         let count = |n: usize| Some(Cow::Owned(Value::from(n)));
+        let computed = |n: u64| Some(Cow::Owned(Value::from(n)));
         let resolved = match field {
             Field::InputBytes => return count(self.facts.raw_len),
             Field::InputChars => {
-                let chars = *self.input_chars.get_or_init(|| count_input_chars(body));
-                return Some(Cow::Owned(Value::from(chars)));
+                return computed(*self.input_chars.get_or_init(|| {
+                    #[cfg(test)]
+                    super::tests::INPUT_CHARS_COMPUTATIONS
+                        .with(|computations| computations.set(computations.get() + 1));
+                    shapes::input_chars(api, body)
+                }))
             }
-            Field::MessagesCount => return count(array_len(body.get("messages"))),
-            Field::ToolsCount => return count(array_len(body.get("tools"))),
+            Field::MessagesCount => {
+                return computed(
+                    *self
+                        .messages_count
+                        .get_or_init(|| shapes::messages_count(api, body)),
+                )
+            }
+            Field::ToolsCount => {
+                return count(
+                    body.get("tools")
+                        .and_then(Value::as_array)
+                        .map_or(0, Vec::len),
+                )
+            }
             Field::Stream => {
                 let streaming = body.get("stream") == Some(&Value::Bool(true));
                 return Some(Cow::Owned(Value::Bool(streaming)));
             }
-            Field::MaxTokens => ["max_tokens", "max_completion_tokens"]
-                .iter()
-                .filter_map(|key| body.get(key))
-                .find(|value| !value.is_null()),
+            Field::MaxTokens => shapes::max_tokens(api, body),
             Field::Path(segments) => segments.iter().try_fold(body, |node, segment| match node {
                 Value::Object(map) => map.get(&segment.key),
                 Value::Array(items) => segment.index.and_then(|index| items.get(index)),
@@ -49,41 +67,6 @@ impl<'f, 'a> Evaluation<'f, 'a> {
         };
         resolved.filter(|value| !value.is_null()).map(Cow::Borrowed)
     }
-}
-
-fn array_len(value: Option<&Value>) -> usize {
-    value.and_then(Value::as_array).map_or(0, Vec::len)
-}
-
-fn count_input_chars(body: &Value) -> u64 {
-    #[cfg(test)]
-    super::tests::INPUT_CHARS_COMPUTATIONS.with(|count| count.set(count.get() + 1));
-
-    let text_chars = |text: Option<&Value>| {
-        text.and_then(Value::as_str)
-            .map_or(0, |s| s.chars().count())
-    };
-    let mut total = 0usize;
-    for message in body
-        .get("messages")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        match message.get("content") {
-            Some(Value::String(content)) => total += content.chars().count(),
-            Some(Value::Array(parts)) => {
-                for part in parts {
-                    if part.get("type").and_then(Value::as_str) == Some("text") {
-                        total += text_chars(part.get("text"));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    total += text_chars(body.get("prompt"));
-    u64::try_from(total).unwrap_or(u64::MAX)
 }
 
 impl Condition {

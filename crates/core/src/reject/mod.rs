@@ -23,13 +23,12 @@
 //! # Fields
 //!
 //! - `input_bytes`: the raw request body length.
-//! - `input_chars`: Unicode scalar values across `messages[].content` (string
-//!   content, and the `text` of `{"type":"text"}` parts) plus `prompt` when it
-//!   is a string. Computed only if a rule asks, at most once per request.
-//! - `messages_count`, `tools_count`: array lengths, 0 when missing or not an
-//!   array.
-//! - `max_tokens`: `max_tokens`, else `max_completion_tokens` (absent if
-//!   neither is set).
+//! - `input_chars`, `messages_count`, `max_tokens`: the same meaning on every
+//!   API, each read where the path's API keeps it (`shapes.rs`; the book's
+//!   Request guards has the table). The first two are computed only if a
+//!   rule asks, at most once per request; `max_tokens` is absent if the body
+//!   sets no cap.
+//! - `tools_count`: the length of `tools`, 0 when missing or not an array.
 //! - `stream`: `true` only if the body says `"stream": true`.
 //! - anything else is a dotted path into the body: `model`,
 //!   `metadata.user_id`, `messages.0.role`. An all-digit segment indexes an
@@ -63,6 +62,7 @@
 mod compile;
 mod eval;
 mod rule;
+mod shapes;
 #[cfg(test)]
 mod tests;
 

@@ -7,6 +7,8 @@ use std::sync::atomic::AtomicU64;
 use regex::Regex;
 use serde_json::{Number, Value};
 
+use crate::api::Api;
+
 pub const DEFAULT_STATUS: u16 = 429;
 
 /// Deep enough for any hand-written rule, shallow enough that evaluation
@@ -29,11 +31,15 @@ pub struct CompiledRule {
 }
 
 /// What a rule can look at: the parsed body (`Value::Null` if it did not
-/// parse — computed fields still work) and its raw length.
+/// parse — computed fields still work), its raw length, and the API the path
+/// names, which says where the computed fields read the conversation.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestFacts<'a> {
     pub body: &'a Value,
     pub raw_len: usize,
+    /// `None`: a JSON body on another endpoint (one whose model picks the
+    /// pool), read as chat and completions both are.
+    pub api: Option<Api>,
 }
 
 #[derive(Debug)]

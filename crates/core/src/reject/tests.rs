@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::Api;
 use proptest::prelude::*;
 use std::cell::Cell;
 
@@ -12,10 +13,12 @@ fn compile_clean(rules: Value) -> RuleSet {
     set
 }
 
+/// A body on an endpoint of no known API (read as chat and completions).
 fn facts(body: &Value) -> RequestFacts<'_> {
     RequestFacts {
         body,
         raw_len: body.to_string().len(),
+        api: None,
     }
 }
 
@@ -46,13 +49,15 @@ fn field_input_bytes_is_the_raw_length() {
     assert!(set
         .evaluate(&RequestFacts {
             body: &body,
-            raw_len: 101
+            raw_len: 101,
+            api: None,
         })
         .is_some());
     assert!(set
         .evaluate(&RequestFacts {
             body: &body,
-            raw_len: 100
+            raw_len: 100,
+            api: None,
         })
         .is_none());
 }
@@ -65,7 +70,8 @@ fn named_fields_take_precedence_over_body_keys() {
     assert!(set
         .evaluate(&RequestFacts {
             body: &body,
-            raw_len: 1000
+            raw_len: 1000,
+            api: None,
         })
         .is_some());
 }
@@ -93,8 +99,12 @@ fn field_input_chars_counts_a_string_prompt() {
         json!({"prompt": "abc"})
     ));
     assert!(matches(
+        leaf("input_chars", "eq", json!(5)),
+        json!({"prompt": ["abc", "de"]})
+    ));
+    assert!(matches(
         leaf("input_chars", "eq", json!(0)),
-        json!({"prompt": ["abc"]})
+        json!({"prompt": [1, 2, 3]})
     ));
     assert!(matches(
         leaf("input_chars", "eq", json!(0)),
@@ -135,8 +145,16 @@ fn field_messages_count() {
     ));
     assert!(!matches(leaf("messages_count", "gt", json!(3)), body));
     assert!(matches(
-        leaf("messages_count", "eq", json!(0)),
+        leaf("messages_count", "eq", json!(1)),
         json!({"prompt": "x"})
+    ));
+    assert!(matches(
+        leaf("messages_count", "eq", json!(1)),
+        json!({"prompt": [1, 2, 3]})
+    ));
+    assert!(matches(
+        leaf("messages_count", "eq", json!(2)),
+        json!({"prompt": ["x", "y"]})
     ));
     assert!(matches(
         leaf("messages_count", "eq", json!(0)),
@@ -173,6 +191,323 @@ fn field_max_tokens_falls_back_to_max_completion_tokens() {
         json!({"field": "max_tokens", "op": "absent"}),
         json!({"max_tokens": null})
     ));
+}
+
+// ---- the same conversation on every API --------------------------------
+//
+// The pieces of text of one conversation, each written once: what every
+// shape below must add up to, whatever member it keeps them in.
+
+const SYSTEM: &str = "You are terse.";
+const ASK: &str = "Weather in Paris and in Zürich?";
+const THINKING: &str = "Two cities: two calls.";
+const CHECKING: &str = "Checking both.";
+const ARGS_PARIS: &str = r#"{"city":"Paris"}"#;
+const ARGS_ZURICH: &str = r#"{"city":"Zürich"}"#;
+const RESULT_PARIS: &str = "18°C, clear";
+const RESULT_ZURICH: &str = "12°C, rain 🌧";
+const ANSWER: &str = "Paris: 18°C and clear; Zürich: 12°C and rain.";
+const THANKS: &str = "Thanks! 😀";
+const IMAGE: &str =
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk";
+
+/// The conversation the text, the tool calls and results and the image are
+/// (the image and the reasoning are no characters of it): a system prompt,
+/// a question with an image, an assistant turn that thinks, says something
+/// and calls two tools, the two results, the answer, and a last user turn.
+fn conversation_in_three_shapes() -> Vec<(Api, Value)> {
+    let chat = json!({"model": "m", "max_tokens": 256, "messages": [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": [
+            {"type": "text", "text": ASK},
+            {"type": "image_url", "image_url": {"url": IMAGE}}
+        ]},
+        {"role": "assistant", "reasoning_content": THINKING, "content": CHECKING, "tool_calls": [
+            {"id": "call_p", "type": "function",
+             "function": {"name": "weather", "arguments": ARGS_PARIS}},
+            {"id": "call_z", "type": "function",
+             "function": {"name": "weather", "arguments": ARGS_ZURICH}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_p", "content": RESULT_PARIS},
+        {"role": "tool", "tool_call_id": "call_z", "content": [{"type": "text", "text": RESULT_ZURICH}]},
+        {"role": "assistant", "content": ANSWER},
+        {"role": "user", "content": THANKS}
+    ]});
+    let messages = json!({"model": "m", "max_tokens": 256,
+    "system": [{"type": "text", "text": SYSTEM}],
+    "messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": ASK},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": IMAGE}}
+        ]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": THINKING, "signature": "sig"},
+            {"type": "text", "text": CHECKING},
+            {"type": "tool_use", "id": "call_p", "name": "weather", "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "call_z", "name": "weather", "input": {"city": "Zürich"}}
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "call_p", "content": RESULT_PARIS},
+            {"type": "tool_result", "tool_use_id": "call_z",
+             "content": [{"type": "text", "text": RESULT_ZURICH}]}
+        ]},
+        {"role": "assistant", "content": ANSWER},
+        {"role": "user", "content": [{"type": "text", "text": THANKS}]}
+    ]});
+    let responses = json!({"model": "m", "max_output_tokens": 256,
+    "instructions": SYSTEM,
+    "input": [
+        {"role": "user", "content": [
+            {"type": "input_text", "text": ASK},
+            {"type": "input_image", "image_url": IMAGE}
+        ]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": THINKING}]},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": CHECKING}]},
+        {"type": "function_call", "call_id": "call_p", "name": "weather", "arguments": ARGS_PARIS},
+        {"type": "function_call", "call_id": "call_z", "name": "weather", "arguments": ARGS_ZURICH},
+        {"type": "function_call_output", "call_id": "call_p", "output": RESULT_PARIS},
+        {"type": "function_call_output", "call_id": "call_z",
+         "output": [{"type": "input_text", "text": RESULT_ZURICH}]},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": ANSWER}]},
+        {"role": "user", "content": THANKS}
+    ]});
+    vec![
+        (Api::Chat, chat),
+        (Api::Messages, messages),
+        (Api::Responses, responses),
+    ]
+}
+
+/// A conversation completions can write too: one user turn.
+fn one_turn_in_four_shapes() -> Vec<(Api, Value)> {
+    let user = json!([{"role": "user", "content": ASK}]);
+    vec![
+        (
+            Api::Chat,
+            json!({"model": "m", "max_completion_tokens": 64, "messages": user}),
+        ),
+        (
+            Api::Completions,
+            json!({"model": "m", "max_tokens": 64, "prompt": ASK}),
+        ),
+        (
+            Api::Messages,
+            json!({"model": "m", "max_tokens": 64, "messages": user}),
+        ),
+        (
+            Api::Responses,
+            json!({"model": "m", "max_output_tokens": 64, "input": ASK}),
+        ),
+        (
+            Api::Responses,
+            json!({"model": "m", "max_output_tokens": 64, "input": [
+                {"type": "message", "role": "user",
+                 "content": [{"type": "input_text", "text": ASK}]}
+            ]}),
+        ),
+    ]
+}
+
+fn chars(texts: &[&str]) -> u64 {
+    texts.iter().map(|text| text.chars().count() as u64).sum()
+}
+
+/// `input_chars`, `messages_count` and `max_tokens` of a body on an API.
+fn computed(api: Option<Api>, body: &Value) -> (u64, u64, Option<Value>) {
+    (
+        super::shapes::input_chars(api, body),
+        super::shapes::messages_count(api, body),
+        super::shapes::max_tokens(api, body).cloned(),
+    )
+}
+
+#[test]
+fn the_same_conversation_gives_the_same_fields_on_every_api() {
+    let cases = [
+        (
+            conversation_in_three_shapes(),
+            chars(&[
+                SYSTEM,
+                ASK,
+                CHECKING,
+                ARGS_PARIS,
+                ARGS_ZURICH,
+                RESULT_PARIS,
+                RESULT_ZURICH,
+                ANSWER,
+                THANKS,
+            ]),
+            7,
+            256,
+        ),
+        (one_turn_in_four_shapes(), chars(&[ASK]), 1, 64),
+    ];
+    for (shapes, input_chars, messages_count, max_tokens) in cases {
+        for (api, body) in shapes {
+            assert_eq!(
+                computed(Some(api), &body),
+                (input_chars, messages_count, Some(json!(max_tokens))),
+                "{} (input_chars, messages_count, max_tokens) of {body}",
+                api.as_str()
+            );
+            // And through a rule, as the gateway asks for them.
+            let set = compile_clean(json!([{"name": "all-three", "when": {"all": [
+                leaf("input_chars", "eq", json!(input_chars)),
+                leaf("messages_count", "eq", json!(messages_count)),
+                leaf("max_tokens", "eq", json!(max_tokens)),
+            ]}}]));
+            let facts = RequestFacts {
+                body: &body,
+                raw_len: 0,
+                api: Some(api),
+            };
+            assert!(set.evaluate(&facts).is_some(), "{}", api.as_str());
+        }
+    }
+}
+
+/// A member of another API's shape counts for nothing; the control is the
+/// same body on that member's own API, where it does.
+#[test]
+fn each_api_reads_its_own_members_only() {
+    let body = json!({
+        "messages": [{"role": "user", "content": "abc"}],
+        "prompt": "pq",
+        "system": "xyz",
+        "instructions": "defg",
+        "input": "hi",
+        "max_tokens": 10,
+        "max_output_tokens": 20
+    });
+    let ten = Some(json!(10));
+    assert_eq!(computed(Some(Api::Chat), &body), (3, 1, ten.clone()));
+    assert_eq!(computed(Some(Api::Completions), &body), (2, 1, ten.clone()));
+    assert_eq!(
+        computed(Some(Api::Messages), &body),
+        (3 + 3, 2, ten.clone())
+    );
+    assert_eq!(
+        computed(Some(Api::Responses), &body),
+        (4 + 2, 2, Some(json!(20)))
+    );
+    // No API: chat's and completions' members, as before the APIs were told apart.
+    assert_eq!(computed(None, &body), (3 + 2, 1 + 1, ten));
+}
+
+#[test]
+fn messages_count_is_the_conversation_in_chat_form() {
+    let count = |api, body: Value| super::shapes::messages_count(Some(api), &body);
+    // Anthropic: each tool result is a message, the rest of the message one
+    // more; an empty message still one; an empty system prompt none.
+    let result = json!({"type": "tool_result", "tool_use_id": "t", "content": "r"});
+    let text = json!({"type": "text", "text": "t"});
+    assert_eq!(
+        count(
+            Api::Messages,
+            json!({"messages": [{"role": "user", "content": [result, result]}]})
+        ),
+        2
+    );
+    assert_eq!(
+        count(
+            Api::Messages,
+            json!({"messages": [{"role": "user", "content": [result, text]}]})
+        ),
+        2
+    );
+    assert_eq!(
+        count(
+            Api::Messages,
+            json!({"messages": [{"role": "user", "content": []}]})
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            Api::Messages,
+            json!({"system": "", "messages": [{"role": "user", "content": "a"}]})
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            Api::Messages,
+            json!({"system": "s", "messages": [{"role": "user", "content": "a"}]})
+        ),
+        2
+    );
+    // Responses: an assistant's parts join the message before them until it
+    // has a second text or reasoning; anything else closes it.
+    let assistant = json!({"type": "message", "role": "assistant", "content": "a"});
+    let call = json!({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"});
+    let reasoning = json!({"type": "reasoning", "summary": []});
+    let output = json!({"type": "function_call_output", "call_id": "c", "output": "o"});
+    let input = |items: Value| json!({"input": items});
+    assert_eq!(
+        count(
+            Api::Responses,
+            input(json!([reasoning, assistant, call, call]))
+        ),
+        1
+    );
+    assert_eq!(
+        count(Api::Responses, input(json!([assistant, assistant]))),
+        2
+    );
+    assert_eq!(
+        count(Api::Responses, input(json!([reasoning, reasoning]))),
+        2
+    );
+    assert_eq!(count(Api::Responses, input(json!([call, output, call]))), 3);
+    assert_eq!(
+        count(
+            Api::Responses,
+            input(json!([{"type": "item_reference", "id": "x"}]))
+        ),
+        1
+    );
+    assert_eq!(
+        count(Api::Responses, json!({"instructions": "", "input": "a"})),
+        1
+    );
+    assert_eq!(
+        count(Api::Responses, json!({"instructions": "i", "input": "a"})),
+        2
+    );
+}
+
+#[test]
+fn input_chars_counts_tool_arguments_as_json_text() {
+    let chars = |api, body: Value| super::shapes::input_chars(Some(api), &body);
+    // An Anthropic input is an object: counted as compact JSON, so the same
+    // arguments written compactly count alike on the three APIs.
+    let arguments = r#"{"path":"é.txt","lines":[1,2],"dry":null}"#;
+    let arguments_chars = arguments.chars().count() as u64;
+    let object: Value = serde_json::from_str(arguments).unwrap_or_default();
+    let anthropic = json!({"messages": [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "edit", "input": object}
+    ]}]});
+    let chat = json!({"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "t", "type": "function", "function": {"name": "edit", "arguments": arguments}}
+    ]}]});
+    let responses = json!({"input": [
+        {"type": "function_call", "call_id": "t", "name": "edit", "arguments": arguments}
+    ]});
+    assert_eq!(chars(Api::Messages, anthropic), arguments_chars);
+    assert_eq!(chars(Api::Chat, chat), arguments_chars);
+    assert_eq!(chars(Api::Responses, responses), arguments_chars);
+    // Free-text tools (chat `custom`, Responses `custom_tool_call`) by their input.
+    let chat_custom = json!({"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "t", "type": "custom", "custom": {"name": "sh", "input": "ls -l"}}
+    ]}]});
+    let responses_custom = json!({"input": [
+        {"type": "custom_tool_call", "call_id": "t", "name": "sh", "input": "ls -l"},
+        {"type": "custom_tool_call_output", "call_id": "t", "output": "ok"}
+    ]});
+    assert_eq!(chars(Api::Chat, chat_custom), 5);
+    assert_eq!(chars(Api::Responses, responses_custom), 5 + 2);
 }
 
 #[test]
@@ -792,7 +1127,7 @@ fn rules_compile_from_yaml() {
 // from a handful of keys and values so that random conditions actually hit
 // the body often enough for the logical properties to mean something.
 
-const WIDE_KEYS: [&str; 14] = [
+const WIDE_KEYS: [&str; 29] = [
     "model",
     "messages",
     "content",
@@ -807,6 +1142,22 @@ const WIDE_KEYS: [&str; 14] = [
     "prompt",
     "0",
     "1",
+    // The other APIs' members, and the part and item types they read.
+    "system",
+    "instructions",
+    "input",
+    "output",
+    "arguments",
+    "tool_calls",
+    "function",
+    "max_output_tokens",
+    "tool_result",
+    "tool_use",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "input_text",
+    "assistant",
 ];
 const DENSE_KEYS: [&str; 6] = ["a", "b", "0", "model", "stream", "max_tokens"];
 const NAMED_FIELDS: [&str; 7] = [
@@ -1017,9 +1368,16 @@ proptest! {
         ),
         body in prop_oneof![wide_body(), dense_body()],
         raw_len in any::<usize>(),
+        api in prop::sample::select(vec![
+            None,
+            Some(Api::Chat),
+            Some(Api::Completions),
+            Some(Api::Messages),
+            Some(Api::Responses),
+        ]),
     ) {
         let (set, _errors) = RuleSet::compile(&Value::Array(rules));
-        let _ = set.evaluate(&RequestFacts { body: &body, raw_len });
+        let _ = set.evaluate(&RequestFacts { body: &body, raw_len, api });
         let _ = set.status_json();
     }
 
