@@ -230,7 +230,6 @@ fn model(c: &mut Criterion) {
             n += 1;
             let incoming = Incoming {
                 tokens: 8_000,
-                rand: n,
                 ..Incoming::default()
             };
             black_box(table.place_session(sid(n), incoming, &engines, T0))
@@ -243,7 +242,6 @@ fn model(c: &mut Criterion) {
             let incoming = Incoming {
                 tokens: 8_500,
                 prefix: Some(prefix),
-                rand: n,
                 ..Incoming::default()
             };
             black_box(table.place_session(sid(n), incoming, &engines, T0))
@@ -261,7 +259,6 @@ fn model(c: &mut Criterion) {
             k = (k + 1) % warm.len();
             let incoming = Incoming {
                 tokens: 30_000,
-                rand: k as u64,
                 ..Incoming::default()
             };
             black_box(table.place_session(warm[k], incoming, &engines, T0 + 120_000))

@@ -156,7 +156,6 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
         tokens,
         may_wait,
         prefix,
-        rand: next_random(),
     };
     let placement = match apply_mode(route, &loads, session, incoming, now) {
         Admission::NoKvRoom => {

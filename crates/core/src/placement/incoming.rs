@@ -1,6 +1,6 @@
 //! What the caller knows about the request being placed, beyond the
-//! session: its size, whether it may wait for room, a prefix of it cached
-//! somewhere, and a draw for exact ties.
+//! session: its size, whether it may wait for room, and a prefix of it
+//! cached somewhere.
 
 use super::model::Prefix;
 
@@ -16,7 +16,4 @@ pub struct Incoming {
     /// A prefix of the request recently sent to some engines (a template
     /// it shares with other conversations).
     pub prefix: Option<Prefix>,
-    /// Drawn fresh per request by the caller: exact ties between engines
-    /// go either way, never by the session's hash.
-    pub rand: u64,
 }

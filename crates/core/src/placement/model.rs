@@ -377,8 +377,8 @@ pub fn weigh<'a>(
 /// least expected time ([`weigh`]: with the load it joins and what it
 /// evicts); among those within the tolerance of it, the one that will hold
 /// the least relative to its KV; then the least time, then the fewest
-/// requests in flight; exact ties by `rand`, which the caller draws per
-/// request.
+/// requests in flight; exact ties by `rand` (the rules pass the session's
+/// hash, so a prediction of the placement holds).
 pub fn choose<'a>(
     peers: &'a [PeerLoad],
     ask: &Ask,

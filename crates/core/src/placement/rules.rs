@@ -139,8 +139,11 @@ pub(super) fn decide(
     peers: &[PeerLoad],
     limits: Limits,
     incoming: Incoming,
-    rand: u64,
 ) -> (Verdict, Why) {
+    // Exact ties between engines (alike in every respect the model weighs)
+    // go by the session's hash, so what /_route_debug and /_route_inspect
+    // predict is what placement does; near ones by what the engines hold.
+    let rand = sid;
     let admit = limits.room;
     let Some(remembered) = remembered else {
         let ask = Ask {

@@ -27,7 +27,7 @@ impl SessionTable {
         };
         let config = self.config.load();
         let limits = config.limits(self.median_live_tokens.load(Relaxed), self.model(peers));
-        let (verdict, why) = rules::decide(sid, remembered, peers, limits, incoming, 0);
+        let (verdict, why) = rules::decide(sid, remembered, peers, limits, incoming);
         let mut explanation = rules::explain(verdict, why);
         let cap = config.max_sessions_per_peer;
         let placement = |peer, kind, reason| Placement { peer, kind, reason };

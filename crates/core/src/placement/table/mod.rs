@@ -223,15 +223,9 @@ impl SessionTable {
     }
 
     /// Places one request of session `sid` and records the outcome. `None`
-    /// iff no peer is ready. Exact ties between engines go by the session's
-    /// hash here; the request path draws afresh per request
-    /// ([`Incoming::rand`]).
+    /// iff no peer is ready.
     pub fn place(&self, sid: u64, peers: &[PeerLoad], now_ms: u64) -> Option<Placement> {
-        let incoming = Incoming {
-            rand: sid,
-            ..Incoming::default()
-        };
-        match self.place_session(sid, incoming, peers, now_ms) {
+        match self.place_session(sid, Incoming::default(), peers, now_ms) {
             Admission::Placed(placement) => Some(placement),
             Admission::NoReadyPeer | Admission::NoKvRoom => None,
         }
@@ -287,7 +281,7 @@ impl SessionTable {
         let config = self.config.load();
         let sized = Incoming { tokens, ..incoming };
         let limits = config.limits(self.median_live_tokens.load(Relaxed), self.model(peers));
-        let (verdict, _) = rules::decide(sid, remembered, peers, limits, sized, incoming.rand);
+        let (verdict, _) = rules::decide(sid, remembered, peers, limits, sized);
         let cap = config.max_sessions_per_peer;
         let placed =
             |peer, kind, reason| Attempt::Done(Admission::Placed(Placement { peer, kind, reason }));
