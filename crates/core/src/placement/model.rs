@@ -445,13 +445,78 @@ pub fn choose<'a>(
     chosen
 }
 
-/// Whether a session bound to `home` should move to `other`: only when
-/// the other engine is clearly better, by half its own time and by the
-/// tolerance, since a move is paid in full now and its gain only lasts
-/// while the home stays worse.
-pub fn clearly_better(home: &Estimate, other: &Estimate, tolerance_ms: f32) -> bool {
-    let margin = (other.total_ms() * 0.5).max(tolerance_ms);
-    other.total_ms() + margin < home.total_ms()
+/// Turns ahead a move's gain is counted over at most: past that the
+/// engines will have changed too much to say.
+const MAX_TURNS_AHEAD: f32 = 16.0;
+
+/// The turns a session has left on this route: what it will still grow by
+/// (to the route's typical session) over what this turn adds; 1 while the
+/// typical size is unknown or the session is past it.
+pub fn turns_left(ask: &Ask, route: &RouteModel) -> f32 {
+    let new = ask.tokens.saturating_sub(ask.held).max(1);
+    let left = route.typical_session.saturating_sub(ask.held);
+    (left as f32 / new as f32).clamp(1.0, MAX_TURNS_AHEAD)
+}
+
+/// Staying against moving, over the turns a session has left: a move pays
+/// the prefill of what its home holds of it once, and gains the difference
+/// in every later turn (a slower home, a home its cohort overfills); a
+/// queue or a backlog lasts this turn only.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lifetime {
+    pub turns: f32,
+    pub stay_ms: f32,
+    pub move_ms: f32,
+    /// How much less a move must cost to be made: half of what its first
+    /// turn costs there, at least the tolerance (one turn's hysteresis).
+    pub margin_ms: f32,
+}
+
+impl Lifetime {
+    pub fn moves(&self) -> bool {
+        self.move_ms + self.margin_ms < self.stay_ms
+    }
+}
+
+/// [`Lifetime`] of a session bound to `home` against `other` (the
+/// request's estimates there, `other`'s as if cold).
+pub fn lifetime(home: &Estimate, other: &Estimate, ask: &Ask, route: &RouteModel) -> Lifetime {
+    let turns = turns_left(ask, route);
+    let new = ask.tokens.saturating_sub(ask.held);
+    let ms = |tokens: u64, us: f32| tokens as f32 * us / 1_000.0;
+    let stay_now = home.queue_ms + home.backlog_ms;
+    let stay_each = home.prefill_ms + home.evicts_ms;
+    let warm_there = new.min(other.uncached_tokens);
+    let move_now = other.queue_ms
+        + other.backlog_ms
+        + other.load_ms
+        + ms(other.uncached_tokens - warm_there, other.prefill_us);
+    let move_each = ms(warm_there, other.prefill_us) + other.evicts_ms;
+    Lifetime {
+        turns,
+        stay_ms: stay_now + turns * stay_each,
+        move_ms: move_now + turns * move_each,
+        margin_ms: ((move_now + move_each) * 0.5).max(tolerance_ms(ask, route, other.prefill_us)),
+    }
+}
+
+/// The least a move can cost over the session's life on any engine that
+/// prefills at `us` or slower and shares at most `shared` tokens of it,
+/// with its margin: when staying costs no more, no engine need be weighed.
+pub fn least_move_ms(ask: &Ask, route: &RouteModel, shared: u64, us: f32) -> f32 {
+    let turns = turns_left(ask, route);
+    let new = ask.tokens.saturating_sub(ask.held);
+    let cold = ask.tokens.saturating_sub(shared);
+    let warm_there = new.min(cold);
+    let ms = |tokens: u64| tokens as f32 * us / 1_000.0;
+    let once = ms(cold - warm_there);
+    let each = ms(warm_there);
+    once + turns * each + ((once + each) * 0.5).max(tolerance_ms(ask, route, us))
+}
+
+/// The cost of staying on `home` over the session's life (see [`lifetime`]).
+pub fn stay_ms(home: &Estimate, ask: &Ask, route: &RouteModel) -> f32 {
+    home.queue_ms + home.backlog_ms + turns_left(ask, route) * (home.prefill_ms + home.evicts_ms)
 }
 
 #[cfg(test)]

@@ -94,14 +94,14 @@ pub(super) enum Why {
     Estimated {
         home: Estimate,
         best: Estimate,
-        tolerance_ms: f32,
+        lifetime: model::Lifetime,
     },
     /// The model: no other engine has KV room for the session.
     NoRoomElsewhere {
         home: Estimate,
     },
-    /// The model: even the whole request cold at the fastest engine's speed
-    /// would not be clearly better than staying.
+    /// The model: even at the fastest engine's speed a move would not be
+    /// worth it over the session's life.
     NothingClearlyBetter {
         home: Estimate,
         floor_ms: f32,
@@ -240,10 +240,10 @@ fn by_estimate(
     rand: u64,
 ) -> (Verdict, Why) {
     let from = home.id;
-    // Elsewhere the request pays at least its tokens not in a shared
-    // prefix, at the fastest engine's speed: when even that would not be
-    // clearly better than staying, no engine is, and none is weighed (the
-    // common warm turn costs one estimate, not one per engine).
+    // Elsewhere the request pays at least its tokens not in a shared prefix
+    // at the fastest engine's speed: when even that would not make a move
+    // worth it over the session's life, no engine is, and none is weighed
+    // (the common warm turn costs one estimate, not one per engine).
     if !home.overcommitted() {
         let fastest_us = peers
             .iter()
@@ -251,9 +251,8 @@ fn by_estimate(
             .map(|p| model::prefill_speed(p, &limits.model))
             .fold(f32::INFINITY, f32::min);
         let shared = ask.prefix.map_or(0, |p| p.tokens);
-        let floor_ms = ask.tokens.saturating_sub(shared) as f32 * fastest_us / 1_000.0;
-        let tolerance = model::tolerance_ms(ask, &limits.model, fastest_us);
-        if floor_ms + (floor_ms * 0.5).max(tolerance) >= home_estimate.total_ms() {
+        let floor_ms = model::least_move_ms(ask, &limits.model, shared, fastest_us);
+        if floor_ms >= model::stay_ms(home_estimate, ask, &limits.model) {
             let why = Why::NothingClearlyBetter {
                 home: *home_estimate,
                 floor_ms,
@@ -279,13 +278,13 @@ fn by_estimate(
         };
         return (Verdict::Stay { on: from }, why);
     };
-    let tolerance_ms = model::tolerance_ms(ask, &limits.model, best.prefill_us);
+    let lifetime = model::lifetime(home_estimate, &best, ask, &limits.model);
     let why = Why::Estimated {
         home: *home_estimate,
         best,
-        tolerance_ms,
+        lifetime,
     };
-    if !model::clearly_better(home_estimate, &best, tolerance_ms) {
+    if !lifetime.moves() {
         return (Verdict::Stay { on: from }, why);
     }
     let reason = if home_estimate.cached_tokens < ask.held.min(ask.tokens) {
@@ -479,21 +478,25 @@ pub(super) fn explain(verdict: Verdict, why: Why) -> String {
                 describe_estimate(&chosen)
             )
         }
-        (verdict, Why::Estimated { home, best, tolerance_ms }) => {
+        (verdict, Why::Estimated { home, best, lifetime }) => {
             let outcome = match verdict {
-                Verdict::Spill { .. } => "clearly better: moves",
-                _ => "not clearly better (by half its time and the tolerance): stays",
+                Verdict::Spill { .. } => "a move is worth it: moves",
+                _ => "a move is not worth it: stays",
             };
             format!(
-                "home {}: {}; best other peer {}: {}; tolerance {tolerance_ms:.0} ms; {outcome}",
+                "home {}: {}; best other peer {}: {}; over the {:.1} turns it has left, staying costs {:.0} ms, moving {:.0} ms (and a margin of {:.0} ms); {outcome}",
                 home.peer,
                 describe_estimate(&home),
                 best.peer,
-                describe_estimate(&best)
+                describe_estimate(&best),
+                lifetime.turns,
+                lifetime.stay_ms,
+                lifetime.move_ms,
+                lifetime.margin_ms,
             )
         }
         (_, Why::NothingClearlyBetter { home, floor_ms }) => format!(
-            "home {}: {}; elsewhere it would cost at least {floor_ms:.0} ms cold, not clearly better: stays",
+            "home {}: {}; a move would cost at least {floor_ms:.0} ms over the turns it has left, no less than staying: stays",
             home.peer,
             describe_estimate(&home)
         ),

@@ -243,19 +243,88 @@ fn a_home_keeps_what_its_kv_pressure_leaves_of_the_session() {
     assert_eq!(e.evicts_tokens, 5_000);
 }
 
+/// A session 10k into a route whose sessions end at 58k, adding 2k a
+/// turn: 16 turns left at most (24 by its growth, capped).
+fn mid_life(home: PeerId) -> Ask {
+    Ask {
+        tokens: 12_000,
+        home: Some(home),
+        held: 10_000,
+        prefix: None,
+    }
+}
+
 #[test]
-fn a_session_moves_only_when_elsewhere_is_clearly_better() {
-    let base = estimate(&timed(engine(9), 50.0), &new_session(0), &route(0));
-    let at = |total_ms: f32| Estimate {
-        queue_ms: total_ms,
-        ..base
+fn a_move_is_worth_its_cold_prefill_only_over_the_turns_it_saves() {
+    let route = route(58_000);
+    let ask = mid_life(1);
+    assert_eq!(turns_left(&ask, &route), 16.0);
+    let cold = Ask { home: None, ..ask };
+    // A home that prefills at 125 µs a token, another at 50: 250 ms a turn
+    // against 100, every turn; a move costs 10k of cold prefill once.
+    let slow = timed(engine(1), 125.0);
+    let fast = timed(engine(2), 50.0);
+    let life = lifetime(
+        &estimate(&slow, &ask, &route),
+        &estimate(&fast, &cold, &route),
+        &ask,
+        &route,
+    );
+    assert!(life.moves(), "{life:?}");
+    // Control: the same once the session is near its end (one turn left).
+    let old = Ask {
+        tokens: 58_000,
+        held: 56_000,
+        ..ask
     };
-    // Cold elsewhere 1 s, tolerance 0.2 s: the home must be past 1.5 s.
-    assert!(clearly_better(&at(1_600.0), &at(1_000.0), 200.0));
-    assert!(!clearly_better(&at(1_400.0), &at(1_000.0), 200.0));
-    // A tolerance above half the other's time is the margin then.
-    assert!(!clearly_better(&at(1_600.0), &at(1_000.0), 700.0));
-    assert!(clearly_better(&at(1_800.0), &at(1_000.0), 700.0));
+    let cold_old = Ask { home: None, ..old };
+    let life = lifetime(
+        &estimate(&slow, &old, &route),
+        &estimate(&fast, &cold_old, &route),
+        &old,
+        &route,
+    );
+    assert_eq!(life.turns, 1.0);
+    assert!(!life.moves(), "{life:?}");
+}
+
+#[test]
+fn a_passing_backlog_at_home_is_counted_once_not_every_turn() {
+    let route = route(58_000);
+    let ask = mid_life(1);
+    let cold = Ask { home: None, ..ask };
+    // 16k of cold prompts prefilling at home: a 400 ms wait this turn,
+    // less than the 500 ms the 10k its home holds would cost cold; counted
+    // every turn it would have looked like 6.4 s.
+    let busy = PeerLoad {
+        backlog_tokens: 16_000,
+        ..timed(engine(1), 50.0)
+    };
+    let idle = timed(engine(2), 50.0);
+    let life = lifetime(
+        &estimate(&busy, &ask, &route),
+        &estimate(&idle, &cold, &route),
+        &ask,
+        &route,
+    );
+    assert!(!life.moves(), "{life:?}");
+    // Control: a home that reports a queue of 30 at 10 completions a second
+    // (3 s this turn) is worth leaving even at the cost of 10k cold.
+    let queued = PeerLoad {
+        engine: Some(EngineLoad {
+            waiting: 30,
+            running: 40,
+            kv_usage: 0.5,
+        }),
+        ..timed(engine(1), 50.0)
+    };
+    let life = lifetime(
+        &estimate(&queued, &ask, &route),
+        &estimate(&idle, &cold, &route),
+        &ask,
+        &route,
+    );
+    assert!(life.moves(), "{life:?}");
 }
 
 #[test]
@@ -340,7 +409,7 @@ fn a_young_session_leaves_an_engine_its_cohort_will_overfill_and_an_old_one_stay
         let home = estimate(&crowded, &ask, &route);
         let cold = Ask { home: None, ..ask };
         let other = estimate(&roomy, &cold, &route);
-        clearly_better(&home, &other, tolerance_ms(&ask, &route, 50.0))
+        lifetime(&home, &other, &ask, &route).moves()
     };
     // Young (6k): 8k cold elsewhere, 0.4 s, against the 2.9 s of others'
     // context its staying keeps evicting.
