@@ -171,6 +171,17 @@ pub fn parse_props_capacity(body: &[u8]) -> Option<u64> {
     Some(n_ctx.saturating_mul(slots))
 }
 
+/// llama.cpp's slots from its `/props` JSON (`total_slots`, its
+/// `--parallel`): the requests it runs at once, deferring the rest.
+pub fn parse_props_slots(body: &[u8]) -> Option<u32> {
+    let props: serde_json::Value = serde_json::from_slice(body).ok()?;
+    props
+        .get("total_slots")?
+        .as_u64()
+        .filter(|&n| n > 0)
+        .and_then(|n| u32::try_from(n).ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +275,20 @@ llamacpp:requests_deferred 2\nllamacpp:prompt_tokens_total 900\n";
         assert_eq!(parse_kv_capacity(text), None);
         let old = parse_engine_load("llamacpp:kv_cache_usage_ratio 0.3\n").unwrap();
         assert!((old.kv_usage - 0.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reads_llama_cpp_props_slots() {
+        assert_eq!(parse_props_slots(br#"{"total_slots":4}"#), Some(4));
+        for bad in [
+            &br#"{"total_slots":0}"#[..],
+            br#"{"total_slots":"4"}"#,
+            br#"{"default_generation_settings":{"n_ctx":4096}}"#,
+            br#"{"total_slots":99999999999}"#,
+            b"not json",
+        ] {
+            assert_eq!(parse_props_slots(bad), None);
+        }
     }
 
     #[test]
@@ -424,6 +449,7 @@ mod golden {
         assert_eq!(parse_kv_capacity(text), None);
         let props = include_bytes!("../../tests/golden/props/llamacpp-b11434.json");
         assert_eq!(parse_props_capacity(props), Some(8_192));
+        assert_eq!(parse_props_slots(props), Some(2), "--parallel 2");
     }
 
     /// Walks the directory rather than trusting METRICS: each file must be

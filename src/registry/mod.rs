@@ -318,7 +318,11 @@ impl Registry {
         runtime.generation.fetch_add(1, Ordering::AcqRel);
         let peers = live
             .into_iter()
-            .map(|(pc, key, addr)| RoutePeer::new(pc, runtime.peer_state(&key), addr))
+            .map(|(pc, key, addr)| {
+                let state = runtime.peer_state(&key);
+                let pc = pc.with_engine_slots(state.engine_slots());
+                RoutePeer::new(pc, state, addr)
+            })
             .collect();
         for e in &config.reject_rule_errors {
             log::error!("{}: reject rule dropped: {e}", config.file.display());

@@ -77,6 +77,10 @@ pub(super) fn route_state(route: &Route, registry: &Registry) -> Value {
             "awaiting_first_token": p.state.awaiting_first_token(),
             "cold_prefill_tokens": p.state.cold_backlog_tokens(),
             "max_concurrency": p.config.max_concurrency,
+            // route, default, or engine_slots (llama.cpp's own slots, the
+            // limit of a peer whose route sets none).
+            "max_concurrency_source": p.config.max_concurrency_from.as_str(),
+            "engine_slots": p.state.engine_slots(),
             "load": loads[i].load(),
             "kv_full": loads[i].kv_full,
             "engine": peer_engine_json(route, i, loads[i].engine.is_some(), now),
