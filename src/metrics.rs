@@ -331,6 +331,11 @@ impl Metrics {
         ]
     }
 
+    /// Whether a gone peer's series wait out their grace.
+    pub fn peers_in_grace(&self) -> bool {
+        !self.gone_since.lock().is_empty()
+    }
+
     /// Removes the per-peer series of every (route, peer) not in `live`
     /// that has been seen out of it for `grace_ms` or more; the first time
     /// one is seen out starts its grace. Returns how many series went.

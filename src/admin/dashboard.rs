@@ -104,12 +104,15 @@ impl BackgroundService for Sampler {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(Duration::from_millis(SAMPLE_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweeps = GoneSweeps::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {
                     let now = now_ms();
                     self.dashboard.sample(&self.registry, now);
-                    forget_gone_peers(&self.registry, now);
+                    if sweeps.due(&self.registry) {
+                        forget_gone_peers(&self.registry, now);
+                    }
                 }
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() {
@@ -118,6 +121,26 @@ impl BackgroundService for Sampler {
                 }
             }
         }
+    }
+}
+
+/// When the sampler looks for gone peers' series: when the route table is
+/// another than at the last look (a reload, a rediscovery: the only ways a
+/// peer leaves), while a peer is in its grace, and once a minute besides
+/// (a request of an older table may have written a series since).
+#[derive(Default)]
+struct GoneSweeps {
+    table: std::sync::Weak<crate::registry::RouteTable>,
+    ticks: u64,
+}
+
+impl GoneSweeps {
+    fn due(&mut self, registry: &Registry) -> bool {
+        let table = registry.snapshot();
+        self.ticks += 1;
+        let changed = !std::ptr::eq(self.table.as_ptr(), Arc::as_ptr(&table));
+        self.table = Arc::downgrade(&table);
+        changed || metrics().peers_in_grace() || self.ticks.is_multiple_of(60_000 / SAMPLE_MS)
     }
 }
 
