@@ -75,16 +75,18 @@ impl<T: MetricVecBuilder> PeerSeries for MetricVec<T> {
     }
 }
 
+/// The value of a collected series' label `name`.
+pub fn label<'a>(metric: &'a prometheus::proto::Metric, name: &str) -> Option<&'a str> {
+    metric
+        .get_label()
+        .iter()
+        .find(|l| l.name() == name)
+        .map(|l| l.value())
+}
+
 /// A series' `route` and `peer` labels.
 fn route_and_peer(metric: &prometheus::proto::Metric) -> Option<(&str, &str)> {
-    let label = |name: &str| {
-        metric
-            .get_label()
-            .iter()
-            .find(|l| l.name() == name)
-            .map(|l| l.value())
-    };
-    Some((label("route")?, label("peer")?))
+    Some((label(metric, "route")?, label(metric, "peer")?))
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {

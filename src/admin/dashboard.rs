@@ -191,13 +191,7 @@ fn counters_by_route(
     let mut out: HashMap<String, BTreeMap<String, u64>> = HashMap::new();
     for family in families {
         for metric in family.get_metric() {
-            let label = |name: &str| {
-                metric
-                    .get_label()
-                    .iter()
-                    .find(|l| l.name() == name)
-                    .map(|l| l.value())
-            };
+            let label = |name: &str| crate::metrics::label(metric, name);
             let (Some(route), Some(peer)) = (label("route"), label("peer")) else {
                 continue;
             };
