@@ -6,13 +6,23 @@
 //! leaves the config leaves the output too.
 //!
 //! Labels carry route and peer *names* only, never a session id or a key.
+//!
+//! The counters and histograms labelled by peer outlive the peer while
+//! the gateway runs, so a scrape sees their last values; with `peers_from`
+//! every rollout brings new pod names, so [`Metrics::forget_gone_peers`]
+//! removes a peer's series once it has been out of its route for
+//! `peer_metrics_grace` (gateway.yaml). A peer that comes back starts its
+//! series afresh, which Prometheus reads as a counter reset.
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
 use std::sync::{LazyLock, OnceLock};
 
 pub struct Metrics {
@@ -43,6 +53,40 @@ pub struct Metrics {
     pub session_store_wait: HistogramVec,
     pub session_store_ops: IntCounterVec,
     pub body_forwards: IntCounterVec,
+    /// (route, peer) → when its series were first seen without the peer
+    /// in its route (`forget_gone_peers`).
+    gone_since: Mutex<HashMap<(String, String), u64>>,
+}
+
+/// A family of series labelled `route` and `peer`, whatever its type.
+trait PeerSeries {
+    fn families(&self) -> Vec<MetricFamily>;
+    fn remove(&self, labels: &HashMap<&str, &str>);
+}
+
+impl<T: MetricVecBuilder> PeerSeries for MetricVec<T> {
+    fn families(&self) -> Vec<MetricFamily> {
+        self.collect()
+    }
+
+    fn remove(&self, labels: &HashMap<&str, &str>) {
+        // The labels were read from this vector: it has them all.
+        let _ = MetricVec::remove(self, labels);
+    }
+}
+
+/// The value of a collected series' label `name`.
+pub fn label<'a>(metric: &'a prometheus::proto::Metric, name: &str) -> Option<&'a str> {
+    metric
+        .get_label()
+        .iter()
+        .find(|l| l.name() == name)
+        .map(|l| l.value())
+}
+
+/// A series' `route` and `peer` labels.
+fn route_and_peer(metric: &prometheus::proto::Metric) -> Option<(&str, &str)> {
+    Some((label(metric, "route")?, label(metric, "peer")?))
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -270,7 +314,87 @@ impl Metrics {
             api_keys_configured,
             watching,
             registry,
+            gone_since: Mutex::default(),
         }
+    }
+
+    /// The counters and histograms written per peer on the request path.
+    /// (The in-flight, readiness and bindings gauges are filled at scrape
+    /// time from the routes, so a gone peer is not in them.)
+    fn peer_series(&self) -> [&dyn PeerSeries; 7] {
+        [
+            &self.requests,
+            &self.placements,
+            &self.prompt_tokens,
+            &self.cached_prompt_tokens,
+            &self.completion_tokens,
+            &self.ttft_by_pool,
+            &self.decode_rate,
+        ]
+    }
+
+    /// Whether a gone peer's series wait out their grace.
+    pub fn peers_in_grace(&self) -> bool {
+        !self.gone_since.lock().is_empty()
+    }
+
+    /// Removes the per-peer series of every (route, peer) not in `live`
+    /// that has been seen out of it for `grace_ms` or more; the first time
+    /// one is seen out starts its grace. Returns how many series went.
+    /// Called every few seconds (the dashboard's sampler); a peer back in
+    /// `live` before its grace ends keeps its series.
+    pub fn forget_gone_peers(
+        &self,
+        live: &HashSet<(&str, &str)>,
+        now_ms: u64,
+        grace_ms: u64,
+    ) -> usize {
+        let families: Vec<(&dyn PeerSeries, Vec<MetricFamily>)> = self
+            .peer_series()
+            .into_iter()
+            .map(|vec| (vec, vec.families()))
+            .collect();
+        let mut out: HashSet<(&str, &str)> = HashSet::new();
+        for (_, family) in &families {
+            for metric in family.iter().flat_map(|f| f.get_metric()) {
+                if let Some(pair) = route_and_peer(metric).filter(|pair| !live.contains(pair)) {
+                    out.insert(pair);
+                }
+            }
+        }
+        let mut gone_since = self.gone_since.lock();
+        gone_since.retain(|(route, peer), _| out.contains(&(route.as_str(), peer.as_str())));
+        let due: HashSet<(&str, &str)> = out
+            .into_iter()
+            .filter(|&(route, peer)| {
+                let since = *gone_since
+                    .entry((route.to_string(), peer.to_string()))
+                    .or_insert(now_ms);
+                now_ms.saturating_sub(since) >= grace_ms
+            })
+            .collect();
+        if due.is_empty() {
+            return 0;
+        }
+        let mut removed = 0;
+        for (vec, family) in &families {
+            for metric in family.iter().flat_map(|f| f.get_metric()) {
+                if !route_and_peer(metric).is_some_and(|pair| due.contains(&pair)) {
+                    continue;
+                }
+                let labels: HashMap<&str, &str> = metric
+                    .get_label()
+                    .iter()
+                    .map(|l| (l.name(), l.value()))
+                    .collect();
+                vec.remove(&labels);
+                removed += 1;
+            }
+        }
+        for (route, peer) in due {
+            gone_since.remove(&(route.to_string(), peer.to_string()));
+        }
+        removed
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -488,6 +612,56 @@ mod tests {
         assert_eq!(few.get("b", || 8), 8);
         assert_eq!(made, 1);
         assert_eq!(few.get("a", || 0), 7);
+    }
+
+    #[test]
+    fn a_gone_peers_series_go_after_its_grace_and_a_live_or_returning_peers_stay() {
+        let m = metrics();
+        let route = "metrics-gone-peer-test";
+        for peer in ["live", "gone", "back"] {
+            m.requests.with_label_values(&[route, peer, "200"]).inc();
+            m.prompt_tokens.with_label_values(&[route, peer]).inc_by(7);
+        }
+        let has = |peer: &str| {
+            m.requests
+                .collect()
+                .iter()
+                .flat_map(|f| f.get_metric())
+                .any(|s| route_and_peer(s) == Some((route, peer)))
+        };
+        // The other tests' series share the process-wide metrics: theirs
+        // are live whenever a sweep runs.
+        let sweep = |peers: &[&str], now: u64| {
+            let others: Vec<(String, String)> = m
+                .peer_series()
+                .iter()
+                .flat_map(|v| v.families())
+                .flat_map(|f| f.get_metric().to_vec())
+                .filter_map(|s| route_and_peer(&s).map(|(r, p)| (r.to_string(), p.to_string())))
+                .filter(|(r, _)| r != route)
+                .collect();
+            let live: HashSet<(&str, &str)> = others
+                .iter()
+                .map(|(r, p)| (r.as_str(), p.as_str()))
+                .chain(peers.iter().map(|p| (route, *p)))
+                .collect();
+            m.forget_gone_peers(&live, now, 1_000)
+        };
+        assert_eq!(sweep(&["live"], 10_000), 0, "grace starts");
+        assert_eq!(sweep(&["live"], 10_999), 0);
+        assert!(has("gone") && has("back"));
+        // "back" returns within its grace: its grace is over.
+        sweep(&["live", "back"], 10_999);
+        assert_eq!(sweep(&["live", "back"], 11_000), 2, "gone's two series");
+        assert!(!has("gone"));
+        assert_eq!(
+            m.prompt_tokens.with_label_values(&[route, "gone"]).get(),
+            0,
+            "a fresh series"
+        );
+        // Control: the same sweeps left the live and the returning peer's.
+        assert!(has("live") && has("back"));
+        assert_eq!(m.prompt_tokens.with_label_values(&[route, "live"]).get(), 7);
     }
 
     #[test]

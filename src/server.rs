@@ -2,9 +2,9 @@
 //! service on `admin_listen`, the controller (signals, reloads, per-route
 //! background tasks), the dashboard's sampler, with a body-log listener
 //! the body-log sender, and with a Redis session store the cluster sync
-//! (`balance/sync.rs`), then runs it until shutdown. The admin listener
-//! and the dashboard's sampler run until the process exits
-//! ([`UntilExit`]), through the drain.
+//! (`balance/sync.rs`), then runs it until shutdown. The admin listener,
+//! the dashboard's sampler and the cluster sync run until the process
+//! exits ([`UntilExit`]), through the drain.
 
 use crate::admin::dashboard::{Dashboard, Sampler};
 use crate::admin::AdminApp;
@@ -199,13 +199,15 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     }
     if store.redis().is_some() {
         log::info!("session store: redis (bindings shared with every replica)");
-        server.add_service(background_service(
+        // Through the drain: the other replicas keep seeing what this one
+        // still has in flight on each engine until its last stream ends.
+        server.add_service(UntilExit::new(background_service(
             "session-store",
             crate::balance::sync::StoreService {
                 store,
                 registry: Arc::clone(&registry),
             },
-        ));
+        )));
     }
     server.run_forever()
 }

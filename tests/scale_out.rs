@@ -342,3 +342,57 @@ fn without_redis_a_previous_response_id_from_the_other_replica_is_unknown() {
     );
     assert_ne!(r2.header("x-routed-session"), r.header("x-routed-session"));
 }
+
+/// What `gw` sees the other replicas have in flight, over the route's peers.
+fn remote_in_flight(gw: &Gateway) -> f64 {
+    peers_sum(gw, "remote_in_flight")
+}
+
+/// A replica told to stop (SIGTERM) drains its streams; the others go on
+/// counting them on their engines until the last one ends, rather than
+/// place onto an engine they think it has left.
+#[test]
+fn a_draining_replica_stays_counted_by_the_others_until_its_last_stream_ends() {
+    let cluster = engines(1);
+    let redis = Redis::start();
+    let route = route_yaml(&ports(&cluster), "");
+    let start = || {
+        Gateway::start_with(
+            &[("chat", route.clone())],
+            GatewayOptions {
+                extra_config: store(&redis),
+                grace_period: "30s",
+                ..Default::default()
+            },
+        )
+    };
+    let (mut a, b) = (start(), start());
+    let mut stream = hold_stream(&a, "/chat/v1/chat/completions", "drain", &[]);
+    wait_for("B to count A's stream", DEADLINE, || {
+        (remote_in_flight(&b) == 1.0).then_some(())
+    });
+    a.signal("TERM");
+    wait_for("A to drain", DEADLINE, || {
+        let r = http::try_get(a.admin, "/healthz").expect("A's admin listener answers");
+        (r.status() == 503).then_some(())
+    });
+    // Twice the published count's TTL: a replica that stopped publishing at
+    // SIGTERM has gone from B's view by then.
+    let until = std::time::Instant::now() + 2 * std::time::Duration::from_millis(1_500);
+    while std::time::Instant::now() < until {
+        assert_eq!(
+            remote_in_flight(&b),
+            1.0,
+            "B lost A's stream while A streams it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(a.is_alive(), "A still drains");
+    // Control: the same view does fall, once A's stream ends and A exits.
+    cluster.engines[0].open_gate("drain");
+    while let Ok(Some(_)) = stream.read_chunk() {}
+    assert_eq!(a.wait_exit(std::time::Duration::from_secs(10)), Some(0));
+    wait_for("B to stop counting A's finished stream", DEADLINE, || {
+        (remote_in_flight(&b) == 0.0).then_some(())
+    });
+}

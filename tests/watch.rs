@@ -340,3 +340,46 @@ fn check_reports_whether_the_watch_is_on() {
     assert!(run("").contains("watch: on"), "default on");
     assert!(run("watch: false\n").contains("watch: off"));
 }
+
+/// A deprecated key and a route warning are logged when their file loads
+/// or changes, not again at each reload of the same file (SIGHUP, or the
+/// watch reloading for a change elsewhere); `check` keeps saying them.
+#[test]
+fn route_notices_are_logged_when_their_file_changes_not_at_every_reload() {
+    let cluster = engines(1);
+    let p = ports(&cluster);
+    let notice = "ttft_limit_ms (line";
+    let flat = |limit: u32| format!("{}ttft_limit_ms: {limit}\n", one_peer("e0", p[0]));
+    // Watch off: each reload below is the one SIGHUP asks for.
+    let gw = Gateway::start_with(
+        &[("flat", flat(9000))],
+        GatewayOptions {
+            watch: Some(false),
+            ..Default::default()
+        },
+    );
+    let count = |gw: &Gateway| gw.log().matches(notice).count();
+    wait_for("the notice at start", DEADLINE, || {
+        (count(&gw) == 1).then_some(())
+    });
+    gw.reload();
+    gw.reload();
+    assert_eq!(
+        count(&gw),
+        1,
+        "repeated for an unchanged file:\n{}",
+        gw.log()
+    );
+    // Control: the same reload of a changed file says it again.
+    gw.write_route("flat", &flat(9500));
+    gw.reload();
+    assert_eq!(count(&gw), 2, "{}", gw.log());
+    // And check, which loads nothing, still says it.
+    let out = Command::new(gateway_bin())
+        .args(["check", "--config"])
+        .arg(gw.dir.path().join("gateway.yaml"))
+        .output()
+        .expect("check runs");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains(notice), "{text}");
+}

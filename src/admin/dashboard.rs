@@ -82,7 +82,9 @@ impl Dashboard {
 }
 
 /// Samples every route's history in the background, so the page has the
-/// last minutes as soon as it is opened, not only since.
+/// last minutes as soon as it is opened, not only since; on the same tick,
+/// the `/metrics` series of peers gone from their routes for the gateway's
+/// `peer_metrics_grace` are removed ([`forget_gone_peers`]).
 pub struct Sampler {
     dashboard: Arc<Dashboard>,
     registry: Arc<Registry>,
@@ -102,9 +104,16 @@ impl BackgroundService for Sampler {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(Duration::from_millis(SAMPLE_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweeps = GoneSweeps::default();
         loop {
             tokio::select! {
-                _ = tick.tick() => self.dashboard.sample(&self.registry, now_ms()),
+                _ = tick.tick() => {
+                    let now = now_ms();
+                    self.dashboard.sample(&self.registry, now);
+                    if sweeps.due(&self.registry) {
+                        forget_gone_peers(&self.registry, now);
+                    }
+                }
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() {
                         return;
@@ -115,31 +124,80 @@ impl BackgroundService for Sampler {
     }
 }
 
+/// When the sampler looks for gone peers' series: when the route table is
+/// another than at the last look (a reload, a rediscovery: the only ways a
+/// peer leaves), while a peer is in its grace, and once a minute besides
+/// (a request of an older table may have written a series since).
+#[derive(Default)]
+struct GoneSweeps {
+    table: std::sync::Weak<crate::registry::RouteTable>,
+    ticks: u64,
+}
+
+impl GoneSweeps {
+    fn due(&mut self, registry: &Registry) -> bool {
+        let table = registry.snapshot();
+        self.ticks += 1;
+        let changed = !std::ptr::eq(self.table.as_ptr(), Arc::as_ptr(&table));
+        self.table = Arc::downgrade(&table);
+        changed || metrics().peers_in_grace() || self.ticks.is_multiple_of(60_000 / SAMPLE_MS)
+    }
+}
+
+/// Removes the per-peer `/metrics` series of the peers no route has now,
+/// once gone for `peer_metrics_grace` (a route's `-`, its requests that
+/// reached no peer, stays with the route).
+pub fn forget_gone_peers(registry: &Registry, now: u64) {
+    let snapshot = registry.snapshot();
+    let live: std::collections::HashSet<(&str, &str)> = snapshot
+        .iter()
+        .flat_map(|(name, route)| {
+            route
+                .peers
+                .iter()
+                .map(|p| p.config.name.as_str())
+                .chain(["-"])
+                .map(move |peer| (name.as_str(), peer))
+        })
+        .collect();
+    let grace = registry.gateway().peer_metrics_grace.as_millis();
+    let removed = metrics().forget_gone_peers(&live, now, u64::try_from(grace).unwrap_or(u64::MAX));
+    if removed > 0 {
+        log::info!("metrics: removed {removed} series of peers gone from their routes");
+    }
+}
+
 /// Placements by kind/reason and requests by status class, per route, from
 /// the Prometheus counters (one walk over each family for all routes).
 fn metric_counters() -> HashMap<String, BTreeMap<String, u64>> {
     let m = metrics();
+    counters_by_route(
+        m.placements
+            .collect()
+            .into_iter()
+            .chain(m.requests.collect()),
+    )
+}
+
+/// The history's counters of each route, each kept per peer
+/// (`placements/<kind>/<reason>/<peer>`, `requests/<class>/<peer>`): a
+/// peer whose series are removed (`forget_gone_peers`) then leaves its
+/// keys, which the history reads as no new counts, where a sum over the
+/// route's peers would go down and read as a counter reset, all it still
+/// holds counted again as new.
+fn counters_by_route(
+    families: impl Iterator<Item = prometheus::proto::MetricFamily>,
+) -> HashMap<String, BTreeMap<String, u64>> {
     let mut out: HashMap<String, BTreeMap<String, u64>> = HashMap::new();
-    let families = m
-        .placements
-        .collect()
-        .into_iter()
-        .chain(m.requests.collect());
     for family in families {
         for metric in family.get_metric() {
-            let label = |name: &str| {
-                metric
-                    .get_label()
-                    .iter()
-                    .find(|l| l.name() == name)
-                    .map(|l| l.value())
-            };
-            let Some(route) = label("route") else {
+            let label = |name: &str| crate::metrics::label(metric, name);
+            let (Some(route), Some(peer)) = (label("route"), label("peer")) else {
                 continue;
             };
             let key = match (label("kind"), label("reason"), label("code")) {
-                (Some(kind), Some(reason), _) => format!("placements/{kind}/{reason}"),
-                (_, _, Some(code)) => format!("requests/{}", status_class(code)),
+                (Some(kind), Some(reason), _) => format!("placements/{kind}/{reason}/{peer}"),
+                (_, _, Some(code)) => format!("requests/{}/{peer}", status_class(code)),
                 _ => continue,
             };
             let n = metric.get_counter().get_value() as u64;
@@ -233,6 +291,7 @@ fn gauges(route: &Route, now: u64) -> BTreeMap<String, f64> {
     g
 }
 
+/// The first part of a key's rest: a placement's kind, a request's class.
 fn kind_of(rest: &str) -> String {
     rest.split('/').next().unwrap_or(rest).to_string()
 }
@@ -251,7 +310,7 @@ fn history_json(h: &History) -> Value {
             .into_iter()
             .filter(|(_, v)| v.iter().any(|x| x.is_some_and(|x| x > 0.0)))
             .collect::<BTreeMap<_, _>>(),
-        "requests_per_s": h.rates("requests", whole),
+        "requests_per_s": h.rates("requests", kind_of),
         "hit_rate": h.ratio("tokens/cached", "tokens/prompt"),
         "ttft_ewma_ms": h.gauges("ttft_ewma_ms"),
         "ttft_limit_ms": h.gauges("ttft_limit_ms"),
@@ -262,13 +321,17 @@ fn history_json(h: &History) -> Value {
 
 /// Placements over the history's window by kind and reason, most first.
 fn placements_window(h: &History) -> Value {
-    let mut rows: Vec<(String, String, u64)> = h
-        .totals("placements")
+    let mut by_reason: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for (rest, n) in h.totals("placements") {
+        // kind/reason/peer: the peer, last, may hold a '/' of its own.
+        let mut parts = rest.splitn(3, '/');
+        let kind = parts.next().unwrap_or_default().to_string();
+        let reason = parts.next().unwrap_or("none").to_string();
+        *by_reason.entry((kind, reason)).or_default() += n;
+    }
+    let mut rows: Vec<(String, String, u64)> = by_reason
         .into_iter()
-        .map(|(rest, n)| {
-            let (kind, reason) = rest.split_once('/').unwrap_or((&rest, "none"));
-            (kind.to_string(), reason.to_string(), n)
-        })
+        .map(|((kind, reason), n)| (kind, reason, n))
         .collect();
     rows.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
     json!(rows
@@ -386,6 +449,48 @@ mod tests {
         assert_eq!(
             classes,
             ["2xx", "3xx", "4xx", "429", "5xx", "other", "other"]
+        );
+    }
+
+    #[test]
+    fn a_peer_whose_series_are_removed_reads_as_no_requests_not_as_a_reset() {
+        use prometheus::{IntCounterVec, Opts};
+        let requests =
+            IntCounterVec::new(Opts::new("r", "r"), &["route", "peer", "code"]).expect("vec");
+        requests
+            .with_label_values(&["chat", "e0", "200"])
+            .inc_by(100);
+        requests
+            .with_label_values(&["chat", "e1", "200"])
+            .inc_by(50);
+        let counters = || {
+            counters_by_route(requests.collect().into_iter())
+                .remove("chat")
+                .unwrap_or_default()
+        };
+        let mut h = History::new(1_000, 10);
+        h.record(0, counters(), BTreeMap::new());
+        requests.with_label_values(&["chat", "e0", "200"]).inc_by(2);
+        h.record(1_000, counters(), BTreeMap::new());
+        let before: u64 = counters().values().sum();
+        requests
+            .remove_label_values(&["chat", "e1", "200"])
+            .expect("e1's series");
+        h.record(2_000, counters(), BTreeMap::new());
+        assert_eq!(
+            h.rates("requests", kind_of)["2xx"],
+            vec![None, Some(2.0), Some(0.0)]
+        );
+        // Control: summed over the route's peers, the same removal would
+        // have read as a reset, e0's whole count new again.
+        let after: u64 = counters().values().sum();
+        assert_eq!(
+            (
+                before,
+                after,
+                super::super::history::counter_delta(before, after)
+            ),
+            (152, 102, 102)
         );
     }
 

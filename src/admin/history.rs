@@ -6,8 +6,10 @@
 //! previous point, so the request path pays nothing for the history and a
 //! late sample only widens its interval instead of inventing a spike.
 //! Gauges are kept as read. A series is named by a key, `group/name`
-//! (`placements/new/none`, `ttft_ewma_ms/<pool>`): the `group/` prefix is
-//! stripped exactly once, so a pool named `org/model` stays whole.
+//! (`placements/new/none/<peer>`, `ttft_ewma_ms/<pool>`): the `group/`
+//! prefix is stripped exactly once, so a pool named `org/model` stays
+//! whole. A counter that leaves (a gone peer's, removed from `/metrics`)
+//! has no value from then on, which is no count rather than a reset.
 
 use std::collections::{BTreeMap, VecDeque};
 

@@ -37,9 +37,13 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     let may_wait = !timeout.is_zero();
     let mut wait_for = timeout;
     // Decided before the first try: a try that finds no free slot may
-    // already have bound a new session to its engine.
+    // already have bound a new session to its engine. Only a queue asks;
+    // without one the only turn that waits is a warm one, for its own
+    // engine (below), and a request placed at once, the rule, pays no
+    // look-up in the session table.
     let now = crate::clock::now_ms();
-    let warm = session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
+    let mut warm =
+        may_wait && session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
     match place_with(route, demand, may_wait) {
         Ok(placed) => {
             return Ok(Granted {
@@ -60,7 +64,11 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
         Err(Refusal::Full(..)) => {}
         // Without a queue a warm turn still waits for its own engine, as
         // long as going cold elsewhere would cost.
-        Err(Refusal::WarmHomeBusy(_, worth)) if !may_wait => wait_for = worth,
+        Err(Refusal::WarmHomeBusy(_, worth)) if !may_wait => {
+            // Its engine is its home: the session is bound.
+            wait_for = worth;
+            warm = true;
+        }
         Err(Refusal::WarmHomeBusy(..)) => {}
     }
     let started = Instant::now();

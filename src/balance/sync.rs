@@ -7,7 +7,9 @@
 //! `LOAD_TTL_MS` after its last publish, so a replica that died stops
 //! counting within that bound),
 //! writes back the sessions placed while Redis was away, and sweeps old
-//! sync times.
+//! sync times. It runs through a drain (`server.rs` `UntilExit`), until
+//! the process exits: a draining replica's streams still load their
+//! engines, and the others must go on counting them.
 //!
 //! Staleness: another replica's in-flight is at most `IN_FLIGHT_MS` old
 //! when published plus one `IN_FLIGHT_MS` until it is read here, so

@@ -91,7 +91,7 @@ use OptionDefault::{Literal as L, Note as N};
 pub const ROUTE_OPTIONS: &[RouteOption] = &[
     opt("peers", "Peers", "peers", Kind::List, N("required"), "the engines: {name, host, port}, at least one"),
     opt("peers[].priority", "Tier", "peers", Kind::Integer, L("0"), "lower is preferred; a higher tier takes traffic only when the lower one is down"),
-    opt("peers[].max_concurrency", "Max concurrency", "peers", Kind::Integer, L("64"), "requests in flight to this peer at most"),
+    opt("peers[].max_concurrency", "Max concurrency", "peers", Kind::Integer, L("64"), "requests in flight to this peer at most; unset, a llama.cpp engine's own slots (its /props total_slots) when it says, else 64"),
     hidden(opt("peers[].probe_path", "Probe path", "peers", Kind::Text, N("health.probe_path"), "this peer's own health probe path")),
     hidden(opt("peers[].kv_capacity_tokens", "KV capacity", "peers", Kind::Integer, N("from the engine's metrics"), "KV capacity in tokens for KV-aware admission")),
     opt("peers_from", "Discovered peers", "peers", Kind::Map, N("none"), "{dns: name, port} or {kubernetes: {namespace, selector, port}}: a peer per address or ready endpoint, found while running; takes the peers[] settings"),

@@ -19,6 +19,7 @@ pub(super) struct GatewayFile {
     pub threads: Option<usize>,
     pub work_stealing: Option<Flag>,
     pub grace_period: Option<Dur>,
+    pub peer_metrics_grace: Option<Dur>,
     pub max_body_size: Option<Size>,
     pub max_header_size: Option<Size>,
     pub postprocess_default: Option<String>,

@@ -16,6 +16,10 @@ pub const DEFAULT_MAX_HEADER_SIZE: usize = 64 << 10;
 /// heads over 1 MiB itself (with a bare 400), so more would mean nothing.
 pub const MAX_HEADER_SIZE_BOUNDS: std::ops::RangeInclusive<usize> = (1 << 10)..=(1 << 20);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+/// How long the `/metrics` series of a peer that left its route stay: past
+/// Prometheus' default scrape interval several times over, so a scrape sees
+/// their last values, and as long as its staleness window.
+pub const DEFAULT_PEER_METRICS_GRACE: Duration = Duration::from_secs(300);
 pub const DEFAULT_API_KEYS_FILE: &str = "/etc/llm-gateway/keys/api-keys";
 pub const API_KEYS_ENV: &str = "LLM_GATEWAY_API_KEYS_FILE";
 
@@ -38,6 +42,11 @@ pub struct GatewayConfig {
     /// wake-ups) but one thread can be left with the heavier connections.
     pub work_stealing: bool,
     pub grace_period: Duration,
+    /// How long the per-peer `/metrics` series of a peer that left its
+    /// route (a rollout's old pod, a peer taken out of the file) stay, with
+    /// their last values, before they are removed (`metrics.rs`
+    /// `forget_gone_peers`).
+    pub peer_metrics_grace: Duration,
     pub max_body_size: u64,
     /// The largest request head (request line, headers, the blank line
     /// after them), in bytes, the gateway serves; a larger one is answered
@@ -212,6 +221,16 @@ impl GatewayConfig {
                 ))
             }
         };
+        let peer_metrics_grace = file
+            .peer_metrics_grace
+            .map_or(DEFAULT_PEER_METRICS_GRACE, |d| d.0);
+        if peer_metrics_grace > Duration::from_secs(24 * 3600) {
+            return Err(ConfigError::new(
+                path,
+                lines.line("peer_metrics_grace"),
+                "peer_metrics_grace must be at most 24h",
+            ));
+        }
         let status_endpoints = match file.status_endpoints.as_deref() {
             None => StatusAccess::default(),
             Some(name) => StatusAccess::from_name(name).ok_or_else(|| {
@@ -246,6 +265,7 @@ impl GatewayConfig {
             api_keys_file,
             key_file_expected: true,
             threads,
+            peer_metrics_grace,
             grace_period: file
                 .grace_period
                 .map(|d| d.0)

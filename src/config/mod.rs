@@ -24,9 +24,10 @@ pub use gateway::{
     DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_HEADER_SIZE, MAX_HEADER_SIZE_BOUNDS,
 };
 pub use route::{
-    route_name_of, valid_route_name, AdaptiveConfig, Balancing, EngineMetricsConfig, HealthConfig,
-    Mode, PeerConfig, PeerSource, PeersFrom, Protection, RouteConfig, SessionPrio, Timeouts,
-    MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
+    route_name_of, valid_route_name, AdaptiveConfig, Balancing, ConcurrencyFrom,
+    EngineMetricsConfig, HealthConfig, Mode, PeerConfig, PeerSource, PeersFrom, Protection,
+    RouteConfig, SessionPrio, Timeouts, DEFAULT_MAX_CONCURRENCY, MAX_IDLE_TIMEOUT,
+    MIN_IDLE_TIMEOUT,
 };
 
 use std::path::{Path, PathBuf};

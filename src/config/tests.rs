@@ -203,6 +203,20 @@ fn route_names() {
 }
 
 #[test]
+fn peer_metrics_grace_defaults_to_5m_and_is_at_most_a_day() {
+    assert_eq!(gw().peer_metrics_grace, Duration::from_secs(300));
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    assert_eq!(
+        parse("peer_metrics_grace: 0s\n")
+            .unwrap()
+            .peer_metrics_grace,
+        Duration::ZERO
+    );
+    let e = parse("watch: false\npeer_metrics_grace: 25h\n").unwrap_err();
+    assert!(e.to_string().contains("peer_metrics_grace"), "{e}");
+}
+
+#[test]
 fn client_header_timeout_defaults_to_10s_within_bounds() {
     assert_eq!(gw().client_header_timeout, DEFAULT_CLIENT_HEADER_TIMEOUT);
     let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());

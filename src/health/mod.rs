@@ -2,7 +2,9 @@
 //!
 //! - per peer, the health probe and the engine metrics scrape (load, KV
 //!   capacity from `/metrics`, else llama.cpp's `/props`, else learned
-//!   from the KV-usage gauge);
+//!   from the KV-usage gauge; llama.cpp's slots from `/props`, which
+//!   rebuild the route once for a peer whose route sets no
+//!   `max_concurrency`);
 //! - per route, the session sweeper (every second: the live recount, each
 //!   engine's completion rate, the pools' in-flight for `/_cluster_avg`,
 //!   a wake-up for the admission queue; every 30 s, expired sessions and
@@ -24,6 +26,7 @@ pub mod client;
 pub mod prom;
 
 use crate::clock::now_ms;
+use crate::config::ConcurrencyFrom;
 use crate::placement::CapacitySource;
 use crate::registry::{Registry, Route};
 use client::GetError;
@@ -53,7 +56,7 @@ impl Tasks {
     /// reload never has to abort anything mid-probe.
     pub fn sync(self: &Arc<Self>, registry: &Arc<Registry>) {
         self.discover(registry);
-        sync_tasks(&mut self.started.lock(), registry)
+        sync_tasks(self, &mut self.started.lock(), registry)
     }
 
     /// A discovery task for every route runtime that has none.
@@ -90,7 +93,7 @@ impl Tasks {
     }
 }
 
-fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
+fn sync_tasks(tasks: &Arc<Tasks>, started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
     let snapshot = registry.snapshot();
     started.retain(|name, _| snapshot.contains_key(name));
     for (name, route) in snapshot.iter() {
@@ -110,6 +113,7 @@ fn sync_tasks(started: &mut HashMap<String, usize>, registry: &Arc<Registry>) {
             }
             if route.config.engine_metrics.is_some() {
                 tokio::spawn(scrape_loop(
+                    Arc::clone(tasks),
                     Arc::clone(registry),
                     Arc::clone(route),
                     index,
@@ -237,7 +241,13 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
     }
 }
 
-async fn scrape_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, generation: usize) {
+async fn scrape_loop(
+    tasks: Arc<Tasks>,
+    registry: Arc<Registry>,
+    route: Arc<Route>,
+    index: usize,
+    generation: usize,
+) {
     let Some(cfg) = route.config.engine_metrics.clone() else {
         return;
     };
@@ -270,23 +280,38 @@ async fn scrape_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, g
             }
             None => {}
         }
-        if peer.config.kv_capacity_tokens.is_some() || peer.state.published_kv_capacity() {
+        let wants_capacity =
+            peer.config.kv_capacity_tokens.is_none() && !peer.state.published_kv_capacity();
+        let wants_slots = peer.config.max_concurrency_from == ConcurrencyFrom::Default
+            && peer.state.engine_slots().is_none();
+        if !wants_capacity && !wants_slots {
             continue;
         }
-        // No capacity in the metrics: llama.cpp publishes its context in
-        // `/props`, asked once a minute until it answers (another engine
-        // answers 404, cheaply); else it is learned from the gauge.
+        // llama.cpp publishes its context and its slots in `/props`, not in
+        // its metrics: asked once a minute until it answers (another
+        // engine answers 404, cheaply); capacity no engine publishes is
+        // learned from the gauge.
         let now = now_ms();
         if props_asked_at.is_none_or(|at| now.saturating_sub(at) >= PROPS_EVERY_MS) {
             props_asked_at = Some(now);
             if let Ok((200, props)) = client::get(addr, &host, "/props", timeout, 1 << 20).await {
+                let slots = prom::parse_props_slots(&props);
+                if slots.is_some_and(|n| peer.state.record_engine_slots(n)) && wants_slots {
+                    // The peer's limit is part of its route's version: the
+                    // route is built again with it, and this generation's
+                    // tasks give way to the next's.
+                    if registry.rediscovered(route.name()) {
+                        tasks.sync(&registry);
+                    }
+                    return;
+                }
                 if let Some(tokens) = prom::parse_props_capacity(&props) {
                     peer.state.record_kv_capacity(tokens, CapacitySource::Props);
                     continue;
                 }
             }
         }
-        if let Some(load) = load {
+        if let (Some(load), true) = (load, wants_capacity) {
             peer.state.learn_kv_capacity(load.kv_usage);
         }
     }

@@ -2,17 +2,51 @@
 //! llama.cpp, and an engine's KV capacity from its metrics or, for
 //! llama.cpp, its `/props`.
 
-use llm_gateway_prom::samples;
+use llm_gateway_prom::{samples, SampleRef};
+use std::borrow::Cow;
 
 use crate::placement::EngineLoad;
 
+/// The rank of an engine serving with data parallelism that a series
+/// belongs to: SGLang's `dp_rank` (one scheduler and KV pool per rank,
+/// `metrics_collector.py`), vLLM's `engine` (one engine core per rank,
+/// `loggers.py`). None for an engine without ranks (llama.cpp, or labels
+/// that do not parse).
+fn rank<'a>(sample: &SampleRef<'a>) -> Option<Cow<'a, str>> {
+    if sample.name.starts_with("sglang:") {
+        sample.label("dp_rank")
+    } else if sample.name.starts_with("vllm:") {
+        sample.label("engine")
+    } else {
+        None
+    }
+}
+
+/// Adds `value` under `rank` unless that rank already has one: every
+/// series of a rank carries the same figure (a rank's info gauge, or a
+/// gauge its tensor-parallel workers each export with
+/// `--enable-metrics-for-all-schedulers`).
+fn once_per_rank<'a>(
+    per_rank: &mut Vec<(Option<Cow<'a, str>>, u64)>,
+    rank: Option<Cow<'a, str>>,
+    value: u64,
+) {
+    if !per_rank.iter().any(|(r, _)| *r == rank) {
+        per_rank.push((rank, value));
+    }
+}
+
 /// Sums each known metric over its label sets (an engine serving several
-/// models reports one series per model). None when the text has none of
-/// the load metrics, so a non-engine `/metrics` does not look like an idle engine.
+/// models reports one series per model, one with data parallelism one per
+/// rank). KV usage is the busiest series of each rank, averaged over the
+/// ranks: the capacity ([`parse_kv_capacity`]) is their sum, and ranks
+/// have the same pool, so the mean is the share of it in use. None when
+/// the text has none of the load metrics, so a non-engine `/metrics` does
+/// not look like an idle engine.
 pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
     let mut waiting = None::<f64>;
     let mut running = None::<f64>;
-    let mut kv = None::<f64>;
+    let mut kv: Vec<(Option<Cow<'_, str>>, f64)> = Vec::new();
     for sample in samples(text) {
         let is_kv = matches!(
             sample.name,
@@ -25,11 +59,11 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
         let slot = match sample.name {
             "vllm:num_requests_waiting"
             | "sglang:num_queue_reqs"
-            | "llamacpp:requests_deferred" => &mut waiting,
+            | "llamacpp:requests_deferred" => Some(&mut waiting),
             "vllm:num_requests_running"
             | "sglang:num_running_reqs"
-            | "llamacpp:requests_processing" => &mut running,
-            _ if is_kv => &mut kv,
+            | "llamacpp:requests_processing" => Some(&mut running),
+            _ if is_kv => None,
             _ => continue,
         };
         // SGLang with --enable-priority-scheduling exports a queue's total
@@ -44,46 +78,78 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
         let Some(value) = sample.value().filter(|v| v.is_finite()) else {
             continue;
         };
-        // KV usage is a fraction per engine: the busiest series is what matters.
-        if is_kv {
-            *slot = Some(slot.map_or(value, |v: f64| v.max(value)));
-        } else {
-            *slot = Some(slot.unwrap_or(0.0) + value);
+        match slot {
+            Some(count) => *count = Some(count.unwrap_or(0.0) + value),
+            None => {
+                let rank = rank(&sample);
+                match kv.iter_mut().find(|(r, _)| *r == rank) {
+                    Some((_, busiest)) => *busiest = busiest.max(value),
+                    None => kv.push((rank, value)),
+                }
+            }
         }
     }
-    if waiting.is_none() && running.is_none() && kv.is_none() {
+    if waiting.is_none() && running.is_none() && kv.is_empty() {
         return None;
     }
+    let kv_usage = if kv.is_empty() {
+        0.0
+    } else {
+        kv.iter().map(|(_, v)| v).sum::<f64>() / kv.len() as f64
+    };
     Some(EngineLoad {
         waiting: waiting.unwrap_or(0.0).max(0.0) as u32,
         running: running.unwrap_or(0.0).max(0.0) as u32,
-        kv_usage: kv.unwrap_or(0.0).clamp(0.0, 1.0),
+        kv_usage: kv_usage.clamp(0.0, 1.0),
     })
 }
 
-/// The engine's KV capacity in tokens, where it says: vLLM's
-/// `vllm:cache_config_info{num_gpu_blocks, block_size}` (an info gauge whose
-/// labels carry the numbers) or SGLang's `sglang:max_total_num_tokens`.
+/// The engine's KV capacity in tokens, where it says, summed over its
+/// data-parallel ranks:
+/// - vLLM: `vllm:cache_config_info` (an info gauge whose labels carry the
+///   numbers, one series per engine core). Its `kv_cache_size_tokens`
+///   (0.33 on) is per engine and group-aware, right for hybrid models
+///   (sliding-window or Mamba layers beside full attention) whose requests
+///   take blocks from several KV cache groups of one pool, where
+///   `num_gpu_blocks × block_size` counts every block as a token slot of
+///   one request; older releases have only the latter, which the front end
+///   already sums over the engines (`core_client.py`).
+/// - SGLang: `sglang:max_total_num_tokens`, one per `dp_rank` (each rank's
+///   scheduler has a pool of its own).
 pub fn parse_kv_capacity(text: &str) -> Option<u64> {
+    let mut group_aware: Vec<(Option<Cow<'_, str>>, u64)> = Vec::new();
+    let mut by_blocks = None::<u64>;
+    let mut sglang: Vec<(Option<Cow<'_, str>>, u64)> = Vec::new();
     for sample in samples(text) {
         match sample.name {
             "sglang:max_total_num_tokens" => {
                 if let Some(n) = sample.value().filter(|n| n.is_finite() && *n >= 1.0) {
-                    return Some(n as u64);
+                    once_per_rank(&mut sglang, rank(&sample), n as u64);
                 }
             }
             "vllm:cache_config_info" => {
-                let label = |name: &str| -> Option<u64> { sample.label(name)?.parse().ok() };
-                if let (Some(blocks), Some(size)) = (label("num_gpu_blocks"), label("block_size")) {
-                    if blocks > 0 && size > 0 {
-                        return Some(blocks.saturating_mul(size));
-                    }
+                let label = |name: &str| -> Option<u64> {
+                    sample.label(name)?.parse().ok().filter(|&n| n > 0)
+                };
+                if let Some(tokens) = label("kv_cache_size_tokens") {
+                    once_per_rank(&mut group_aware, rank(&sample), tokens);
+                } else if let (Some(blocks), Some(size)) =
+                    (label("num_gpu_blocks"), label("block_size"))
+                {
+                    by_blocks.get_or_insert(blocks.saturating_mul(size));
                 }
             }
             _ => {}
         }
     }
-    None
+    let sum = |per_rank: &[(Option<Cow<'_, str>>, u64)]| {
+        (!per_rank.is_empty()).then(|| {
+            per_rank
+                .iter()
+                .fold(0u64, |sum, (_, n)| sum.saturating_add(*n))
+        })
+    };
+    sum(&sglang).or_else(|| sum(&group_aware)).or(by_blocks)
 }
 
 /// llama.cpp's KV capacity from its `/props` JSON: each slot's context
@@ -103,6 +169,17 @@ pub fn parse_props_capacity(body: &[u8]) -> Option<u64> {
         .filter(|&n| n > 0)
         .unwrap_or(1);
     Some(n_ctx.saturating_mul(slots))
+}
+
+/// llama.cpp's slots from its `/props` JSON (`total_slots`, its
+/// `--parallel`): the requests it runs at once, deferring the rest.
+pub fn parse_props_slots(body: &[u8]) -> Option<u32> {
+    let props: serde_json::Value = serde_json::from_slice(body).ok()?;
+    props
+        .get("total_slots")?
+        .as_u64()
+        .filter(|&n| n > 0)
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 #[cfg(test)]
@@ -155,6 +232,40 @@ vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:other 9\n";
     }
 
     #[test]
+    fn vllm_capacity_prefers_the_group_aware_figure_and_sums_engines() {
+        let info = |engine: &str, tokens: &str| {
+            format!("vllm:cache_config_info{{block_size=\"16\",engine=\"{engine}\",kv_cache_size_tokens=\"{tokens}\",num_gpu_blocks=\"2000\"}} 1.0\n")
+        };
+        // Per engine core; the block count is already the engines' sum.
+        let two = format!("{}{}", info("0", "12000"), info("1", "12000"));
+        assert_eq!(parse_kv_capacity(&two), Some(24_000));
+        // A release before the label, or one that leaves it "None".
+        assert_eq!(parse_kv_capacity(&info("0", "None")), Some(32_000));
+        let old = "vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"2000\"} 1.0\n\
+                   vllm:cache_config_info{block_size=\"16\",engine=\"1\",num_gpu_blocks=\"2000\"} 1.0\n";
+        assert_eq!(
+            parse_kv_capacity(old),
+            Some(32_000),
+            "summed once, not per engine"
+        );
+    }
+
+    #[test]
+    fn sglang_counts_each_rank_once_whatever_its_workers_export() {
+        // --enable-metrics-for-all-schedulers: both tensor-parallel workers
+        // of rank 0 export its pool.
+        let text = "sglang:max_total_num_tokens{dp_rank=\"0\",tp_rank=\"0\"} 1000\n\
+                    sglang:max_total_num_tokens{dp_rank=\"0\",tp_rank=\"1\"} 1000\n\
+                    sglang:max_total_num_tokens{dp_rank=\"1\",tp_rank=\"0\"} 1000\n\
+                    sglang:token_usage{dp_rank=\"0\",tp_rank=\"0\"} 0.5\n\
+                    sglang:token_usage{dp_rank=\"0\",tp_rank=\"1\"} 0.6\n\
+                    sglang:token_usage{dp_rank=\"1\",tp_rank=\"0\"} 0.2\n";
+        assert_eq!(parse_kv_capacity(text), Some(2_000));
+        let l = parse_engine_load(text).unwrap();
+        assert!((l.kv_usage - 0.4).abs() < 1e-9, "{}", l.kv_usage);
+    }
+
+    #[test]
     fn reads_llama_cpp_load_which_has_no_kv_capacity() {
         let text = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 3\n\
 llamacpp:requests_deferred 2\nllamacpp:prompt_tokens_total 900\n";
@@ -164,6 +275,20 @@ llamacpp:requests_deferred 2\nllamacpp:prompt_tokens_total 900\n";
         assert_eq!(parse_kv_capacity(text), None);
         let old = parse_engine_load("llamacpp:kv_cache_usage_ratio 0.3\n").unwrap();
         assert!((old.kv_usage - 0.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reads_llama_cpp_props_slots() {
+        assert_eq!(parse_props_slots(br#"{"total_slots":4}"#), Some(4));
+        for bad in [
+            &br#"{"total_slots":0}"#[..],
+            br#"{"total_slots":"4"}"#,
+            br#"{"default_generation_settings":{"n_ctx":4096}}"#,
+            br#"{"total_slots":99999999999}"#,
+            b"not json",
+        ] {
+            assert_eq!(parse_props_slots(bad), None);
+        }
     }
 
     #[test]
@@ -207,8 +332,16 @@ mod golden {
             include_str!("../../tests/golden/metrics/sglang-0.5.23-priority.txt"),
         ),
         (
+            "sglang-0.5.23-dp2.txt",
+            include_str!("../../tests/golden/metrics/sglang-0.5.23-dp2.txt"),
+        ),
+        (
             "vllm-0.33.0.txt",
             include_str!("../../tests/golden/metrics/vllm-0.33.0.txt"),
+        ),
+        (
+            "vllm-0.33.0-hybrid.txt",
+            include_str!("../../tests/golden/metrics/vllm-0.33.0-hybrid.txt"),
         ),
     ];
 
@@ -236,19 +369,46 @@ mod golden {
         assert_eq!((l.waiting, l.running), (3, 7));
         assert!((l.kv_usage - 0.8731).abs() < 1e-9, "{}", l.kv_usage);
         assert!(!text.contains("vllm:gpu_cache_usage_perc"));
-        // num_gpu_blocks 29255 x block_size 16.
+        // kv_cache_size_tokens, which for a dense model agrees with
+        // num_gpu_blocks 29255 x block_size 16 (the hybrid text below is
+        // where the two part).
         assert_eq!(parse_kv_capacity(text), Some(468_080));
-        // The release's own group-aware figure (config/cache.py
-        // kv_cache_size_tokens) agrees for a dense model; a hybrid one is
-        // where the two would part.
         let info = samples(text)
             .find(|s| s.name == "vllm:cache_config_info")
             .expect("info gauge");
-        assert_eq!(
-            info.label("kv_cache_size_tokens").as_deref(),
-            Some("468080")
-        );
         assert_eq!(info.label("engine").as_deref(), Some("0"));
+    }
+
+    /// vLLM 0.33.0 serving a hybrid model (gpt-oss-20b: sliding-window and
+    /// full-attention groups on one block pool): a request takes blocks of
+    /// both groups, so the pool holds 510206 tokens of requests, the
+    /// release's `kv_cache_size_tokens`, not the 640000 of 40000 blocks x 16.
+    #[test]
+    fn vllm_0_33_0_hybrid_capacity_is_the_group_aware_one() {
+        let text = metrics("vllm-0.33.0-hybrid.txt");
+        let l = load("vllm-0.33.0-hybrid.txt");
+        assert_eq!((l.waiting, l.running), (1, 4));
+        assert!((l.kv_usage - 0.4127).abs() < 1e-9, "{}", l.kv_usage);
+        assert_eq!(parse_kv_capacity(text), Some(510_206));
+        // Control: the text does carry the block count that reads 640000.
+        let info = samples(text)
+            .find(|s| s.name == "vllm:cache_config_info")
+            .expect("info gauge");
+        assert_eq!(info.label("num_gpu_blocks").as_deref(), Some("40000"));
+        assert_eq!(info.label("block_size").as_deref(), Some("16"));
+    }
+
+    /// SGLang 0.5.23 with `--dp-size 2`: each rank's scheduler has its own
+    /// pool and exports its own capacity and load under `dp_rank`. The
+    /// engine holds both pools (412160 tokens each) and both ranks'
+    /// requests; its KV usage is the ranks' mean (0.62 and 0.48).
+    #[test]
+    fn sglang_0_5_23_data_parallel_ranks_are_summed() {
+        let text = metrics("sglang-0.5.23-dp2.txt");
+        let l = load("sglang-0.5.23-dp2.txt");
+        assert_eq!((l.waiting, l.running), (7, 21));
+        assert!((l.kv_usage - 0.55).abs() < 1e-9, "{}", l.kv_usage);
+        assert_eq!(parse_kv_capacity(text), Some(824_320));
     }
 
     /// SGLang 0.5.23 (`python/sglang/srt/observability/metrics_collector.py`,
@@ -289,6 +449,7 @@ mod golden {
         assert_eq!(parse_kv_capacity(text), None);
         let props = include_bytes!("../../tests/golden/props/llamacpp-b11434.json");
         assert_eq!(parse_props_capacity(props), Some(8_192));
+        assert_eq!(parse_props_slots(props), Some(2), "--parallel 2");
     }
 
     /// Walks the directory rather than trusting METRICS: each file must be

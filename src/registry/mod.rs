@@ -47,6 +47,8 @@ pub struct ReloadReport {
     pub unchanged: Vec<String>,
     /// Files that failed; their route keeps its previous version (or stays absent).
     pub errors: Vec<ConfigError>,
+    /// The notices (deprecated keys, route warnings) of the files added or
+    /// changed; an unchanged file's were reported when it last changed.
     pub warnings: Vec<String>,
 }
 
@@ -169,25 +171,25 @@ impl Registry {
         for (name, result) in loaded {
             match result {
                 Ok(config) => {
+                    if let Some(prev) = old.get(&name).filter(|prev| prev.config == config) {
+                        // Its notices were reported when it last changed
+                        // (they are part of the config): a reload of an
+                        // untouched file repeats none, as with key files.
+                        report.unchanged.push(name.clone());
+                        next.insert(name, Arc::clone(prev));
+                        continue;
+                    }
                     report.warnings.extend(
                         config
                             .notices()
                             .map(|w| format!("{}: {w}", config.file.display())),
                     );
-                    match old.get(&name) {
-                        Some(prev) if prev.config == config => {
-                            report.unchanged.push(name.clone());
-                            next.insert(name, Arc::clone(prev));
-                        }
-                        Some(_) => {
-                            report.changed.push(name.clone());
-                            next.insert(name, self.build_route(config));
-                        }
-                        None => {
-                            report.added.push(name.clone());
-                            next.insert(name, self.build_route(config));
-                        }
+                    if old.contains_key(&name) {
+                        report.changed.push(name.clone());
+                    } else {
+                        report.added.push(name.clone());
                     }
+                    next.insert(name, self.build_route(config));
                 }
                 Err(e) => {
                     if let Some(prev) = old.get(&name) {
@@ -316,7 +318,11 @@ impl Registry {
         runtime.generation.fetch_add(1, Ordering::AcqRel);
         let peers = live
             .into_iter()
-            .map(|(pc, key, addr)| RoutePeer::new(pc, runtime.peer_state(&key), addr))
+            .map(|(pc, key, addr)| {
+                let state = runtime.peer_state(&key);
+                let pc = pc.with_engine_slots(state.engine_slots());
+                RoutePeer::new(pc, state, addr)
+            })
             .collect();
         for e in &config.reject_rule_errors {
             log::error!("{}: reject rule dropped: {e}", config.file.display());

@@ -13,7 +13,8 @@
 //!   exchange) and from the health probes.
 //! - The engine's last metrics and its KV capacity, published (`/metrics`,
 //!   llama.cpp's `/props`) or learned from its KV-usage gauge
-//!   (`CapacityLearner`, `placement/capacity.rs`): the health scrapes.
+//!   (`CapacityLearner`, `placement/capacity.rs`), and its slots (llama.cpp's
+//!   `/props`): the health scrapes.
 //! - The engine's speeds (`SpeedLearner`, `placement/speed.rs`): prefill
 //!   and decode learned from each 2xx stream's timing
 //!   ([`PeerState::learn_first_token`], [`PeerState::learn_decode`], from
@@ -80,6 +81,10 @@ pub struct PeerState {
     /// engine's life, so it stays valid after its load sample goes stale.
     kv_capacity_tokens: AtomicU64,
     published_from: Mutex<CapacitySource>,
+    /// How many requests the engine runs at once, as it says (llama.cpp's
+    /// `/props` `total_slots`; 0: unknown): a route that sets no
+    /// `max_concurrency` takes it (`PeerConfig::with_engine_slots`).
+    engine_slots: AtomicU32,
     /// The capacity learned from the engine's KV-usage gauge, for an engine
     /// that publishes none.
     learner: Mutex<CapacityLearner>,
@@ -129,6 +134,7 @@ impl PeerState {
             engine: Mutex::new(None),
             kv_capacity_tokens: AtomicU64::new(0),
             published_from: Mutex::new(CapacitySource::Metrics),
+            engine_slots: AtomicU32::new(0),
             learner: Mutex::default(),
             speed: Mutex::default(),
             room,
@@ -286,6 +292,17 @@ impl PeerState {
     pub fn record_kv_capacity(&self, tokens: u64, source: CapacitySource) {
         *self.published_from.lock() = source;
         self.kv_capacity_tokens.store(tokens, Ordering::Relaxed);
+    }
+
+    /// The engine's slots, once it said.
+    pub fn engine_slots(&self) -> Option<u32> {
+        Some(self.engine_slots.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// Records the engine's slots; true when that is news (first told, or
+    /// a different count).
+    pub fn record_engine_slots(&self, slots: u32) -> bool {
+        slots > 0 && self.engine_slots.swap(slots, Ordering::Relaxed) != slots
     }
 
     /// Whether the engine has published its capacity.

@@ -71,9 +71,16 @@ pub(super) fn route_state(route: &Route, registry: &Registry) -> Value {
             "priority": p.config.priority,
             "ready": p.is_usable(now),
             "in_flight": p.state.in_flight(),
+            // Through the other replicas, as they last published it (a
+            // shared session store only; 0 otherwise).
+            "remote_in_flight": p.state.remote_in_flight(),
             "awaiting_first_token": p.state.awaiting_first_token(),
             "cold_prefill_tokens": p.state.cold_backlog_tokens(),
             "max_concurrency": p.config.max_concurrency,
+            // route, default, or engine_slots (llama.cpp's own slots, the
+            // limit of a peer whose route sets none).
+            "max_concurrency_source": p.config.max_concurrency_from.as_str(),
+            "engine_slots": p.state.engine_slots(),
             "load": loads[i].load(),
             "kv_full": loads[i].kv_full,
             "engine": peer_engine_json(route, i, loads[i].engine.is_some(), now),

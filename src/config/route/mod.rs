@@ -29,8 +29,8 @@ use sections::{
     parse_timeouts,
 };
 pub use settings::{
-    Balancing, EngineMetricsConfig, HealthConfig, Mode, PeerConfig, PeerSource, PeersFrom,
-    Timeouts, MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
+    Balancing, ConcurrencyFrom, EngineMetricsConfig, HealthConfig, Mode, PeerConfig, PeerSource,
+    PeersFrom, Timeouts, DEFAULT_MAX_CONCURRENCY, MAX_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT,
 };
 
 /// A validated route.

@@ -2,7 +2,9 @@
 //! they are discovered from, and the model pools over them.
 
 use super::locator::Locator;
-use super::settings::{PeerConfig, PeerSource, PeersFrom};
+use super::settings::{
+    ConcurrencyFrom, PeerConfig, PeerSource, PeersFrom, DEFAULT_MAX_CONCURRENCY,
+};
 use crate::config::file::{PeerFile, PeersFromFile};
 use crate::config::ConfigError;
 use crate::discovery::kubernetes::{KubernetesSource, PortRef};
@@ -37,7 +39,8 @@ pub(super) fn parse_peers(
         }
         let what = format!("peers[{i}] {}", p.name);
         let port = port(at, line, &what, p.port)?;
-        let max_concurrency = max_concurrency(at, line, &what, p.max_concurrency)?;
+        let (max_concurrency, max_concurrency_from) =
+            max_concurrency(at, line, &what, p.max_concurrency)?;
         probe_path(at, line, &what, p.probe_path.as_deref())?;
         let peer = PeerConfig {
             name: p.name,
@@ -45,6 +48,7 @@ pub(super) fn parse_peers(
             port,
             priority: p.priority.unwrap_or(0),
             max_concurrency,
+            max_concurrency_from,
             probe_path: p.probe_path,
             kv_capacity_tokens: p.kv_capacity_tokens.filter(|&n| n > 0),
         };
@@ -74,16 +78,18 @@ pub(super) fn parse_peers(
     Ok(peers)
 }
 
-/// A peer's `max_concurrency`, 64 unless set.
+/// A peer's `max_concurrency` and where it comes from: the default
+/// unless set (the engine's slots may take its place when the route is
+/// built: [`PeerConfig::with_engine_slots`]).
 fn max_concurrency(
     at: &Locator,
     line: Option<usize>,
     what: &str,
     raw: Option<i64>,
-) -> Result<u32, ConfigError> {
+) -> Result<(u32, ConcurrencyFrom), ConfigError> {
     match raw {
-        None => Ok(64),
-        Some(n) if (1..=1_000_000).contains(&n) => Ok(n as u32),
+        None => Ok((DEFAULT_MAX_CONCURRENCY, ConcurrencyFrom::Default)),
+        Some(n) if (1..=1_000_000).contains(&n) => Ok((n as u32, ConcurrencyFrom::Route)),
         Some(n) => Err(at.error(
             line,
             format!("{what}: max_concurrency {n} out of range 1..1000000"),
@@ -206,10 +212,13 @@ pub(super) fn parse_peers_from(
         _ => return Err(at.error(line, "peers_from: exactly one of dns or kubernetes".into())),
     };
     probe_path(at, line, what, raw.probe_path.as_deref())?;
+    let (max_concurrency, max_concurrency_from) =
+        max_concurrency(at, line, what, raw.max_concurrency)?;
     Ok(Some(PeersFrom {
         source,
         priority: raw.priority.unwrap_or(0),
-        max_concurrency: max_concurrency(at, line, what, raw.max_concurrency)?,
+        max_concurrency,
+        max_concurrency_from,
         probe_path: raw.probe_path,
         kv_capacity_tokens: raw.kv_capacity_tokens.filter(|&n| n > 0),
     }))

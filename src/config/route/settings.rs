@@ -46,6 +46,9 @@ pub struct PeerConfig {
     /// Lower value = preferred tier (0 is the primary tier), as in Envoy.
     pub priority: i32,
     pub max_concurrency: u32,
+    /// Where `max_concurrency` comes from: the route file, the default, or
+    /// (set when the route is built) the engine's own slots.
+    pub max_concurrency_from: ConcurrencyFrom,
     pub probe_path: Option<String>,
     /// The engine's KV capacity in tokens, for KV-aware admission; when
     /// unset, read from the engine's metrics (`vllm:cache_config_info`,
@@ -53,7 +56,43 @@ pub struct PeerConfig {
     pub kv_capacity_tokens: Option<u64>,
 }
 
+/// Where a peer's `max_concurrency` comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConcurrencyFrom {
+    /// `max_concurrency` in the route file (a peer's, or `peers_from`'s).
+    Route,
+    /// Not set: [`DEFAULT_MAX_CONCURRENCY`].
+    Default,
+    /// Not set, and the engine says how many requests it runs at once
+    /// (llama.cpp's `/props` `total_slots`): it queues the rest itself, so
+    /// a lower limit here would only add a queue in front of its own.
+    EngineSlots,
+}
+
+impl ConcurrencyFrom {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConcurrencyFrom::Route => "route",
+            ConcurrencyFrom::Default => "default",
+            ConcurrencyFrom::EngineSlots => "engine_slots",
+        }
+    }
+}
+
+/// A peer's `max_concurrency` when neither the route nor the engine says.
+pub const DEFAULT_MAX_CONCURRENCY: u32 = 64;
+
 impl PeerConfig {
+    /// The peer with the engine's slot count as its limit, when the route
+    /// sets none.
+    pub fn with_engine_slots(mut self, slots: Option<u32>) -> Self {
+        if let (ConcurrencyFrom::Default, Some(slots)) = (self.max_concurrency_from, slots) {
+            self.max_concurrency = slots;
+            self.max_concurrency_from = ConcurrencyFrom::EngineSlots;
+        }
+        self
+    }
+
     /// The identity runtime state is keyed by across reloads.
     pub fn address(&self) -> String {
         format!("{}:{}", self.host, self.port)
@@ -67,6 +106,7 @@ pub struct PeersFrom {
     pub source: PeerSource,
     pub priority: i32,
     pub max_concurrency: u32,
+    pub max_concurrency_from: ConcurrencyFrom,
     pub probe_path: Option<String>,
     pub kv_capacity_tokens: Option<u64>,
 }
@@ -88,6 +128,7 @@ impl PeersFrom {
             port: addr.port(),
             priority: self.priority,
             max_concurrency: self.max_concurrency,
+            max_concurrency_from: self.max_concurrency_from,
             probe_path: self.probe_path.clone(),
             kv_capacity_tokens: self.kv_capacity_tokens,
         }

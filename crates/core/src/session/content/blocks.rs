@@ -70,12 +70,23 @@ pub struct Block {
     /// element's last block, what its strings held after their full
     /// chunks): how long a prefix of blocks is, roughly, in tokens.
     pub bytes: u32,
+    /// The chain value of the blocks up to this one, in prompt order: what
+    /// the index keys the prefix ending here by (set by
+    /// [`BlockSink::finish`], as `ContentIndex::chain` computes it).
+    pub chain: u64,
 }
 
+/// Where every chain starts.
+pub(super) const CHAIN_SEED: u64 = 0x243f_6a88_85a3_08d3;
+
 /// The body the skim reads, for the samples: its pieces and where each
-/// starts.
+/// starts. Piece 0 is `first`, piece `i` is `rest[i - 1]`.
 pub struct Source<'a> {
-    pieces: Vec<(usize, &'a [u8])>,
+    first: &'a [u8],
+    rest: &'a [Bytes],
+    /// Where each piece of `rest` starts in the body; empty for a body of
+    /// one piece (most bodies), which then costs no allocation.
+    starts: Vec<usize>,
     /// The piece the last sample was in: samples come in body order, so
     /// the next is nearly always there or in the next one.
     last: std::cell::Cell<usize>,
@@ -83,50 +94,70 @@ pub struct Source<'a> {
 
 impl<'a> Source<'a> {
     pub fn new(first: &'a [u8], rest: &'a [Bytes]) -> Self {
-        let mut at = 0;
-        let mut pieces = Vec::with_capacity(1 + rest.len());
-        for piece in std::iter::once(first).chain(rest.iter().map(|b| &b[..])) {
-            pieces.push((at, piece));
-            at += piece.len();
-        }
+        let mut at = first.len();
+        let starts = rest
+            .iter()
+            .map(|piece| {
+                let start = at;
+                at += piece.len();
+                start
+            })
+            .collect();
         Source {
-            pieces,
+            first,
+            rest,
+            starts,
             last: std::cell::Cell::new(0),
         }
     }
 
+    /// Piece `i` and where it starts.
+    fn piece(&self, i: usize) -> Option<(usize, &'a [u8])> {
+        match i.checked_sub(1) {
+            None => Some((0, self.first)),
+            Some(r) => Some((*self.starts.get(r)?, &self.rest.get(r)?[..])),
+        }
+    }
+
+    /// The piece holding byte `at` (the last piece past the end).
+    fn piece_at(&self, at: usize) -> usize {
+        self.starts.partition_point(|&start| start <= at)
+    }
+
     /// The bytes `start..end` when one piece holds them all (the rule).
     fn slice(&self, start: usize, end: usize) -> Option<&'a [u8]> {
+        if end <= self.first.len() {
+            return self.first.get(start..end);
+        }
         let hint = self.last.get();
         for i in [hint, hint + 1] {
-            let (at, piece) = *self.pieces.get(i)?;
+            let (at, piece) = self.piece(i)?;
             if start >= at && end <= at + piece.len() {
                 self.last.set(i);
                 return piece.get(start - at..end - at);
             }
         }
-        let i = self.pieces.partition_point(|(at, p)| at + p.len() <= start);
-        let (at, piece) = *self.pieces.get(i)?;
+        let i = self.piece_at(start);
+        let (at, piece) = self.piece(i)?;
         self.last.set(i);
         piece.get(start.checked_sub(at)?..end.checked_sub(at)?)
     }
 
     /// The absolute offset of `at` in piece `piece`.
     pub fn offset(&self, piece: usize, at: usize) -> usize {
-        self.pieces.get(piece).map_or(0, |(start, _)| start + at)
+        self.piece(piece).map_or(0, |(start, _)| start + at)
     }
 
     /// Copies the bytes from `from` into `out` (fewer at the body's end).
     fn copy(&self, from: usize, out: &mut [u8]) -> usize {
         let mut written = 0;
-        let first = self
-            .pieces
-            .partition_point(|(start, p)| start + p.len() <= from);
-        for (start, piece) in &self.pieces[first..] {
+        let mut i = self.piece_at(from);
+        while let Some((start, piece)) = self.piece(i) {
             if written == out.len() {
                 break;
             }
-            let skip = (from + written).saturating_sub(*start);
+            i += 1;
+            let skip = (from + written).saturating_sub(start);
             let Some(bytes) = piece.get(skip..) else {
                 continue;
             };
@@ -149,9 +180,8 @@ pub struct BlockSink {
     tool_result: bool,
     /// String bytes of the current element not yet in a block.
     pending_bytes: usize,
-    /// Cap on blocks: past it the rest of the body adds none (work and
-    /// memory per request stay bounded).
-    full: bool,
+    /// Blocks so far, of every member.
+    count: usize,
 }
 
 /// Blocks a request contributes at most (4 MiB of prompt in chunks).
@@ -222,11 +252,13 @@ impl BlockSink {
         }
     }
 
+    /// Adds a block unless the cap is reached: past it the rest of the
+    /// body adds none (work and memory per request stay bounded).
     fn push(&mut self, member: Member, digest: u64, chunk: bool, bytes: usize) {
-        if self.full || self.members.iter().map(Vec::len).sum::<usize>() >= MAX_BLOCKS {
-            self.full = true;
+        if self.count >= MAX_BLOCKS {
             return;
         }
+        self.count += 1;
         self.members[member as usize].push(Block {
             digest,
             assistant: false,
@@ -234,15 +266,28 @@ impl BlockSink {
             tool_result: false,
             chunk,
             bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
+            chain: 0,
         });
     }
 
-    /// The blocks in prompt order.
+    /// The blocks in prompt order, each with its chain value. Most bodies
+    /// have one member (their messages), whose blocks are then handed over
+    /// as they are, without a copy into a new vector.
     pub fn finish(self) -> Vec<Block> {
-        let [mut tools, system, turns] = self.members;
-        tools.extend(system);
-        tools.extend(turns);
-        tools
+        let mut out: Vec<Block> = Vec::new();
+        for member in self.members {
+            if out.is_empty() {
+                out = member;
+            } else {
+                out.extend(member);
+            }
+        }
+        let mut at = CHAIN_SEED;
+        for b in &mut out {
+            at = crate::hash::mix64(at, b.digest);
+            b.chain = at;
+        }
+        out
     }
 }
 

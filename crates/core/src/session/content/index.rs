@@ -34,10 +34,12 @@
 use ahash::AHashMap;
 use parking_lot::Mutex;
 use siphasher::sip::SipHasher13;
+use std::cell::Cell;
 use std::hash::Hasher;
 
 use super::blocks::Block;
 
+use super::blocks::CHAIN_SEED;
 /// Probes from the request's end before the search halves the rest: a
 /// later turn adds an assistant message and a user one, a few blocks.
 const NEAR_PROBES: usize = 8;
@@ -195,9 +197,11 @@ impl ContentIndex {
         }
     }
 
-    /// The chain of `blocks`: each value covers every block up to its own.
+    /// The chain of `blocks`: each value covers every block up to its own
+    /// (what [`BlockSink::finish`](super::BlockSink::finish) sets as each
+    /// block's `chain`).
     pub fn chain(blocks: &[Block]) -> Vec<u64> {
-        let mut at = 0x243f_6a88_85a3_08d3u64;
+        let mut at = CHAIN_SEED;
         blocks
             .iter()
             .map(|b| {
@@ -235,17 +239,12 @@ impl ContentIndex {
         if blocks.is_empty() {
             return None;
         }
-        let chain = Self::chain(blocks);
-        // Keyed only where looked at or written: a later turn probes and
-        // adds a few nodes of a chain that may hold hundreds.
-        let keyed: Vec<std::cell::Cell<Option<u64>>> = vec![Default::default(); chain.len()];
-        let key = |i: usize| {
-            keyed[i].get().unwrap_or_else(|| {
-                let k = self.keyed(chain[i]);
-                keyed[i].set(Some(k));
-                k
-            })
-        };
+        // Keyed only where looked at or written (a later turn probes and
+        // adds a few nodes of a chain that may hold hundreds), and the few
+        // looked at again (the match, the end) kept: no allocation, where
+        // the chain and its keys in two vectors were a fifth of the cost.
+        let keys = KeyCache::default();
+        let key = |i: usize| keys.get(i, || self.keyed(blocks[i].chain));
         let state = &mut *self.state.lock();
         let config = state.config;
         let idle = config.idle_ms;
@@ -257,7 +256,7 @@ impl ContentIndex {
                     .is_some_and(|s| now_ms.saturating_sub(s.last_ms) <= idle)
         };
         let known = |i: usize, st: &State| st.nodes.get(&key(i)).is_some_and(|n| live(n, st));
-        let n = chain.len();
+        let n = blocks.len();
         let matched = longest_known(n, |i| known(i, state));
         let last = key(n - 1);
         let mut shared = None;
@@ -388,11 +387,10 @@ impl ContentIndex {
     /// where a later turn finds the request it continues. `None` when
     /// the index has an answer of its own nearby.
     pub fn missing_near(&self, blocks: &[Block], now_ms: u64) -> Option<Vec<(u64, usize)>> {
-        let chain = Self::chain(blocks);
-        let n = chain.len();
+        let n = blocks.len();
         let near: Vec<(u64, usize)> = (n.saturating_sub(NEAR_PROBES)..n)
             .rev()
-            .map(|i| (self.keyed(chain[i]), i + 1))
+            .map(|i| (self.keyed(blocks[i].chain), i + 1))
             .collect();
         let state = self.state.lock();
         let idle = state.config.idle_ms;
@@ -571,6 +569,31 @@ pub(super) fn entry_sizes() -> (usize, usize) {
 /// The deepest `i` with `known(i)`: the last few from the end one by one
 /// (a later turn), then halving the rest, which a conversation's own
 /// nodes make a prefix-closed set.
+/// The keyed hashes [`ContentIndex::judge`] computed last, by block index,
+/// direct-mapped: the match and the end are looked at several times, and a
+/// SipHash of each costs more than this look-up.
+struct KeyCache([Cell<(usize, u64)>; 8]);
+
+impl Default for KeyCache {
+    fn default() -> Self {
+        KeyCache(std::array::from_fn(|_| Cell::new((usize::MAX, 0))))
+    }
+}
+
+impl KeyCache {
+    fn get(&self, i: usize, key: impl FnOnce() -> u64) -> u64 {
+        let slot = &self.0[i % self.0.len()];
+        match slot.get() {
+            (at, k) if at == i => k,
+            _ => {
+                let k = key();
+                slot.set((i, k));
+                k
+            }
+        }
+    }
+}
+
 fn longest_known(n: usize, known: impl Fn(usize) -> bool) -> Option<usize> {
     let near_end = n.saturating_sub(NEAR_PROBES);
     if let Some(i) = (near_end..n).rev().find(|&i| known(i)) {
