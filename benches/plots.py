@@ -551,6 +551,37 @@ PLOTS = [
             },
         ],
     },
+    # BENCHMARKS.md, "Placement over a family of engines (issue 42)": each
+    # run's TTFT p95 over its best real peer's (the JSON's over_runs), after
+    # (a3d237e) and before (9aaeb23) in the same runs.
+    {
+        "file": "placement-family.svg",
+        "title": "Placement over a family of engines: TTFT p95 over the best real peer's, per run",
+        "subtitle": "4 engine configurations drawn from --family-seed 1 (f1-f4), workload seeds s1 and s2; below 1: better than every peer",
+        "source": "Source: BENCHMARKS.md, Placement over a family of engines (issue 42). llm-gateway bench --family 4.",
+        "panels": [
+            {
+                "title": "uniform: 32 agent sessions, 60 s after 20 s of warm-up",
+                "ylabel": "p95 / best peer's p95",
+                "groups": ["f1 s1", "f1 s2", "f2 s1", "f2 s2", "f3 s1", "f3 s2", "f4 s1", "f4 s2"],
+                "series": [
+                    {"name": "after (the model)", "values": ["0.54", "1.58", "0.94", "1.05", "1.36", "0.73", "0.34", "0.89"]},
+                    {"name": "before (9aaeb23)", "values": ["1.00", "0.81", "0.89", "0.87", "0.92", "0.78", "0.60", "1.06"]},
+                ],
+                "hline": {"y": 1.0, "label": "the best peer"},
+            },
+            {
+                "title": "shared-prefix (80 tenants, no id) and outgrow (sessions of one size), seed 1",
+                "ylabel": "p95 / best peer's p95",
+                "groups": ["prefix f1", "prefix f2", "prefix f3", "prefix f4", "outgrow f1", "outgrow f2", "outgrow f3", "outgrow f4"],
+                "series": [
+                    {"name": "after (the model)", "values": ["1.42", "1.09", "0.85", "1.08", "0.98", "0.88", "1.06", "1.02"]},
+                    {"name": "before (9aaeb23)", "values": ["1.29", "1.08", "2.61", "1.09", "0.82", "0.99", "1.02", "0.97"]},
+                ],
+                "hline": {"y": 1.0, "label": "the best peer"},
+            },
+        ],
+    },
 ]
 
 
