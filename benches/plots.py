@@ -258,8 +258,8 @@ PLOTS = [
             },
         ],
     },
-    # BENCHMARKS.md, "Scale (issue 12)": its table (the D=60 run and the two
-    # D=30 runs, gateway on mimalloc and on glibc).
+    # BENCHMARKS.md, "Scale (issue 12)": its table (the D=60 run) and the two
+    # D=30 runs quoted under it (gateway on mimalloc and on glibc).
     {
         "file": "scale-streams.svg",
         "title": "Scale: 5,000 slow streams held, gateway against nginx",
@@ -307,8 +307,9 @@ PLOTS = [
         ],
     },
     # BENCHMARKS.md, "Scale-out: replicas sharing sessions through Redis
-    # (issue 11)": its table of 180 s cells (TTFT p95 per run and median, cache
-    # hit per run).
+    # (issue 11)": its table of medians; every 180 s cell (TTFT p95 and cache
+    # hit per run) in the section's full record,
+    # docs/bench/history/BENCHMARKS-to-stop-39.md.
     {
         "file": "scale-out.svg",
         "title": "Scale-out: TTFT p95 and cache hit with 1, 2 and 4 replicas",
@@ -354,9 +355,10 @@ PLOTS = [
             },
         ],
     },
-    # BENCHMARKS.md, "Protection layer (issue 9)": its table of the replay
-    # (overload and slow-engine rows) and the gate decision's medians in the
-    # paragraph above it.
+    # BENCHMARKS.md, "Protection layer (issue 9)": the table of the replay
+    # (overload and slow-engine rows; the page keeps four, the section's full
+    # record, docs/bench/history/BENCHMARKS-to-stop-39.md, all eight) and the
+    # gate decision's medians in the paragraph above it.
     {
         "file": "protection.svg",
         "title": "Protection layer: the layer on and off, and the gate's cost",
@@ -392,7 +394,9 @@ PLOTS = [
         ],
     },
     # BENCHMARKS.md, "Placement (issues 8 and 3)": the tables "Seed 1, TTFT
-    # p95 / p99" and "Overload, seed 1, every mode".
+    # p95 / p99" and "Overload, seed 1, every mode" in the section's full
+    # record, docs/bench/history/BENCHMARKS-to-stop-39.md (the page quotes
+    # them).
     {
         "file": "placement.svg",
         "title": "Placement: TTFT p95 and p99 per scenario and mode (seed 1)",
