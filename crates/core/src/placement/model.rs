@@ -26,10 +26,13 @@
 //!   share of it gone and prefilling it again. Per turn and per session, so
 //!   an engine far past its KV costs more per session than one just past
 //!   it: sessions spread evenly rather than piling where one more seems to
-//!   change little. On its home the same share is what the home no longer
-//!   holds of it: a young session on an engine its cohort overfills moves
-//!   while its context is cheap to move, an old one stays (a layout that
-//!   turns out badly is corrected at move points).
+//!   change little. On its home the share counts only what the engine
+//!   holds now past its line (its sessions, or its reported KV use when
+//!   more): a young session on an engine that is evicting moves while its
+//!   context is cheap to move, an old one stays. Not what its sessions will
+//!   hold once grown: sessions of staggered ages hold about half their end
+//!   size, and moves made for that projection cost cold prefills on
+//!   engines with room (issue 42's family).
 //!
 //! Each part is tokens times the engine's prefill speed, learned from its
 //! own first tokens ([`super::speed`]), or a wait, so one unit (time)
@@ -142,7 +145,8 @@ pub struct Estimate {
     /// there (the engine's excess over its KV, the sessions grown to their
     /// expected size, shared by its sessions), and its prefill: a cost the
     /// session and every other session there pay each turn. On its home,
-    /// what its cohort growing will take beyond what is gone already.
+    /// the share of what the engine holds now past its line, beyond what
+    /// is gone already.
     pub evicts_tokens: u64,
     pub evicts_ms: f32,
     /// What the engine will hold with the session, in tokens, and per
@@ -262,10 +266,11 @@ pub fn estimate(p: &PeerLoad, ask: &Ask, route: &RouteModel) -> Estimate {
             let line = cap.saturating_mul(u64::from(route.admit_permille)) / 1000;
             let now = holds.max(held_now(p, cap));
             let evicts = if at_home {
-                // What its cohort growing will take of it there, beyond
-                // what the home has taken already.
+                // What the engine holds now past its line will take of it
+                // there, beyond what the home has taken already.
                 let lost = ask.held.saturating_sub(cached.min(ask.held));
-                per_session(now.saturating_sub(line), returning(p)).saturating_sub(lost)
+                per_session(held_now(p, cap).saturating_sub(line), returning(p))
+                    .saturating_sub(lost)
             } else {
                 let after = now.saturating_add(size);
                 per_session(after.saturating_sub(line), returning(p) + 1.0)
@@ -460,7 +465,7 @@ pub fn turns_left(ask: &Ask, route: &RouteModel) -> f32 {
 
 /// Staying against moving, over the turns a session has left: a move pays
 /// the prefill of what its home holds of it once, and gains the difference
-/// in every later turn (a slower home, a home its cohort overfills); a
+/// in every later turn (a slower home, a home past its KV); a
 /// queue or a backlog lasts this turn only.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Lifetime {
