@@ -264,15 +264,14 @@ pub fn estimate(p: &PeerLoad, ask: &Ask, route: &RouteModel) -> Estimate {
             // turns will find its share of it gone. Its own home's share is
             // already in what the home holds of it (`cached_on`).
             let line = cap.saturating_mul(u64::from(route.admit_permille)) / 1000;
-            let now = holds.max(held_now(p, cap));
+            let held = held_now(p, cap);
             let evicts = if at_home {
                 // What the engine holds now past its line will take of it
                 // there, beyond what the home has taken already.
                 let lost = ask.held.saturating_sub(cached.min(ask.held));
-                per_session(held_now(p, cap).saturating_sub(line), returning(p))
-                    .saturating_sub(lost)
+                per_session(held.saturating_sub(line), returning(p)).saturating_sub(lost)
             } else {
-                let after = now.saturating_add(size);
+                let after = holds.max(held).saturating_add(size);
                 per_session(after.saturating_sub(line), returning(p) + 1.0)
             };
             (evicts, Some(hold_tokens.saturating_mul(1000) / cap))
@@ -487,21 +486,14 @@ impl Lifetime {
 /// request's estimates there, `other`'s as if cold).
 pub fn lifetime(home: &Estimate, other: &Estimate, ask: &Ask, route: &RouteModel) -> Lifetime {
     let turns = turns_left(ask, route);
-    let new = ask.tokens.saturating_sub(ask.held);
-    let ms = |tokens: u64, us: f32| tokens as f32 * us / 1_000.0;
-    let stay_now = home.queue_ms + home.backlog_ms;
-    let stay_each = home.prefill_ms + home.evicts_ms;
-    let warm_there = new.min(other.uncached_tokens);
-    let move_now = other.queue_ms
-        + other.backlog_ms
-        + other.load_ms
-        + ms(other.uncached_tokens - warm_there, other.prefill_us);
-    let move_each = ms(warm_there, other.prefill_us) + other.evicts_ms;
+    let (once, each) = move_prefill(ask, other.uncached_tokens, other.prefill_us);
+    let move_now = other.queue_ms + other.backlog_ms + other.load_ms + once;
+    let move_each = each + other.evicts_ms;
     Lifetime {
         turns,
-        stay_ms: stay_now + turns * stay_each,
+        stay_ms: stay_ms(home, ask, route),
         move_ms: move_now + turns * move_each,
-        margin_ms: ((move_now + move_each) * 0.5).max(tolerance_ms(ask, route, other.prefill_us)),
+        margin_ms: move_margin(move_now + move_each, ask, route, other.prefill_us),
     }
 }
 
@@ -509,14 +501,23 @@ pub fn lifetime(home: &Estimate, other: &Estimate, ask: &Ask, route: &RouteModel
 /// prefills at `us` or slower and shares at most `shared` tokens of it,
 /// with its margin: when staying costs no more, no engine need be weighed.
 pub fn least_move_ms(ask: &Ask, route: &RouteModel, shared: u64, us: f32) -> f32 {
-    let turns = turns_left(ask, route);
-    let new = ask.tokens.saturating_sub(ask.held);
-    let cold = ask.tokens.saturating_sub(shared);
-    let warm_there = new.min(cold);
+    let (once, each) = move_prefill(ask, ask.tokens.saturating_sub(shared), us);
+    once + turns_left(ask, route) * each + move_margin(once + each, ask, route, us)
+}
+
+/// The prefill a move costs at `us` a token where `cold` of the request's
+/// tokens are not cached: what this turn pays once beyond its new tokens,
+/// and the new tokens every turn pays there.
+fn move_prefill(ask: &Ask, cold: u64, us: f32) -> (f32, f32) {
     let ms = |tokens: u64| tokens as f32 * us / 1_000.0;
-    let once = ms(cold - warm_there);
-    let each = ms(warm_there);
-    once + turns * each + ((once + each) * 0.5).max(tolerance_ms(ask, route, us))
+    let warm_there = ask.tokens.saturating_sub(ask.held).min(cold);
+    (ms(cold - warm_there), ms(warm_there))
+}
+
+/// How much less a move must cost than staying: half its first turn
+/// there, at least the tolerance (one turn's hysteresis).
+fn move_margin(first_turn_ms: f32, ask: &Ask, route: &RouteModel, us: f32) -> f32 {
+    (first_turn_ms * 0.5).max(tolerance_ms(ask, route, us))
 }
 
 /// The cost of staying on `home` over the session's life (see [`lifetime`]).
