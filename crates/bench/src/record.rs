@@ -22,6 +22,9 @@ pub struct Record {
     /// (the parent's last prompt + completion), which a perfect prefix
     /// cache already holds.
     pub inherited_tokens: Option<u64>,
+    /// `shared-prefix`: the tenant whose prefix the conversation starts
+    /// with, so that a run's records show where each prefix went.
+    pub tenant: Option<u32>,
     /// The session's planned last turn (sub-agents end; a parent's session
     /// ends when its slot starts the next).
     pub ends_session: bool,
@@ -87,6 +90,7 @@ pub(crate) fn write_records(
             "parent_slot": r.parent.map(|p| p.0),
             "parent_generation": r.parent.map(|p| p.1),
             "inherited_tokens": r.inherited_tokens,
+            "tenant": r.tenant,
             "ends_session": r.ends_session,
             "id_via": r.id_via.name(),
             "start_s": r.start.as_secs_f64(),

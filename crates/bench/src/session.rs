@@ -267,11 +267,12 @@ impl Ctx {
         let via = self.id_via(&conv.id);
         let key = (via == IdVia::PromptCacheKey).then_some(conv.id.as_str());
         let body = conv.body(MODEL, max_tokens, key);
-        // The reference cell keeps each tenant's conversations on one engine.
-        let affinity = self
+        let tenant = self
             .workload
             .tenant_of(d.slot, conv.generation)
-            .map(|(tenant, _)| tenant as usize);
+            .map(|(tenant, _)| tenant);
+        // The reference cell keeps each tenant's conversations on one engine.
+        let affinity = tenant.map(|t| t as usize);
         let started = Instant::now();
         let mut record = Record {
             slot: d.slot,
@@ -280,6 +281,7 @@ impl Ctx {
             session: conv.id.clone(),
             parent: d.parent,
             inherited_tokens: d.inherited_tokens,
+            tenant,
             ends_session,
             id_via: via,
             start: started - self.start,
