@@ -43,6 +43,36 @@ def crd_check(doc):
     return problems
 
 
+def schema_versions():
+    """The oldest and the newest Kubernetes version kubernetes-validate knows."""
+    versions = all_versions()
+    return [versions[0], versions[-1]]
+
+
+def check_doc(doc, where, failures, verbose=True):
+    """One manifest against the schemas (strict) at schema_versions(); a
+    CRD of CRDS gets crd_check instead. Problems go to failures."""
+    what = f"{where}: {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+    if (doc.get("apiVersion"), doc.get("kind")) in CRDS:
+        problems = crd_check(doc)
+        failures.extend(f"{what}: {p}" for p in problems)
+        if verbose:
+            print(f"{what}: CRD, no schema to validate against; required fields {'missing' if problems else 'present'}")
+        return
+    versions = schema_versions()
+    before = len(failures)
+    for version in versions:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path_in_doc = ".".join(str(p) for p in e.path)
+            failures.append(f"{what}: Kubernetes {version}: {path_in_doc}: {e.message}")
+        except kubernetes_validate.SchemaNotFoundError as e:
+            failures.append(f"{what}: {e.message} (not a CRD listed in deploy/validate.py)")
+    if verbose and len(failures) == before:
+        print(f"{what}: valid (Kubernetes {' and '.join(versions)}, strict)")
+
+
 def overlay_resources(overlay, failures):
     """An overlay's or a component's own manifests (its `resources` that are files, not the
     base directory), to be validated like the base's; its patches are
@@ -99,8 +129,6 @@ def main(k8s_dir):
     for name in sorted(set(listed) - set(present)):
         failures.append(f"base/kustomization.yaml lists {name}, which does not exist")
     render(k8s_dir, failures)
-    versions = all_versions()
-    versions = [versions[0], versions[-1]]
     checked = 0
     for name, path in to_check:
         if not path.exists():
@@ -108,24 +136,8 @@ def main(k8s_dir):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is None:
                 continue
-            what = f"{name}: {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
             checked += 1
-            if (doc.get("apiVersion"), doc.get("kind")) in CRDS:
-                problems = crd_check(doc)
-                failures.extend(f"{what}: {p}" for p in problems)
-                print(f"{what}: CRD, no schema to validate against; required fields {'missing' if problems else 'present'}")
-                continue
-            before = len(failures)
-            for version in versions:
-                try:
-                    kubernetes_validate.validate(doc, version, strict=True)
-                except kubernetes_validate.ValidationError as e:
-                    path_in_doc = ".".join(str(p) for p in e.path)
-                    failures.append(f"{what}: Kubernetes {version}: {path_in_doc}: {e.message}")
-                except kubernetes_validate.SchemaNotFoundError as e:
-                    failures.append(f"{what}: {e.message} (not a CRD listed in deploy/validate.py)")
-            if len(failures) == before:
-                print(f"{what}: valid (Kubernetes {' and '.join(versions)}, strict)")
+            check_doc(doc, name, failures)
     for f in failures:
         print(f"error: {f}", file=sys.stderr)
     if failures:
