@@ -3,6 +3,9 @@ in its venv (helm and kubectl on PATH, see ./dev):
 
     python deploy/validate_helm.py deploy/helm deploy/k8s
 
+0. Each chart's README.md has a row for every value of its values.yaml
+   (a map may have one row for all its keys), and no row for a value that
+   is not there.
 1. `helm lint --strict` of each chart, with its defaults and with each of its
    ci/*-values.yaml.
 2. `helm template` of the same, every rendered manifest validated against
@@ -178,6 +181,61 @@ def agreement(base_docs, chart_docs):
     return problems
 
 
+def documented_values(readme_text):
+    """The value paths README.md's table rows name (their first cell)."""
+    rows = set()
+    for line in readme_text.splitlines():
+        if line.startswith("| `"):
+            rows.add(line.split("`")[1])
+    return rows
+
+
+def undocumented(values, rows, path=""):
+    """Every value values.yaml sets that README.md does not list. A row for a
+    map covers the map (routes, resources, probes); else each of its keys
+    needs its own. Also every row that names no value."""
+    missing = []
+
+    def walk(value, at):
+        if at in rows:
+            return
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(v, f"{at}.{k}" if at else k)
+        else:
+            missing.append(f"{at}: in values.yaml, no row in README.md")
+
+    walk(values, path)
+
+    def exists(dotted):
+        node = values
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    missing += [f"{row}: a row in README.md, not in values.yaml" for row in sorted(rows) if not exists(row)]
+    return missing
+
+
+def values_documented(charts, failures):
+    """Each chart's README.md lists every value, and only values; with a
+    control that a row taken out is reported."""
+    for chart in (charts.gateway, charts.bodylog):
+        values = yaml.safe_load((chart / "values.yaml").read_text())
+        rows = documented_values((chart / "README.md").read_text())
+        problems = undocumented(values, rows)
+        failures.extend(f"{chart.name}: {p}" for p in problems)
+        if problems:
+            continue
+        dropped = sorted(rows)[0]
+        if not undocumented(values, rows - {dropped}):
+            failures.append(f"{chart.name}: control: README.md without its row for {dropped} passed the check")
+        else:
+            print(f"{chart.name}/README.md lists all {len(rows)} values (a row taken out, {dropped}, is reported)")
+
+
 def lint(charts, failures):
     for chart in (charts.gateway, charts.bodylog):
         for values in [None] + sorted((chart / "ci").glob("*-values.yaml")):
@@ -252,6 +310,7 @@ def main(helm_dir, k8s_dir):
     namespace = yaml.safe_load((k8s_dir / "base" / "kustomization.yaml").read_text())["namespace"]
     charts = Charts(helm_dir, namespace)
     failures = []
+    values_documented(charts, failures)
     lint(charts, failures)
     checked = render_and_validate(charts, failures)
     refusals(charts, failures)
