@@ -24,7 +24,7 @@ fn option<'a>(opts: &'a Value, section: &str, key: &str) -> &'a Value {
 #[test]
 fn route_opts_shows_each_option_with_its_value_and_whether_the_route_set_it() {
     let cluster = engines(2);
-    let extra = "ttft_limit_ms: 12000\ntps_limit_tps: 5\nttft_window: 5s\n";
+    let extra = "ttft_limit_ms: 12000\ntps_limit_tps: 5\nadaptive_cc: true\nttft_window: 5s\n";
     let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), extra))]);
     let opts = http::get(gw.addr, "/chat/_route_opts").json();
     let ttft = option(&opts, "options", "ttft_limit_ms");

@@ -415,6 +415,59 @@ fn a_decode_rate_under_its_floor_sheds_and_its_override_and_toggles_lift_it() {
     );
 }
 
+/// Adaptive concurrency is opt-in, as the OpenResty gateway's: a route that
+/// sets only a decode-rate floor sheds on it (decode-rate shedding applies
+/// only with adaptive concurrency off) and has no adaptive limit; the same
+/// floor with `protection.adaptive.enabled: true` drives the AIMD limit
+/// down instead, and never sheds on decode rate.
+#[test]
+fn a_floor_only_route_sheds_on_decode_rate_and_runs_aimd_only_when_adaptive_is_enabled() {
+    let cluster = engines(1);
+    let floor = "protection:\n  tps: {limit_tps: 1000, window: 200ms}\n  probes: 0\n";
+    let gw = Gateway::start(&[
+        ("chat", route_yaml(&ports(&cluster), floor)),
+        (
+            "aimd",
+            route_yaml(
+                &ports(&cluster),
+                &format!("{floor}  adaptive: {{enabled: true}}\n"),
+            ),
+        ),
+    ]);
+    // ~26 tok/s in both pools, far under the floor of 1000.
+    for r in ["chat", "aimd"] {
+        assert_eq!(stream(&gw, r, "sim-model", 0, 20, 40), 200);
+        wait_ewma(&gw, r, "_", "tps_ewma");
+    }
+    let refused = ask(&gw, "chat", "sim-model");
+    assert_eq!(refused.status(), 429, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["type"], "tps_limit");
+    let tps = http::get(gw.addr, "/chat/_tps_status").json();
+    assert!(tps["adaptive_cc"].is_null(), "no AIMD: {tps}");
+    // Control: enabled, the same slow pool is let in and its limit shrinks.
+    assert_eq!(ask(&gw, "aimd", "sim-model").status(), 200);
+    let pool = wait_for("an AIMD overload step", DEADLINE, || {
+        let s = http::get(gw.addr, "/aimd/_tps_status").json();
+        let pool = s["adaptive_cc"]["pools"][0].clone();
+        (pool["last_step"] == "overload").then_some(pool)
+    });
+    assert_eq!(pool["limit"], pool["min"], "init is the floor: {pool}");
+    assert_eq!(
+        gw.metric(
+            "llm_gateway_load_rejections_total",
+            &["route=\"aimd\"", "gate=\"tps\""]
+        ),
+        0.0
+    );
+    assert_eq!(
+        gw.metric(
+            "llm_gateway_load_rejections_total",
+            &["route=\"chat\"", "gate=\"tps\""]
+        ),
+        1.0
+    );
+}
+
 fn adaptive_limit(gw: &Gateway) -> f64 {
     http::get(gw.addr, "/chat/_tps_status").json()["adaptive_cc"]["pools"][0]["limit"]
         .as_f64()
@@ -435,7 +488,7 @@ fn a_fast_pool_under_pressure_grows_its_adaptive_limit_and_an_idle_one_does_not(
     let route = |name: &str| {
         format!(
             "peers:\n  - {{name: {name}, host: 127.0.0.1, port: {}, max_concurrency: 40}}\n\
-             tps_limit_tps: 1\ntps_window: 100ms\nadaptive_cc_init_frac: 0.4\n",
+             tps_limit_tps: 1\ntps_window: 100ms\nadaptive_cc: true\nadaptive_cc_init_frac: 0.4\n",
             cluster.engines[0].port()
         )
     };

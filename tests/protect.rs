@@ -254,7 +254,7 @@ fn a_slow_decode_shrinks_the_adaptive_limit_to_its_floor_and_the_floor_refuses()
     // Decode at ~25 tok/s against a floor of 1000: overloaded on every tick.
     let route = format!(
         "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}, max_concurrency: 10}}\n\
-         tps_limit_tps: 1000\ntps_window: 100ms\nadaptive_cc_init_frac: 1.0\n",
+         tps_limit_tps: 1000\ntps_window: 100ms\nadaptive_cc: true\nadaptive_cc_init_frac: 1.0\n",
         cluster.engines[0].port()
     );
     let gw = Gateway::start(&[("chat", route)]);

@@ -142,7 +142,7 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     hidden(opt("protection.probes", "Probes", "protection", Kind::Integer, L("5"), "requests per probe window that pass a tripped gate")),
     hidden(opt("protection.probe_window", "Probe window", "protection", Kind::Duration, L("10s"), "the probes' window")),
     opt("protection.rate_limit", "Load 429s", "protection", Kind::Bool, N("gateway.yaml load_rate_limit (true)"), "the route layer of the rate-limit master switch"),
-    opt("protection.adaptive.enabled", "Adaptive concurrency", "adaptive", Kind::Bool, N("on when a decode-rate floor is set"), "AIMD pool limit"),
+    opt("protection.adaptive.enabled", "Adaptive concurrency", "adaptive", Kind::Bool, L("false"), "AIMD pool limit, steered by the decode-rate floor (which then sheds nothing) and TTFT"),
     opt("protection.adaptive.min", "Adaptive floor", "adaptive", Kind::Number, N("max(1, floor(0.4 × pool max))"), "the adaptive limit's floor (>= 1)"),
     opt("protection.adaptive.init", "Adaptive start (slots)", "adaptive", Kind::Number, N("the floor"), "start point inside [floor, pool max]"),
     opt("protection.adaptive.init_frac", "Adaptive start (fraction)", "adaptive", Kind::Number, N("the floor"), "start point as a fraction of the pool max"),

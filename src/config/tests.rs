@@ -343,12 +343,20 @@ fn a_metric_table_replaces_the_default_fold_and_one_bad_entry_drops_it() {
 }
 
 #[test]
-fn a_decode_rate_table_turns_adaptive_concurrency_on_as_a_floor_does() {
-    let with_table = route(&format!(
-        "{MINIMAL}tps_metrics:\n  - {{metric: p, q: 10, threshold: 20}}\n"
-    ))
-    .unwrap();
-    assert!(with_table.protection.adaptive.is_some());
+fn adaptive_concurrency_is_on_only_when_enabled_whatever_the_floor() {
+    for floor in [
+        "tps_limit_tps: 20\n",
+        "tps_metrics:\n  - {metric: p, q: 10, threshold: 20}\n",
+    ] {
+        let floor_only = route(&format!("{MINIMAL}{floor}")).unwrap();
+        assert!(floor_only.protection.adaptive.is_none(), "{floor}");
+        // Control: the same floor with the switch on.
+        let enabled = route(&format!(
+            "{MINIMAL}{floor}protection:\n  adaptive: {{enabled: true}}\n"
+        ))
+        .unwrap();
+        assert!(enabled.protection.adaptive.is_some(), "{floor}");
+    }
     assert!(route(MINIMAL).unwrap().protection.adaptive.is_none());
 }
 

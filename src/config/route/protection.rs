@@ -122,7 +122,6 @@ pub(super) fn parse_protection(
         let limit = positive("protection.ttft.limit_by_model", Some(limit))?.unwrap_or(limit);
         by_model.push((model, limit));
     }
-    let floor_set = tps.limit_tps.is_some() || tps.metrics.is_some();
     Ok(Protection {
         meter,
         ttft_limit_ms: positive("protection.ttft.limit_ms", ttft.limit_ms)?.unwrap_or(30_000.0),
@@ -131,7 +130,7 @@ pub(super) fn parse_protection(
         ttft_metrics,
         tps_metrics,
         load_rate_limit: file.rate_limit.map(|f| f.0),
-        adaptive: adaptive_config(at, &file.adaptive, floor_set)?,
+        adaptive: adaptive_config(at, &file.adaptive)?,
         session_prio: session_prio(at, &file.session_prio)?,
         probes: file.probes.unwrap_or(5),
         probe_window: file.probe_window.map_or(Duration::from_secs(10), |d| d.0),
@@ -216,13 +215,14 @@ pub(super) fn session_prio(
     })
 }
 
-/// Adaptive concurrency is on by default when a decode-rate floor is set.
+/// Adaptive concurrency is opt-in, as the OpenResty gateway's README has it:
+/// a decode-rate floor alone sheds on decode rate, and only
+/// `enabled: true` turns that floor into the AIMD limit's signal instead.
 pub(super) fn adaptive_config(
     at: &Locator,
     file: &AdaptiveFile,
-    floor_set: bool,
 ) -> Result<Option<AdaptiveConfig>, ConfigError> {
-    let on = flag(file.enabled, floor_set);
+    let on = flag(file.enabled, false);
     // Checked even while off, so a bad value is found before it is used.
     if file.min.is_some_and(|m| m.is_nan() || m < 1.0) {
         let path = "protection.adaptive.min";

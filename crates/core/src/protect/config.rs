@@ -24,7 +24,8 @@ pub struct Protection {
     /// the gateway's).
     pub load_rate_limit: Option<bool>,
     /// Adaptive concurrency: the pool's limit moves by AIMD between its
-    /// bounds (on by default when a decode-rate floor is set).
+    /// bounds (opt-in; while on, the decode-rate floor steers it and sheds
+    /// nothing itself).
     pub adaptive: Option<AdaptiveConfig>,
     /// Session turn priority: the gates grade by turn bucket.
     pub session_prio: SessionPrio,
