@@ -517,6 +517,79 @@ fn a_fast_pool_under_pressure_grows_its_adaptive_limit_and_an_idle_one_does_not(
     drop(held);
 }
 
+/// The AIMD internals are route options under `protection.adaptive`, shown
+/// in `/_route_opts` under `advanced`: a route that halves its limit on
+/// overload and steps every second moves as it says, and the same route
+/// with the defaults (×0.97) does not.
+#[test]
+fn the_aimd_internals_are_advanced_options_that_take_effect() {
+    let cluster = engines(1);
+    let route = |adaptive: &str| {
+        format!(
+            "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}, max_concurrency: 64}}\n\
+             protection:\n  tps: {{limit_tps: 1000, window: 200ms}}\n  \
+             adaptive: {{enabled: true, init_frac: 1.0, min: 3, interval: 1s{adaptive}}}\n",
+            cluster.engines[0].port()
+        )
+    };
+    let gw = Gateway::start(&[
+        ("chat", route(", dec: 0.5")),
+        ("steady", route("")),
+    ]);
+    let opts = http::get(gw.addr, "/chat/_route_opts").json();
+    let advanced = opts["advanced"].as_array().expect("advanced");
+    let option = |key: &str| {
+        advanced
+            .iter()
+            .find(|o| o["key"] == key)
+            .unwrap_or_else(|| panic!("{key} under advanced: {opts}"))
+    };
+    let dec = option("protection.adaptive.dec");
+    assert_eq!(
+        (&dec["value"], &dec["default"], &dec["set_by_route"]),
+        (&json!(0.5), &json!("0.97"), &json!(true))
+    );
+    for (key, default) in [
+        ("protection.adaptive.inc", "1.02"),
+        ("protection.adaptive.pressure_frac", "0.9"),
+        ("protection.adaptive.slack_frac", "0.7"),
+        ("protection.adaptive.abs", "5"),
+        ("protection.adaptive.min_frac", "0.4"),
+        ("protection.adaptive.ttl", "300s"),
+    ] {
+        let o = option(key);
+        assert_eq!(
+            (&o["default"], &o["set_by_route"]),
+            (&json!(default), &json!(false)),
+            "{o}"
+        );
+    }
+    assert!(
+        opts["options"]
+            .as_array()
+            .is_some_and(|o| o.iter().all(|x| x["key"] != "protection.adaptive.dec")),
+        "not among the tunables: {opts}"
+    );
+    // Both pools decode at ~26 tok/s against a floor of 1000: overloaded.
+    for r in ["chat", "steady"] {
+        assert_eq!(stream(&gw, r, "sim-model", 0, 20, 40), 200);
+        wait_ewma(&gw, r, "_", "tps_ewma");
+    }
+    let first_overload = |route: &str| {
+        wait_for(&format!("{route}'s first overload step"), DEADLINE, || {
+            let s = http::get(gw.addr, &format!("/{route}/_tps_status")).json();
+            let pool = s["adaptive_cc"]["pools"][0].clone();
+            (pool["last_step"] == "overload").then(|| pool["limit"].as_f64())?
+        })
+    };
+    // From 64: 32 after one step of ×0.5 (16 if the poll missed a second).
+    let halved = first_overload("chat");
+    assert!(halved <= 32.0, "{halved}");
+    // Control: ×0.97 needs 23 one-second steps to reach 32.
+    let steady = first_overload("steady");
+    assert!(steady > 32.0, "{steady}");
+}
+
 fn turn(n: u64) -> String {
     format!(r#"{{"session_id":"agent-7","turn":{n}}}"#)
 }

@@ -143,11 +143,19 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     hidden(opt("protection.probe_window", "Probe window", "protection", Kind::Duration, L("10s"), "the probes' window")),
     opt("protection.rate_limit", "Load 429s", "protection", Kind::Bool, N("gateway.yaml load_rate_limit (true)"), "the route layer of the rate-limit master switch"),
     opt("protection.adaptive.enabled", "Adaptive concurrency", "adaptive", Kind::Bool, L("false"), "AIMD pool limit, steered by the decode-rate floor (which then sheds nothing) and TTFT"),
-    opt("protection.adaptive.min", "Adaptive floor", "adaptive", Kind::Number, N("max(1, floor(0.4 × pool max))"), "the adaptive limit's floor (>= 1)"),
+    opt("protection.adaptive.min", "Adaptive floor", "adaptive", Kind::Number, N("max(1, floor(min_frac × pool max))"), "the adaptive limit's floor (>= 1)"),
     opt("protection.adaptive.init", "Adaptive start (slots)", "adaptive", Kind::Number, N("the floor"), "start point inside [floor, pool max]"),
     opt("protection.adaptive.init_frac", "Adaptive start (fraction)", "adaptive", Kind::Number, N("the floor"), "start point as a fraction of the pool max"),
     hidden(opt("protection.adaptive.hold_when_idle", "Hold when idle", "adaptive", Kind::Bool, L("true"), "idle traffic never lowers (or expires) the limit")),
     hidden(opt("protection.adaptive.use_ttft", "Adaptive uses TTFT", "adaptive", Kind::Bool, L("true"), "TTFT over its limit shrinks the limit too")),
+    hidden(opt("protection.adaptive.inc", "Growth factor", "adaptive", Kind::Number, L("1.02"), "the limit × this per step after concurrency refusals or under pressure (> 1)")),
+    hidden(opt("protection.adaptive.dec", "Shrink factor", "adaptive", Kind::Number, L("0.97"), "the limit × this per step while the decode rate is under its floor or TTFT over its limit (in (0, 1))")),
+    hidden(opt("protection.adaptive.pressure_frac", "Pressure fraction", "adaptive", Kind::Number, L("0.9"), "in flight at this share of the limit is pressure: it grows (in (0, 1])")),
+    hidden(opt("protection.adaptive.slack_frac", "Slack fraction", "adaptive", Kind::Number, L("0.7"), "in flight under this share of the limit is slack: it shrinks unless held (in (0, pressure_frac)); the load's need is in flight over the two fractions' mean")),
+    hidden(opt("protection.adaptive.abs", "Absolute headroom", "adaptive", Kind::Number, L("5"), "slots kept above in flight whatever the fractions say (>= 0)")),
+    hidden(opt("protection.adaptive.min_frac", "Floor fraction", "adaptive", Kind::Number, L("0.4"), "the floor when min is unset, as a share of the pool max (in (0, 1])")),
+    hidden(opt("protection.adaptive.ttl", "Limit TTL", "adaptive", Kind::Duration, L("300s"), "a limit not moved this long starts again at init (only with hold_when_idle false)")),
+    hidden(opt("protection.adaptive.interval", "Step interval", "adaptive", Kind::Duration, N("protection.tps.window"), "time between two steps (>= 50ms)")),
     opt("protection.session_prio.enabled", "Session turn priority", "session_prio", Kind::Bool, L("false"), "under load refuse early turns first (runtime: /_session_prio_toggle)"),
     opt("protection.session_prio.r_new", "Turn-1 share", "session_prio", Kind::Number, L("0.85"), "turn 1's share of the limit, rising to 1.0"),
     hidden(opt("protection.session_prio.full_turn", "Full-warmth turn", "session_prio", Kind::Integer, L("32"), "the turn whose bucket has share 1.0")),
@@ -167,18 +175,7 @@ fn dur(d: Duration) -> Value {
 /// them out, so that an option's value is found by its key (`null`: unset /
 /// none).
 pub fn values(route: &RouteConfig) -> Value {
-    let p = &route.protection;
-    let prio = &p.session_prio;
-    let adaptive = p.adaptive;
     let em = route.engine_metrics.as_ref();
-    let table = |t: &Option<Vec<crate::protect::limits::MetricLimit>>| {
-        t.as_ref().map_or(Value::Null, |t| {
-            json!(t
-                .iter()
-                .map(|m| json!({"metric": m.fold.name(), "threshold": m.threshold}))
-                .collect::<Vec<_>>())
-        })
-    };
     let pools: serde_json::Map<String, Value> = route
         .peers_by_model
         .iter()
@@ -257,48 +254,72 @@ pub fn values(route: &RouteConfig) -> Value {
         "cch_strip": route.cch_strip,
         "kimi_normalize": route.kimi_normalize,
         "queue_timeout": dur(route.queue_timeout),
-        "protection": {
-            "ttft": {
-                "limit_ms": p.ttft_limit_ms,
-                "limit_by_model": p.ttft_limit_by_model.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
-                "metrics": table(&p.ttft_metrics),
-                "window": dur(Duration::from_millis(p.meter.ttft_window_ms)),
-            },
-            "tps": {
-                "limit_tps": p.tps_limit_tps,
-                "metrics": table(&p.tps_metrics),
-                "window": dur(Duration::from_millis(p.meter.tps_window_ms)),
-                "min_tokens": p.meter.tps_min_tokens,
-                "min_decode_s": p.meter.tps_min_decode_ms as f64 / 1000.0,
-            },
-            "ewma": {
-                "alpha": p.meter.alpha,
-                "ttl": dur(Duration::from_millis(p.meter.ttl_ms)),
-            },
-            "probes": p.probes,
-            "probe_window": dur(p.probe_window),
-            "rate_limit": p.load_rate_limit,
-            "adaptive": {
-                "enabled": adaptive.is_some(),
-                "min": adaptive.and_then(|a| a.min),
-                "init": adaptive.and_then(|a| a.init),
-                "init_frac": adaptive.and_then(|a| a.init_frac),
-                "hold_when_idle": adaptive.is_none_or(|a| a.hold_when_idle),
-                "use_ttft": adaptive.is_none_or(|a| a.use_ttft),
-            },
-            "session_prio": {
-                "enabled": prio.enabled,
-                "r_new": prio.table.first().map(|b| b.share),
-                "full_turn": prio.table.last().map(|b| b.min_turn),
-                "table": prio.table.iter()
-                    .map(|b| json!({"min_turn": b.min_turn, "share": b.share, "tol": b.tol}))
-                    .collect::<Vec<_>>(),
-                "severe": prio.severe,
-                "release": prio.release,
-                "t1_probes": prio.t1_probes,
-                "warn_frac": prio.warn_frac,
-                "rt_limit_factor": prio.rt_limit_factor,
-            },
+        "protection": protection_values(&route.protection),
+    })
+}
+
+/// The `protection:` section of [`values`] (its own `json!`: one for the
+/// whole route passes the macro's recursion limit).
+fn protection_values(p: &crate::config::Protection) -> Value {
+    let prio = &p.session_prio;
+    let adaptive = &p.adaptive;
+    let table = |t: &Option<Vec<crate::protect::limits::MetricLimit>>| {
+        t.as_ref().map_or(Value::Null, |t| {
+            json!(t
+                .iter()
+                .map(|m| json!({"metric": m.fold.name(), "threshold": m.threshold}))
+                .collect::<Vec<_>>())
+        })
+    };
+    json!({
+        "ttft": {
+            "limit_ms": p.ttft_limit_ms,
+            "limit_by_model": p.ttft_limit_by_model.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            "metrics": table(&p.ttft_metrics),
+            "window": dur(Duration::from_millis(p.meter.ttft_window_ms)),
+        },
+        "tps": {
+            "limit_tps": p.tps_limit_tps,
+            "metrics": table(&p.tps_metrics),
+            "window": dur(Duration::from_millis(p.meter.tps_window_ms)),
+            "min_tokens": p.meter.tps_min_tokens,
+            "min_decode_s": p.meter.tps_min_decode_ms as f64 / 1000.0,
+        },
+        "ewma": {
+            "alpha": p.meter.alpha,
+            "ttl": dur(Duration::from_millis(p.meter.ttl_ms)),
+        },
+        "probes": p.probes,
+        "probe_window": dur(p.probe_window),
+        "rate_limit": p.load_rate_limit,
+        "adaptive": {
+            "enabled": adaptive.enabled,
+            "min": adaptive.min,
+            "init": adaptive.init,
+            "init_frac": adaptive.init_frac,
+            "hold_when_idle": adaptive.hold_when_idle,
+            "use_ttft": adaptive.use_ttft,
+            "inc": adaptive.coefficients.inc,
+            "dec": adaptive.coefficients.dec,
+            "pressure_frac": adaptive.coefficients.pressure_frac,
+            "slack_frac": adaptive.coefficients.slack_frac,
+            "abs": adaptive.coefficients.abs,
+            "min_frac": adaptive.coefficients.min_frac,
+            "ttl": dur(Duration::from_millis(adaptive.ttl_ms)),
+            "interval": dur(Duration::from_millis(adaptive.interval_ms)),
+        },
+        "session_prio": {
+            "enabled": prio.enabled,
+            "r_new": prio.table.first().map(|b| b.share),
+            "full_turn": prio.table.last().map(|b| b.min_turn),
+            "table": prio.table.iter()
+                .map(|b| json!({"min_turn": b.min_turn, "share": b.share, "tol": b.tol}))
+                .collect::<Vec<_>>(),
+            "severe": prio.severe,
+            "release": prio.release,
+            "t1_probes": prio.t1_probes,
+            "warn_frac": prio.warn_frac,
+            "rt_limit_factor": prio.rt_limit_factor,
         },
     })
 }

@@ -114,6 +114,14 @@ pub(super) struct RouteFile {
     pub adaptive_cc_init_frac: Option<f64>,
     pub adaptive_cc_hold_when_idle: Option<Flag>,
     pub adaptive_cc_use_ttft: Option<Flag>,
+    pub adaptive_cc_inc: Option<f64>,
+    pub adaptive_cc_dec: Option<f64>,
+    pub adaptive_cc_pressure_frac: Option<f64>,
+    pub adaptive_cc_slack_frac: Option<f64>,
+    pub adaptive_cc_abs: Option<f64>,
+    pub adaptive_cc_min_frac: Option<f64>,
+    pub adaptive_cc_ttl: Option<Dur>,
+    pub adaptive_cc_interval: Option<Dur>,
     pub session_prio: Option<Flag>,
     pub session_prio_r_new: Option<f64>,
     pub session_prio_full_turn: Option<u64>,
@@ -296,6 +304,15 @@ pub(super) struct AdaptiveFile {
     pub init_frac: Option<f64>,
     pub hold_when_idle: Option<Flag>,
     pub use_ttft: Option<Flag>,
+    // The AIMD internals (`/_route_opts` serves them under `advanced`).
+    pub inc: Option<f64>,
+    pub dec: Option<f64>,
+    pub pressure_frac: Option<f64>,
+    pub slack_frac: Option<f64>,
+    pub abs: Option<f64>,
+    pub min_frac: Option<f64>,
+    pub ttl: Option<Dur>,
+    pub interval: Option<Dur>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -371,6 +388,14 @@ flat_protection_keys! {
     adaptive_cc_init_frac => adaptive.init_frac;
     adaptive_cc_hold_when_idle => adaptive.hold_when_idle;
     adaptive_cc_use_ttft => adaptive.use_ttft;
+    adaptive_cc_inc => adaptive.inc;
+    adaptive_cc_dec => adaptive.dec;
+    adaptive_cc_pressure_frac => adaptive.pressure_frac;
+    adaptive_cc_slack_frac => adaptive.slack_frac;
+    adaptive_cc_abs => adaptive.abs;
+    adaptive_cc_min_frac => adaptive.min_frac;
+    adaptive_cc_ttl => adaptive.ttl;
+    adaptive_cc_interval => adaptive.interval;
     session_prio => session_prio.enabled;
     session_prio_r_new => session_prio.r_new;
     session_prio_full_turn => session_prio.full_turn;

@@ -349,15 +349,15 @@ fn adaptive_concurrency_is_on_only_when_enabled_whatever_the_floor() {
         "tps_metrics:\n  - {metric: p, q: 10, threshold: 20}\n",
     ] {
         let floor_only = route(&format!("{MINIMAL}{floor}")).unwrap();
-        assert!(floor_only.protection.adaptive.is_none(), "{floor}");
+        assert!(floor_only.protection.adaptive_on().is_none(), "{floor}");
         // Control: the same floor with the switch on.
         let enabled = route(&format!(
             "{MINIMAL}{floor}protection:\n  adaptive: {{enabled: true}}\n"
         ))
         .unwrap();
-        assert!(enabled.protection.adaptive.is_some(), "{floor}");
+        assert!(enabled.protection.adaptive_on().is_some(), "{floor}");
     }
-    assert!(route(MINIMAL).unwrap().protection.adaptive.is_none());
+    assert!(route(MINIMAL).unwrap().protection.adaptive_on().is_none());
 }
 
 #[test]
@@ -372,6 +372,16 @@ fn protection_options_out_of_range_are_errors_with_their_line() {
         ("ttft_limit_ms: -1", 4),
         ("tps_limit_tps: 0", 4),
         ("adaptive_cc_min: 0", 4),
+        ("adaptive_cc_inc: 1", 4),
+        ("adaptive_cc_dec: 1", 4),
+        ("adaptive_cc_dec: 0", 4),
+        ("adaptive_cc_pressure_frac: 0", 4),
+        ("adaptive_cc_pressure_frac: 1.1", 4),
+        ("adaptive_cc_slack_frac: 0.9", 4),
+        ("adaptive_cc_abs: -1", 4),
+        ("adaptive_cc_min_frac: 1.5", 4),
+        ("adaptive_cc_ttl: 0", 4),
+        ("adaptive_cc_interval: 10ms", 4),
     ] {
         let e = route(&format!("{MINIMAL}{option}\n")).unwrap_err();
         assert_eq!(e.line, Some(line), "{option}: {e}");
@@ -381,7 +391,10 @@ fn protection_options_out_of_range_are_errors_with_their_line() {
     // Control: the defaults written out load.
     let defaults = "session_prio_release: 0.9\nsession_prio_warn_frac: 0.2\nrt_limit_factor: 1\n\
                     session_prio_full_turn: 32\nsession_prio_severe: 1.5\nsession_prio_r_new: 0.85\n\
-                    ttft_limit_ms: 30000\ntps_limit_tps: 10\nadaptive_cc_min: 1\n";
+                    ttft_limit_ms: 30000\ntps_limit_tps: 10\nadaptive_cc_min: 1\n\
+                    adaptive_cc_inc: 1.02\nadaptive_cc_dec: 0.97\nadaptive_cc_pressure_frac: 0.9\n\
+                    adaptive_cc_slack_frac: 0.7\nadaptive_cc_abs: 5\nadaptive_cc_min_frac: 0.4\n\
+                    adaptive_cc_ttl: 300s\nadaptive_cc_interval: 20s\n";
     route(&format!("{MINIMAL}{defaults}")).unwrap();
 }
 
@@ -466,6 +479,14 @@ adaptive_cc_init: 3
 adaptive_cc_init_frac: 0.5
 adaptive_cc_hold_when_idle: false
 adaptive_cc_use_ttft: false
+adaptive_cc_inc: 1.5
+adaptive_cc_dec: 0.5
+adaptive_cc_pressure_frac: 0.8
+adaptive_cc_slack_frac: 0.6
+adaptive_cc_abs: 2
+adaptive_cc_min_frac: 0.25
+adaptive_cc_ttl: 60s
+adaptive_cc_interval: 3s
 session_prio: true
 session_prio_r_new: 0.7
 session_prio_full_turn: 16
@@ -495,6 +516,14 @@ protection:
     init_frac: 0.5
     hold_when_idle: false
     use_ttft: false
+    inc: 1.5
+    dec: 0.5
+    pressure_frac: 0.8
+    slack_frac: 0.6
+    abs: 2
+    min_frac: 0.25
+    ttl: 60s
+    interval: 3s
   session_prio:
     enabled: true
     r_new: 0.7
@@ -573,6 +602,16 @@ fn nested_protection_errors_name_the_nested_key_and_its_line() {
             "protection:\n  tps: {window: 5s, limit_tps: 0}\n",
             "protection.tps.limit_tps",
             5,
+        ),
+        (
+            "protection:\n  adaptive:\n    pressure_frac: 0.5\n    slack_frac: 0.6\n",
+            "protection.adaptive.slack_frac",
+            7,
+        ),
+        (
+            "protection:\n  adaptive:\n    interval: 1ms\n",
+            "protection.adaptive.interval",
+            6,
         ),
     ] {
         let e = route(&format!("{MINIMAL}{text}")).unwrap_err();

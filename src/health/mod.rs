@@ -121,9 +121,9 @@ fn sync_tasks(tasks: &Arc<Tasks>, started: &mut HashMap<String, usize>, registry
                 ));
             }
         }
-        if route.config.protection.adaptive.is_some() {
+        if let Some(adaptive) = route.config.protection.adaptive_on() {
+            let every = Duration::from_millis(adaptive.interval_ms.max(50));
             let (route, registry) = (Arc::clone(route), Arc::clone(registry));
-            let every = Duration::from_millis(route.config.protection.meter.tps_window_ms.max(50));
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.tick().await;

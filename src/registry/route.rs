@@ -363,9 +363,9 @@ impl Route {
     }
 
     /// One AIMD step for every pool (the route's sweeper calls it every
-    /// `protection.tps.window`), on the pools' loads as they are now.
+    /// `protection.adaptive.interval`), on the pools' loads as they are now.
     pub fn adaptive_tick(&self, now_ms: u64) {
-        if self.config.protection.adaptive.is_none() {
+        if self.config.protection.adaptive_on().is_none() {
             return;
         }
         let pools = self.pools();

@@ -178,7 +178,7 @@ pub(super) fn folds_json(
 /// Each pool's adaptive limit with its bounds, `null` when the route has
 /// none.
 pub(super) fn adaptive_json(route: &Route) -> Value {
-    let Some(cfg) = route.config.protection.adaptive else {
+    let Some(cfg) = route.config.protection.adaptive_on() else {
         return Value::Null;
     };
     let state = route.runtime.protection.adaptive_pools();

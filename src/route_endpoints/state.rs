@@ -142,7 +142,7 @@ pub(super) fn route_opts(route: &Route) -> Value {
             .map(|o| option_json(o, &values, &c.keys_set))
             .collect::<Vec<_>>()
     };
-    let adaptive: Vec<Value> = match c.protection.adaptive {
+    let adaptive: Vec<Value> = match c.protection.adaptive_on() {
         None => Vec::new(),
         Some(cfg) => route
             .pools()

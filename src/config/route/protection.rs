@@ -4,7 +4,8 @@ use super::locator::Locator;
 use crate::config::file::{AdaptiveFile, ProtectionFile, SessionPrioFile};
 use crate::config::units::flag;
 use crate::config::ConfigError;
-use crate::protect::config::{AdaptiveConfig, Protection, SessionPrio};
+use crate::protect::aimd::Coefficients;
+use crate::protect::config::{AdaptiveConfig, Protection, SessionPrio, DEFAULT_ADAPTIVE_TTL_MS};
 use crate::protect::limits::{metric_limit, MetricLimit};
 use crate::protect::meter::MeterConfig;
 use crate::protect::window::{Folds, MAX_FOLDS};
@@ -122,6 +123,7 @@ pub(super) fn parse_protection(
         let limit = positive("protection.ttft.limit_by_model", Some(limit))?.unwrap_or(limit);
         by_model.push((model, limit));
     }
+    let adaptive = adaptive_config(at, &file.adaptive, meter.tps_window_ms)?;
     Ok(Protection {
         meter,
         ttft_limit_ms: positive("protection.ttft.limit_ms", ttft.limit_ms)?.unwrap_or(30_000.0),
@@ -130,7 +132,7 @@ pub(super) fn parse_protection(
         ttft_metrics,
         tps_metrics,
         load_rate_limit: file.rate_limit.map(|f| f.0),
-        adaptive: adaptive_config(at, &file.adaptive)?,
+        adaptive,
         session_prio: session_prio(at, &file.session_prio)?,
         probes: file.probes.unwrap_or(5),
         probe_window: file.probe_window.map_or(Duration::from_secs(10), |d| d.0),
@@ -218,24 +220,77 @@ pub(super) fn session_prio(
 /// Adaptive concurrency is opt-in, as the OpenResty gateway's README has it:
 /// a decode-rate floor alone sheds on decode rate, and only
 /// `enabled: true` turns that floor into the AIMD limit's signal instead.
+/// Its settings are validated whether it is on or not, so a bad value is
+/// found before it is used; each is refused with its line, in the bounds
+/// the OpenResty gateway checks (it fell back to the default instead).
 pub(super) fn adaptive_config(
     at: &Locator,
     file: &AdaptiveFile,
-) -> Result<Option<AdaptiveConfig>, ConfigError> {
-    let on = flag(file.enabled, false);
-    // Checked even while off, so a bad value is found before it is used.
+    tps_window_ms: u64,
+) -> Result<AdaptiveConfig, ConfigError> {
+    let refuse = |key: &str, what: String| {
+        let path = format!("protection.adaptive.{key}");
+        at.at_key(&path, format!("{} must be {what}", at.written(&path)))
+    };
+    let d = Coefficients::default();
+    let number = |key: &str, v: Option<f64>, default: f64, ok: &dyn Fn(f64) -> bool, what: &str| {
+        match v {
+            None => Ok(default),
+            Some(x) if x.is_finite() && ok(x) => Ok(x),
+            Some(x) => Err(refuse(key, format!("{what} (got {x})"))),
+        }
+    };
     if file.min.is_some_and(|m| m.is_nan() || m < 1.0) {
-        let path = "protection.adaptive.min";
-        return Err(at.at_key(path, format!("{} must be at least 1", at.written(path))));
+        return Err(refuse("min", "at least 1".into()));
     }
-    if !on {
-        return Ok(None);
+    let pressure_frac = number(
+        "pressure_frac",
+        file.pressure_frac,
+        d.pressure_frac,
+        &|v| v > 0.0 && v <= 1.0,
+        "in (0, 1]",
+    )?;
+    let coefficients = Coefficients {
+        inc: number("inc", file.inc, d.inc, &|v| v > 1.0, "over 1")?,
+        dec: number("dec", file.dec, d.dec, &|v| v > 0.0 && v < 1.0, "in (0, 1)")?,
+        pressure_frac,
+        slack_frac: number(
+            "slack_frac",
+            file.slack_frac,
+            d.slack_frac,
+            &|v| v > 0.0 && v < pressure_frac,
+            &format!("in (0, pressure_frac {pressure_frac})"),
+        )?,
+        abs: number("abs", file.abs, d.abs, &|v| v >= 0.0, "at least 0")?,
+        min_frac: number(
+            "min_frac",
+            file.min_frac,
+            d.min_frac,
+            &|v| v > 0.0 && v <= 1.0,
+            "in (0, 1]",
+        )?,
+    };
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let ttl_ms = file.ttl.map_or(DEFAULT_ADAPTIVE_TTL_MS, |t| ms(t.0));
+    if ttl_ms == 0 {
+        return Err(refuse("ttl", "longer than 0s".into()));
     }
-    Ok(Some(AdaptiveConfig {
+    // Unset, the decode-rate window (whose EWMA a step reads), which the
+    // tick keeps to 50 ms at least; set, it must be that already.
+    let interval_ms = match file.interval.map(|t| ms(t.0)) {
+        Some(set) if set < 50 => return Err(refuse("interval", "at least 50ms".into())),
+        Some(set) => set,
+        None => tps_window_ms,
+    };
+    Ok(AdaptiveConfig {
+        enabled: flag(file.enabled, false),
         min: file.min,
         init: file.init,
         init_frac: file.init_frac,
         hold_when_idle: flag(file.hold_when_idle, true),
         use_ttft: flag(file.use_ttft, true),
-    }))
+        coefficients,
+        ttl_ms,
+        interval_ms,
+    })
 }

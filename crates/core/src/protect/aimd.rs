@@ -13,9 +13,43 @@
 //!    `desired`, not below `init`;
 //! 6. below `init` otherwise → climb back `× inc`;
 //!
-//! then clamp to `[min, max]`. `desired = max(conc / 0.8, conc + abs)`.
+//! then clamp to `[min, max]`. `desired = max(conc / mid, conc + abs)`,
+//! `mid` halfway between `slack_frac` and `pressure_frac` (0.8 by default),
+//! as the OpenResty gateway has it.
 
-/// The tunables, with the OpenResty gateway's defaults in [`AimdParams::default`].
+/// The coefficients of the rules above that a route may set
+/// (`protection.adaptive.*`, which `/_route_opts` serves under `advanced`),
+/// with the OpenResty gateway's values as defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Coefficients {
+    /// Growth factor per step (> 1).
+    pub inc: f64,
+    /// Shrink factor per step (in (0, 1)).
+    pub dec: f64,
+    /// In-flight at this fraction of the limit is pressure (in (0, 1]).
+    pub pressure_frac: f64,
+    /// In-flight under this fraction of the limit is slack (in (0, pressure_frac)).
+    pub slack_frac: f64,
+    /// Slots kept free above in-flight whatever the fractions say (>= 0).
+    pub abs: f64,
+    /// The default floor as a fraction of the static limit (in (0, 1]).
+    pub min_frac: f64,
+}
+
+impl Default for Coefficients {
+    fn default() -> Self {
+        Coefficients {
+            inc: 1.02,
+            dec: 0.97,
+            pressure_frac: 0.9,
+            slack_frac: 0.7,
+            abs: 5.0,
+            min_frac: 0.4,
+        }
+    }
+}
+
+/// The parameters of one pool's step: its bounds and the coefficients.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AimdParams {
     /// The static limit (the pool's summed `max_concurrency`): the ceiling.
@@ -40,16 +74,22 @@ impl AimdParams {
     /// The OpenResty gateway's defaults for a pool whose static limit is `max`:
     /// `min = max(1, floor(0.4 × max))`, `init = min`.
     pub fn for_max(max: f64) -> Self {
-        let min = (0.4 * max).floor().max(1.0);
+        Self::with(max, &Coefficients::default())
+    }
+
+    /// The parameters for a pool whose static limit is `max` under the
+    /// coefficients `c`: `min = max(1, floor(min_frac × max))`, `init = min`.
+    pub fn with(max: f64, c: &Coefficients) -> Self {
+        let min = (c.min_frac * max).floor().max(1.0);
         AimdParams {
             max,
             min,
             init: min,
-            inc: 1.02,
-            dec: 0.97,
-            pressure_frac: 0.9,
-            slack_frac: 0.7,
-            abs: 5.0,
+            inc: c.inc,
+            dec: c.dec,
+            pressure_frac: c.pressure_frac,
+            slack_frac: c.slack_frac,
+            abs: c.abs,
             hold_when_idle: true,
             use_ttft: true,
         }
@@ -93,7 +133,8 @@ pub fn step(p: &AimdParams, t: &TickInput) -> (Option<f64>, Step) {
     };
     let cur = t.current.unwrap_or(p.init);
     let conc = t.in_flight;
-    let desired = (conc / 0.8).max(conc + p.abs);
+    let mid = (p.pressure_frac + p.slack_frac) / 2.0;
+    let desired = (conc / mid).max(conc + p.abs);
     let slow = t.tps_floor.is_some_and(|floor| tps < floor);
     let late = p.use_ttft && matches!((t.ttft, t.ttft_limit), (Some(v), Some(limit)) if v > limit);
     let (next, why) = if slow || late {
@@ -147,6 +188,38 @@ mod tests {
         assert_eq!(
             (p.inc, p.dec, p.pressure_frac, p.slack_frac, p.abs),
             (1.02, 0.97, 0.9, 0.7, 5.0)
+        );
+    }
+
+    #[test]
+    fn the_coefficients_a_route_sets_replace_the_seeds() {
+        let c = Coefficients {
+            inc: 1.5,
+            dec: 0.5,
+            pressure_frac: 0.5,
+            slack_frac: 0.25,
+            abs: 0.0,
+            min_frac: 0.25,
+        };
+        let p = AimdParams::with(64.0, &c);
+        assert_eq!((p.min, p.init), (16.0, 16.0));
+        let slow = TickInput {
+            current: Some(40.0),
+            tps: Some(5.0),
+            ..healthy(10.0)
+        };
+        assert_eq!(step(&p, &slow), (Some(20.0), Step::Overload));
+        // In flight at half the limit is pressure now (not at 0.9), and the
+        // load needs 20 / 0.375 slots with no absolute headroom.
+        let pressed = TickInput {
+            current: Some(40.0),
+            ..healthy(20.0)
+        };
+        assert_eq!(step(&p, &pressed), (Some(20.0 / 0.375), Step::Pressure));
+        // Control: the seed's coefficients see no pressure in the same tick.
+        assert_eq!(
+            step(&AimdParams::for_max(64.0), &pressed),
+            (Some(40.0), Step::Steady)
         );
     }
 

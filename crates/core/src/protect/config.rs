@@ -3,6 +3,7 @@
 //! which limit a gate holds its EWMA against. `config` builds them;
 //! `RouteProtection` (`route.rs`) applies them.
 
+use super::aimd::Coefficients;
 use super::limits::{judge_table, Direction, Judged, LimitSource, MetricLimit};
 use super::meter::{MeterConfig, Reading};
 use std::time::Duration;
@@ -25,8 +26,9 @@ pub struct Protection {
     pub load_rate_limit: Option<bool>,
     /// Adaptive concurrency: the pool's limit moves by AIMD between its
     /// bounds (opt-in; while on, the decode-rate floor steers it and sheds
-    /// nothing itself).
-    pub adaptive: Option<AdaptiveConfig>,
+    /// nothing itself). Kept, validated, while off: `/_route_opts` shows
+    /// what the route set. Read through [`Protection::adaptive_on`].
+    pub adaptive: AdaptiveConfig,
     /// Session turn priority: the gates grade by turn bucket.
     pub session_prio: SessionPrio,
     /// Requests per `probe_window` that pass a tripped gate.
@@ -34,24 +36,51 @@ pub struct Protection {
     pub probe_window: Duration,
 }
 
-/// The adaptive limit's settings that a route may set; the rest of the
-/// AIMD parameters keep the OpenResty gateway's values (`protect::aimd::AimdParams`).
+/// The adaptive limit's settings: its switch, bounds and start point, and
+/// the AIMD internals (the OpenResty gateway's values unless the route sets
+/// them).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdaptiveConfig {
-    /// Floor in slots; default `max(1, floor(0.4 × static max))` per pool.
+    pub enabled: bool,
+    /// Floor in slots; default `max(1, floor(min_frac × static max))` per pool.
     pub min: Option<f64>,
     /// Start point in slots, or as a fraction of the static max.
     pub init: Option<f64>,
     pub init_frac: Option<f64>,
     pub hold_when_idle: bool,
     pub use_ttft: bool,
+    pub coefficients: Coefficients,
+    /// A limit not moved for this long starts again at init, unless the
+    /// route holds it when idle.
+    pub ttl_ms: u64,
+    /// Time between two steps.
+    pub interval_ms: u64,
+}
+
+/// The OpenResty gateway's: 300 s without a step expires a limit.
+pub const DEFAULT_ADAPTIVE_TTL_MS: u64 = 300_000;
+
+impl Default for AdaptiveConfig {
+    fn default() -> Self {
+        AdaptiveConfig {
+            enabled: false,
+            min: None,
+            init: None,
+            init_frac: None,
+            hold_when_idle: true,
+            use_ttft: true,
+            coefficients: Coefficients::default(),
+            ttl_ms: DEFAULT_ADAPTIVE_TTL_MS,
+            interval_ms: MeterConfig::default().tps_window_ms,
+        }
+    }
 }
 
 impl AdaptiveConfig {
     /// The AIMD parameters for a pool whose static limit is `max`. An init
     /// outside `[min, max]` falls back to `min`.
     pub fn params(&self, max: f64) -> super::aimd::AimdParams {
-        let mut p = super::aimd::AimdParams::for_max(max);
+        let mut p = super::aimd::AimdParams::with(max, &self.coefficients);
         if let Some(min) = self.min {
             p.min = min.clamp(1.0, max.max(1.0));
         }
@@ -77,6 +106,11 @@ pub struct SessionPrio {
 }
 
 impl Protection {
+    /// The adaptive limit's settings when the route turned it on.
+    pub fn adaptive_on(&self) -> Option<&AdaptiveConfig> {
+        Some(&self.adaptive).filter(|a| a.enabled)
+    }
+
     /// The static TTFT limit for `model`: its own, else the route's.
     pub fn ttft_limit_for(&self, model: Option<&str>) -> (f64, LimitSource) {
         model

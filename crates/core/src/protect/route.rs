@@ -29,10 +29,6 @@ pub struct AdaptivePool {
     pub last_step: Option<Step>,
 }
 
-/// An adaptive limit not moved for this long starts again at init, unless
-/// the route holds it when idle.
-const ADAPTIVE_TTL_MS: u64 = 300_000;
-
 /// The runtime overrides of a route's TTFT limit and decode-rate floor
 /// (`/_ttft_limit?ms=`, `/_tps_limit?tps=`), until they expire.
 #[derive(Debug, Default)]
@@ -135,7 +131,7 @@ impl RouteProtection {
         }
         // An adaptive route answers a slow decode rate with a lower limit,
         // not with decode-rate 429s.
-        if req.switches.tps_sheds && cfg.adaptive.is_none() {
+        if req.switches.tps_sheds && cfg.adaptive_on().is_none() {
             let tps = cfg.judge_tps(&reading, self.overrides.tps.get(now))?;
             if tps.tripped(Direction::Below, first_tol) {
                 return Some((Gate::Tps, tps));
@@ -223,7 +219,7 @@ impl RouteProtection {
 
     /// Notes a concurrency refusal for the pool's next tick.
     pub fn count_adaptive_refusal(&self, cfg: &Protection, pool: &str) {
-        if cfg.adaptive.is_some() {
+        if cfg.adaptive_on().is_some() {
             let mut pools = self.adaptive.lock();
             pools.entry(pool.to_string()).or_default().rejected += 1;
         }
@@ -257,15 +253,15 @@ impl RouteProtection {
     /// The adaptive limit in force for pool `label` whose static limit is
     /// `max`, when the route has one.
     pub fn adaptive_limit(&self, cfg: &Protection, label: &str, max: f64) -> Option<f64> {
-        let params = cfg.adaptive?.params(max);
+        let params = cfg.adaptive_on()?.params(max);
         let state = self.adaptive.lock().get(label).copied();
         Some(state.and_then(|s| s.current).unwrap_or(params.init))
     }
 
     /// One AIMD step for every pool (the route's sweeper calls it every
-    /// `protection.tps.window`).
+    /// `protection.adaptive.interval`).
     pub fn tick(&self, cfg: &Protection, pools: &[PoolLoad], now_ms: u64) {
-        let Some(adaptive) = cfg.adaptive else {
+        let Some(adaptive) = cfg.adaptive_on() else {
             return;
         };
         for pool in pools {
@@ -276,7 +272,7 @@ impl RouteProtection {
             let mut states = self.adaptive.lock();
             let state = states.entry(pool.label.to_string()).or_default();
             let expired = !params.hold_when_idle
-                && now_ms.saturating_sub(state.updated_ms) >= ADAPTIVE_TTL_MS;
+                && now_ms.saturating_sub(state.updated_ms) >= adaptive.ttl_ms;
             let model = (pool.label != "_").then_some(pool.label);
             let ttft = cfg.judge_ttft(&reading, model, self.overrides.ttft_ms.get(now_ms));
             let tps = cfg.judge_tps(&reading, self.overrides.tps.get(now_ms));
@@ -333,7 +329,7 @@ mod tests {
             ttft_metrics: None,
             tps_metrics: None,
             load_rate_limit: None,
-            adaptive: None,
+            adaptive: Default::default(),
             session_prio: SessionPrio {
                 enabled: false,
                 table: crate::protect::prio::default_table(0.85, 32, 1.5),
