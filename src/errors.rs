@@ -117,6 +117,17 @@ impl ErrorResponse {
         .retry_after(5)
     }
 
+    /// A route with no peers at all (none listed, none found yet): the same
+    /// 503 as a route whose peers are all down, saying why.
+    pub fn no_peers(route: &str) -> Self {
+        Self::new(
+            503,
+            "no_healthy_upstream",
+            format!("route {route:?} has no peers (none listed, none found yet)"),
+        )
+        .retry_after(5)
+    }
+
     pub fn upstream_failed(message: impl Into<String>) -> Self {
         Self::new(502, "upstream_error", message)
     }

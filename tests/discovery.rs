@@ -702,3 +702,44 @@ fn a_reload_that_adds_a_named_peer_has_it_looked_up_at_once() {
         (peers(&gw).get(1)?.1.as_deref() == Some(&format!("127.0.0.2:{port}"))).then_some(())
     });
 }
+
+/// A `peers_from` name with no address at start (a Service with no ready
+/// pod yet): the route loads, answers 503, and serves once the name has an
+/// address, with no reload. Control: a name that resolves at start serves
+/// at once.
+#[test]
+fn a_peers_from_name_with_no_address_yet_answers_503_until_it_has_one() {
+    let (_cluster, port) = engines_at(&[2]);
+    let dns = Dnsmasq::start(&[("ready.test", ip(2))]);
+    let route = |name: &str| format!("peers_from: {{dns: {name}, port: {port}}}\n");
+    let gw = Gateway::start_with(
+        &[("chat", route("later.test")), ("ready", route("ready.test"))],
+        GatewayOptions {
+            extra_config: dns.gateway_config(),
+            ..Default::default()
+        },
+    );
+    let ask = |route: &str| {
+        http::post_json(
+            gw.addr,
+            &format!("/{route}/v1/chat/completions"),
+            &[],
+            &chat_body("s", "hi", false),
+        )
+    };
+    let r = ask("chat");
+    assert_eq!(r.status(), 503, "{}", r.text());
+    let error = &r.json()["error"];
+    assert_eq!(error["type"], "no_healthy_upstream", "{error}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| m.contains("has no peers")),
+        "{error}"
+    );
+    assert_eq!(ask("ready").status(), 200, "control: a resolved name serves");
+    let reloads = gw.reloads(&[]);
+    dns.set(&[("ready.test", ip(2)), ("later.test", ip(2))]);
+    wait_for("the name's pod to serve", DEADLINE, || {
+        (ask("chat").status() == 200).then_some(())
+    });
+    assert_eq!(gw.reloads(&[]), reloads, "no reload was needed");
+}

@@ -456,7 +456,7 @@ fn check_reports_file_line_and_reason() {
     let cases = [
         ("unknown key", "peers:\n  - {name: a, host: h, port: 1}\nbalancng: {}\n", "bad.yaml:3", "balancng"),
         ("wrong type", "peers:\n  - {name: a, host: h, port: 1, max_concurrency: lots}\n", "bad.yaml:2", "invalid type"),
-        ("missing peers", "balancing: {mode: hash}\n", "bad.yaml", "at least one peer"),
+        ("pool of unknown peers", "peers_by_model: {m: [a]}\n", "bad.yaml:1", "unknown peer"),
         ("port range", "peers:\n  - {name: a, host: h, port: 1}\n  - {name: b, host: h, port: 99999}\n", "bad.yaml:3", "out of range"),
         ("duplicate peer", "peers:\n  - {name: a, host: h, port: 1}\n  - {name: a, host: h, port: 2}\n", "bad.yaml:3", "duplicate"),
         ("affinity needs mode", "peers:\n  - {name: a, host: h, port: 1}\nbalancing:\n  mode: least_conn\n  session_affinity: {headers: [x-a]}\n", "bad.yaml:5", "requires mode"),
@@ -499,6 +499,69 @@ fn check_warns_on_a_flat_protection_key_with_its_place_under_protection() {
             && text.contains("r.yaml: ttft_limit_ms (line 3) is deprecated: write it as protection.ttft.limit_ms"),
         "{text}"
     );
+}
+
+/// A route with no peers loads, as the OpenResty gateway's does, and
+/// answers 503 until a reload gives it one; `check` warns that it has none.
+/// Control: the same route with a peer serves at once.
+#[test]
+fn an_empty_route_answers_503_until_a_reload_gives_it_a_peer() {
+    let cluster = engines(1);
+    let with_peer = route_yaml(&ports(&cluster), "");
+    let gw = Gateway::start(&[
+        ("empty", "peers: []\n".into()),
+        ("bare", "health: {interval: 1s}\n".into()),
+        ("full", with_peer.clone()),
+    ]);
+    for route in ["empty", "bare"] {
+        let r = chat(&gw, route);
+        assert_eq!(r.status(), 503, "{route}: {}", r.text());
+        assert_eq!(r.header("retry-after"), Some("5"));
+        let error = &r.json()["error"];
+        assert_eq!(error["type"], "no_healthy_upstream", "{error}");
+        assert!(
+            error["message"].as_str().is_some_and(|m| m.contains("no peers")),
+            "{error}"
+        );
+    }
+    let log = gw.log();
+    assert!(
+        log.contains("empty.yaml: the route has no peers"),
+        "warned at load:\n{log}"
+    );
+    assert_eq!(chat(&gw, "full").status(), 200, "control: a peer serves");
+    // Its read endpoints and the dashboard answer as for any route.
+    for endpoint in [
+        "_route_state",
+        "_health_status",
+        "_route_opts",
+        "_tps_status",
+        "_cluster_avg",
+        "_sessions",
+    ] {
+        let r = http::get(gw.addr, &format!("/empty/{endpoint}"));
+        assert_eq!(r.status(), 200, "{endpoint}: {}", r.text());
+    }
+    assert_eq!(http::get(gw.admin, "/dashboard.json").status(), 200);
+
+    gw.write_route("empty", &with_peer);
+    gw.reload();
+    let r = chat(&gw, "empty");
+    assert_eq!(r.status(), 200, "{}", r.text());
+
+    let (dir, routes) = check_dir();
+    std::fs::write(routes.join("empty.yaml"), "peers: []\n").unwrap();
+    let (ok, text) = check(dir.path());
+    assert!(ok, "a warning, not an error: {text}");
+    assert!(
+        text.contains("warning: ") && text.contains("empty.yaml: the route has no peers"),
+        "{text}"
+    );
+    assert!(text.contains("ok: route empty (0 peers listed)"), "{text}");
+    // Control: a route with a peer gets no such warning.
+    std::fs::write(routes.join("empty.yaml"), &with_peer).unwrap();
+    let (ok, text) = check(dir.path());
+    assert!(ok && !text.contains("no peers"), "{text}");
 }
 
 #[test]

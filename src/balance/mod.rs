@@ -121,9 +121,11 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
     let now = now_ms();
     let cands = candidates(route, pool, now);
     if cands.is_empty() {
-        return Err(Refusal::NoReadyPeer(ErrorResponse::no_ready_peer(
-            route.name(),
-        )));
+        return Err(Refusal::NoReadyPeer(if route.peers.is_empty() {
+            ErrorResponse::no_peers(route.name())
+        } else {
+            ErrorResponse::no_ready_peer(route.name())
+        }));
     }
     let adaptive = route.adaptive_limit(label, pool);
     if adaptive.is_some() || share < 1.0 {

@@ -89,7 +89,7 @@ const fn hidden(o: RouteOption) -> RouteOption {
 use OptionDefault::{Literal as L, Note as N};
 
 pub const ROUTE_OPTIONS: &[RouteOption] = &[
-    opt("peers", "Peers", "peers", Kind::List, N("required"), "the engines: {name, host, port}, at least one"),
+    opt("peers", "Peers", "peers", Kind::List, N("none"), "the engines: {name, host, port}; with none (and no peers_from) the route loads with a warning and answers 503 until a reload gives it some"),
     opt("peers[].priority", "Tier", "peers", Kind::Integer, L("0"), "lower is preferred; a higher tier takes traffic only when the lower one is down"),
     opt("peers[].max_concurrency", "Max concurrency", "peers", Kind::Integer, L("64"), "requests in flight to this peer at most; unset, a llama.cpp engine's own slots (its /props total_slots) when it says, else 64"),
     hidden(opt("peers[].probe_path", "Probe path", "peers", Kind::Text, N("health.probe_path"), "this peer's own health probe path")),

@@ -93,14 +93,6 @@ fn wrong_type_reports_line() {
 }
 
 #[test]
-fn missing_peers_rejected() {
-    let e = route("balancing: {mode: hash}\n").unwrap_err();
-    assert!(e.message.contains("at least one peer"), "{e}");
-    let e = route("peers: []\n").unwrap_err();
-    assert_eq!(e.line, Some(1), "{e}");
-}
-
-#[test]
 fn port_out_of_range_points_at_the_peer() {
     let e = route(
         "peers:\n  - {name: a, host: h, port: 1}\n  - name: b\n    host: h\n    port: 70000\n",
@@ -739,9 +731,26 @@ fn peers_from_errors_name_what_is_wrong() {
         let e = route(text).expect_err(text).to_string();
         assert!(e.contains(says), "{text}: {e}");
     }
-    // Control: without peers_from, no peers is still an error.
-    let e = route("balancing: {mode: hash}\n").unwrap_err().to_string();
-    assert!(e.contains("at least one peer, or peers_from"), "{e}");
+}
+
+#[test]
+fn a_route_without_peers_loads_with_a_warning_that_it_has_none() {
+    for text in ["balancing: {mode: hash}\n", "peers: []\n", "peers:\n"] {
+        let r = route(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert!(r.peers.is_empty(), "{text}");
+        assert!(
+            r.warnings.iter().any(|w| w.starts_with("the route has no peers")),
+            "{text}: {:?}",
+            r.warnings
+        );
+    }
+    // Control: peers listed, or peers_from to find them, warn of nothing.
+    assert!(route(MINIMAL).unwrap().warnings.is_empty());
+    let found = route("peers_from: {dns: pool.test, port: 80}\n").unwrap();
+    assert!(found.warnings.is_empty(), "{:?}", found.warnings);
+    // A pool still names peers that exist.
+    let e = route("peers_by_model: {m: [a]}\n").unwrap_err();
+    assert!(e.message.contains("unknown peer \"a\""), "{e}");
 }
 
 #[test]

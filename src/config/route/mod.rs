@@ -164,7 +164,7 @@ impl RouteConfig {
         let mut warnings = Vec::new();
         let protection = parse_protection(&at, &file.protection, &mut warnings)?;
         let peers_from = parse_peers_from(&at, file.peers_from)?;
-        let peers = parse_peers(&at, file.peers, peers_from.is_some())?;
+        let peers = parse_peers(&at, file.peers, peers_from.is_some(), &mut warnings)?;
         if peers_from.is_some() && file.peers_by_model.is_some() {
             return Err(at.at_key(
                 "peers_by_model",

@@ -10,21 +10,22 @@ use crate::config::ConfigError;
 use crate::discovery::kubernetes::{KubernetesSource, PortRef};
 use std::collections::BTreeMap;
 
+/// The listed peers. None listed and no `peers_from` is not an error: the
+/// route loads and answers 503 until a reload gives it some, as the
+/// OpenResty gateway degrades an empty route (a route file written ahead of
+/// its engines); the warning says so at load and in `check`.
 pub(super) fn parse_peers(
     at: &Locator,
     raw: Option<Vec<PeerFile>>,
     discovered: bool,
+    warnings: &mut Vec<String>,
 ) -> Result<Vec<PeerConfig>, ConfigError> {
-    let raw_peers = match raw {
-        Some(p) if !p.is_empty() => p,
-        _ if discovered => Vec::new(),
-        _ => {
-            return Err(at.at_key(
-                "peers",
-                "peers: a route needs at least one peer, or peers_from".into(),
-            ))
-        }
-    };
+    let raw_peers = raw.unwrap_or_default();
+    if raw_peers.is_empty() && !discovered {
+        warnings.push(
+            "the route has no peers: it answers 503 (no_healthy_upstream) until a reload lists some under peers (or peers_from finds them)".into(),
+        );
+    }
     let mut peers: Vec<PeerConfig> = Vec::with_capacity(raw_peers.len());
     for (i, p) in raw_peers.into_iter().enumerate() {
         let line = at.line(&format!("peers[{i}]"));
