@@ -172,12 +172,7 @@ impl KeySet {
     /// reinterpreted; warnings never contain key text.
     pub fn parse(text: &str) -> (KeySet, Vec<String>) {
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let mut entries: Vec<KeyEntry> = Vec::new();
-        let mut warnings = Vec::new();
-        // Where each key was first seen and who owns it, so a duplicate's
-        // warning can point at the original without quoting the key.
-        let mut first_seen: HashMap<[u8; 32], (String, usize)> = HashMap::new();
-
+        let mut built = Builder::default();
         for (line_index, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -190,59 +185,35 @@ impl KeySet {
                 }
                 let location = format!("line {}, entry {}", line_index + 1, entry_index + 1);
                 let (key, owner) = match entry.split_once(':') {
-                    Some((key, owner)) => (key.trim(), owner.trim()),
+                    Some((key, owner)) => (key.trim(), Some(owner.trim())),
                     None => {
-                        warnings.push(format!(
+                        built.warnings.push(format!(
                             "{location}: no ':' separator; accepted as a key with owner \"{UNKNOWN_OWNER}\""
                         ));
-                        (entry, "")
+                        (entry, None)
                     }
                 };
-                if key.is_empty() {
-                    warnings.push(format!("{location}: empty key; entry ignored"));
-                    continue;
-                }
-                if !key.bytes().all(|byte| byte.is_ascii_graphic()) {
-                    warnings.push(format!(
-                        "{location} (owner \"{owner}\"): key contains whitespace or characters other than printable ASCII; entry ignored"
-                    ));
-                    continue;
-                }
-                let owner = if owner.is_empty() {
-                    if entry.contains(':') {
-                        warnings.push(format!(
-                            "{location}: empty owner; recorded as \"{UNKNOWN_OWNER}\""
-                        ));
-                    }
-                    UNKNOWN_OWNER
-                } else {
-                    owner
-                };
-                let digest = sha256::digest(key.as_bytes());
-                if let Some((original, kept_index)) = first_seen.get(&digest) {
-                    let kept_owner = entries
-                        .get(*kept_index)
-                        .map_or(UNKNOWN_OWNER, |e| e.owner.as_str());
-                    warnings.push(format!(
-                        "{location}: same key as {original}; the first owner (\"{kept_owner}\") is kept"
-                    ));
-                    continue;
-                }
-                let placeholder = key == PLACEHOLDER_KEY;
-                if placeholder {
-                    warnings.push(format!(
-                        "{location} (owner \"{owner}\"): the documented placeholder key is never accepted; put real keys in this file"
-                    ));
-                }
-                first_seen.insert(digest, (location, entries.len()));
-                entries.push(KeyEntry {
-                    digest,
-                    owner: owner.to_string(),
-                    placeholder,
-                });
+                built.add(location, key, owner);
             }
         }
-        (KeySet { entries }, warnings)
+        (built.set, built.warnings)
+    }
+
+    /// The keys of an inline `{key: owner}` table (the OpenResty gateway's
+    /// per-route `api_keys`), each entry checked as a file's is; warnings
+    /// name an entry by its place and owner, never its key.
+    pub fn from_table<'a>(
+        table: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> (KeySet, Vec<String>) {
+        let mut built = Builder::default();
+        for (index, (key, owner)) in table.into_iter().enumerate() {
+            built.add(
+                format!("entry {}", index + 1),
+                key.trim(),
+                Some(owner.trim()),
+            );
+        }
+        (built.set, built.warnings)
     }
 
     /// The keys that can match (the placeholder is not one).
@@ -286,6 +257,67 @@ impl KeySet {
             .ok()
             .and_then(|index| self.entries.get(index))
             .map(|entry| entry.owner.as_str())
+    }
+}
+
+/// A key set as its entries are added, with what was said about them.
+#[derive(Default)]
+struct Builder {
+    set: KeySet,
+    warnings: Vec<String>,
+    /// Where each key was first seen and at which index, so a duplicate's
+    /// warning can point at the original without quoting the key.
+    first_seen: HashMap<[u8; 32], (String, usize)>,
+}
+
+impl Builder {
+    /// One entry at `location`; `owner` is `None` when the entry named none.
+    fn add(&mut self, location: String, key: &str, owner: Option<&str>) {
+        if key.is_empty() {
+            self.warnings
+                .push(format!("{location}: empty key; entry ignored"));
+            return;
+        }
+        let owner_text = owner.unwrap_or("");
+        if !key.bytes().all(|byte| byte.is_ascii_graphic()) {
+            self.warnings.push(format!(
+                "{location} (owner \"{owner_text}\"): key contains whitespace or characters other than printable ASCII; entry ignored"
+            ));
+            return;
+        }
+        let owner = match owner {
+            Some("") => {
+                self.warnings.push(format!(
+                    "{location}: empty owner; recorded as \"{UNKNOWN_OWNER}\""
+                ));
+                UNKNOWN_OWNER
+            }
+            Some(owner) => owner,
+            None => UNKNOWN_OWNER,
+        };
+        let digest = sha256::digest(key.as_bytes());
+        let entries = &mut self.set.entries;
+        if let Some((original, kept_index)) = self.first_seen.get(&digest) {
+            let kept_owner = entries
+                .get(*kept_index)
+                .map_or(UNKNOWN_OWNER, |e| e.owner.as_str());
+            self.warnings.push(format!(
+                "{location}: same key as {original}; the first owner (\"{kept_owner}\") is kept"
+            ));
+            return;
+        }
+        let placeholder = key == PLACEHOLDER_KEY;
+        if placeholder {
+            self.warnings.push(format!(
+                "{location} (owner \"{owner}\"): the documented placeholder key is never accepted; put real keys in this file"
+            ));
+        }
+        self.first_seen.insert(digest, (location, entries.len()));
+        entries.push(KeyEntry {
+            digest,
+            owner: owner.to_string(),
+            placeholder,
+        });
     }
 }
 

@@ -520,7 +520,9 @@ fn an_empty_route_answers_503_until_a_reload_gives_it_a_peer() {
         let error = &r.json()["error"];
         assert_eq!(error["type"], "no_healthy_upstream", "{error}");
         assert!(
-            error["message"].as_str().is_some_and(|m| m.contains("no peers")),
+            error["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("no peers")),
             "{error}"
         );
     }
@@ -562,6 +564,87 @@ fn an_empty_route_answers_503_until_a_reload_gives_it_a_peer() {
     std::fs::write(routes.join("empty.yaml"), &with_peer).unwrap();
     let (ok, text) = check(dir.path());
     assert!(ok && !text.contains("no peers"), "{text}");
+}
+
+/// The OpenResty gateway's names for options this gateway keeps elsewhere
+/// load, take effect and are warned about with their new key; the inline
+/// key table, which has no exact equivalent, says what is closest.
+/// Control: a key neither gateway knows is still refused with its line.
+#[test]
+fn the_openresty_option_names_load_take_effect_and_warn_naming_the_new_key() {
+    let cluster = engines(1);
+    let old_names = format!(
+        "{}health_check_interval: 7\nhealth_ban_ttl: 90\nhealth_probe_path: /v1/models\n\
+         cross_tier_fallback: true\napi_keys: {{sk-inline-one: alice, sk-inline-two: bob}}\n",
+        route_yaml(&ports(&cluster), "")
+    );
+    let gw = Gateway::start(&[("chat", old_names.clone())]);
+    let health = http::get(gw.addr, "/chat/_health_status").json();
+    let probe = &health["probe"];
+    assert_eq!(
+        (
+            &probe["interval_ms"],
+            &probe["ban_ttl_ms"],
+            &probe["probe_path"]
+        ),
+        (&json!(7000), &json!(90000), &json!("/v1/models")),
+        "{health}"
+    );
+    assert_eq!(health["_meta"]["key_file_scope"], "route", "{health}");
+    assert_eq!(health["_meta"]["keys"], 2, "{health}");
+    let opts = http::get(gw.addr, "/chat/_route_opts").json();
+    let fallback = opts["options"]
+        .as_array()
+        .and_then(|o| {
+            o.iter()
+                .find(|x| x["key"] == "balancing.cross_tier_fallback")
+                .cloned()
+        })
+        .expect("cross_tier_fallback");
+    assert_eq!(
+        (
+            &fallback["value"],
+            &fallback["set_by_route"],
+            &fallback["formerly"]
+        ),
+        (&json!(true), &json!(true), &json!("cross_tier_fallback")),
+        "{fallback}"
+    );
+    // The inline keys are the route's keys: none is refused, one of them
+    // is let in (the shared key file is missing: open without them).
+    assert_eq!(chat(&gw, "chat").status(), 401);
+    let keyed = http::post_json(
+        gw.addr,
+        "/chat/v1/chat/completions",
+        &[("authorization", "Bearer sk-inline-two")],
+        &chat_body("s", "hi", false),
+    );
+    assert_eq!(keyed.status(), 200, "{}", keyed.text());
+    let log = gw.log();
+    for (old, line, new) in [
+        ("health_check_interval", 3, "health.interval"),
+        ("health_ban_ttl", 4, "health.ban_ttl"),
+        ("health_probe_path", 5, "health.probe_path"),
+        ("cross_tier_fallback", 6, "balancing.cross_tier_fallback"),
+        ("api_keys", 7, "api_keys_file"),
+    ] {
+        let notice = format!("chat.yaml: {old} (line {line}) is deprecated: write it as {new}");
+        assert!(log.contains(&notice), "{notice}:\n{log}");
+    }
+    assert!(
+        log.contains("no exact equivalent"),
+        "the inexact ones say so:\n{log}"
+    );
+
+    // Control: a misspelt key is refused with its line; the route keeps
+    // its last good version.
+    gw.write_route("chat", &format!("{old_names}health_check_intervals: 5\n"));
+    gw.reload();
+    assert!(gw.log().contains("chat.yaml:8"), "{}", gw.log());
+    assert_eq!(
+        http::get(gw.addr, "/chat/_health_status").json()["probe"]["interval_ms"],
+        7000
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! probe allowances, the fine print of session priority) are `hidden`:
 //! still settable, served under `advanced` rather than offered first.
 
-use super::file::FLAT_PROTECTION_KEYS;
+use super::file::FORMER_KEYS;
 use super::route::RouteConfig;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -325,13 +325,13 @@ fn protection_values(p: &crate::config::Protection) -> Value {
 }
 
 /// The value `key` has in `values` (a dotted key, or `peers[].x`: one per
-/// peer; a flat protection key names its place under `protection:`);
+/// peer; a former key names its place now);
 /// `null` for a key the view does not hold.
 pub fn lookup(values: &Value, key: &str) -> Value {
-    let key = FLAT_PROTECTION_KEYS
+    let key = FORMER_KEYS
         .iter()
-        .find(|(flat, _)| *flat == key)
-        .map_or(key, |(_, nested)| nested);
+        .find(|f| f.old == key)
+        .map_or(key, |f| f.new);
     if key == "peers" {
         // The peers' addresses, not their every field (those have keys).
         let peers = values["peers"].as_array().into_iter().flatten();
@@ -354,12 +354,10 @@ pub fn effective(route: &RouteConfig, key: &str) -> Value {
     lookup(&values(route), key)
 }
 
-/// The flat spelling a key had before `protection:`, if it had one.
+/// The name a key had before (the OpenResty gateway's, or the first flat
+/// spelling of the protection keys), if it had one.
 pub fn formerly(key: &str) -> Option<&'static str> {
-    FLAT_PROTECTION_KEYS
-        .iter()
-        .find(|(_, nested)| *nested == key)
-        .map(|(flat, _)| *flat)
+    FORMER_KEYS.iter().find(|f| f.new == key).map(|f| f.old)
 }
 
 /// One option as `/_route_opts` serves it.

@@ -72,8 +72,10 @@ pub(super) struct RouteFile {
     pub peers_from: Option<PeersFromFile>,
     pub peers_by_model: Option<BTreeMap<String, Vec<String>>>,
     pub max_body_size: Option<Size>,
-    pub balancing: Option<BalancingFile>,
-    pub health: Option<HealthFile>,
+    #[serde(default)]
+    pub balancing: BalancingFile,
+    #[serde(default)]
+    pub health: HealthFile,
     pub engine_metrics: Option<EngineMetricsFile>,
     pub timeouts: Option<TimeoutsFile>,
     pub routed_headers: Option<Flag>,
@@ -132,6 +134,14 @@ pub(super) struct RouteFile {
     pub session_prio_table: Option<Vec<PrioBucketFile>>,
     pub rt_limit_factor: Option<f64>,
     pub engine_api_key_file: Option<PathBuf>,
+    // The OpenResty gateway's names for options kept elsewhere here, read
+    // so that its route files move over: `adopt_former_keys` moves each to
+    // its place, and the inline key table is read apart (`FORMER_KEYS`).
+    pub health_check_interval: Option<Dur>,
+    pub health_ban_ttl: Option<Dur>,
+    pub health_probe_path: Option<String>,
+    pub cross_tier_fallback: Option<Flag>,
+    pub api_keys: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -329,31 +339,57 @@ pub(super) struct SessionPrioFile {
     pub rt_limit_factor: Option<f64>,
 }
 
-/// Pairs each flat protection key of `RouteFile` with its place under
-/// `protection:`, once, for both the table that `check` and `/_route_opts`
-/// name them from and the move into `ProtectionFile`.
-macro_rules! flat_protection_keys {
-    ($($flat:ident => $($path:ident).+;)*) => {
-        /// Each flat key and its place now, as written in a route file.
-        pub const FLAT_PROTECTION_KEYS: &[(&str, &str)] = &[
-            $((stringify!($flat), concat!("protection" $(, ".", stringify!($path))+)),)*
+/// A key the OpenResty gateway's route files, or this gateway's first flat
+/// format, spell otherwise, and its place now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FormerKey {
+    pub old: &'static str,
+    /// Dotted, as written in a route file.
+    pub new: &'static str,
+    /// When `new` is not the same option but the closest there is: how it
+    /// differs, for the deprecation warning.
+    pub unlike: Option<&'static str>,
+}
+
+/// Pairs each former key of `RouteFile` with its place now, once, for both
+/// the table that `check` and `/_route_opts` name them from and the move
+/// into the nested sections. `moved` keys take the same value at their new
+/// place; `read_apart` ones are read by the route's parser (their value has
+/// another shape there).
+macro_rules! former_keys {
+    (
+        moved { $($old:ident => $first:ident $(. $rest:ident)* $(, unlike $note:literal)?;)* }
+        read_apart { $($apart:ident => $apart_new:ident, unlike $apart_note:literal;)* }
+    ) => {
+        /// Every former key and its place now.
+        pub const FORMER_KEYS: &[FormerKey] = &[
+            $(FormerKey {
+                old: stringify!($old),
+                new: concat!(stringify!($first) $(, ".", stringify!($rest))*),
+                unlike: former_keys!(@note $($note)?),
+            },)*
+            $(FormerKey {
+                old: stringify!($apart),
+                new: stringify!($apart_new),
+                unlike: Some($apart_note),
+            },)*
         ];
 
         impl RouteFile {
-            /// Moves every flat key the file wrote to its place under
-            /// `protection:`, returning the (flat, nested) pairs it moved;
-            /// `Err` names the first key written both ways.
-            pub(super) fn adopt_flat_keys(
+            /// Moves every `moved` former key the file wrote to its place,
+            /// returning the (old, new) pairs it moved; `Err` names the first
+            /// key written both ways.
+            pub(super) fn adopt_former_keys(
                 &mut self,
             ) -> Result<Vec<(&'static str, &'static str)>, (&'static str, &'static str)> {
                 let mut moved = Vec::new();
                 $(
-                    if let Some(v) = self.$flat.take() {
+                    if let Some(v) = self.$old.take() {
                         let names = (
-                            stringify!($flat),
-                            concat!("protection" $(, ".", stringify!($path))+),
+                            stringify!($old),
+                            concat!(stringify!($first) $(, ".", stringify!($rest))*),
                         );
-                        let slot = &mut self.protection $(.$path)+;
+                        let slot = &mut self.$first $(.$rest)*;
                         if slot.is_some() {
                             return Err(names);
                         }
@@ -365,46 +401,59 @@ macro_rules! flat_protection_keys {
             }
         }
     };
+    (@note) => { None };
+    (@note $note:literal) => { Some($note) };
 }
 
-flat_protection_keys! {
-    ttft_limit_ms => ttft.limit_ms;
-    ttft_limit_by_model => ttft.limit_by_model;
-    ttft_metrics => ttft.metrics;
-    ttft_window => ttft.window;
-    tps_limit_tps => tps.limit_tps;
-    tps_metrics => tps.metrics;
-    tps_window => tps.window;
-    tps_min_tokens => tps.min_tokens;
-    tps_min_decode_s => tps.min_decode_s;
-    ewma_alpha => ewma.alpha;
-    ewma_ttl => ewma.ttl;
-    probes => probes;
-    probe_window => probe_window;
-    load_rate_limit => rate_limit;
-    adaptive_cc => adaptive.enabled;
-    adaptive_cc_min => adaptive.min;
-    adaptive_cc_init => adaptive.init;
-    adaptive_cc_init_frac => adaptive.init_frac;
-    adaptive_cc_hold_when_idle => adaptive.hold_when_idle;
-    adaptive_cc_use_ttft => adaptive.use_ttft;
-    adaptive_cc_inc => adaptive.inc;
-    adaptive_cc_dec => adaptive.dec;
-    adaptive_cc_pressure_frac => adaptive.pressure_frac;
-    adaptive_cc_slack_frac => adaptive.slack_frac;
-    adaptive_cc_abs => adaptive.abs;
-    adaptive_cc_min_frac => adaptive.min_frac;
-    adaptive_cc_ttl => adaptive.ttl;
-    adaptive_cc_interval => adaptive.interval;
-    session_prio => session_prio.enabled;
-    session_prio_r_new => session_prio.r_new;
-    session_prio_full_turn => session_prio.full_turn;
-    session_prio_severe => session_prio.severe;
-    session_prio_release => session_prio.release;
-    session_prio_t1_probes => session_prio.t1_probes;
-    session_prio_warn_frac => session_prio.warn_frac;
-    session_prio_table => session_prio.table;
-    rt_limit_factor => session_prio.rt_limit_factor;
+former_keys! {
+    moved {
+        ttft_limit_ms => protection.ttft.limit_ms;
+        ttft_limit_by_model => protection.ttft.limit_by_model;
+        ttft_metrics => protection.ttft.metrics;
+        ttft_window => protection.ttft.window;
+        tps_limit_tps => protection.tps.limit_tps;
+        tps_metrics => protection.tps.metrics;
+        tps_window => protection.tps.window;
+        tps_min_tokens => protection.tps.min_tokens;
+        tps_min_decode_s => protection.tps.min_decode_s;
+        ewma_alpha => protection.ewma.alpha;
+        ewma_ttl => protection.ewma.ttl;
+        probes => protection.probes;
+        probe_window => protection.probe_window;
+        load_rate_limit => protection.rate_limit;
+        adaptive_cc => protection.adaptive.enabled;
+        adaptive_cc_min => protection.adaptive.min;
+        adaptive_cc_init => protection.adaptive.init;
+        adaptive_cc_init_frac => protection.adaptive.init_frac;
+        adaptive_cc_hold_when_idle => protection.adaptive.hold_when_idle;
+        adaptive_cc_use_ttft => protection.adaptive.use_ttft;
+        adaptive_cc_inc => protection.adaptive.inc;
+        adaptive_cc_dec => protection.adaptive.dec;
+        adaptive_cc_pressure_frac => protection.adaptive.pressure_frac;
+        adaptive_cc_slack_frac => protection.adaptive.slack_frac;
+        adaptive_cc_abs => protection.adaptive.abs;
+        adaptive_cc_min_frac => protection.adaptive.min_frac;
+        adaptive_cc_ttl => protection.adaptive.ttl;
+        adaptive_cc_interval => protection.adaptive.interval;
+        session_prio => protection.session_prio.enabled;
+        session_prio_r_new => protection.session_prio.r_new;
+        session_prio_full_turn => protection.session_prio.full_turn;
+        session_prio_severe => protection.session_prio.severe;
+        session_prio_release => protection.session_prio.release;
+        session_prio_t1_probes => protection.session_prio.t1_probes;
+        session_prio_warn_frac => protection.session_prio.warn_frac;
+        session_prio_table => protection.session_prio.table;
+        rt_limit_factor => protection.session_prio.rt_limit_factor;
+        health_check_interval => health.interval;
+        health_ban_ttl => health.ban_ttl;
+        health_probe_path => health.probe_path;
+        cross_tier_fallback => balancing.cross_tier_fallback,
+            unlike "the OpenResty gateway's sends a request that failed on a tier (a 5xx or no connection) to the next tier at once; here a refused connection is retried on another ready peer, the next tier's once its own has none, whatever this option, and balancing.cross_tier_fallback lets a full tier spill into the next";
+    }
+    read_apart {
+        api_keys => api_keys_file,
+            unlike "keys are not written in a route file here; move them to a file of key:owner entries, one per line, and name it with api_keys_file (meanwhile these keys are the route's)";
+    }
 }
 
 /// The dotted keys a route file's text sets (`peers[].x` when any peer

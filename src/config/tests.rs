@@ -539,7 +539,11 @@ fn flat_protection_keys_load_as_their_place_under_protection() {
     assert!(nested.deprecations.is_empty(), "{:?}", nested.deprecations);
     assert_eq!(
         flat.deprecations.len(),
-        file::FLAT_PROTECTION_KEYS.len() - 3,
+        file::FORMER_KEYS
+            .iter()
+            .filter(|f| f.new.starts_with("protection."))
+            .count()
+            - 3,
         "one notice per flat key written (the file leaves out both metric tables and the bucket table)"
     );
     assert!(
@@ -549,6 +553,101 @@ fn flat_protection_keys_load_as_their_place_under_protection() {
         ),
         "{:?}",
         flat.deprecations
+    );
+}
+
+#[test]
+fn the_openresty_names_load_at_their_place_here_with_a_notice_naming_it() {
+    let old = route(&format!(
+        "{MINIMAL}health_check_interval: 7\nhealth_ban_ttl: 90\nhealth_probe_path: /ready\n\
+         cross_tier_fallback: true\n"
+    ))
+    .unwrap();
+    let new = route(&format!(
+        "{MINIMAL}health: {{interval: 7s, ban_ttl: 90s, probe_path: /ready}}\n\
+         balancing: {{cross_tier_fallback: true}}\n"
+    ))
+    .unwrap();
+    assert_eq!((&old.health, &old.balancing), (&new.health, &new.balancing));
+    // Control: the values are not the defaults.
+    let defaults = route(MINIMAL).unwrap();
+    assert_ne!(defaults.health, new.health);
+    assert_ne!(defaults.balancing, new.balancing);
+    assert!(new.deprecations.is_empty(), "{:?}", new.deprecations);
+    assert_eq!(
+        old.deprecations[..3],
+        [
+            "health_check_interval (line 4) is deprecated: write it as health.interval",
+            "health_ban_ttl (line 5) is deprecated: write it as health.ban_ttl",
+            "health_probe_path (line 6) is deprecated: write it as health.probe_path",
+        ]
+    );
+    assert!(
+        old.deprecations[3].starts_with(
+            "cross_tier_fallback (line 7) is deprecated: write it as balancing.cross_tier_fallback (no exact equivalent: "
+        ),
+        "{:?}",
+        old.deprecations
+    );
+    // Errors name the key as written, at its line.
+    let e = route(&format!("{MINIMAL}health_probe_path: ready\n")).unwrap_err();
+    assert_eq!(e.line, Some(4), "{e}");
+    assert!(
+        e.message
+            .starts_with("health_probe_path must start with '/'"),
+        "{e}"
+    );
+    let e = route(&format!(
+        "{MINIMAL}health: {{interval: 5s}}\nhealth_check_interval: 7\n"
+    ))
+    .unwrap_err();
+    assert_eq!(e.line, Some(5), "{e}");
+    assert!(
+        e.message
+            .contains("health_check_interval and health.interval are both set"),
+        "{e}"
+    );
+    // Control: a name neither gateway knows is still refused at its line.
+    let e = route(&format!("{MINIMAL}health_check_intervals: 7\n")).unwrap_err();
+    assert_eq!(e.line, Some(4), "{e}");
+    assert!(e.message.contains("health_check_intervals"), "{e}");
+}
+
+#[test]
+fn an_inline_key_table_is_the_routes_keys_with_a_notice_pointing_at_api_keys_file() {
+    let r = route(&format!(
+        "{MINIMAL}api_keys: {{sk-one: alice, sk-two: bob, \"sk three\": carol}}\n"
+    ))
+    .unwrap();
+    let keys = r.api_keys.as_ref().expect("inline keys");
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys.check(b"sk-two"), Some("bob"));
+    assert!(r.has_own_keys());
+    assert!(
+        r.warnings.iter().any(|w| w.starts_with("api_keys: entry ")
+            && w.contains("(owner \"carol\")")
+            && !w.contains("sk three")),
+        "a dropped entry named by its owner, never its key: {:?}",
+        r.warnings
+    );
+    assert!(
+        r.deprecations[0].starts_with(
+            "api_keys (line 4) is deprecated: write it as api_keys_file (no exact equivalent: "
+        ),
+        "{:?}",
+        r.deprecations
+    );
+    // Control: without the table the route has no keys of its own.
+    assert!(!route(MINIMAL).unwrap().has_own_keys());
+    let e = route(&format!(
+        "{MINIMAL}api_keys_file: /etc/keys\napi_keys: {{sk-one: alice}}\n"
+    ))
+    .unwrap_err();
+    assert_eq!(e.line, Some(5), "{e}");
+    assert!(
+        e.message
+            .contains("api_keys and api_keys_file are both set"),
+        "{e}"
     );
 }
 
@@ -739,7 +838,9 @@ fn a_route_without_peers_loads_with_a_warning_that_it_has_none() {
         let r = route(text).unwrap_or_else(|e| panic!("{text}: {e}"));
         assert!(r.peers.is_empty(), "{text}");
         assert!(
-            r.warnings.iter().any(|w| w.starts_with("the route has no peers")),
+            r.warnings
+                .iter()
+                .any(|w| w.starts_with("the route has no peers")),
             "{text}: {:?}",
             r.warnings
         );

@@ -15,7 +15,8 @@ pub struct KeyState {
     pub path: PathBuf,
     pub status: KeyFileStatus,
     pub keys: Option<KeySet>,
-    /// "shared" (gateway.yaml / env) or "route" (the route's api_keys_file).
+    /// "shared" (gateway.yaml / env) or "route" (the route's api_keys_file,
+    /// or its inline api_keys).
     pub scope: &'static str,
     /// Why an unreadable file could not be read.
     pub problem: Option<String>,
@@ -33,6 +34,20 @@ impl KeyState {
             scope,
             problem: read.problem,
             warnings: read.warnings,
+        }
+    }
+
+    /// The keys a route file holds inline (the OpenResty gateway's
+    /// `api_keys` table), as a key file of the route's that read `keys`;
+    /// what was wrong with its entries went out with the route's warnings.
+    pub(super) fn inline(route_file: &Path, keys: KeySet) -> Self {
+        KeyState {
+            path: route_file.to_path_buf(),
+            status: KeyFileStatus::Ok,
+            keys: Some(keys),
+            scope: "route",
+            problem: None,
+            warnings: Vec::new(),
         }
     }
 

@@ -117,7 +117,7 @@ impl Registry {
     /// The key file in force for `route`: its own, else the shared one.
     pub fn keys_for(&self, route: &Route) -> Arc<KeyState> {
         match route.runtime.keys.load_full() {
-            Some(own) if route.config.api_keys_file.is_some() => own,
+            Some(own) if route.config.has_own_keys() => own,
             _ => self.shared_keys(),
         }
     }
@@ -250,16 +250,16 @@ impl Registry {
     fn reload_keys(&self, table: &RouteTable) {
         let shared = Arc::new(KeyState::load(&self.gateway.api_keys_file, "shared"));
         let mut read = vec![Arc::clone(&shared)];
-        let shared_used =
-            table.is_empty() || table.values().any(|r| r.config.api_keys_file.is_none());
+        let shared_used = table.is_empty() || table.values().any(|r| !r.config.has_own_keys());
         let mut all_enforced = !shared_used || shared.enforced().is_some();
         self.shared_keys.store(shared);
         for route in table.values() {
-            let own = route
-                .config
-                .api_keys_file
-                .as_ref()
-                .map(|path| Arc::new(KeyState::load(path, "route")));
+            let config = &route.config;
+            let own = match (&config.api_keys_file, &config.api_keys) {
+                (Some(path), _) => Some(Arc::new(KeyState::load(path, "route"))),
+                (None, Some(keys)) => Some(Arc::new(KeyState::inline(&config.file, keys.clone()))),
+                (None, None) => None,
+            };
             if let Some(state) = &own {
                 all_enforced &= state.enforced().is_some();
                 read.push(Arc::clone(state));

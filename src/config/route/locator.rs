@@ -7,11 +7,11 @@ use std::path::Path;
 
 /// Errors found after the YAML layer point at the line of the key they are
 /// about (from the parser's positions, `spans.rs`) and name it as the file
-/// wrote it: a flat protection key keeps its own name and line.
+/// wrote it: a key written by its former name keeps that name and line.
 pub(super) struct Locator<'a> {
     path: &'a Path,
     lines: KeyLines,
-    /// The (flat, nested) protection keys this file wrote flat.
+    /// The (old, new) keys this file wrote by their former names.
     pub(super) adopted: Vec<(&'static str, &'static str)>,
 }
 

@@ -3,11 +3,12 @@
 //! `peers.rs`, `protection.rs`, and `sections.rs` for the rest. What they
 //! make is in `settings.rs`; `locator.rs` points their errors at a line.
 
-use super::file::{keys_set, RouteFile};
+use super::file::{keys_set, RouteFile, FORMER_KEYS};
 use super::gateway::GatewayConfig;
 use super::spans::KeyLines;
 use super::units::flag;
 use super::ConfigError;
+use crate::auth::KeySet;
 pub use crate::protect::config::{AdaptiveConfig, Protection, SessionPrio};
 use crate::reject::RuleSet;
 use crate::stream::postprocess::Handler;
@@ -52,6 +53,9 @@ pub struct RouteConfig {
     pub routed_headers: bool,
     /// The route's own key file instead of the gateway's shared one.
     pub api_keys_file: Option<PathBuf>,
+    /// The route's own keys written in its file, the OpenResty gateway's
+    /// inline `api_keys` table (deprecated: `api_keys_file` is the way).
+    pub api_keys: Option<KeySet>,
     /// Content reject rules, compiled. An invalid rule is dropped (the
     /// route still serves) and its error kept in `reject_rule_errors`.
     pub reject_rules: Arc<RuleSet>,
@@ -118,6 +122,12 @@ pub fn route_name_of(path: &Path) -> Option<String> {
 }
 
 impl RouteConfig {
+    /// Whether the route has keys of its own (a key file, or the inline
+    /// table) rather than the gateway's shared file.
+    pub fn has_own_keys(&self) -> bool {
+        self.api_keys_file.is_some() || self.api_keys.is_some()
+    }
+
     /// What to tell at load (and in `check`) of a route that loaded: keys
     /// in a deprecated spelling, then values dropped or ignored.
     pub fn notices(&self) -> impl Iterator<Item = &String> {
@@ -147,21 +157,21 @@ impl RouteConfig {
         }
         let mut file: RouteFile =
             serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, e))?;
-        at.adopted = file.adopt_flat_keys().map_err(|(flat, nested)| {
+        at.adopted = file.adopt_former_keys().map_err(|(old, new)| {
             at.at_key(
-                flat,
-                format!("{flat} and {nested} are both set; keep {nested} ({flat} is its deprecated spelling)"),
+                old,
+                format!(
+                    "{old} and {new} are both set; keep {new} ({old} is its deprecated spelling)"
+                ),
             )
         })?;
+        let mut warnings = Vec::new();
+        let api_keys = inline_api_keys(&mut at, &mut file, &mut warnings)?;
         let deprecations = at
             .adopted
             .iter()
-            .map(|(flat, nested)| match at.line(nested) {
-                Some(line) => format!("{flat} (line {line}) is deprecated: write it as {nested}"),
-                None => format!("{flat} is deprecated: write it as {nested}"),
-            })
+            .map(|&(old, new)| deprecation(&at, old, new))
             .collect();
-        let mut warnings = Vec::new();
         let protection = parse_protection(&at, &file.protection, &mut warnings)?;
         let peers_from = parse_peers_from(&at, file.peers_from)?;
         let peers = parse_peers(&at, file.peers, peers_from.is_some(), &mut warnings)?;
@@ -172,8 +182,8 @@ impl RouteConfig {
             ));
         }
         let peers_by_model = parse_model_pools(&at, &peers, file.peers_by_model)?;
-        let balancing = parse_balancing(&at, file.balancing.unwrap_or_default(), &mut warnings)?;
-        let health = parse_health(&at, file.health.unwrap_or_default())?;
+        let balancing = parse_balancing(&at, file.balancing, &mut warnings)?;
+        let health = parse_health(&at, file.health)?;
         let engine_metrics = parse_engine_metrics(&at, file.engine_metrics)?;
         let timeouts = parse_timeouts(file.timeouts.unwrap_or_default());
         let (reject_rules, reject_rule_errors) =
@@ -195,6 +205,7 @@ impl RouteConfig {
             timeouts,
             routed_headers: flag(file.routed_headers, true),
             api_keys_file: file.api_keys_file,
+            api_keys,
             reject_rules: Arc::new(reject_rules),
             reject_rule_errors,
             reject_rules_enabled: flag(file.reject_rules_enabled, true),
@@ -212,4 +223,47 @@ impl RouteConfig {
             keys_set: keys_set(text),
         })
     }
+}
+
+/// What a route is told about a key written by its former name: where to
+/// write it now and, when that is only the closest option, how it differs.
+fn deprecation(at: &Locator, old: &str, new: &str) -> String {
+    let unlike = FORMER_KEYS
+        .iter()
+        .find(|f| f.old == old)
+        .and_then(|f| f.unlike)
+        .map_or(String::new(), |how| {
+            format!(" (no exact equivalent: {how})")
+        });
+    match at.line(new) {
+        Some(line) => format!("{old} (line {line}) is deprecated: write it as {new}{unlike}"),
+        None => format!("{old} is deprecated: write it as {new}{unlike}"),
+    }
+}
+
+/// The OpenResty gateway's inline `api_keys: {key: owner}` table: the
+/// route's keys, as its own key file's would be. An empty table leaves the
+/// route without keys, open as an empty key file does (and as the OpenResty
+/// gateway's empty table did). Written with `api_keys_file` too, refused.
+fn inline_api_keys(
+    at: &mut Locator,
+    file: &mut RouteFile,
+    warnings: &mut Vec<String>,
+) -> Result<Option<KeySet>, ConfigError> {
+    let Some(table) = file.api_keys.take() else {
+        return Ok(None);
+    };
+    if file.api_keys_file.is_some() {
+        return Err(at.at_key(
+            "api_keys",
+            "api_keys and api_keys_file are both set; keep api_keys_file (api_keys, the inline table, is deprecated)".into(),
+        ));
+    }
+    at.adopted.push(("api_keys", "api_keys_file"));
+    let (keys, notes) = KeySet::from_table(table.iter().map(|(k, o)| (k.as_str(), o.as_str())));
+    warnings.extend(notes.into_iter().map(|n| format!("api_keys: {n}")));
+    if keys.is_empty() {
+        warnings.push("api_keys holds no usable key: the route's authentication is OFF".into());
+    }
+    Ok(Some(keys))
 }

@@ -128,17 +128,15 @@ pub(super) fn parse_health(at: &Locator, h: HealthFile) -> Result<HealthConfig, 
         probe_path: h.probe_path.unwrap_or_else(|| "/health".into()),
         timeout: h.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(2)),
     };
+    // Named as the file wrote them: `health_check_interval` and
+    // `health_probe_path` are the OpenResty gateway's spellings.
     if health.interval < Duration::from_millis(50) {
-        return Err(at.error(
-            at.line("health.interval"),
-            "health.interval must be at least 50ms".into(),
-        ));
+        let key = "health.interval";
+        return Err(at.at_key(key, format!("{} must be at least 50ms", at.written(key))));
     }
     if !health.probe_path.starts_with('/') {
-        return Err(at.error(
-            at.line("health.probe_path"),
-            "health.probe_path must start with '/'".into(),
-        ));
+        let key = "health.probe_path";
+        return Err(at.at_key(key, format!("{} must start with '/'", at.written(key))));
     }
 
     Ok(health)
