@@ -713,7 +713,10 @@ fn a_peers_from_name_with_no_address_yet_answers_503_until_it_has_one() {
     let dns = Dnsmasq::start(&[("ready.test", ip(2))]);
     let route = |name: &str| format!("peers_from: {{dns: {name}, port: {port}}}\n");
     let gw = Gateway::start_with(
-        &[("chat", route("later.test")), ("ready", route("ready.test"))],
+        &[
+            ("chat", route("later.test")),
+            ("ready", route("ready.test")),
+        ],
         GatewayOptions {
             extra_config: dns.gateway_config(),
             ..Default::default()
@@ -732,10 +735,16 @@ fn a_peers_from_name_with_no_address_yet_answers_503_until_it_has_one() {
     let error = &r.json()["error"];
     assert_eq!(error["type"], "no_healthy_upstream", "{error}");
     assert!(
-        error["message"].as_str().is_some_and(|m| m.contains("has no peers")),
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("has no peers")),
         "{error}"
     );
-    assert_eq!(ask("ready").status(), 200, "control: a resolved name serves");
+    assert_eq!(
+        ask("ready").status(),
+        200,
+        "control: a resolved name serves"
+    );
     let reloads = gw.reloads(&[]);
     dns.set(&[("ready.test", ip(2)), ("later.test", ip(2))]);
     wait_for("the name's pod to serve", DEADLINE, || {

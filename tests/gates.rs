@@ -532,10 +532,7 @@ fn the_aimd_internals_are_advanced_options_that_take_effect() {
             cluster.engines[0].port()
         )
     };
-    let gw = Gateway::start(&[
-        ("chat", route(", dec: 0.5")),
-        ("steady", route("")),
-    ]);
+    let gw = Gateway::start(&[("chat", route(", dec: 0.5")), ("steady", route(""))]);
     let opts = http::get(gw.addr, "/chat/_route_opts").json();
     let advanced = opts["advanced"].as_array().expect("advanced");
     let option = |key: &str| {

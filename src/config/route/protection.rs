@@ -233,13 +233,12 @@ pub(super) fn adaptive_config(
         at.at_key(&path, format!("{} must be {what}", at.written(&path)))
     };
     let d = Coefficients::default();
-    let number = |key: &str, v: Option<f64>, default: f64, ok: &dyn Fn(f64) -> bool, what: &str| {
-        match v {
+    let number =
+        |key: &str, v: Option<f64>, default: f64, ok: &dyn Fn(f64) -> bool, what: &str| match v {
             None => Ok(default),
             Some(x) if x.is_finite() && ok(x) => Ok(x),
             Some(x) => Err(refuse(key, format!("{what} (got {x})"))),
-        }
-    };
+        };
     if file.min.is_some_and(|m| m.is_nan() || m < 1.0) {
         return Err(refuse("min", "at least 1".into()));
     }
