@@ -40,7 +40,7 @@ pub const ENDPOINTS: &[&str] = &[
     "/_session_status",
     "/_route_opts",
     "/_cluster_avg",
-    "POST /_route_inspect (a request body and headers: where it would go and why)",
+    "POST /_route_inspect (a request body and headers: where it would go and why; GET: the headers alone, ?model= for a model pool)",
     "POST /_reject_rules_toggle?on=0|1|reset=1",
     "POST /_include_usage_toggle?on=0|1|reset=1",
     "POST /_postprocess_toggle?on=0|1|reset=1",

@@ -1,7 +1,8 @@
 //! The remaining read-only endpoints: `/_route_opts` (the option
 //! catalog with the values in effect), `/_cluster_avg` (in-flight per pool
-//! over 5 minutes), `POST /_route_inspect` (where a request would go,
-//! changing nothing), and the methods every read endpoint serves.
+//! over 5 minutes), `/_route_inspect` (where a request would go, changing
+//! nothing: POST with a body, GET with the headers alone), and the methods
+//! every read endpoint serves.
 
 mod common;
 
@@ -116,7 +117,7 @@ fn route_inspect_says_where_a_request_would_go_and_a_real_one_goes_there() {
         again["placement"]["decision"]["kind"],
         seen["placement"]["decision"]["kind"]
     );
-    // Not JSON: a clear 400; GET: 405.
+    // Not JSON: a clear 400; DELETE: 405.
     let bad = http::Conn::open(gw.addr).request(
         "POST",
         "/chat/_route_inspect",
@@ -124,7 +125,94 @@ fn route_inspect_says_where_a_request_would_go_and_a_real_one_goes_there() {
         b"[1, 2",
     );
     assert_eq!(bad.status(), 400, "{}", bad.text());
-    assert_eq!(http::get(gw.addr, "/chat/_route_inspect").status(), 405);
+    let r = http::request(gw.addr, "DELETE", "/chat/_route_inspect", &[], b"");
+    assert_eq!(r.status(), 405, "{}", r.text());
+    assert_eq!(r.header("allow"), Some("GET, HEAD, POST"));
+}
+
+/// `GET /_route_inspect`, read-only as the OpenResty gateway lists it: what
+/// the route would do with the headers alone (the session a header names,
+/// where it would go, the estimates), no body read, nothing remembered.
+/// The control: POST still takes a body, whose own session GET cannot see.
+#[test]
+fn route_inspect_on_get_looks_at_the_headers_alone() {
+    let cluster = engines(3);
+    let p = ports(&cluster);
+    let pools = format!(
+        "{}peers_by_model:\n  llama: [e0]\n  qwen: [e1, e2]\n",
+        route_yaml(&p, "")
+    );
+    let gw = Gateway::start(&[("chat", route_yaml(&p, "")), ("pools", pools)]);
+    let get =
+        |path: &str, headers: &[(&str, &str)]| http::request(gw.addr, "GET", path, headers, b"");
+    let named = [("x-session-id", "agent-7")];
+
+    let seen = get("/chat/_route_inspect", &named);
+    assert_eq!(seen.status(), 200, "{}", seen.text());
+    let seen = seen.json();
+    assert_eq!(seen["looked_at"], "headers", "{seen}");
+    assert_eq!(seen["session"]["source"], "header:x-session-id", "{seen}");
+    assert!(
+        !seen.to_string().contains("agent-7"),
+        "only the hash: {seen}"
+    );
+    let peers = seen["estimates"]["peers"].as_array().map_or(0, Vec::len);
+    assert_eq!(peers, 3, "an estimate for each engine: {seen}");
+    let predicted = seen["placement"]["decision"]["peer"].clone();
+    assert!(predicted.is_string(), "{seen}");
+    let sessions = http::get(gw.addr, "/chat/_sessions").json();
+    assert_eq!(sessions["total"], 0, "inspecting bound nothing: {sessions}");
+
+    // A real request with that header lands where the look said.
+    let body = json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]});
+    let real = http::post_json(gw.addr, "/chat/v1/chat/completions", &named, &body);
+    assert_eq!(real.status(), 200, "{}", real.text());
+    assert_eq!(real.header("x-routed-peer"), predicted.as_str());
+    assert_eq!(
+        real.header("x-routed-session"),
+        seen["session"]["hash"].as_str()
+    );
+
+    // Control: POST looks at the body too, and finds the body's own session,
+    // which the headers alone do not carry.
+    let with_body = http::post_json(
+        gw.addr,
+        "/chat/_route_inspect",
+        &[],
+        &chat_body("in-the-body", "hello", false),
+    );
+    assert_eq!(with_body.status(), 200, "{}", with_body.text());
+    let with_body = with_body.json();
+    assert_eq!(with_body["looked_at"], "headers and body");
+    assert_eq!(
+        with_body["session"]["source"], "body:metadata.session_id",
+        "{with_body}"
+    );
+    let bare = get("/chat/_route_inspect", &[]).json();
+    assert!(bare["session"].is_null(), "{bare}");
+    assert!(
+        bare["placement"]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("no session id")),
+        "{bare}"
+    );
+
+    // HEAD answers as GET does; a model pool is named in the query.
+    let mut conn = http::Conn::open(gw.addr);
+    conn.send(
+        "HEAD",
+        "/chat/_route_inspect",
+        &named,
+        b"",
+        http::Upload::Length,
+    );
+    assert_eq!(conn.read_head().status, 200);
+    let qwen = get("/pools/_route_inspect?model=qwen", &named).json();
+    assert_eq!(qwen["pool"], json!(["e1", "e2"]), "{qwen}");
+    assert_eq!(qwen["model"], "qwen");
+    let none = get("/pools/_route_inspect", &named);
+    assert_eq!(none.status(), 400, "{}", none.text());
+    assert!(none.text().contains("?model="), "{}", none.text());
 }
 
 #[test]

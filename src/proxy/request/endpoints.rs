@@ -9,7 +9,8 @@
 //! status endpoint (and `/_route_inspect`) is open, needs a key, or
 //! answers loopback only, as gateway.yaml's `status_endpoints` says, and
 //! shows engine addresses to a loopback caller only. Status endpoints take
-//! GET or HEAD (405 before they run), `/_route_inspect` POST. The answers
+//! GET or HEAD (405 before they run), `/_route_inspect` POST (a body to
+//! look at) or GET and HEAD (the headers alone). The answers
 //! themselves are `route_endpoints.rs`'.
 
 use super::Local;
@@ -202,24 +203,33 @@ fn read_method(session: &Session, path: &str) -> Result<(), Local> {
 /// session id (source and hash), model pool, active tier, and where the
 /// route's mode would place it and why, computed by the same rules as a
 /// real request and changing nothing (no binding, no slot, no counter).
+/// `GET` (or `HEAD`) is the same look with the headers alone, as the
+/// OpenResty gateway lists it among its read-only endpoints: no body is
+/// read, a model pool is named by `?model=`.
 pub async fn inspect(
     route: &Route,
     registry: &Registry,
     session: &mut Session,
     rest: &str,
 ) -> Result<(), Local> {
-    if rest.split('?').next() != Some("/_route_inspect") {
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path != "/_route_inspect" {
         return Ok(());
     }
     let local = status_allowed(Some(route), registry, session)?;
-    if session.req_header().method != http::Method::POST {
+    let method = &session.req_header().method;
+    let with_body = *method == http::Method::POST;
+    if !(with_body || *method == http::Method::GET || *method == http::Method::HEAD) {
         return Err(ErrorResponse::method_not_allowed(
-            "_route_inspect takes POST with the request body to inspect",
-            "POST",
+            "_route_inspect takes POST with the request body to inspect, or GET (HEAD) to look at the headers alone",
+            INSPECT_METHODS,
         )
         .into());
     }
-    let body = super::body::read_body(session, route.config.max_body_size).await?;
+    let body = match with_body {
+        true => super::body::read_body(session, route.config.max_body_size).await?,
+        false => bytes::Bytes::new(),
+    };
     let headers = &session.req_header().headers;
     let named =
         crate::session::extract_session(headers, &route.config.balancing.session_headers, None);
@@ -251,10 +261,20 @@ pub async fn inspect(
             source: crate::session::SessionSource::Content,
         })
     });
-    let model = view
-        .as_ref()
-        .and_then(|v| v.model())
-        .map(|m| m.into_owned());
+    let model = match with_body {
+        true => view
+            .as_ref()
+            .and_then(|v| v.model())
+            .map(|m| m.into_owned()),
+        false => crate::query::param(query, "model").map(|m| m.into_owned()),
+    };
+    if !with_body && model.is_none() && !route.config.peers_by_model.is_empty() {
+        return Err(ErrorResponse::bad_request(format!(
+            "route {:?} has model pools: name one with ?model=",
+            route.name()
+        ))
+        .into());
+    }
     let pool = crate::balance::model_pool(route, model.as_deref())?;
     let now = crate::clock::now_ms();
     let candidates = crate::balance::candidates(route, &pool, now);
@@ -271,6 +291,7 @@ pub async fn inspect(
     };
     let answer = serde_json::json!({
         "route": route.name(),
+        "looked_at": if with_body { "headers and body" } else { "headers" },
         "session": sid.as_ref().map(|s| serde_json::json!({"hash": s.hex(), "source": s.source.as_str()})),
         "content": content.map(|c| serde_json::json!({
             "how": c.how.as_str(),
@@ -298,6 +319,9 @@ pub async fn inspect(
     });
     Err(Local::Json(200, shown(answer, local)))
 }
+
+/// What `/_route_inspect` serves, as its 405's `Allow` lists them.
+const INSPECT_METHODS: &str = "GET, HEAD, POST";
 
 /// `GET /v1/models` of a route with model pools, answered from its config
 /// (the engines each know only their own model).
