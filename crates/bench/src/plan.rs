@@ -269,6 +269,7 @@ impl Plan {
             publish_kv_capacity: !opts.hide_kv_capacity,
             // llama-server's default --cache-ram (llamacpp only).
             host_cache_tokens: DEFAULT_HOST_CACHE_TOKENS,
+            health_path: "/health".to_string(),
         };
         let mut engines = vec![engine.clone(); opts.engines];
         if scenario == Scenario::SlowEngine || opts.slow_first {

@@ -61,6 +61,10 @@ pub struct EngineConfig {
     /// (`engine/llamacpp.rs`). 0 turns it off (`--cache-ram 0`). Default
     /// [`DEFAULT_HOST_CACHE_TOKENS`].
     pub host_cache_tokens: usize,
+    /// Where the engine answers its health check (`/health` by default): an
+    /// engine behind its own router, or one whose readiness is elsewhere,
+    /// answers another path, and `/health` is then a 404.
+    pub health_path: String,
 }
 
 /// llama-server's default `--cache-ram` (8192 MiB) in tokens of a 7-8B-class
@@ -158,6 +162,7 @@ impl Default for EngineConfig {
             request_overhead_us: 0,
             publish_kv_capacity: true,
             host_cache_tokens: DEFAULT_HOST_CACHE_TOKENS,
+            health_path: "/health".to_string(),
         }
     }
 }
@@ -201,6 +206,7 @@ impl EngineConfig {
             request_overhead_us: 0,
             publish_kv_capacity: true,
             host_cache_tokens: DEFAULT_HOST_CACHE_TOKENS,
+            health_path: "/health".to_string(),
         }
     }
 }

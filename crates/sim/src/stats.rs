@@ -15,6 +15,9 @@ pub struct Faults {
     pub health_down: AtomicBool,
     /// If non-zero, `GET /health` answers this status (takes precedence over `health_down`).
     pub health_status: AtomicU16,
+    /// If non-zero, `GET /health` answers only after this many milliseconds:
+    /// an engine too busy to answer its probe in time.
+    pub health_delay_ms: AtomicU64,
     /// If non-zero, a stream sends this many content frames and then closes
     /// the connection without the terminating chunk or `[DONE]`.
     pub die_after_frames: AtomicU32,
@@ -33,6 +36,9 @@ pub struct EngineStats {
     /// gateway's own probe traffic (`GET /health`, `GET /metrics`) is not
     /// recorded so that it cannot push the interesting requests out.
     pub recorded: parking_lot::Mutex<Vec<RecordedRequest>>,
+    /// Health checks received at the engine's `health_path`, answered or
+    /// not yet (a delayed one counts when it arrives).
+    pub health_checks: AtomicU64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

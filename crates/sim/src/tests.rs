@@ -860,6 +860,36 @@ async fn keep_alive_pipelining_connection_close_and_http10() {
     assert!(text.ends_with("data: [DONE]\n\n"));
 }
 
+/// The health check at another path, and one answered late: what the
+/// gateway's probe tests need of an engine.
+#[tokio::test]
+async fn health_answers_at_its_own_path_and_late_when_delayed() {
+    let h = engine(EngineConfig {
+        health_path: "/ready".into(),
+        ..EngineConfig::default()
+    })
+    .await;
+    let mut c = Client::connect(&h).await;
+    assert_eq!(c.request(&get("/ready")).await.status, 200);
+    assert_eq!(c.request(&get("/health")).await.status, 404);
+    assert_eq!(h.stats.health_checks.load(Ordering::SeqCst), 1);
+    assert!(
+        h.stats.recorded.lock().is_empty(),
+        "probe traffic is not recorded"
+    );
+
+    h.faults.health_delay_ms.store(300, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    assert_eq!(c.request(&get("/ready")).await.status, 200);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // Control: without the delay it answers at once.
+    h.faults.health_delay_ms.store(0, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    assert_eq!(c.request(&get("/ready")).await.status, 200);
+    assert!(started.elapsed() < Duration::from_millis(300));
+    assert_eq!(h.stats.health_checks.load(Ordering::SeqCst), 3);
+}
+
 #[tokio::test]
 async fn faults_fail_stall_and_health() {
     let h = engine(EngineConfig::default()).await;

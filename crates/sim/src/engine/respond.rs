@@ -74,9 +74,18 @@ impl Shared {
         req: &Request,
         wr: &mut W,
     ) -> io::Result<bool> {
-        let probe = req.method == "GET" && matches!(req.path.as_str(), "/health" | "/metrics");
+        let health = req.method == "GET" && req.path == self.cfg.health_path;
+        let probe =
+            health || (req.method == "GET" && matches!(req.path.as_str(), "/health" | "/metrics"));
         if !probe {
             self.record(req);
+        }
+        if health {
+            self.stats.health_checks.fetch_add(1, Ordering::SeqCst);
+            let delay = self.faults.health_delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                sleep(Duration::from_millis(delay)).await;
+            }
         }
         let keep_alive = req.keep_alive;
         match (req.method.as_str(), req.path.as_str()) {
@@ -98,12 +107,12 @@ impl Shared {
                     .await?;
                 Ok(true)
             }
-            ("GET", "/health") if self.cfg.profile == Profile::Llamacpp => {
+            ("GET", _) if health && self.cfg.profile == Profile::Llamacpp => {
                 let (status, body) = self.llama_health();
                 http::write_response(wr, status, JSON, body.as_bytes(), keep_alive).await?;
                 Ok(true)
             }
-            ("GET", "/health") => {
+            ("GET", _) if health => {
                 http::write_response(wr, self.health_status(), "", b"", keep_alive).await?;
                 Ok(true)
             }
