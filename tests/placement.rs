@@ -272,6 +272,124 @@ fn a_busy_probe_answer_does_not_ban() {
     assert_eq!(st["peers"][0]["ready"], true, "429 means busy, not dead");
 }
 
+/// `peer`'s entry in `/chat/_health_status`.
+fn health_of(gw: &Gateway, peer: &str) -> serde_json::Value {
+    let st = http::get(gw.addr, "/chat/_health_status").json();
+    st["peers"]
+        .as_array()
+        .and_then(|peers| peers.iter().find(|p| p["name"] == peer).cloned())
+        .unwrap_or_else(|| panic!("no peer {peer} in {st}"))
+}
+
+fn health_checks(cluster: &SimCluster, i: usize) -> u64 {
+    cluster.engines[i]
+        .stats
+        .health_checks
+        .load(Ordering::SeqCst)
+}
+
+/// A probe that gets no answer within `health.timeout` counts the engine
+/// busy, not down (the OpenResty gateway's rule: banning a peer too loaded
+/// to answer its probe removes capacity exactly when it is needed). Both
+/// engines answer their probe 503; e0 answers it past the timeout, e1 in
+/// time. The controls: e1 is banned, and e0 is banned too once its 503
+/// comes in time.
+#[test]
+fn a_probe_that_times_out_counts_the_engine_busy_not_down() {
+    let cluster = engines(2);
+    for engine in &cluster.engines {
+        engine.faults.health_status.store(503, Ordering::SeqCst);
+    }
+    cluster.engines[0]
+        .faults
+        .health_delay_ms
+        .store(2000, Ordering::SeqCst);
+    cluster.engines[1]
+        .faults
+        .health_delay_ms
+        .store(50, Ordering::SeqCst);
+    let gw = Gateway::start(&[(
+        "chat",
+        route_yaml(
+            &ports(&cluster),
+            "health:\n  interval: 100ms\n  timeout: 400ms\n  ban_ttl: 1h\n",
+        ),
+    )]);
+    let down = wait_for("e1's late-but-in-time 503 to ban it", DEADLINE, || {
+        let e1 = health_of(&gw, "e1");
+        (e1["ready"] == false).then_some(e1)
+    });
+    assert_eq!(down["last_probe"], "down", "{down}");
+    let busy = wait_for("e0's probes to time out", DEADLINE, || {
+        let e0 = health_of(&gw, "e0");
+        (e0["last_probe"] == "busy" && health_checks(&cluster, 0) >= 2).then_some(e0)
+    });
+    assert_eq!(busy["ready"], true, "a timeout is busy, not down: {busy}");
+    assert_eq!(busy["failing"], false, "{busy}");
+    // Still taking traffic: every request goes to e0, the one left.
+    for n in 0..3 {
+        let r = http::post_json(gw.addr, CHAT, &[], &chat_body(&format!("s{n}"), "x", false));
+        assert_eq!(r.status(), 200, "{}", r.text());
+        assert_eq!(peer_of(&r), "e0");
+    }
+    // Control: the same 503 from e0, now in time, bans it.
+    cluster.engines[0]
+        .faults
+        .health_delay_ms
+        .store(0, Ordering::SeqCst);
+    let e0 = wait_for("e0's in-time 503 to ban it", DEADLINE, || {
+        let e0 = health_of(&gw, "e0");
+        (e0["ready"] == false).then_some(e0)
+    });
+    assert_eq!(e0["last_probe"], "down", "{e0}");
+}
+
+/// A peer's own `probe_path` is what its probe asks, not the route's
+/// `health.probe_path`: engines whose health check is at `/ready` (and
+/// `/health` a 404), e0 with `probe_path: /ready`, e1 on the route's
+/// default. The control: e1, probed at `/health`, is banned.
+#[test]
+fn a_peers_own_probe_path_is_the_one_probed() {
+    let cluster = spawn_engines(
+        2,
+        0,
+        EngineConfig {
+            health_path: "/ready".into(),
+            ..EngineConfig::default()
+        },
+    )
+    .expect("simulated engines");
+    let p = ports(&cluster);
+    let route = format!(
+        "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}, probe_path: /ready}}\n  - {{name: e1, host: 127.0.0.1, port: {}}}\nhealth:\n  interval: 100ms\n  ban_ttl: 1h\n",
+        p[0], p[1]
+    );
+    let gw = Gateway::start(&[("chat", route)]);
+    let e1 = wait_for("e1, probed at /health, to be banned", DEADLINE, || {
+        let e1 = health_of(&gw, "e1");
+        (e1["ready"] == false).then_some(e1)
+    });
+    assert_eq!(
+        (&e1["last_probe"], &e1["probe_path"]),
+        (&json!("down"), &json!("/health")),
+        "{e1}"
+    );
+    let e0 = wait_for("e0's probes at /ready", DEADLINE, || {
+        let e0 = health_of(&gw, "e0");
+        (e0["last_probe"] == "ready" && health_checks(&cluster, 0) >= 2).then_some(e0)
+    });
+    assert_eq!(
+        (&e0["ready"], &e0["probe_path"]),
+        (&json!(true), &json!("/ready")),
+        "{e0}"
+    );
+    assert_eq!(
+        health_checks(&cluster, 1),
+        0,
+        "e1 was never asked at /ready"
+    );
+}
+
 #[test]
 fn model_pools_and_gateway_answered_model_list() {
     let cluster = engines(3);

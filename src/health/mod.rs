@@ -28,7 +28,7 @@ pub mod prom;
 use crate::clock::now_ms;
 use crate::config::ConcurrencyFrom;
 use crate::placement::CapacitySource;
-use crate::registry::{Registry, Route};
+use crate::registry::{ProbeVerdict, Registry, Route};
 use client::GetError;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -200,6 +200,7 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
                     );
                 }
                 state.unban();
+                state.record_probe(ProbeVerdict::Ready);
             }
             Err(GetError::Connect(e)) if crate::errors::local_shortage_io(&e).is_some() => {
                 // The gateway could not open the probe's socket: its own
@@ -216,6 +217,7 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
                     route.name(),
                     peer.config.name
                 );
+                state.record_probe(ProbeVerdict::Busy);
             }
             other => {
                 if matches!(other, Err(GetError::Connect(_))) {
@@ -236,6 +238,7 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
                     );
                 }
                 state.ban(now_ms(), cfg.ban_ttl);
+                state.record_probe(ProbeVerdict::Down);
             }
         }
     }

@@ -22,7 +22,7 @@ mod route;
 mod toggles;
 
 pub use keys::KeyState;
-pub use peer::{EngineSample, InFlightGuard, PeerState};
+pub use peer::{EngineSample, InFlightGuard, PeerState, ProbeVerdict};
 pub use room::{QueuePlace, RoomSignal};
 pub use route::{host_header, Route, RoutePeer, RouteRuntime};
 pub use toggles::{Toggle, Toggles, TOGGLE_NAMES};

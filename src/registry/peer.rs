@@ -31,7 +31,7 @@ use crate::placement::{
     CapacityLearner, CapacitySource, EngineLoad, EngineSpeed, PeerId, SpeedLearner,
 };
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +49,32 @@ pub struct EngineSample {
     /// context (measured in the replay bench: such spills cost load_aware
     /// its lead on TTFT p95).
     pub sustained_waiting: u32,
+}
+
+/// What a peer's last health probe said (`/_health_status`): the OpenResty
+/// gateway's three outcomes. `Busy` (a 429, or no answer within the
+/// probe's timeout) leaves the peer as it was: alive, not banned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeVerdict {
+    Ready = 1,
+    Busy = 2,
+    Down = 3,
+}
+
+impl ProbeVerdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeVerdict::Ready => "ready",
+            ProbeVerdict::Busy => "busy",
+            ProbeVerdict::Down => "down",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Self> {
+        [ProbeVerdict::Ready, ProbeVerdict::Busy, ProbeVerdict::Down]
+            .into_iter()
+            .find(|p| *p as u8 == v)
+    }
 }
 
 /// Runtime state of one peer (route + host:port). Shared by all worker threads.
@@ -75,6 +101,8 @@ pub struct PeerState {
     banned_until_ms: AtomicU64,
     /// Set by a failing probe or a live connect failure, cleared by a passing probe.
     failing: AtomicBool,
+    /// The last probe's [`ProbeVerdict`] (0: none yet).
+    last_probe: AtomicU8,
     engine: Mutex<Option<EngineSample>>,
     /// KV capacity in tokens the engine last published (0: never), in its
     /// metrics or its `/props`, and which (`published_from`). Static for an
@@ -131,6 +159,7 @@ impl PeerState {
             intake: AtomicU64::new(0),
             banned_until_ms: AtomicU64::new(0),
             failing: AtomicBool::new(false),
+            last_probe: AtomicU8::new(0),
             engine: Mutex::new(None),
             kv_capacity_tokens: AtomicU64::new(0),
             published_from: Mutex::new(CapacitySource::Metrics),
@@ -261,6 +290,15 @@ impl PeerState {
 
     pub fn is_failing(&self) -> bool {
         self.failing.load(Ordering::Relaxed)
+    }
+
+    pub fn record_probe(&self, verdict: ProbeVerdict) {
+        self.last_probe.store(verdict as u8, Ordering::Relaxed);
+    }
+
+    /// The last probe's verdict; None before the first one answered.
+    pub fn last_probe(&self) -> Option<ProbeVerdict> {
+        ProbeVerdict::from_u8(self.last_probe.load(Ordering::Relaxed))
     }
 
     /// Stores a scrape; `max_gap_ms` is how old the previous one may be to

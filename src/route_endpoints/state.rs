@@ -231,6 +231,9 @@ pub(super) fn health_status(route: &Route, registry: &Registry) -> Value {
             "failing": p.state.is_failing(),
             "banned_for_ms": p.state.banned_for_ms(now),
             "probe_path": p.config.probe_path.as_deref().unwrap_or(&h.probe_path),
+            // ready, busy (a 429 or a timeout: not banned) or down; null
+            // before the first probe answered.
+            "last_probe": p.state.last_probe().map(|v| v.as_str()),
         })).collect::<Vec<_>>(),
     })
 }
