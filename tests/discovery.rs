@@ -752,3 +752,68 @@ fn a_peers_from_name_with_no_address_yet_answers_503_until_it_has_one() {
     });
     assert_eq!(gw.reloads(&[]), reloads, "no reload was needed");
 }
+
+/// A name in the hosts file (`resolver.hosts_file`, `/etc/hosts` unless
+/// set) follows the file as glibc does: an edit moves its peer and a name
+/// added later joins, at the next lookup pass, with no reload. The DNS
+/// server knows neither name, so only the file can have moved them. The
+/// control: while the file stays as it is, its name keeps its address
+/// through lookup passes (seen: a name the DNS server moves meanwhile).
+#[test]
+fn an_edited_hosts_file_is_seen_at_the_next_lookup() {
+    let (cluster, port) = engines_at(&[2, 3, 4, 5]);
+    let dns = Dnsmasq::start(&[("other.test", ip(4))]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, "# written by the test\n127.0.0.2 engine.test\n").expect("hosts");
+    let route = format!(
+        "peers:\n  - {{name: engine, host: engine.test, port: {port}}}\n  - {{name: late, host: late.test, port: {port}}}\n  - {{name: other, host: other.test, port: {port}}}\n"
+    );
+    let gw = gateway_resolving(
+        route,
+        format!(
+            "resolver:\n  nameservers: [\"{}\"]\n  min_ttl: 200ms\n  max_ttl: 500ms\n  hosts_file: {}\n",
+            dns.addr,
+            hosts.display()
+        ),
+    );
+    let reloads = gw.reloads(&[]);
+    let address = |peer: &str| {
+        peers(&gw)
+            .into_iter()
+            .find(|(name, _)| name == peer)
+            .and_then(|(_, addr)| addr)
+    };
+    let at = |ip: u8| Some(format!("127.0.0.{ip}:{port}"));
+    assert_eq!(address("engine"), at(2), "from the hosts file at start");
+    assert_eq!(address("late"), None, "in neither the file nor the DNS");
+
+    // Control: lookup passes go on (the DNS moves other.test and the
+    // gateway follows), and the unchanged file keeps engine.test where it
+    // was.
+    dns.set(&[("other.test", ip(5))]);
+    wait_for("other.test's move in the DNS", DEADLINE, || {
+        (address("other") == at(5)).then_some(())
+    });
+    assert_eq!(address("engine"), at(2));
+    assert_eq!(address("late"), None);
+
+    // The file edited in place: engine.test moves, late.test is added.
+    std::fs::write(
+        &hosts,
+        "# written by the test\n127.0.0.3 engine.test\n127.0.0.4 late.test\n",
+    )
+    .expect("hosts");
+    wait_for("the edited hosts file", DEADLINE, || {
+        (address("engine") == at(3) && address("late") == at(4)).then_some(())
+    });
+    // Requests reach the engine at the new address, none the old one.
+    let peers_served: Vec<String> = (0..12).map(|n| turn(&gw, &format!("h{n}"), 0).0).collect();
+    assert!(
+        peers_served.iter().any(|p| p == "engine"),
+        "{peers_served:?}"
+    );
+    assert!(served(&cluster, 1) > 0, "the engine at 127.0.0.3 served");
+    assert_eq!(served(&cluster, 0), 0, "nothing went to 127.0.0.2");
+    assert_eq!(gw.reloads(&[]), reloads, "no reload was needed");
+}

@@ -40,6 +40,7 @@ pub(super) struct ResolverFile {
     pub nameservers: Option<Vec<String>>,
     pub min_ttl: Option<Dur>,
     pub max_ttl: Option<Dur>,
+    pub hosts_file: Option<std::path::PathBuf>,
 }
 
 /// `session_store:` in gateway.yaml: where session bindings live.

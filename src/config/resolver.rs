@@ -5,7 +5,7 @@ use super::file::ResolverFile;
 use super::spans::KeyLines;
 use super::ConfigError;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A record's TTL is kept within these bounds: under the floor a name
@@ -13,6 +13,8 @@ use std::time::Duration;
 /// engine that moved would be dialled at its old address for hours.
 pub const DEFAULT_MIN_TTL: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(60);
+/// Where names are looked up before any name server, as glibc does.
+pub const DEFAULT_HOSTS_FILE: &str = "/etc/hosts";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResolverConfig {
@@ -21,6 +23,9 @@ pub struct ResolverConfig {
     pub nameservers: Vec<SocketAddr>,
     pub min_ttl: Duration,
     pub max_ttl: Duration,
+    /// Answered before any name server, and read again when it changes
+    /// (`discovery/resolver.rs`).
+    pub hosts_file: PathBuf,
 }
 
 impl Default for ResolverConfig {
@@ -29,6 +34,7 @@ impl Default for ResolverConfig {
             nameservers: Vec::new(),
             min_ttl: DEFAULT_MIN_TTL,
             max_ttl: DEFAULT_MAX_TTL,
+            hosts_file: PathBuf::from(DEFAULT_HOSTS_FILE),
         }
     }
 }
@@ -79,5 +85,9 @@ pub(super) fn resolve(
         nameservers,
         min_ttl,
         max_ttl,
+        hosts_file: file
+            .hosts_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_HOSTS_FILE)),
     })
 }

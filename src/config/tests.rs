@@ -872,6 +872,9 @@ fn resolver_defaults_bounds_and_nameservers() {
             "127.0.0.1:5353".parse().unwrap()
         ]
     );
+    assert_eq!(g.resolver.hosts_file, Path::new("/etc/hosts"));
+    let other = parse("resolver: {hosts_file: /srv/hosts}\n").unwrap();
+    assert_eq!(other.resolver.hosts_file, Path::new("/srv/hosts"));
     // A TTL is kept within the bounds.
     assert_eq!(
         g.resolver.next_lookup(Duration::ZERO),
