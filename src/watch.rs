@@ -96,6 +96,11 @@ impl Targets {
         self.dirs.contains_key(path)
     }
 
+    /// Whether `dir` is watched for key files alone (no route files).
+    pub fn only_key_files(&self, dir: &Path) -> bool {
+        self.dirs.get(dir).is_some_and(|i| !i.route_files)
+    }
+
     /// Whether a change at `path` can change what a reload reads.
     pub fn concerns(&self, path: &Path) -> bool {
         // A watched directory itself removed or moved away.
@@ -318,7 +323,21 @@ impl ConfigWatch {
                     self.watched.insert(dir);
                 }
                 Err(e) => {
-                    if self.failed.insert(dir.clone()) {
+                    if !self.failed.insert(dir.clone()) {
+                        continue;
+                    }
+                    if matches!(e.kind, notify::ErrorKind::PathNotFound)
+                        && targets.only_key_files(&dir)
+                    {
+                        // Its key files are missing too, which their load
+                        // reported already (at ERROR where keys are
+                        // expected): one state, one line. The retry picks
+                        // the directory up once it exists.
+                        log::debug!(
+                            "config watch: {} does not exist; watched once it does (retried every {RETRY:?})",
+                            dir.display()
+                        );
+                    } else {
                         log::error!(
                             "config watch: cannot watch {} ({e}); changes there need SIGHUP until it can be watched (retried every {RETRY:?})",
                             dir.display()

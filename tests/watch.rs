@@ -298,11 +298,15 @@ fn a_key_directory_that_appears_later_is_watched_once_it_exists() {
             keys.display()
         ),
     )]);
-    // No key file yet: open (fail-open, logged), and the watch says it
-    // cannot follow that directory yet.
+    // No key file yet: open (fail-open, logged once, as missing; the watch
+    // that cannot follow its directory yet adds no line of its own).
     assert_eq!(chat(&gw, "chat", &[]).status(), 200);
     let log = gw.log();
-    assert!(log.contains("cannot watch"), "{log}");
+    assert!(
+        log.contains(&format!("{} does not exist", keys.display())),
+        "{log}"
+    );
+    assert!(!log.contains("cannot watch"), "{log}");
 
     std::fs::create_dir_all(&keys_dir).unwrap();
     std::fs::write(&keys, "late-key:erin\n").unwrap();
@@ -316,6 +320,62 @@ fn a_key_directory_that_appears_later_is_watched_once_it_exists() {
     );
     assert_eq!(signal_reloads(&gw), 0.0);
     assert!(gw.log().contains("watching") && gw.log().contains("again"));
+}
+
+/// A plain start without keys, the key file's directory missing too (as
+/// `/etc/llm-gateway/keys` on a host that never made one): one ERROR line
+/// names it, the OpenResty gateway's one startup error, not a second one
+/// from the watch that cannot follow that directory yet. The control: the
+/// file made later is picked up (its keys enforced) without a signal, and
+/// still no second line.
+#[test]
+fn a_missing_key_file_is_one_error_line_and_picked_up_once_made() {
+    let cluster = engines(1);
+    let dir = tempfile::tempdir().unwrap();
+    let keys_dir = dir.path().join("keys");
+    let keys = keys_dir.join("api-keys");
+    let gw = Gateway::start_with(
+        &[("chat", one_peer("e0", cluster.engines[0].port()))],
+        GatewayOptions {
+            watch: Some(true),
+            env: vec![(
+                "LLM_GATEWAY_API_KEYS_FILE".into(),
+                keys.display().to_string(),
+            )],
+            ..Default::default()
+        },
+    );
+    // The watch has started (and tried the directory) once it says so.
+    wait_for("the watch to start", DEADLINE, || {
+        gw.log()
+            .contains("watch: reloading on changes")
+            .then_some(())
+    });
+    let named = keys_dir.display().to_string();
+    let errors = |gw: &Gateway| -> Vec<String> {
+        gw.log()
+            .lines()
+            .filter(|l| l.contains(" ERROR ") && l.contains(&named))
+            .map(str::to_string)
+            .collect()
+    };
+    let lines = errors(&gw);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("does not exist"), "{lines:#?}");
+    assert_eq!(chat(&gw, "chat", &[]).status(), 200, "fail-open");
+
+    std::fs::create_dir_all(&keys_dir).unwrap();
+    std::fs::write(&keys, "made-later:frank\n").unwrap();
+    // Picked up by the retry (every 5 s) and the reload it triggers.
+    wait_for("the key file made later to be enforced", DEADLINE, || {
+        (chat(&gw, "chat", &[]).status() == 401).then_some(())
+    });
+    assert_eq!(
+        chat(&gw, "chat", &[("Authorization", "Bearer made-later")]).status(),
+        200
+    );
+    assert_eq!(signal_reloads(&gw), 0.0);
+    assert_eq!(errors(&gw).len(), 1, "{}", gw.log());
 }
 
 #[test]
