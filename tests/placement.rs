@@ -525,6 +525,67 @@ fn a_header_session_binds_endpoints_whose_body_is_not_read() {
     assert_eq!(r.header("x-routed-source"), None);
 }
 
+/// The headers agent clients send unasked that name their session bind it
+/// with nothing else in the request: the Codex CLI's `session-id`, and
+/// `session_id` from its earlier versions (one session for one value,
+/// whichever of the two carries it). The requests are Codex's Responses
+/// calls with content recognition off, so a session can only come from the
+/// header; the control: the same request without it has none.
+#[test]
+fn agent_clients_own_session_headers_bind_a_session() {
+    let cluster = engines(2);
+    let extra = "balancing:\n  session_affinity:\n    content: off\n";
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), extra))]);
+    let body = json!({"model": "sim-model", "instructions": "You are Codex.",
+                      "input": [{"role": "user", "content": [{"type": "input_text", "text": "fix it"}]}],
+                      "stream": false});
+    let responses = |headers: &[(&str, &str)]| {
+        let r = http::post_json(gw.addr, "/chat/v1/responses", headers, &body);
+        assert_eq!(r.status(), 200, "{}", r.text());
+        r
+    };
+    let mut bound = Vec::new();
+    for header in ["session-id", "session_id"] {
+        for (turn, mode) in ["new", "sticky"].into_iter().enumerate() {
+            let r = responses(&[(header, "019a-codex-thread")]);
+            assert_eq!(
+                r.header("x-routed-source"),
+                Some(format!("header:{header}").as_str()),
+                "{header} turn {turn}"
+            );
+            let want = if header == "session_id" {
+                "sticky"
+            } else {
+                mode
+            };
+            assert_eq!(
+                r.header("x-routed-mode"),
+                Some(want),
+                "{header} turn {turn}"
+            );
+            bound.push(r.header("x-routed-session").map(str::to_string));
+        }
+    }
+    assert!(bound[0].is_some());
+    assert!(
+        bound.iter().all(|s| *s == bound[0]),
+        "one value, one session: {bound:?}"
+    );
+    let sessions = http::get(gw.addr, "/chat/_sessions").json();
+    assert_eq!(sessions["total"], 1, "{sessions}");
+    // Control: without the header, no session at all.
+    let r = responses(&[]);
+    assert_eq!(r.header("x-routed-session"), None);
+    assert_eq!(r.header("x-routed-source"), None);
+    assert_eq!(r.header("x-routed-mode"), Some("least_conn"));
+    // Codex's other ids are not read as sessions either.
+    let r = responses(&[
+        ("conversation_id", "019a-codex-thread"),
+        ("thread-id", "t-1"),
+    ]);
+    assert_eq!(r.header("x-routed-session"), None);
+}
+
 #[test]
 fn hash_and_least_conn_modes() {
     let cluster = engines(3);

@@ -2,7 +2,9 @@
 //!
 //! Sources, in order; the first usable value wins:
 //! 1. the route's configured headers, in the configured order;
-//! 2. `x-litellm-session-id`, `x-claude-code-session-id`, `x-session-id`;
+//! 2. `x-litellm-session-id`, `x-claude-code-session-id`, `x-session-id`
+//!    (the OpenResty gateway's three), then Codex's `session-id` and, from
+//!    its earlier versions, `session_id` (see `BUILTIN_HEADERS`);
 //! 3. body `metadata.session_id`, then `litellm_metadata.session_id`;
 //! 4. body `metadata.user_id.session_id`, where `user_id` is an object or a
 //!    string holding a JSON object (Claude Code sends the latter);
@@ -61,8 +63,17 @@ pub const MAX_SESSION_VALUE_BYTES: usize = 1024;
 const MAX_EMBEDDED_USER_ID_JSON_BYTES: usize = 16 * 1024;
 
 /// Headers checked after the configured ones, with their source labels.
+/// The OpenResty gateway's three (LiteLLM's, Claude Code's, the generic
+/// one), then those agent clients send on every request unasked:
+/// - `session-id`: the Codex CLI's session (openai/codex,
+///   `codex-rs/codex-api/src/requests/headers.rs`, `build_session_headers`;
+///   its `thread-id` beside it names the agent thread, the session being
+///   the one whose cache they share);
+/// - `session_id`: the same from Codex versions before it (there,
+///   `build_conversation_headers`, which also sent `conversation_id` with
+///   the same value, so that one adds nothing).
 // Names parsed once: a lookup by `&str` parses the name on every request.
-const BUILTIN_HEADERS: [(HeaderName, &str); 3] = [
+const BUILTIN_HEADERS: [(HeaderName, &str); 5] = [
     (
         HeaderName::from_static("x-litellm-session-id"),
         "header:x-litellm-session-id",
@@ -75,6 +86,8 @@ const BUILTIN_HEADERS: [(HeaderName, &str); 3] = [
         HeaderName::from_static("x-session-id"),
         "header:x-session-id",
     ),
+    (HeaderName::from_static("session-id"), "header:session-id"),
+    (HeaderName::from_static("session_id"), "header:session_id"),
 ];
 
 /// Whether a request header (lowercase name) is one a session id is read
@@ -458,6 +471,27 @@ mod tests {
             source_and_hash(extract(&all[..1], &[], None)),
             Some(("header:x-session-id".into(), h("c")))
         );
+        // Codex's, after the OpenResty gateway's three.
+        let codex = [
+            ("session_id", "e"),
+            ("session-id", "d"),
+            ("x-session-id", "c"),
+        ];
+        assert_eq!(
+            source_and_hash(extract(&codex, &[], None)),
+            Some(("header:x-session-id".into(), h("c")))
+        );
+        assert_eq!(
+            source_and_hash(extract(&codex[..2], &[], None)),
+            Some(("header:session-id".into(), h("d")))
+        );
+        assert_eq!(
+            source_and_hash(extract(&codex[..1], &[], None)),
+            Some(("header:session_id".into(), h("e")))
+        );
+        // Codex's `conversation_id` and `thread-id` are not sources.
+        let others = [("conversation_id", "f"), ("thread-id", "g")];
+        assert_eq!(source_and_hash(extract(&others, &[], None)), None);
     }
 
     #[test]
