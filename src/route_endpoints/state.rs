@@ -56,14 +56,6 @@ pub(super) fn route_state(route: &Route, registry: &Registry) -> Value {
         "idle_timeout_s": c.balancing.idle_timeout.as_secs(),
         // Configured, or learned from the clients' think time if shorter.
         "live_window_ms": route.runtime.sessions.live_window_ms(),
-        // The size placement takes a session to grow to: the mean of the
-        // recent endings, or before four have ended the largest seen.
-        "typical_session_tokens": route.runtime.sessions.typical_session(),
-        "typical_session_from": if route.runtime.sessions.typical_session_learned() {
-            "ended_sessions"
-        } else {
-            "largest_session_seen"
-        },
         "toggles": toggles_json(route),
         "queue": queue_json(route),
         "session_store": store_json(registry),

@@ -73,8 +73,7 @@ pub struct RouteModel {
     /// request in flight is worth on an engine whose own is not known yet.
     pub completions_per_s: Option<f32>,
     /// The context a session of this route grows to: the mean size at which
-    /// recent sessions ended; before enough have, the largest context a
-    /// session has held (0: none yet).
+    /// recent sessions ended (0: none has yet).
     pub typical_session: u64,
     /// Share of an engine's KV (per mille) sessions may fill before what
     /// they hold counts as evicting.

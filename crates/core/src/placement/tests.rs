@@ -1231,11 +1231,7 @@ fn young_sessions_count_at_the_size_the_routes_sessions_end_at() {
         t.turn_ended(sid, Some(tokens), T0 + SECOND);
     }
     t.refresh_live(T0 + 5 * SECOND);
-    assert_eq!(
-        t.typical_session(),
-        62_000,
-        "still live: nothing ended yet, and the largest seen stands in"
-    );
+    assert_eq!(t.typical_session(), 0, "still live: nothing ended yet");
     t.refresh_live(T0 + 12 * SECOND);
     assert_eq!(t.typical_session(), 56_000);
     // A new session of 4k counts as the 56k it will hold.
@@ -1248,51 +1244,6 @@ fn young_sessions_count_at_the_size_the_routes_sessions_end_at() {
     // Control: one already past the typical size counts as itself.
     t.turn_ended(9, Some(70_000), T0 + 16 * SECOND);
     assert_eq!(t.live_of(1).projected_tokens, 70_000);
-}
-
-/// Before any session has ended, a young session counts at the largest
-/// context a session of the route has held: sessions that start together
-/// grow together, so an engine given one long session still takes its
-/// share of the young ones rather than none.
-#[test]
-fn before_sessions_end_young_ones_count_at_the_largest_size_seen() {
-    let t = SessionTable::new(TableConfig {
-        live_window_ms: 10 * SECOND,
-        ..TableConfig::default()
-    });
-    // Peer 1 holds a session of 40k; six young ones of 2k arrive.
-    let spread = |t: &SessionTable, start: u64| {
-        let view = || {
-            t.refresh_live(start + SECOND);
-            [1, 2].map(|id| PeerLoad {
-                bound: t.live_of(id),
-                ..blind(id, 0)
-            })
-        };
-        t.place_session(start, incoming(40_000, false), &[blind(1, 0)], start);
-        t.turn_ended(start, Some(40_000), start);
-        for sid in start + 1..=start + 6 {
-            t.place_session(sid, incoming(2_000, false), &view(), start + SECOND);
-            t.turn_ended(sid, Some(2_000), start + SECOND);
-        }
-        view().map(|p| p.bound.sessions)
-    };
-    let [one, two] = spread(&t, T0);
-    assert!(one.abs_diff(two) <= 1, "{one} and {two} sessions");
-    assert_eq!(t.typical_session(), 40_000);
-    // Control: once sessions of this route are known to end at 2k, the
-    // young ones count at their size, and the engine holding 40k takes none.
-    let t = SessionTable::new(TableConfig {
-        live_window_ms: 10 * SECOND,
-        ..TableConfig::default()
-    });
-    for sid in 1..=4 {
-        t.place_session(sid, incoming(2_000, false), &[blind(2, 0)], T0);
-        t.turn_ended(sid, Some(2_000), T0);
-    }
-    t.refresh_live(T0 + 12 * SECOND);
-    assert_eq!(t.typical_session(), 2_000);
-    assert_eq!(spread(&t, T0 + 20 * SECOND), [1, 6]);
 }
 
 /// An engine the model can weigh: its speeds learned, the queue it

@@ -217,16 +217,9 @@ impl SessionTable {
         }
     }
 
-    /// The size sessions of this route grow to: learned from the sessions
-    /// that ended, else the largest one seen (0 before any).
+    /// The size sessions of this route grow to (0 while unknown).
     pub fn typical_session(&self) -> u64 {
         self.ended.typical()
-    }
-
-    /// Whether [`typical_session`](Self::typical_session) is learned from
-    /// ended sessions.
-    pub fn typical_session_learned(&self) -> bool {
-        self.ended.learned()
     }
 
     /// Places one request of session `sid` and records the outcome. `None`
@@ -285,7 +278,6 @@ impl SessionTable {
         let tokens = known.map_or(incoming.tokens, |b| {
             incoming.tokens.max(u64::from(b.tokens))
         });
-        self.ended.saw(tokens);
         let config = self.config.load();
         let sized = Incoming { tokens, ..incoming };
         let limits = config.limits(self.median_live_tokens.load(Relaxed), self.model(peers));
@@ -429,7 +421,6 @@ impl SessionTable {
         self.think.record_answer();
         if let Some(tokens) = tokens {
             binding.tokens = saturate_u32(tokens);
-            self.ended.saw(tokens);
         }
         binding.last_seen = binding.last_seen.max(now);
         binding.answered_plus_one = binding.last_seen.saturating_add(1);

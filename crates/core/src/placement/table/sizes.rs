@@ -1,11 +1,11 @@
 //! The size a session of the route grows to, learned from the sessions
 //! that ended: what a young session is expected to hold on its engine.
-//! Before enough have ended, the largest context a session of the route
-//! has held: a route serves one kind of client, and its sessions reach
-//! what one of them reached. Without it, sessions that start together
-//! (a fleet of agents, a restart) were counted at today's sizes, and an
-//! engine given one long session took fewer of the young ones that grow
-//! as long (issue 42's family: 9/7/6/10 of 32 where 8 each was right).
+//! Unknown (0) until enough have ended, and sessions count at today's
+//! size meanwhile. A prior of the largest session seen evened out the
+//! first burst's layout but cost a cell of issue 42's family 3-4x its p95
+//! (uniform on engines with KV 1.05x the working set: every session
+//! counted at 60k from the start, evictions not yet happening were priced
+//! into the first placements), so it was taken out again.
 //!
 //! A session is taken to have ended when it leaves the live window after
 //! an answer (its client stopped coming back); the context it held then is
@@ -28,9 +28,6 @@ pub(super) struct EndedSizes {
     sizes: Mutex<VecDeque<u32>>,
     /// The mean of `sizes` once there are enough, else 0; read per placement.
     typical: AtomicU64,
-    /// The largest context a session of the route has held: the prior
-    /// for the size sessions grow to before any has ended.
-    largest: AtomicU64,
 }
 
 impl EndedSizes {
@@ -51,26 +48,9 @@ impl EndedSizes {
         self.typical.store(typical, Relaxed);
     }
 
-    /// A live session holds `tokens`.
-    pub(super) fn saw(&self, tokens: u64) {
-        if self.largest.load(Relaxed) < tokens {
-            self.largest.fetch_max(tokens, Relaxed);
-        }
-    }
-
-    /// The context a session of this route grows to; 0 while no session
-    /// has held any.
+    /// The context a session of this route grows to; 0 while unknown.
     pub(super) fn typical(&self) -> u64 {
-        match self.typical.load(Relaxed) {
-            0 => self.largest.load(Relaxed),
-            n => n,
-        }
-    }
-
-    /// Whether [`typical`](Self::typical) is learned from ended sessions
-    /// rather than the largest one seen.
-    pub(super) fn learned(&self) -> bool {
-        self.typical.load(Relaxed) > 0
+        self.typical.load(Relaxed)
     }
 }
 
@@ -79,19 +59,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_mean_of_recent_endings_once_there_are_enough_the_largest_seen_before() {
+    fn the_mean_of_recent_endings_once_there_are_enough() {
         let s = EndedSizes::default();
         for t in [50_000, 60_000, 55_000] {
             s.record(t);
         }
         assert_eq!(s.typical(), 0, "three endings say too little");
-        s.saw(61_000);
-        s.saw(20_000);
-        assert_eq!(s.typical(), 61_000, "the largest seen stands in");
-        assert!(!s.learned());
         s.record(59_000);
         assert_eq!(s.typical(), 56_000);
-        assert!(s.learned());
         // An adopted session never served here has no size: not an ending.
         s.record(0);
         assert_eq!(s.typical(), 56_000);
