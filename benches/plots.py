@@ -556,31 +556,32 @@ PLOTS = [
         ],
     },
     # BENCHMARKS.md, "Placement over a family of engines (issue 42)": each
-    # run's TTFT p95 over its best real peer's (the JSON's over_runs), after
-    # (a3d237e) and before (9aaeb23) in the same runs.
+    # run's TTFT p95 over its best real peer's (the JSON's over_runs): now
+    # (uniform 374de3e, shared-prefix 807ef8f, three seeds) and the model's
+    # first build (a3d237e, seeds 1-2 and 1; none for the later seeds).
     {
         "file": "placement-family.svg",
         "title": "Placement over a family of engines: TTFT p95 over the best real peer's, per run",
-        "subtitle": "4 engine configurations drawn from --family-seed 1 (f1-f4), workload seeds s1 and s2; below 1: better than every peer",
-        "source": "Source: BENCHMARKS.md, Placement over a family of engines (issue 42). llm-gateway bench --family 4.",
+        "subtitle": "4 engine configurations drawn from --family-seed 1 (f1-f4), workload seeds s1-s3; below 1: better than every peer",
+        "source": "Source: BENCHMARKS.md, Placement over a family of engines (issue 42). llm-gateway bench --family 4 --seeds 1,2,3.",
         "panels": [
             {
                 "title": "uniform: 32 agent sessions, 60 s after 20 s of warm-up",
                 "ylabel": "p95 / best peer's p95",
-                "groups": ["f1 s1", "f1 s2", "f2 s1", "f2 s2", "f3 s1", "f3 s2", "f4 s1", "f4 s2"],
+                "groups": ["f1 s1", "f1 s2", "f1 s3", "f2 s1", "f2 s2", "f2 s3", "f3 s1", "f3 s2", "f3 s3", "f4 s1", "f4 s2", "f4 s3"],
                 "series": [
-                    {"name": "after (the model)", "values": ["0.54", "1.58", "0.94", "1.05", "1.36", "0.73", "0.34", "0.89"]},
-                    {"name": "before (9aaeb23)", "values": ["1.00", "0.81", "0.89", "0.87", "0.92", "0.78", "0.60", "1.06"]},
+                    {"name": "now (374de3e)", "values": ["0.31", "1.61", "1.03", "0.97", "1.06", "0.94", "1.82", "1.34", "1.08", "0.30", "0.17", "0.26"]},
+                    {"name": "the model's first build (a3d237e)", "values": ["0.54", "1.58", None, "0.94", "1.05", None, "1.36", "0.73", None, "0.34", "0.89", None]},
                 ],
                 "hline": {"y": 1.0, "label": "the best peer"},
             },
             {
-                "title": "shared-prefix (80 tenants, no id) and outgrow (sessions of one size), seed 1",
+                "title": "shared-prefix: 80 tenants with an 8k-token prefix, no id, 60 s",
                 "ylabel": "p95 / best peer's p95",
-                "groups": ["prefix f1", "prefix f2", "prefix f3", "prefix f4", "outgrow f1", "outgrow f2", "outgrow f3", "outgrow f4"],
+                "groups": ["f1 s1", "f1 s2", "f1 s3", "f2 s1", "f2 s2", "f2 s3", "f3 s1", "f3 s2", "f3 s3", "f4 s1", "f4 s2", "f4 s3"],
                 "series": [
-                    {"name": "after (the model)", "values": ["1.42", "1.09", "0.85", "1.08", "0.98", "0.88", "1.06", "1.02"]},
-                    {"name": "before (9aaeb23)", "values": ["1.29", "1.08", "2.61", "1.09", "0.82", "0.99", "1.02", "0.97"]},
+                    {"name": "now (807ef8f)", "values": ["1.21", "0.96", "1.00", "1.03", "1.06", "1.04", "2.40", "0.81", "3.45", "1.48", "1.14", "1.06"]},
+                    {"name": "the model's first build (a3d237e)", "values": ["1.42", None, None, "1.09", None, None, "0.85", None, None, "1.08", None, None]},
                 ],
                 "hline": {"y": 1.0, "label": "the best peer"},
             },
