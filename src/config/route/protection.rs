@@ -178,12 +178,7 @@ pub(super) fn session_prio(
         }
     };
     let in_range = |path: &str, v: Option<f64>, default: f64, ok: fn(f64) -> bool, what: &str| {
-        let v = v.unwrap_or(default);
-        if ok(v) {
-            Ok(v)
-        } else {
-            Err(refuse(path, &format!("{what} (got {v})")))
-        }
+        bounded(at, path, v, default, ok, what)
     };
     if file.full_turn == Some(0) {
         return Err(refuse("protection.session_prio.full_turn", "at least 1"));
@@ -233,12 +228,16 @@ pub(super) fn adaptive_config(
         at.at_key(&path, format!("{} must be {what}", at.written(&path)))
     };
     let d = Coefficients::default();
-    let number =
-        |key: &str, v: Option<f64>, default: f64, ok: &dyn Fn(f64) -> bool, what: &str| match v {
-            None => Ok(default),
-            Some(x) if x.is_finite() && ok(x) => Ok(x),
-            Some(x) => Err(refuse(key, format!("{what} (got {x})"))),
-        };
+    let number = |key: &str, v: Option<f64>, default: f64, ok: &dyn Fn(f64) -> bool, what: &str| {
+        bounded(
+            at,
+            &format!("protection.adaptive.{key}"),
+            v,
+            default,
+            ok,
+            what,
+        )
+    };
     if file.min.is_some_and(|m| m.is_nan() || m < 1.0) {
         return Err(refuse("min", "at least 1".into()));
     }
@@ -292,4 +291,24 @@ pub(super) fn adaptive_config(
         ttl_ms,
         interval_ms,
     })
+}
+
+/// A number option: `default` when unset, the value when finite and `ok`,
+/// else refused with its line and what it must be.
+fn bounded(
+    at: &Locator,
+    path: &str,
+    v: Option<f64>,
+    default: f64,
+    ok: impl Fn(f64) -> bool,
+    what: &str,
+) -> Result<f64, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && ok(x) => Ok(x),
+        Some(x) => Err(at.at_key(
+            path,
+            format!("{} must be {what} (got {x})", at.written(path)),
+        )),
+    }
 }
