@@ -45,5 +45,5 @@ pub mod watch;
 // pingora, tokio and the rest of the gateway; re-exported so that every
 // `crate::placement::…` path reads as before.
 pub use llm_gateway_core::{
-    api, hash, json_bytes, placement, protect, reject, request_view, rewrite, session, stream,
+    api, budget, hash, json_bytes, placement, protect, reject, request_view, rewrite, session, stream,
 };
