@@ -31,6 +31,8 @@ pub(super) struct GatewayFile {
     pub bodylog: Option<BodylogFile>,
     pub session_store: Option<SessionStoreFile>,
     pub resolver: Option<ResolverFile>,
+    pub tenants_file: Option<PathBuf>,
+    pub tenant_header: Option<String>,
 }
 
 /// `resolver:` in gateway.yaml: how engine host names are looked up.

@@ -73,7 +73,16 @@ pub struct GatewayConfig {
     pub session_store: super::store::SessionStoreConfig,
     /// How engine host names are looked up and how often again.
     pub resolver: super::resolver::ResolverConfig,
+    /// The tenants file (`config/tenants.rs`), reloaded with the routes;
+    /// `None`: every tenant on the defaults, which limit nothing.
+    pub tenants_file: Option<PathBuf>,
+    /// Where a request names its tenant when no API key does (keys off).
+    pub tenant_header: http::HeaderName,
 }
+
+/// llm-d's name for it (its flow control's fairness id), so that clients
+/// written for llm-d's gateway name their tenant here too.
+pub const DEFAULT_TENANT_HEADER: &str = "x-gateway-inference-fairness-id";
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -241,6 +250,18 @@ impl GatewayConfig {
                 )
             })?,
         };
+        let tenant_header = file
+            .tenant_header
+            .as_deref()
+            .unwrap_or(DEFAULT_TENANT_HEADER);
+        let tenant_header =
+            http::HeaderName::from_bytes(tenant_header.as_bytes()).map_err(|_| {
+                ConfigError::new(
+                    path,
+                    lines.line("tenant_header"),
+                    format!("tenant_header: {tenant_header:?} is not a header name"),
+                )
+            })?;
         let bodylog_env = std::env::var(BODYLOG_ENV).ok();
         let bodylog = bodylog::resolve(path, text, file.bodylog.as_ref(), bodylog_env.as_deref())?;
         Ok(GatewayConfig {
@@ -250,6 +271,8 @@ impl GatewayConfig {
             session_store: super::store::resolve(path, text, file.session_store.as_ref())?,
             resolver: super::resolver::resolve(path, text, file.resolver.as_ref())?,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
+            tenants_file: file.tenants_file,
+            tenant_header,
             client_idle_timeout,
             client_header_timeout,
             max_header_size,
