@@ -14,9 +14,10 @@
 //! - `controller`, `watch`, `lifecycle`  signals, reloads, the drain
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
+//! - `tenants`    who sends: the tenants file in force, budgets, in-flight caps, `/_tenants`
 //! - `discovery`  engines found while running: host names looked up again, `peers_from` (DNS, Kubernetes EndpointSlices)
 //!
-//! The pure core (`crates/core`: `placement`, `protect`, `reject`, `rewrite`,
+//! The pure core (`crates/core`: `budget`, `placement`, `protect`, `reject`, `rewrite`,
 //! `stream`, `request_view`, `session`, `hash`, `json_bytes`) is re-exported
 //! at the end of this file under the same names.
 
@@ -39,11 +40,13 @@ pub mod registry;
 pub mod route_endpoints;
 pub mod server;
 pub mod store;
+pub mod tenants;
 pub mod watch;
 
 // The pure core, a crate of its own so that the compiler keeps it free of
 // pingora, tokio and the rest of the gateway; re-exported so that every
 // `crate::placement::…` path reads as before.
 pub use llm_gateway_core::{
-    api, budget, hash, json_bytes, placement, protect, reject, request_view, rewrite, session, stream,
+    api, budget, hash, json_bytes, placement, protect, reject, request_view, rewrite, session,
+    stream,
 };

@@ -1,0 +1,328 @@
+//! Tenants at run time: the tenants file in force, and per tenant its
+//! budget windows, requests in flight and refusals. One per process
+//! (`Registry::tenants`): tenants are gateway-wide, not per route.
+//!
+//! Who writes what: `Registry::reload` swaps the file in ([`Tenants::reload`]);
+//! the request path admits ([`Tenants::admit`], from `proxy/guards/tenant.rs`)
+//! and settles ([`Admission::settle`], from `logging`); `/_tenants` and
+//! `/metrics` read.
+//!
+//! A tenant's state is made the first time it sends and kept while the
+//! tenant is named in the file, has a request in flight or anything in its
+//! windows; past [`MAX_TRACKED`] tenants (names come from request headers
+//! when keys are off) the idle ones are forgotten, and when none is, a new
+//! name shares the `other` state.
+
+mod status;
+
+use crate::budget::{self, Budget, Charge, Dimension, Refusal, Spent, Standing};
+use crate::config::tenants::{TenantPolicy, TenantsConfig, OTHER_LABEL};
+use crate::config::ConfigError;
+use crate::metrics::metrics;
+use arc_swap::ArcSwap;
+use parking_lot::{Mutex, RwLock};
+use prometheus::{IntCounter, IntGauge};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+
+/// Tenants whose state is kept at most.
+pub const MAX_TRACKED: usize = 10_000;
+
+/// The tenant of a request that names none (no key, no header).
+pub static DEFAULT_TENANT: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("default"));
+
+/// Why a tenant's request was refused: a budget's dimension, or its cap
+/// on requests in flight. The `reason` label of the refusals metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    Budget(Dimension),
+    InFlight,
+}
+
+impl Reason {
+    const ALL: [Reason; 5] = [
+        Reason::Budget(Dimension::InputTokens),
+        Reason::Budget(Dimension::OutputTokens),
+        Reason::Budget(Dimension::CachedInputTokens),
+        Reason::Budget(Dimension::Requests),
+        Reason::InFlight,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Budget(d) => d.as_str(),
+            Reason::InFlight => "in_flight",
+        }
+    }
+
+    fn index(self) -> usize {
+        Reason::ALL.iter().position(|r| *r == self).unwrap_or(0)
+    }
+}
+
+/// The token kinds served, as the `kind` label of the tokens metric.
+const TOKEN_KINDS: [&str; 3] = ["input", "output", "cached_input"];
+
+/// One tenant's series in `/metrics`, under its label (its name when the
+/// file names it, else `other`).
+struct Handles {
+    in_flight: IntGauge,
+    refusals: [IntCounter; 5],
+    tokens: [IntCounter; 3],
+}
+
+impl Handles {
+    fn of(label: &str) -> Handles {
+        let m = metrics();
+        Handles {
+            in_flight: m.tenant_in_flight.with_label_values(&[label]),
+            refusals: Reason::ALL
+                .map(|r| m.tenant_refusals.with_label_values(&[label, r.as_str()])),
+            tokens: TOKEN_KINDS.map(|k| m.tenant_tokens.with_label_values(&[label, k])),
+        }
+    }
+}
+
+/// One tenant's run-time state.
+pub struct TenantState {
+    pub name: Arc<str>,
+    budget: Mutex<Budget>,
+    in_flight: AtomicU64,
+    refusals: [AtomicU64; 5],
+    /// Swapped when a reload names or stops naming this tenant.
+    handles: ArcSwap<Handles>,
+}
+
+impl TenantState {
+    fn new(name: Arc<str>, config: &TenantsConfig) -> Self {
+        let label = label_of(config, &name);
+        TenantState {
+            budget: Mutex::new(Budget::default()),
+            in_flight: AtomicU64::new(0),
+            refusals: Default::default(),
+            handles: ArcSwap::from_pointee(Handles::of(label)),
+            name,
+        }
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    fn refused(&self, reason: Reason) {
+        self.refusals[reason.index()].fetch_add(1, Ordering::Relaxed);
+        self.handles.load().refusals[reason.index()].inc();
+    }
+
+    fn standing(&self, policy: &TenantPolicy, now_ms: u64) -> [Standing; 4] {
+        self.budget.lock().standing(&policy.limits, now_ms)
+    }
+}
+
+fn label_of<'a>(config: &TenantsConfig, name: &'a str) -> &'a str {
+    if config.names(name) {
+        name
+    } else {
+        OTHER_LABEL
+    }
+}
+
+/// A request refused for its tenant.
+#[derive(Debug, Clone)]
+pub struct TenantRefusal {
+    pub tenant: Arc<str>,
+    pub reason: Reason,
+    /// For a budget: the limit it hit and when it has room again.
+    pub budget: Option<Refusal>,
+    /// For the cap: the cap.
+    pub max_in_flight: Option<u64>,
+    /// Every dimension's standing, for the `x-ratelimit-*` headers.
+    pub standing: [Standing; 4],
+}
+
+/// A request admitted for its tenant: holds its place among the tenant's
+/// requests in flight until dropped (on every path, as the context is),
+/// and its charge until [`Admission::settle`].
+pub struct Admission {
+    state: Arc<TenantState>,
+    charge: Charge,
+    /// The gauge it raised, lowered on drop even if a reload relabelled
+    /// the tenant meanwhile.
+    gauge: IntGauge,
+    settled: bool,
+}
+
+impl Admission {
+    pub fn tenant(&self) -> &Arc<str> {
+        &self.state.name
+    }
+
+    /// Reconciles the charge with what the request `spent` (once; a
+    /// second call does nothing).
+    pub fn settle(&mut self, spent: Spent, now_ms: u64) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        self.state.budget.lock().settle(&self.charge, spent, now_ms);
+        let tokens = &self.state.handles.load().tokens;
+        tokens[0].inc_by(spent.input_tokens);
+        tokens[1].inc_by(spent.output_tokens);
+        tokens[2].inc_by(spent.cached_input_tokens);
+    }
+
+    /// The prompt's estimate it was admitted with.
+    pub fn estimate(&self) -> u64 {
+        self.charge.estimate
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.gauge.dec();
+    }
+}
+
+/// The tenants file in force and every tenant's state.
+pub struct Tenants {
+    config: ArcSwap<TenantsConfig>,
+    states: RwLock<HashMap<Arc<str>, Arc<TenantState>>>,
+}
+
+impl Default for Tenants {
+    fn default() -> Self {
+        Tenants {
+            config: ArcSwap::from_pointee(TenantsConfig::default()),
+            states: RwLock::new(HashMap::new()),
+        }
+    }
+}
+
+impl Tenants {
+    /// The file in force (one `Arc` load, no lock).
+    pub fn config(&self) -> Arc<TenantsConfig> {
+        self.config.load_full()
+    }
+
+    /// Reads `file` again (`None`: no tenants file, the defaults) and swaps
+    /// it in; a file that fails keeps the version in force. `Ok(true)` when
+    /// what is in force changed.
+    pub fn reload(&self, file: Option<&Path>) -> Result<bool, ConfigError> {
+        let next = match file {
+            None => TenantsConfig::default(),
+            Some(path) => TenantsConfig::load(path)?,
+        };
+        if *self.config.load_full() == next {
+            return Ok(false);
+        }
+        // Under the states' lock, so a state made meanwhile has the new labels.
+        let states = self.states.write();
+        for state in states.values() {
+            state
+                .handles
+                .store(Arc::new(Handles::of(label_of(&next, &state.name))));
+        }
+        self.config.store(Arc::new(next));
+        Ok(true)
+    }
+
+    /// `name`'s state, made the first time it is asked for.
+    fn state(&self, name: &Arc<str>, now_ms: u64) -> Arc<TenantState> {
+        if let Some(state) = self.states.read().get(name) {
+            return Arc::clone(state);
+        }
+        let mut states = self.states.write();
+        let config = self.config.load();
+        if let Some(state) = states.get(name) {
+            return Arc::clone(state);
+        }
+        if states.len() >= MAX_TRACKED {
+            states.retain(|n, s| {
+                config.names(n) || s.in_flight() > 0 || !s.budget.lock().is_idle(now_ms)
+            });
+        }
+        let key = if states.len() >= MAX_TRACKED && !config.names(name) {
+            Arc::from(OTHER_LABEL)
+        } else {
+            Arc::clone(name)
+        };
+        Arc::clone(
+            states
+                .entry(Arc::clone(&key))
+                .or_insert_with(|| Arc::new(TenantState::new(key, &config))),
+        )
+    }
+
+    /// Admits a request of tenant `name` whose prompt is `estimate` tokens,
+    /// or refuses it: over its cap on requests in flight, or over a budget.
+    /// A tenant with no limit and no cap is only counted.
+    pub fn admit(
+        &self,
+        name: &Arc<str>,
+        estimate: u64,
+        now_ms: u64,
+    ) -> Result<Admission, Box<TenantRefusal>> {
+        let config = self.config.load();
+        let policy = config.policy(name);
+        let state = self.state(name, now_ms);
+        let before = state.in_flight.fetch_add(1, Ordering::Relaxed);
+        let refuse = |reason: Reason, budget: Option<Refusal>| {
+            state.in_flight.fetch_sub(1, Ordering::Relaxed);
+            state.refused(reason);
+            Box::new(TenantRefusal {
+                tenant: Arc::clone(&state.name),
+                reason,
+                budget,
+                max_in_flight: policy.max_in_flight,
+                standing: state.standing(policy, now_ms),
+            })
+        };
+        if policy.max_in_flight.is_some_and(|cap| before >= cap) {
+            return Err(refuse(Reason::InFlight, None));
+        }
+        let charge = if policy.limits.is_unlimited() {
+            Budget::unchecked(estimate, now_ms)
+        } else {
+            let admitted = state.budget.lock().admit(&policy.limits, estimate, now_ms);
+            match admitted {
+                Ok(charge) => charge,
+                Err(r) => return Err(refuse(Reason::Budget(r.dimension), Some(r))),
+            }
+        };
+        let gauge = state.handles.load().in_flight.clone();
+        gauge.inc();
+        Ok(Admission {
+            state,
+            charge,
+            gauge,
+            settled: false,
+        })
+    }
+
+    /// `/_tenants`: every tenant named or seen, as it stands at `now_ms`.
+    pub fn status_json(&self, now_ms: u64) -> serde_json::Value {
+        let states: Vec<Arc<TenantState>> = self.states.read().values().cloned().collect();
+        status::json(&self.config(), &states, now_ms)
+    }
+}
+
+/// What a request that ended cost its tenant, from what the response
+/// pipeline saw (`budget::spent`).
+pub fn spent(
+    usage: Option<crate::stream::Usage>,
+    reached_engine: bool,
+    estimate: u64,
+    content_frames: u64,
+) -> Spent {
+    let reported = usage.map(|u| budget::Reported {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        cached_tokens: u.cached_tokens,
+    });
+    budget::spent(reported, reached_engine, estimate, content_frames)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,99 @@
+use super::*;
+use crate::config::tenants::TenantsConfig;
+use std::path::Path;
+
+fn tenants(text: &str) -> Tenants {
+    let t = Tenants::default();
+    let config = TenantsConfig::parse(Path::new("t.yaml"), text).expect("valid");
+    t.config.store(Arc::new(config));
+    t
+}
+
+fn name(n: &str) -> Arc<str> {
+    Arc::from(n)
+}
+
+#[test]
+fn the_in_flight_cap_refuses_the_next_and_a_dropped_admission_frees_its_place() {
+    let t = tenants("tenants:\n  a:\n    max_in_flight: 2\n");
+    let a = name("a");
+    let first = t.admit(&a, 10, 0).expect("1 of 2");
+    let _second = t.admit(&a, 10, 0).expect("2 of 2");
+    let refused = t.admit(&a, 10, 0).err().expect("3 of 2");
+    assert_eq!(refused.reason, Reason::InFlight);
+    assert_eq!(refused.max_in_flight, Some(2));
+    // Control: another tenant (on the defaults: no cap) is not held back.
+    let _b = t.admit(&name("b"), 10, 0).expect("b has no cap");
+    drop(first);
+    let state = t.state(&a, 0);
+    assert_eq!(state.in_flight(), 1, "the refused one took no place");
+    assert!(
+        t.admit(&a, 10, 0).is_ok(),
+        "the dropped one's place is free"
+    );
+}
+
+#[test]
+fn a_budget_refusal_gives_back_the_place_it_took() {
+    let t = tenants("defaults:\n  requests_per_minute: 1\n");
+    let c = name("c");
+    let kept = t.admit(&c, 10, 0).expect("the first");
+    let refused = t.admit(&c, 10, 100).err().expect("one a minute");
+    assert_eq!(refused.reason, Reason::Budget(Dimension::Requests));
+    assert_eq!(t.state(&c, 0).in_flight(), 1);
+    drop(kept);
+    assert_eq!(t.state(&c, 0).in_flight(), 0);
+}
+
+#[test]
+fn a_settled_admission_counts_what_it_spent() {
+    let t = tenants("tenants:\n  a:\n    input_tokens_per_minute: 1000\n");
+    let a = name("a");
+    let mut admitted = t.admit(&a, 400, 0).expect("400 of 1000");
+    admitted.settle(spent(None, true, admitted.estimate(), 7), 1_000);
+    // A second settle (logging after an explicit one) does not count twice.
+    admitted.settle(spent(None, true, 400, 7), 1_000);
+    drop(admitted);
+    let status = t.status_json(1_000);
+    let row = &status["tenants"][0];
+    assert_eq!(row["name"], "a");
+    assert_eq!(row["last_minute"]["input_tokens"], 400);
+    assert_eq!(row["last_minute"]["output_tokens"], 7);
+    assert_eq!(row["remaining"]["input_tokens"], 600);
+    assert_eq!(row["in_flight"], 0);
+}
+
+#[test]
+fn past_the_cap_on_tenants_an_unnamed_newcomer_shares_other() {
+    let t = tenants("tenants:\n  named:\n");
+    let mut held = Vec::new();
+    for i in 0..MAX_TRACKED {
+        held.push(t.admit(&name(&format!("t{i}")), 1, 0).expect("admitted"));
+    }
+    let late = t.admit(&name("late"), 1, 0).expect("admitted");
+    assert_eq!(&**late.tenant(), "other");
+    // Control: a tenant the file names keeps its own state.
+    let named = t.admit(&name("named"), 1, 0).expect("admitted");
+    assert_eq!(&**named.tenant(), "named");
+    drop(held);
+    // Idle ones go once the cap is reached again: the newcomer has its own.
+    let later = t.admit(&name("later"), 1, 61_000).expect("admitted");
+    assert_eq!(&**later.tenant(), "later");
+}
+
+#[test]
+fn a_reload_that_fails_keeps_the_file_in_force() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tenants.yaml");
+    std::fs::write(&path, "tenants:\n  a:\n    max_in_flight: 1\n").expect("write");
+    let t = Tenants::default();
+    assert_eq!(t.reload(Some(&path)), Ok(true));
+    assert_eq!(t.reload(Some(&path)), Ok(false), "unchanged");
+    std::fs::write(&path, "tenants:\n  a:\n    max_in_flight: -1\n").expect("write");
+    let e = t.reload(Some(&path)).expect_err("broken");
+    assert_eq!(e.line, Some(3), "{e}");
+    assert_eq!(t.config().policy("a").max_in_flight, Some(1));
+    // Control: no file any more in gateway.yaml is the defaults.
+    assert_eq!(t.reload(None), Ok(true));
+    assert_eq!(t.config().policy("a").max_in_flight, None);
+}
