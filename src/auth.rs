@@ -78,7 +78,9 @@ impl KeyFileStatus {
 #[derive(Clone, PartialEq, Eq)]
 struct KeyEntry {
     digest: [u8; 32],
-    owner: String,
+    /// Shared, so a request's tenant (its key's owner) is a reference
+    /// count, not a copy (`owner_of`).
+    owner: std::sync::Arc<str>,
     /// The documented placeholder ([`PLACEHOLDER_KEY`]): kept, so that a
     /// file holding only it still enforces keys (every request refused)
     /// instead of reading as "no keys" and turning authentication off, but
@@ -103,7 +105,7 @@ pub struct KeySet {
 
 impl fmt::Debug for KeySet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let owners: Vec<&str> = self.entries.iter().map(|e| e.owner.as_str()).collect();
+        let owners: Vec<&str> = self.entries.iter().map(|e| &*e.owner).collect();
         f.debug_struct("KeySet")
             .field("keys", &self.entries.len())
             .field("owners", &owners)
@@ -240,6 +242,12 @@ impl KeySet {
     /// whatever matches, so the time taken depends only on the number of keys
     /// and the length of the presented key, which the client already knows.
     pub fn check(&self, presented: &[u8]) -> Option<&str> {
+        self.owner_of(presented).map(|owner| &**owner)
+    }
+
+    /// [`KeySet::check`], the owner as the set holds it: the request's
+    /// tenant, kept on its context without a copy.
+    pub fn owner_of(&self, presented: &[u8]) -> Option<&std::sync::Arc<str>> {
         let presented_digest = sha256::digest(presented);
         let mut matched = Choice::from(0);
         let mut matched_index = 0u64;
@@ -256,7 +264,7 @@ impl KeySet {
         usize::try_from(matched_index)
             .ok()
             .and_then(|index| self.entries.get(index))
-            .map(|entry| entry.owner.as_str())
+            .map(|entry| &entry.owner)
     }
 }
 
@@ -300,7 +308,7 @@ impl Builder {
         if let Some((original, kept_index)) = self.first_seen.get(&digest) {
             let kept_owner = entries
                 .get(*kept_index)
-                .map_or(UNKNOWN_OWNER, |e| e.owner.as_str());
+                .map_or(UNKNOWN_OWNER, |e| &*e.owner);
             self.warnings.push(format!(
                 "{location}: same key as {original}; the first owner (\"{kept_owner}\") is kept"
             ));
@@ -315,7 +323,7 @@ impl Builder {
         self.first_seen.insert(digest, (location, entries.len()));
         entries.push(KeyEntry {
             digest,
-            owner: owner.to_string(),
+            owner: std::sync::Arc::from(owner),
             placeholder,
         });
     }

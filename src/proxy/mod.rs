@@ -4,9 +4,11 @@
 //! early_request_filter     `conn::head_complete`: the head's deadline is off;
 //!                          `conn::serve_pipelined`: pipelined requests in order
 //! request_filter           `request` (head size, route, endpoints) →
-//!                          `guards::auth` → `request` (body, session;
-//!                          `conn::hold_client_bytes`) → `guards::rules` →
-//!                          `request::rewrites` (usage, prefix) →
+//!                          `guards::auth` (and the tenant:
+//!                          `guards::tenant::identify`) → `request` (body,
+//!                          session; `conn::hold_client_bytes`) →
+//!                          `guards::rules` → `request::rewrites` (usage,
+//!                          prefix) → `guards::tenant::admit` (budgets) →
 //!                          `Gateway::place` (pool, load gates,
 //!                          `crate::balance`) → `request::forward` (the body
 //!                          back to Pingora: its retry buffer, or the replay)
@@ -27,7 +29,8 @@
 //!                          `crate::stream` pipeline: observe, drop, rewrite;
 //!                          the slot released at the engine's last byte
 //! fail_to_proxy            `response::local::fail`: the JSON error
-//! logging                  the slot released (if not yet), `response::record`
+//! logging                  the slot released and the tenant settled (if
+//!                          not yet), `response::record`
 //!                          (and `share_response`), the body-log frame is
 //!                          queued, `conn::await_next_head`
 //!
@@ -90,7 +93,8 @@ impl Gateway {
         )?;
         request::require_api_path(&route, &rest)?;
         request::refuse_upgrade(&route, session)?;
-        guards::auth::check(&route, &self.registry, session)?;
+        let owner = guards::auth::check(&route, &self.registry, session)?;
+        ctx.request.tenant = Some(guards::tenant::identify(owner, &self.registry, session));
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
         request::session::settle(&route, self.registry.store(), &mut ctx.request).await;
@@ -98,6 +102,7 @@ impl Gateway {
         guards::rules::check(&route, &ctx.request)?;
         request::rewrites::include_usage(&mut ctx.request);
         request::rewrites::prefix_transforms(&route, &mut ctx.request);
+        guards::tenant::admit(&self.registry, &mut ctx.request)?;
         self.place(session, &route, ctx).await?;
         response::bodylog::begin(
             self.bodylog.as_deref(),
@@ -367,8 +372,10 @@ impl ProxyHttp for Gateway {
         if end_of_stream {
             // Released before the last bytes are written, so a client that
             // sends its next request the moment it has them finds the slot
-            // free (`logging` runs only after the write).
+            // (and its tenant's place in flight) free (`logging` runs only
+            // after the write).
             ctx.upstream.slot = None;
+            response::record::settle_tenant(ctx);
         }
         Ok(None)
     }
@@ -414,6 +421,7 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         ctx.upstream.slot = None;
+        response::record::settle_tenant(ctx);
         response::record::record(session, ctx);
         response::record::share_response(self.registry.store(), session, ctx);
         response::bodylog::emit(self.bodylog.as_deref(), session, ctx);

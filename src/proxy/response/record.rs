@@ -85,6 +85,25 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
     measure_stream(ctx, pipeline, code);
 }
 
+/// The request's tenant pays what it used (`tenants::spent`: the usage,
+/// else for a stream cut early its prompt and the frames it sent, else
+/// nothing but the request) and gives back its place in flight. Called at
+/// the stream's end and again in `logging` (for every other path); the
+/// first call does it.
+pub fn settle_tenant(ctx: &mut RequestCtx) {
+    let Some(mut admission) = ctx.request.tenant_admission.take() else {
+        return;
+    };
+    let pipeline = ctx.response.pipeline.as_ref();
+    let spent = crate::tenants::spent(
+        pipeline.and_then(ResponsePipeline::usage),
+        ctx.upstream.sent_at.is_some(),
+        admission.estimate(),
+        pipeline.map_or(0, ResponsePipeline::content_events),
+    );
+    admission.settle(spent, now_ms());
+}
+
 /// What [`remember_response`] remembered, written for the other replicas
 /// when the route shares its sessions (off the request path: the answer
 /// is on its way to the client, and the next turn a think time away).
