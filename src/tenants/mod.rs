@@ -13,18 +13,22 @@
 //! when keys are off) the idle ones are forgotten, and when none is, a new
 //! name shares the `other` state.
 
+mod state;
 mod status;
 
-use crate::budget::{self, Budget, Charge, Dimension, Refusal, Spent, Standing};
-use crate::config::tenants::{TenantPolicy, TenantsConfig, OTHER_LABEL};
+pub use state::{Reason, TenantState};
+
+use state::{label_of, Handles};
+
+use crate::budget::{self, Budget, Charge, Refusal, Spent, Standing};
+use crate::config::tenants::{TenantsConfig, OTHER_LABEL};
 use crate::config::ConfigError;
-use crate::metrics::metrics;
 use arc_swap::ArcSwap;
-use parking_lot::{Mutex, RwLock};
-use prometheus::{IntCounter, IntGauge};
+use parking_lot::RwLock;
+use prometheus::IntGauge;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
 
 /// Tenants whose state is kept at most.
@@ -32,102 +36,6 @@ pub const MAX_TRACKED: usize = 10_000;
 
 /// The tenant of a request that names none (no key, no header).
 pub static DEFAULT_TENANT: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("default"));
-
-/// Why a tenant's request was refused: a budget's dimension, or its cap
-/// on requests in flight. The `reason` label of the refusals metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    Budget(Dimension),
-    InFlight,
-}
-
-impl Reason {
-    const ALL: [Reason; 5] = [
-        Reason::Budget(Dimension::InputTokens),
-        Reason::Budget(Dimension::OutputTokens),
-        Reason::Budget(Dimension::CachedInputTokens),
-        Reason::Budget(Dimension::Requests),
-        Reason::InFlight,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Budget(d) => d.as_str(),
-            Reason::InFlight => "in_flight",
-        }
-    }
-
-    fn index(self) -> usize {
-        Reason::ALL.iter().position(|r| *r == self).unwrap_or(0)
-    }
-}
-
-/// The token kinds served, as the `kind` label of the tokens metric.
-const TOKEN_KINDS: [&str; 3] = ["input", "output", "cached_input"];
-
-/// One tenant's series in `/metrics`, under its label (its name when the
-/// file names it, else `other`).
-struct Handles {
-    in_flight: IntGauge,
-    refusals: [IntCounter; 5],
-    tokens: [IntCounter; 3],
-}
-
-impl Handles {
-    fn of(label: &str) -> Handles {
-        let m = metrics();
-        Handles {
-            in_flight: m.tenant_in_flight.with_label_values(&[label]),
-            refusals: Reason::ALL
-                .map(|r| m.tenant_refusals.with_label_values(&[label, r.as_str()])),
-            tokens: TOKEN_KINDS.map(|k| m.tenant_tokens.with_label_values(&[label, k])),
-        }
-    }
-}
-
-/// One tenant's run-time state.
-pub struct TenantState {
-    pub name: Arc<str>,
-    budget: Mutex<Budget>,
-    in_flight: AtomicU64,
-    refusals: [AtomicU64; 5],
-    /// Swapped when a reload names or stops naming this tenant.
-    handles: ArcSwap<Handles>,
-}
-
-impl TenantState {
-    fn new(name: Arc<str>, config: &TenantsConfig) -> Self {
-        let label = label_of(config, &name);
-        TenantState {
-            budget: Mutex::new(Budget::default()),
-            in_flight: AtomicU64::new(0),
-            refusals: Default::default(),
-            handles: ArcSwap::from_pointee(Handles::of(label)),
-            name,
-        }
-    }
-
-    pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
-    fn refused(&self, reason: Reason) {
-        self.refusals[reason.index()].fetch_add(1, Ordering::Relaxed);
-        self.handles.load().refusals[reason.index()].inc();
-    }
-
-    fn standing(&self, policy: &TenantPolicy, now_ms: u64) -> [Standing; 4] {
-        self.budget.lock().standing(&policy.limits, now_ms)
-    }
-}
-
-fn label_of<'a>(config: &TenantsConfig, name: &'a str) -> &'a str {
-    if config.names(name) {
-        name
-    } else {
-        OTHER_LABEL
-    }
-}
 
 /// A request refused for its tenant.
 #[derive(Debug, Clone)]

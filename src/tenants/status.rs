@@ -4,7 +4,7 @@
 //! Tenants the file names come first, then the others seen, by name.
 //! Names only: a tenant is a key's owner or a header's value, never a key.
 
-use super::{Reason, TenantState};
+use super::state::{Reason, TenantState};
 use crate::budget::Standing;
 use crate::config::tenants::{TenantPolicy, TenantsConfig};
 use serde_json::{json, Map, Value};

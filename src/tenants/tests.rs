@@ -1,4 +1,5 @@
 use super::*;
+use crate::budget::Dimension;
 use crate::config::tenants::TenantsConfig;
 use std::path::Path;
 
