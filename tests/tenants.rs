@@ -291,3 +291,77 @@ fn with_keys_on_the_tenant_is_the_owner_and_the_header_is_not_read() {
         "a named tenant has its own label"
     );
 }
+
+/// `/_tenants` from 127.0.0.2: not loopback for the gateway.
+fn tenants_from_elsewhere(gw: &Gateway) -> http::Response {
+    use std::net::{IpAddr, Ipv4Addr};
+    http::Conn::open_from(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), gw.addr).request(
+        "GET",
+        "/_tenants",
+        &[],
+        b"",
+    )
+}
+
+#[test]
+fn the_tenants_endpoint_is_gated_like_the_other_status_endpoints() {
+    let s = start(
+        "tenants:\n  team:\n",
+        GatewayOptions {
+            extra_config: "status_endpoints: loopback\n".into(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(tenants_from_elsewhere(&s.gw).status(), 403);
+    // Control: from loopback it answers, the file's path shown.
+    let local = http::get(s.gw.addr, "/_tenants");
+    assert_eq!(local.status(), 200);
+    let shown = local.json()["tenants_file"].clone();
+    assert_eq!(shown, s.tenants_file.display().to_string());
+
+    // Open: anyone reads it, but only loopback sees where the file lies.
+    let open = start("tenants:\n  team:\n", GatewayOptions::default());
+    let r = tenants_from_elsewhere(&open.gw);
+    assert_eq!(r.status(), 200, "{}", r.text());
+    assert_eq!(r.json()["tenants_file"], "[redacted]");
+    assert_eq!(r.json()["tenants"][0]["name"], "team");
+}
+
+#[test]
+fn check_reads_the_tenants_file_and_names_a_mistake_by_its_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let routes = dir.path().join("routes");
+    std::fs::create_dir(&routes).expect("routes");
+    let tenants_file = dir.path().join("tenants.yaml");
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &config,
+        format!("tenants_file: {}\n", tenants_file.display()),
+    )
+    .expect("gateway.yaml");
+    let check = || {
+        std::process::Command::new(gateway_bin())
+            .args(["check", "--config"])
+            .arg(&config)
+            .arg("--routes")
+            .arg(&routes)
+            .env_remove("LLM_GATEWAY_API_KEYS_FILE")
+            .output()
+            .expect("run check")
+    };
+    std::fs::write(&tenants_file, "tenants:\n  a:\n    class: urgent\n").expect("write");
+    let out = check();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("tenants.yaml:3"), "{said}");
+    // Control: the same file put right passes.
+    std::fs::write(&tenants_file, "tenants:\n  a:\n    class: batch\n").expect("write");
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.contains("1 tenant(s) named"), "{said}");
+}
