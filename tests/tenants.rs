@@ -365,3 +365,64 @@ fn check_reads_the_tenants_file_and_names_a_mistake_by_its_line() {
     let said = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(said.contains("1 tenant(s) named"), "{said}");
 }
+
+/// Two replicas of one gateway on one engine, with `extra` in gateway.yaml
+/// and the same tenants file.
+fn two_replicas(tenants: &str, extra: &str) -> (Setup, Gateway) {
+    let first = start(
+        tenants,
+        GatewayOptions {
+            extra_config: extra.to_string(),
+            ..Default::default()
+        },
+    );
+    let route = route_yaml(&ports(&first.cluster), "");
+    let second = Gateway::start_with(
+        &[("chat", route)],
+        GatewayOptions {
+            extra_config: format!("tenants_file: {}\n{extra}", first.tenants_file.display()),
+            ..Default::default()
+        },
+    );
+    (first, second)
+}
+
+fn requests_seen(gw: &Gateway, name: &str) -> Value {
+    row(gw, name).map_or(json!(0), |r| r["last_minute"]["requests"].clone())
+}
+
+#[test]
+fn with_redis_two_replicas_hold_one_budget() {
+    let redis = common::redis::Redis::start();
+    let store = format!(
+        "session_store:\n  kind: redis\n  url: {}\n  timeout: 200ms\n",
+        redis.url()
+    );
+    let tenants = "tenants:\n  shared:\n    requests_per_minute: 4\n";
+    let (a, b) = two_replicas(tenants, &store);
+    for i in 0..2 {
+        assert_eq!(send(&a.gw, "shared", &format!("a{i}")).status(), 200);
+    }
+    wait_for("b to see a's two requests", DEADLINE, || {
+        (requests_seen(&b, "shared") == 2).then_some(())
+    });
+    for i in 0..2 {
+        assert_eq!(send(&b, "shared", &format!("b{i}")).status(), 200);
+    }
+    let r = send(&b, "shared", "the fifth, on b");
+    assert_eq!(r.status(), 429, "{}", r.text());
+    assert_eq!(r.header("x-ratelimit-remaining-requests"), Some("0"));
+    wait_for("a to see b's two requests", DEADLINE, || {
+        (requests_seen(&a.gw, "shared") == 4).then_some(())
+    });
+    assert_eq!(send(&a.gw, "shared", "the fifth, on a").status(), 429);
+
+    // Control: without the store each replica keeps its own window, and
+    // the fifth request of the minute passes on the second replica.
+    let (c, d) = two_replicas(tenants, "");
+    for i in 0..2 {
+        assert_eq!(send(&c.gw, "shared", &format!("c{i}")).status(), 200);
+        assert_eq!(send(&d, "shared", &format!("d{i}")).status(), 200);
+    }
+    assert_eq!(send(&d, "shared", "the fifth, on d").status(), 200);
+}

@@ -6,8 +6,9 @@
 //! `SESSIONS_EVERY`-th time, 250 ms; a replica's numbers expire
 //! `LOAD_TTL_MS` after its last publish, so a replica that died stops
 //! counting within that bound),
-//! writes back the sessions placed while Redis was away, and sweeps old
-//! sync times. It runs through a drain (`server.rs` `UntilExit`), until
+//! shares the tenants' budget windows at the sessions' pace
+//! (`tenants/shared.rs`), writes back the sessions placed while Redis was
+//! away, and sweeps old sync times. It runs through a drain (`server.rs` `UntilExit`), until
 //! the process exits: a draining replica's streams still load their
 //! engines, and the others must go on counting them.
 //!
@@ -77,10 +78,14 @@ impl BackgroundService for StoreService {
             for route in snapshot.values() {
                 exchange_load(redis, route, now, sessions).await;
             }
+            if sessions {
+                crate::tenants::shared::exchange(redis, self.registry.tenants(), now).await;
+            }
             if redis.is_up() {
                 write_back(redis, &self.registry, now).await;
             } else if was_up {
                 // Down now: the other replicas' numbers are of no use.
+                self.registry.tenants().set_elsewhere(&HashMap::new(), now);
                 for route in snapshot.values() {
                     for p in &route.peers {
                         p.state.set_remote_in_flight(0);

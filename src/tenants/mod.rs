@@ -4,8 +4,10 @@
 //!
 //! Who writes what: `Registry::reload` swaps the file in ([`Tenants::reload`]);
 //! the request path admits ([`Tenants::admit`], from `proxy/guards/tenant.rs`)
-//! and settles ([`Admission::settle`], from `logging`); `/_tenants` and
-//! `/metrics` read.
+//! and settles ([`Admission::settle`], at the stream's end or in `logging`);
+//! with a Redis session store, the cluster sync sets what the other
+//! replicas' windows hold (`shared.rs`, [`Tenants::set_elsewhere`]);
+//! `/_tenants` and `/metrics` read.
 //!
 //! A tenant's state is made the first time it sends and kept while the
 //! tenant is named in the file, has a request in flight or anything in its
@@ -13,6 +15,7 @@
 //! when keys are off) the idle ones are forgotten, and when none is, a new
 //! name shares the `other` state.
 
+pub mod shared;
 mod state;
 mod status;
 
@@ -193,7 +196,11 @@ impl Tenants {
         let charge = if policy.limits.is_unlimited() {
             Budget::unchecked(estimate, now_ms)
         } else {
-            let admitted = state.budget.lock().admit(&policy.limits, estimate, now_ms);
+            let elsewhere = state.elsewhere();
+            let admitted = state
+                .budget
+                .lock()
+                .admit(&policy.limits, estimate, now_ms, &elsewhere);
             match admitted {
                 Ok(charge) => charge,
                 Err(r) => return Err(refuse(Reason::Budget(r.dimension), Some(r))),
@@ -207,6 +214,35 @@ impl Tenants {
             gauge,
             settled: false,
         })
+    }
+
+    /// What this replica's windows hold, per tenant with anything in them,
+    /// for the other replicas (`tenants/shared.rs`); nothing when no tenant
+    /// has a budget, so that a gateway without limits shares nothing.
+    pub fn published(&self, now_ms: u64) -> Vec<(Arc<str>, [u64; 4])> {
+        if self.config.load().is_unlimited() {
+            return Vec::new();
+        }
+        let states: Vec<Arc<TenantState>> = self.states.read().values().cloned().collect();
+        states
+            .into_iter()
+            .filter_map(|s| {
+                let used = s.budget.lock().used(now_ms);
+                (used != [0; 4]).then(|| (Arc::clone(&s.name), used))
+            })
+            .collect()
+    }
+
+    /// Sets what the other replicas' windows hold (`others`, summed over
+    /// them, by tenant); a tenant they do not name holds nothing there.
+    pub fn set_elsewhere(&self, others: &HashMap<String, [u64; 4]>, now_ms: u64) {
+        for name in others.keys() {
+            // Made here if new, so its first request here counts them.
+            self.state(&Arc::from(name.as_str()), now_ms);
+        }
+        for state in self.states.read().values() {
+            state.set_elsewhere(others.get(&*state.name).copied().unwrap_or([0; 4]));
+        }
     }
 
     /// `/_tenants`: every tenant named or seen, as it stands at `now_ms`.

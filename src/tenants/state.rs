@@ -1,7 +1,7 @@
 //! One tenant's run-time state: its budget windows, requests in flight,
 //! refusals by reason, and its series in `/metrics`.
 
-use crate::budget::{Budget, Dimension, Standing};
+use crate::budget::{Budget, Dimension, Elsewhere, Standing};
 use crate::config::tenants::{TenantPolicy, TenantsConfig, OTHER_LABEL};
 use crate::metrics::metrics;
 use arc_swap::ArcSwap;
@@ -70,6 +70,9 @@ pub struct TenantState {
     pub(super) refusals: [AtomicU64; 5],
     /// Swapped when a reload names or stops naming this tenant.
     pub(super) handles: ArcSwap<Handles>,
+    /// What the other replicas' windows hold, by dimension, as last read
+    /// from the shared store (`tenants/shared.rs`); zeros without one.
+    pub(super) elsewhere: [AtomicU64; 4],
 }
 
 impl TenantState {
@@ -80,6 +83,7 @@ impl TenantState {
             in_flight: AtomicU64::new(0),
             refusals: Default::default(),
             handles: ArcSwap::from_pointee(Handles::of(label)),
+            elsewhere: Default::default(),
             name,
         }
     }
@@ -94,7 +98,20 @@ impl TenantState {
     }
 
     pub(super) fn standing(&self, policy: &TenantPolicy, now_ms: u64) -> [Standing; 4] {
-        self.budget.lock().standing(&policy.limits, now_ms)
+        let elsewhere = self.elsewhere();
+        self.budget
+            .lock()
+            .standing(&policy.limits, now_ms, &elsewhere)
+    }
+
+    pub(super) fn elsewhere(&self) -> Elsewhere {
+        self.elsewhere.each_ref().map(|n| n.load(Ordering::Relaxed))
+    }
+
+    pub(super) fn set_elsewhere(&self, counts: Elsewhere) {
+        for (slot, n) in self.elsewhere.iter().zip(counts) {
+            slot.store(n, Ordering::Relaxed);
+        }
     }
 }
 

@@ -49,7 +49,17 @@ impl Dimension {
     pub fn is_tokens(self) -> bool {
         self != Dimension::Requests
     }
+
+    /// Its place in [`Dimension::ALL`] (and in an [`Elsewhere`]).
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
+
+/// What the other replicas' windows hold per dimension, in
+/// [`Dimension::ALL`]'s order, as they last published it (all zero with
+/// one replica, or with the shared store away).
+pub type Elsewhere = [u64; 4];
 
 /// Limits per minute; `None` is unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -182,17 +192,21 @@ impl Budget {
     /// so that one larger than the limit is slowed to one a minute rather
     /// than refused forever. Output and cached input are known only at the
     /// end: a tenant over them is refused until they slide out.
+    /// `elsewhere`: what the other replicas' windows hold, counted with
+    /// this one's.
     pub fn admit(
         &mut self,
         limits: &Limits,
         estimate: u64,
         now_ms: u64,
+        elsewhere: &Elsewhere,
     ) -> Result<Charge, Refusal> {
         for d in Dimension::ALL {
             let Some(limit) = limits.of(d) else {
                 continue;
             };
-            let used = self.window(d).used(now_ms);
+            let there = elsewhere[d.index()];
+            let used = self.window(d).used(now_ms).saturating_add(there);
             let need = match d {
                 Dimension::Requests => 1,
                 Dimension::InputTokens if used == 0 => 0,
@@ -203,7 +217,9 @@ impl Budget {
             if over {
                 // Room for this request: `need` under the limit, or for the
                 // ones known only at the end, anything under it.
-                let target = limit.saturating_sub(need.max(1));
+                // What slides out elsewhere is not known here: this
+                // window's own buckets tell the wait.
+                let target = limit.saturating_sub(need.max(1)).saturating_sub(there);
                 return Err(Refusal {
                     dimension: d,
                     limit,
@@ -252,11 +268,23 @@ impl Budget {
             .adjust(at, now_ms, signed(spent.cached_input_tokens));
     }
 
-    /// How each dimension stands now against `limits`.
-    pub fn standing(&mut self, limits: &Limits, now_ms: u64) -> [Standing; 4] {
+    /// What each window holds now, in [`Dimension::ALL`]'s order: what
+    /// this replica publishes for the others' [`Elsewhere`].
+    pub fn used(&mut self, now_ms: u64) -> [u64; 4] {
+        Dimension::ALL.map(|d| self.window(d).used(now_ms))
+    }
+
+    /// How each dimension stands now against `limits`, the other
+    /// replicas' windows (`elsewhere`) counted.
+    pub fn standing(
+        &mut self,
+        limits: &Limits,
+        now_ms: u64,
+        elsewhere: &Elsewhere,
+    ) -> [Standing; 4] {
         Dimension::ALL.map(|d| {
             let window = self.window(d);
-            let used = window.used(now_ms);
+            let used = window.used(now_ms).saturating_add(elsewhere[d.index()]);
             let limit = limits.of(d);
             Standing {
                 dimension: d,
