@@ -122,6 +122,9 @@ pub struct Attempt {
     pub sent_at: Option<std::time::Instant>,
     /// The current attempt's response head arrived.
     pub responded: bool,
+    /// ... with a status other than 2xx: the engine did not take the
+    /// request on, and its tenant is not charged its prompt.
+    pub error_status: bool,
     /// The current attempt's exchange broke after the engine's head and its
     /// peer was banned for it (`upstream::on_exchange_failure`): the one
     /// line that reports the failure (`response::local::fail`) says so.

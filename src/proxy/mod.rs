@@ -345,6 +345,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         ctx.upstream.responded = true;
+        ctx.upstream.error_status = !resp.status.is_success();
         response::headers::refuse_switch(resp.status, ctx)?;
         response::bodylog::response_head(ctx, &resp.headers);
         response::headers::edit_plain(resp, |head| {

@@ -95,9 +95,13 @@ pub fn settle_tenant(ctx: &mut RequestCtx) {
         return;
     };
     let pipeline = ctx.response.pipeline.as_ref();
+    // The engine computed the prompt if it began a 2xx answer, or took
+    // the request and never answered (it may have died prefilling); an
+    // error status it answered with says it did not.
+    let engine_worked = ctx.upstream.sent_at.is_some() && !ctx.upstream.error_status;
     let spent = crate::tenants::spent(
         pipeline.and_then(ResponsePipeline::usage),
-        ctx.upstream.sent_at.is_some(),
+        engine_worked,
         admission.estimate(),
         pipeline.map_or(0, ResponsePipeline::content_events),
     );
