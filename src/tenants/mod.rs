@@ -55,14 +55,15 @@ pub struct TenantRefusal {
 
 /// A request admitted for its tenant: holds its place among the tenant's
 /// requests in flight until dropped (on every path, as the context is),
-/// and its charge until [`Admission::settle`].
+/// and its charge until [`Admission::settle`] consumes it (so it cannot be
+/// settled twice). Dropped unsettled (a task cancelled), the charge stays
+/// as admitted.
 pub struct Admission {
     state: Arc<TenantState>,
     charge: Charge,
     /// The gauge it raised, lowered on drop even if a reload relabelled
     /// the tenant meanwhile.
     gauge: IntGauge,
-    settled: bool,
 }
 
 impl Admission {
@@ -70,12 +71,9 @@ impl Admission {
         &self.state.name
     }
 
-    /// Reconciles the charge with what the request `spent` (once; a
-    /// second call does nothing).
-    pub fn settle(&mut self, spent: Spent, now_ms: u64) {
-        if std::mem::replace(&mut self.settled, true) {
-            return;
-        }
+    /// Reconciles the charge with what the request `spent`, and gives its
+    /// place in flight back.
+    pub fn settle(self, spent: Spent, now_ms: u64) {
         self.state.budget.lock().settle(&self.charge, spent, now_ms);
         let tokens = &self.state.handles.load().tokens;
         tokens[0].inc_by(spent.input_tokens);
@@ -212,7 +210,6 @@ impl Tenants {
             state,
             charge,
             gauge,
-            settled: false,
         })
     }
 

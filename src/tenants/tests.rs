@@ -50,11 +50,9 @@ fn a_budget_refusal_gives_back_the_place_it_took() {
 fn a_settled_admission_counts_what_it_spent() {
     let t = tenants("tenants:\n  a:\n    input_tokens_per_minute: 1000\n");
     let a = name("a");
-    let mut admitted = t.admit(&a, 400, 0).expect("400 of 1000");
-    admitted.settle(spent(None, true, admitted.estimate(), 7), 1_000);
-    // A second settle (logging after an explicit one) does not count twice.
+    let admitted = t.admit(&a, 400, 0).expect("400 of 1000");
+    assert_eq!(t.state(&a, 0).in_flight(), 1);
     admitted.settle(spent(None, true, 400, 7), 1_000);
-    drop(admitted);
     let status = t.status_json(1_000);
     let row = &status["tenants"][0];
     assert_eq!(row["name"], "a");

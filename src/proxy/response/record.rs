@@ -91,7 +91,7 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
 /// the stream's end and again in `logging` (for every other path); the
 /// first call does it.
 pub fn settle_tenant(ctx: &mut RequestCtx) {
-    let Some(mut admission) = ctx.request.tenant_admission.take() else {
+    let Some(admission) = ctx.request.tenant_admission.take() else {
         return;
     };
     let pipeline = ctx.response.pipeline.as_ref();
