@@ -31,7 +31,7 @@ use parking_lot::RwLock;
 use prometheus::IntGauge;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 
 /// Tenants whose state is kept at most.
@@ -98,13 +98,21 @@ impl Drop for Admission {
 pub struct Tenants {
     config: ArcSwap<TenantsConfig>,
     states: RwLock<HashMap<Arc<str>, Arc<TenantState>>>,
+    /// When the idle tenants were last swept (`state`): at most once a
+    /// second, so that a full table of busy tenants is not scanned again
+    /// under the write lock for every request of a newcomer.
+    last_sweep_ms: AtomicU64,
 }
+
+/// How often a full table of tenants is swept for idle ones at most.
+const SWEEP_EVERY_MS: u64 = 1_000;
 
 impl Default for Tenants {
     fn default() -> Self {
         Tenants {
             config: ArcSwap::from_pointee(TenantsConfig::default()),
             states: RwLock::new(HashMap::new()),
+            last_sweep_ms: AtomicU64::new(0),
         }
     }
 }
@@ -147,7 +155,10 @@ impl Tenants {
         if let Some(state) = states.get(name) {
             return Arc::clone(state);
         }
-        if states.len() >= MAX_TRACKED {
+        // Under the write lock: no other sweep runs meanwhile.
+        let last_sweep = self.last_sweep_ms.load(Ordering::Relaxed);
+        if states.len() >= MAX_TRACKED && now_ms.saturating_sub(last_sweep) >= SWEEP_EVERY_MS {
+            self.last_sweep_ms.store(now_ms, Ordering::Relaxed);
             states.retain(|n, s| {
                 config.names(n) || s.in_flight() > 0 || !s.budget.lock().is_idle(now_ms)
             });

@@ -96,3 +96,27 @@ fn a_reload_that_fails_keeps_the_file_in_force() {
     assert_eq!(t.reload(None), Ok(true));
     assert_eq!(t.config().policy("a").max_in_flight, None);
 }
+
+#[test]
+fn a_full_table_is_swept_at_most_once_a_second() {
+    let t = tenants("");
+    let held: Vec<Admission> = (0..MAX_TRACKED)
+        .map(|i| {
+            t.admit(&name(&format!("t{i}")), 1, 5_000)
+                .expect("admitted")
+        })
+        .collect();
+    let late = t.admit(&name("late"), 1, 5_000).expect("admitted");
+    assert_eq!(&**late.tenant(), "other", "swept, but every tenant is busy");
+    drop(held);
+    let soon = t.admit(&name("soon"), 1, 5_500).expect("admitted");
+    assert_eq!(
+        &**soon.tenant(),
+        "other",
+        "no second sweep within the second"
+    );
+    // Control: a second on, the idle ones are swept and the newcomer has
+    // its own state.
+    let later = t.admit(&name("later"), 1, 6_000).expect("admitted");
+    assert_eq!(&**later.tenant(), "later");
+}
