@@ -252,6 +252,33 @@ fn with_keys_off_the_tenant_is_the_header_else_default() {
 }
 
 #[test]
+fn without_a_tenants_file_no_tenant_is_tracked() {
+    let cluster = engines(1);
+    let gw = Gateway::start_with(
+        &[("chat", route_yaml(&ports(&cluster), ""))],
+        GatewayOptions::default(),
+    );
+    assert_eq!(send(&gw, "team-n", "hi").status(), 200);
+    // Nothing to wait for: a tracked tenant's state is made at admission,
+    // before the request goes on to its engine.
+    let status = http::get(gw.addr, "/_tenants").json();
+    assert_eq!(status["tenants"], json!([]), "{status}");
+    assert_eq!(status["tenants_file"], Value::Null);
+    let tokens = gw.metric("llm_gateway_tenant_tokens_total", &[]);
+    assert_eq!(tokens, 0.0);
+    // Control: the same request with a tenants file, even an empty one,
+    // is counted.
+    let s = start("", GatewayOptions::default());
+    assert_eq!(send(&s.gw, "team-n", "hi").status(), 200);
+    wait_for("team-n counted", DEADLINE, || {
+        row(&s.gw, "team-n")
+            .filter(|r| r["last_minute"]["requests"] == 1)
+            .map(drop)
+    });
+    assert!(s.gw.metric("llm_gateway_tenant_tokens_total", &[]) > 0.0);
+}
+
+#[test]
 fn with_keys_on_the_tenant_is_the_owner_and_the_header_is_not_read() {
     let keys = tempfile::tempdir().expect("keys");
     let key_file = keys.path().join("api-keys");

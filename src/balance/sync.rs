@@ -78,7 +78,8 @@ impl BackgroundService for StoreService {
             for route in snapshot.values() {
                 exchange_load(redis, route, now, sessions).await;
             }
-            if sessions {
+            // Without a tenants file there are no budgets to share.
+            if sessions && self.registry.tenants().tracked() {
                 crate::tenants::shared::exchange(redis, self.registry.tenants(), now).await;
             }
             if redis.is_up() {

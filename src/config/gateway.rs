@@ -74,7 +74,7 @@ pub struct GatewayConfig {
     /// How engine host names are looked up and how often again.
     pub resolver: super::resolver::ResolverConfig,
     /// The tenants file (`config/tenants.rs`), reloaded with the routes;
-    /// `None`: every tenant on the defaults, which limit nothing.
+    /// `None`: tenants are neither limited nor counted (`Tenants::tracked`).
     pub tenants_file: Option<PathBuf>,
     /// Where a request names its tenant when no API key does (keys off).
     pub tenant_header: http::HeaderName,

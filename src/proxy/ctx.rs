@@ -75,14 +75,11 @@ pub struct Admitted {
     /// The client connection holds what the client sends while this
     /// request runs (`conn::hold_client_bytes`), so it can watch the engine.
     pub client_held: bool,
-    /// Who sends it (`guards::tenant::identify`, right after the key
-    /// check): the key's owner, the tenant header's value, or `default`.
-    /// What a fair-share release or a class would look the tenant up by.
-    pub tenant: Option<Arc<str>>,
     /// Its place among its tenant's requests in flight and its charge,
-    /// from admission (`guards::tenant::admit`) to the stream's end, where
-    /// it is settled and dropped (`response::record::settle_tenant`); any
-    /// other path drops it with the context.
+    /// from admission (`guards::tenant::admit`; `None` without a tenants
+    /// file) to the stream's end, where it is settled
+    /// (`response::record::settle_tenant`); on any other path, in
+    /// `logging`, or dropped with the context.
     pub tenant_admission: Option<crate::tenants::Admission>,
 }
 

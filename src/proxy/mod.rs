@@ -4,11 +4,11 @@
 //! early_request_filter     `conn::head_complete`: the head's deadline is off;
 //!                          `conn::serve_pipelined`: pipelined requests in order
 //! request_filter           `request` (head size, route, endpoints) →
-//!                          `guards::auth` (and the tenant:
-//!                          `guards::tenant::identify`) → `request` (body,
-//!                          session; `conn::hold_client_bytes`) →
+//!                          `guards::auth` (the key's owner) → `request`
+//!                          (body, session; `conn::hold_client_bytes`) →
 //!                          `guards::rules` → `request::rewrites` (usage,
-//!                          prefix) → `guards::tenant::admit` (budgets) →
+//!                          prefix) → `guards::tenant::admit` (the tenant,
+//!                          its cap and budgets) →
 //!                          `Gateway::place` (pool, load gates,
 //!                          `crate::balance`) → `request::forward` (the body
 //!                          back to Pingora: its retry buffer, or the replay)
@@ -94,7 +94,6 @@ impl Gateway {
         request::require_api_path(&route, &rest)?;
         request::refuse_upgrade(&route, session)?;
         let owner = guards::auth::check(&route, &self.registry, session)?;
-        ctx.request.tenant = Some(guards::tenant::identify(owner, &self.registry, session));
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
         request::session::settle(&route, self.registry.store(), &mut ctx.request).await;
@@ -102,7 +101,7 @@ impl Gateway {
         guards::rules::check(&route, &ctx.request)?;
         request::rewrites::include_usage(&mut ctx.request);
         request::rewrites::prefix_transforms(&route, &mut ctx.request);
-        guards::tenant::admit(&self.registry, &mut ctx.request)?;
+        guards::tenant::admit(owner, &self.registry, session, &mut ctx.request)?;
         self.place(session, &route, ctx).await?;
         response::bodylog::begin(
             self.bodylog.as_deref(),

@@ -9,6 +9,10 @@
 //! replicas' windows hold (`shared.rs`, [`Tenants::set_elsewhere`]);
 //! `/_tenants` and `/metrics` read.
 //!
+//! Without a tenants file nothing is tracked ([`Tenants::tracked`]): a
+//! request then costs one atomic load here, no lock and no allocation,
+//! since there is no limit to enforce and no tenant the metrics would name.
+//!
 //! A tenant's state is made the first time it sends and kept while the
 //! tenant is named in the file, has a request in flight or anything in its
 //! windows; past [`MAX_TRACKED`] tenants (names come from request headers
@@ -31,7 +35,7 @@ use parking_lot::RwLock;
 use prometheus::IntGauge;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 
 /// Tenants whose state is kept at most.
@@ -97,6 +101,9 @@ impl Drop for Admission {
 /// The tenants file in force and every tenant's state.
 pub struct Tenants {
     config: ArcSwap<TenantsConfig>,
+    /// A tenants file is in force (`config.file` is set): read on every
+    /// request, so a bare atomic rather than the config's `ArcSwap`.
+    tracked: AtomicBool,
     states: RwLock<HashMap<Arc<str>, Arc<TenantState>>>,
     /// When the idle tenants were last swept (`state`): at most once a
     /// second, so that a full table of busy tenants is not scanned again
@@ -111,6 +118,7 @@ impl Default for Tenants {
     fn default() -> Self {
         Tenants {
             config: ArcSwap::from_pointee(TenantsConfig::default()),
+            tracked: AtomicBool::new(false),
             states: RwLock::new(HashMap::new()),
             last_sweep_ms: AtomicU64::new(0),
         }
@@ -121,6 +129,13 @@ impl Tenants {
     /// The file in force (one `Arc` load, no lock).
     pub fn config(&self) -> Arc<TenantsConfig> {
         self.config.load_full()
+    }
+
+    /// Whether requests are admitted and counted per tenant: only with a
+    /// tenants file in force. Without one there is nothing to enforce, and
+    /// the request path skips the tenant altogether.
+    pub fn tracked(&self) -> bool {
+        self.tracked.load(Ordering::Relaxed)
     }
 
     /// Reads `file` again (`None`: no tenants file, the defaults) and swaps
@@ -141,6 +156,7 @@ impl Tenants {
                 .handles
                 .store(Arc::new(Handles::of(label_of(&next, &state.name))));
         }
+        self.tracked.store(next.file.is_some(), Ordering::Relaxed);
         self.config.store(Arc::new(next));
         Ok(true)
     }

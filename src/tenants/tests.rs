@@ -120,3 +120,21 @@ fn a_full_table_is_swept_at_most_once_a_second() {
     let later = t.admit(&name("later"), 1, 6_000).expect("admitted");
     assert_eq!(&**later.tenant(), "later");
 }
+
+#[test]
+fn only_a_tenants_file_in_force_has_tenants_tracked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tenants.yaml");
+    let t = Tenants::default();
+    assert!(!t.tracked(), "no file at start");
+    // An empty file limits nothing but is a file: tenants are counted.
+    std::fs::write(&path, "").expect("write");
+    assert_eq!(t.reload(Some(&path)), Ok(true));
+    assert!(t.tracked());
+    // A broken one keeps the one in force, tracked.
+    std::fs::write(&path, "tenants: [").expect("write");
+    assert!(t.reload(Some(&path)).is_err());
+    assert!(t.tracked());
+    assert_eq!(t.reload(None), Ok(true));
+    assert!(!t.tracked(), "the file gone from gateway.yaml");
+}

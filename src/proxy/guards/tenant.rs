@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 /// The request's tenant: `owner` (its key's, when keys are on), else the
 /// tenant header's value when it is a usable name, else `default`.
-pub fn identify(owner: Option<Arc<str>>, registry: &Registry, session: &Session) -> Arc<str> {
+fn identify(owner: Option<Arc<str>>, registry: &Registry, session: &Session) -> Arc<str> {
     if let Some(owner) = owner {
         return owner;
     }
@@ -37,15 +37,25 @@ pub fn identify(owner: Option<Arc<str>>, registry: &Registry, session: &Session)
         .map_or_else(|| Arc::clone(&DEFAULT_TENANT), Arc::from)
 }
 
-/// Admits the request for its tenant (charged its prompt's estimate,
-/// counted in flight until its admission is dropped), or the tenant's 429.
-pub fn admit(registry: &Registry, req: &mut Admitted) -> Result<(), ErrorResponse> {
-    let tenant = req
-        .tenant
-        .get_or_insert_with(|| Arc::clone(&DEFAULT_TENANT));
+/// Admits the request for its tenant (`owner`: its key's, from the key
+/// check), charged its prompt's estimate and counted in flight until its
+/// admission is dropped, or the tenant's 429. Without a tenants file, it
+/// does nothing: nothing is enforced or counted, so the tenant is not even
+/// looked for.
+pub fn admit(
+    owner: Option<Arc<str>>,
+    registry: &Registry,
+    session: &Session,
+    req: &mut Admitted,
+) -> Result<(), ErrorResponse> {
+    let tenants = registry.tenants();
+    if !tenants.tracked() {
+        return Ok(());
+    }
+    let tenant = identify(owner, registry, session);
     let estimate = crate::proxy::request::body::estimated_tokens(&req.body);
     let now = crate::clock::now_ms();
-    match registry.tenants().admit(tenant, estimate, now) {
+    match tenants.admit(&tenant, estimate, now) {
         Ok(admission) => {
             req.tenant_admission = Some(admission);
             Ok(())
