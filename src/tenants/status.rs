@@ -8,24 +8,24 @@ use super::state::{Reason, TenantState};
 use crate::budget::Standing;
 use crate::config::tenants::{TenantPolicy, TenantsConfig};
 use serde_json::{json, Map, Value};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub(super) fn json(config: &TenantsConfig, seen: &[Arc<TenantState>], now_ms: u64) -> Value {
+    // By name: up to `MAX_TRACKED` tenants are looked up, one by one.
+    let by_name: HashMap<&str, &TenantState> = seen.iter().map(|s| (&*s.name, &**s)).collect();
     let mut names: Vec<&str> = config.tenants.keys().map(String::as_str).collect();
-    let mut others: Vec<&str> = seen
-        .iter()
-        .map(|s| &*s.name)
+    let mut others: Vec<&str> = by_name
+        .keys()
+        .copied()
         .filter(|n| !config.names(n))
         .collect();
     others.sort_unstable();
     names.extend(others);
     let tenants: Vec<Value> = names
         .into_iter()
-        .map(|name| {
-            let state = seen.iter().find(|s| &*s.name == name);
-            tenant(config, name, state.map(|s| &**s), now_ms)
-        })
+        .map(|name| tenant(config, name, by_name.get(name).copied(), now_ms))
         .collect();
     json!({
         "tenants_file": config.file.as_ref().map(|p| p.display().to_string()),
