@@ -155,14 +155,16 @@ fn the_in_flight_cap_refuses_and_every_place_comes_back() {
     });
     assert_eq!(send(gw, "capped", "now it passes").status(), 200);
 
-    // A client that leaves mid-stream gives its place back too.
+    // A client that leaves mid-stream gives its place back too, while the
+    // engine still holds the stream (so the place is not given back by the
+    // stream's end, as above).
     let gone = hold_stream(gw, CHAT, "gone", &[(FAIRNESS_ID, "capped")]);
     assert_eq!(in_flight(gw, "capped"), 1);
     drop(gone);
-    s.cluster.engines[0].open_gate("gone");
     wait_for("the departed client's place back", DEADLINE, || {
         (in_flight(gw, "capped") == 0).then_some(())
     });
+    s.cluster.engines[0].open_gate("gone");
     let gauge = gw.metric("llm_gateway_tenant_in_flight", &["tenant=\"capped\""]);
     assert_eq!(gauge, 0.0);
     assert_eq!(send(gw, "capped", "and again").status(), 200);
