@@ -55,7 +55,7 @@ fn check_with(
                 "missing API key: send Authorization: Bearer <key>",
             ))
         }
-        Some(key) => match keys.owner_of(key) {
+        Some(key) => match keys.check(key) {
             Some(owner) => {
                 counter.with_label_values(&[route_label, owner, "ok"]).inc();
                 Ok(Some(Arc::clone(owner)))
@@ -76,5 +76,5 @@ fn check_with(
 pub fn owner(route: &Route, registry: &Registry, session: &Session) -> Option<String> {
     let state = registry.keys_for(route);
     let key = presented_key(&session.req_header().headers)?;
-    state.enforced()?.check(key).map(str::to_string)
+    state.enforced()?.check(key).map(|owner| owner.to_string())
 }
