@@ -180,7 +180,7 @@ fn line_of(lines: &KeyLines, at: &str) -> Option<usize> {
 
 /// Why `name` cannot be a tenant's, if it cannot.
 pub fn name_problem(name: &str) -> Option<&'static str> {
-    if name.is_empty() || name.len() > MAX_TENANT_NAME {
+    if name.is_empty() || name.chars().count() > MAX_TENANT_NAME {
         return Some("a tenant name has 1 to 128 characters");
     }
     if name.chars().any(char::is_control) {
@@ -371,6 +371,14 @@ mod tests {
             assert_eq!(e.line, Some(line), "{text}: {e}");
             assert!(e.to_string().contains(says), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_name_is_measured_in_characters_as_documented() {
+        let longest = "é".repeat(MAX_TENANT_NAME);
+        assert_eq!(name_problem(&longest), None, "128 characters, 256 bytes");
+        // Control: one more is refused.
+        assert!(name_problem(&format!("{longest}é")).is_some());
     }
 
     #[test]
