@@ -99,8 +99,11 @@ fn refused(r: &TenantRefusal) -> ErrorResponse {
     if let Some(cap) = r.max_in_flight.filter(|_| r.reason == Reason::InFlight) {
         e = e.with("limit", cap);
     }
-    let tokens = token_standing(r);
-    for (suffix, standing) in [("tokens", tokens), ("requests", Some(&r.standing[3]))] {
+    let requests = &r.standing[Dimension::Requests.index()];
+    for (names, standing) in [
+        (TOKEN_HEADERS, token_standing(r)),
+        (REQUEST_HEADERS, Some(requests)),
+    ] {
         let Some(st) = standing else { continue };
         let (Some(limit), Some(remaining)) = (st.limit, st.remaining) else {
             continue;
@@ -109,7 +112,7 @@ fn refused(r: &TenantRefusal) -> ErrorResponse {
             Some(b) if b.dimension == st.dimension => b.reset_ms,
             _ => st.reset_ms,
         };
-        let [limit_h, remaining_h, reset_h] = header_names(suffix);
+        let [limit_h, remaining_h, reset_h] = names;
         e = e
             .with_header(limit_h, limit.to_string())
             .with_header(remaining_h, remaining.to_string())
@@ -127,28 +130,25 @@ fn token_standing(r: &TenantRefusal) -> Option<&Standing> {
     }
     r.standing
         .iter()
-        .filter(|s| s.dimension != Dimension::Requests && s.limit.is_some())
+        .filter(|s| s.dimension.is_tokens() && s.limit.is_some())
         .min_by_key(|s| s.remaining)
 }
 
-fn header_names(suffix: &str) -> [&'static str; 3] {
-    if suffix == "tokens" {
-        [
-            "x-ratelimit-limit-tokens",
-            "x-ratelimit-remaining-tokens",
-            "x-ratelimit-reset-tokens",
-        ]
-    } else {
-        [
-            "x-ratelimit-limit-requests",
-            "x-ratelimit-remaining-requests",
-            "x-ratelimit-reset-requests",
-        ]
-    }
-}
+/// OpenAI's limit, remaining and reset headers for its token limit.
+const TOKEN_HEADERS: [&str; 3] = [
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+];
+/// ... and for its request limit.
+const REQUEST_HEADERS: [&str; 3] = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+];
 
 /// A wait as OpenAI writes its reset headers: `250ms`, `17s`, `1m5s`.
-pub fn duration_text(ms: u64) -> String {
+fn duration_text(ms: u64) -> String {
     if ms < 1000 {
         return format!("{ms}ms");
     }
