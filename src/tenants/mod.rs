@@ -175,8 +175,11 @@ impl Tenants {
         let last_sweep = self.last_sweep_ms.load(Ordering::Relaxed);
         if states.len() >= MAX_TRACKED && now_ms.saturating_sub(last_sweep) >= SWEEP_EVERY_MS {
             self.last_sweep_ms.store(now_ms, Ordering::Relaxed);
+            // Held outside the table (an admission, or a request between
+            // this lookup and its count in flight): kept, so that no
+            // request counts against a state the table no longer has.
             states.retain(|n, s| {
-                config.names(n) || s.in_flight() > 0 || !s.budget.lock().is_idle(now_ms)
+                config.names(n) || Arc::strong_count(s) > 1 || !s.budget.lock().is_idle(now_ms)
             });
         }
         let key = if states.len() >= MAX_TRACKED && !config.names(name) {

@@ -122,6 +122,26 @@ fn a_full_table_is_swept_at_most_once_a_second() {
 }
 
 #[test]
+fn a_state_held_outside_the_table_is_not_swept() {
+    let t = tenants("");
+    // Looked up, not yet counted in flight: as a request between the two.
+    let looked_up = t.state(&name("t0"), 5_000);
+    for i in 1..MAX_TRACKED {
+        drop(t.state(&name(&format!("t{i}")), 5_000));
+    }
+    let newcomer = t.admit(&name("new"), 1, 6_000).expect("admitted");
+    assert_eq!(&**newcomer.tenant(), "new", "the idle ones were swept");
+    assert!(
+        Arc::ptr_eq(&looked_up, &t.state(&name("t0"), 6_000)),
+        "the held one is still the table's"
+    );
+    // Control: one not held, as idle, was swept (made anew when asked for).
+    let swept = t.state(&name("t1"), 6_000);
+    assert_eq!(Arc::strong_count(&swept), 2, "the table's and this one");
+    assert!(t.states.read().len() < MAX_TRACKED);
+}
+
+#[test]
 fn only_a_tenants_file_in_force_has_tenants_tracked() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("tenants.yaml");
