@@ -104,7 +104,7 @@ pub struct Attempt {
     pub slot: Option<InFlightGuard>,
     /// The cold prompts' tokens prefilling on `peer` when the slot was
     /// taken (kept past the slot, which goes at the stream's end, for the
-    /// engine's speed learned in `logging`).
+    /// engine's speed learned at the first token or in `logging`).
     pub backlog_ahead: u64,
     /// Peers tried so far, in order.
     pub tried: Vec<usize>,
@@ -119,6 +119,10 @@ pub struct Attempt {
     pub sent_at: Option<std::time::Instant>,
     /// The current attempt's response head arrived.
     pub responded: bool,
+    /// The engine's prefill speed was taught by this attempt's first token
+    /// (a cold prompt on an engine not timed yet), so its stream's end
+    /// does not teach it again.
+    pub speed_learned: bool,
     /// ... with a status other than 2xx: the engine did not take the
     /// request on, and its tenant is not charged its prompt.
     pub error_status: bool,

@@ -361,12 +361,14 @@ impl ProxyHttp for Gateway {
         ctx: &mut Box<RequestCtx>,
     ) -> Result<Option<std::time::Duration>> {
         response::bodylog::tee(ctx, body.as_ref());
-        if let Some(pipeline) = ctx.response.pipeline.as_mut() {
+        let first = ctx.response.pipeline.as_mut().and_then(|pipeline| {
             pipeline.process(body, end_of_stream);
-            if pipeline.first_content_at().is_some() {
-                if let Some(slot) = ctx.upstream.slot.as_mut() {
-                    slot.first_token();
-                }
+            pipeline.first_content_at()
+        });
+        if let Some(first) = first {
+            let started = ctx.upstream.slot.as_mut().and_then(|s| s.first_token());
+            if let Some(cold_tokens) = started {
+                response::record::learn_cold_start(ctx, cold_tokens, first);
             }
         }
         if end_of_stream {

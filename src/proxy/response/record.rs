@@ -179,7 +179,7 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
     };
     if let (Some(ttft), Some(new_tokens)) = (timing.ttft, uncached_prompt(ctx, pipeline)) {
         route.runtime.cold_cost.lock().observe(new_tokens, ttft);
-        if let Some((_, p)) = ctx.peer() {
+        if let Some((_, p)) = ctx.peer().filter(|_| !ctx.upstream.speed_learned) {
             p.state
                 .learn_first_token(new_tokens, ctx.upstream.backlog_ahead, ttft);
         }
@@ -224,6 +224,32 @@ fn uncached_prompt(ctx: &RequestCtx, pipeline: &ResponsePipeline) -> Option<u64>
         return Some((estimated as f64 * share) as u64);
     }
     ctx.request.placement?.kind.is_cold().then_some(estimated)
+}
+
+/// A cold prompt's first token teaches an engine not timed yet its
+/// prefill speed at once, with the gateway's count of the prompt's tokens
+/// not cached there; every other first token teaches it at the stream's
+/// end, with the engine's own count. An engine's first answers finish
+/// late, the slower the engine the later: a slow engine took 37 s to be
+/// timed by its ends, and meanwhile was taken to be as fast as the others
+/// and sent new sessions cold, seconds each (issue 42, shared-prefix f4).
+pub fn learn_cold_start(ctx: &mut RequestCtx, cold_tokens: u64, first: std::time::Instant) {
+    let Some(sent) = ctx.upstream.sent_at else {
+        return;
+    };
+    let Some((_, p)) = ctx
+        .peer()
+        .filter(|(_, p)| p.state.speed().prefill_us.is_none())
+    else {
+        return;
+    };
+    if cold_tokens == 0 {
+        return;
+    }
+    let ttft = first.saturating_duration_since(sent);
+    p.state
+        .learn_first_token(cold_tokens, ctx.upstream.backlog_ahead, ttft);
+    ctx.upstream.speed_learned = true;
 }
 
 /// The model pool a request was placed in, `"_"` for a route without pools.
