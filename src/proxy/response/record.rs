@@ -234,7 +234,8 @@ fn uncached_prompt(ctx: &RequestCtx, pipeline: &ResponsePipeline) -> Option<u64>
 /// timed by its ends, and meanwhile was taken to be as fast as the others
 /// and sent new sessions cold, seconds each (issue 42, shared-prefix f4).
 pub fn learn_cold_start(ctx: &mut RequestCtx, cold_tokens: u64, first: std::time::Instant) {
-    let Some(sent) = ctx.upstream.sent_at else {
+    // A warm turn (most first tokens) leaves before the speed's lock.
+    let Some(sent) = ctx.upstream.sent_at.filter(|_| cold_tokens > 0) else {
         return;
     };
     let Some((_, p)) = ctx
@@ -243,9 +244,6 @@ pub fn learn_cold_start(ctx: &mut RequestCtx, cold_tokens: u64, first: std::time
     else {
         return;
     };
-    if cold_tokens == 0 {
-        return;
-    }
     let ttft = first.saturating_duration_since(sent);
     p.state
         .learn_first_token(cold_tokens, ctx.upstream.backlog_ahead, ttft);
