@@ -34,7 +34,15 @@ fn start(tenants: &str, opts: GatewayOptions) -> Setup {
         ),
         ..opts
     };
-    let gw = Gateway::start_with(&[("chat", route_yaml(&ports(&cluster), ""))], opts);
+    // `tight` (one slot) gives a load 429 to tell the budgets' refusals from.
+    let tight = format!(
+        "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}, max_concurrency: 1}}\n",
+        cluster.engines[0].port()
+    );
+    let gw = Gateway::start_with(
+        &[("chat", route_yaml(&ports(&cluster), "")), ("tight", tight)],
+        opts,
+    );
     Setup {
         gw,
         cluster,
@@ -126,6 +134,17 @@ fn over_its_budget_a_tenant_gets_429_with_the_rate_limit_headers() {
     assert_eq!(refused("metered", "requests"), 1.0);
     assert_eq!(refused("wordy", "input_tokens"), 1.0);
     assert_eq!(gw.metric("llm_gateway_load_rejections_total", &[]), 0.0);
+    // Control: a load 429 (the one slot of `tight` taken) is counted there,
+    // and not as a tenant's refusal.
+    let held = hold_stream(gw, "/tight/v1/chat/completions", "tight-held", &[]);
+    let body = json!({"model": "sim-model", "messages": [{"role": "user", "content": "x"}]});
+    let r = http::post_json(gw.addr, "/tight/v1/chat/completions", &[], &body);
+    assert_eq!(r.status(), 429, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "concurrency_limit");
+    assert_eq!(gw.metric("llm_gateway_load_rejections_total", &[]), 1.0);
+    assert_eq!(gw.metric("llm_gateway_tenant_refusals_total", &[]), 2.0);
+    s.cluster.engines[0].open_gate("tight-held");
+    drop(held);
     let metered = row(gw, "metered").expect("metered");
     assert_eq!(metered["refusals"]["requests"], 1);
     assert_eq!(metered["remaining"]["requests"], 0);
