@@ -146,30 +146,12 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
         .cmd("PEXPIRE")
         .arg(&mine)
         .arg(LOAD_TTL_MS)
-        .ignore()
-        .cmd("ZADD")
-        .arg(&replicas)
-        .arg(now)
-        .arg(&redis.replica)
-        .ignore()
-        .cmd("ZREMRANGEBYSCORE")
-        .arg(&replicas)
-        .arg("-inf")
-        .arg(now.saturating_sub(LOAD_TTL_MS))
-        .ignore()
-        .cmd("PEXPIRE")
-        .arg(&replicas)
-        .arg(LOAD_TTL_MS * 4)
-        .ignore()
-        .cmd("ZRANGE")
-        .arg(&replicas)
-        .arg(0)
-        .arg(-1);
-    let Some((others,)): Option<(Vec<String>,)> = redis.pipeline("load_publish", &pipe).await
-    else {
+        .ignore();
+    redis.roll_call(&mut pipe, &replicas, now, LOAD_TTL_MS, true);
+    let Some((roll,)): Option<(Vec<String>,)> = redis.pipeline("load_publish", &pipe).await else {
         return;
     };
-    let others: Vec<String> = others.into_iter().filter(|r| *r != redis.replica).collect();
+    let others = redis.others(roll);
     let mut sums: HashMap<String, u32> = HashMap::new();
     // session → (peer address, tokens): this replica's view first.
     let mut bound: HashMap<u64, (String, u64)> = live

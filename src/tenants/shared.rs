@@ -57,35 +57,14 @@ pub async fn exchange(redis: &RedisStore, tenants: &Tenants, now_ms: u64) {
                 hset.arg(field(i, tenant)).arg(*n);
             }
         }
-        pipe.ignore()
-            .cmd("PEXPIRE")
-            .arg(&mine)
-            .arg(TTL_MS)
-            .ignore()
-            .cmd("ZADD")
-            .arg(&replicas)
-            .arg(now_ms)
-            .arg(&redis.replica)
-            .ignore();
+        pipe.ignore().cmd("PEXPIRE").arg(&mine).arg(TTL_MS).ignore();
     }
-    pipe.cmd("ZREMRANGEBYSCORE")
-        .arg(&replicas)
-        .arg("-inf")
-        .arg(now_ms.saturating_sub(TTL_MS))
-        .ignore()
-        .cmd("PEXPIRE")
-        .arg(&replicas)
-        .arg(TTL_MS * 4)
-        .ignore()
-        .cmd("ZRANGE")
-        .arg(&replicas)
-        .arg(0)
-        .arg(-1);
-    let Some((others,)): Option<(Vec<String>,)> = redis.pipeline("tenants_publish", &pipe).await
+    redis.roll_call(&mut pipe, &replicas, now_ms, TTL_MS, !published.is_empty());
+    let Some((roll,)): Option<(Vec<String>,)> = redis.pipeline("tenants_publish", &pipe).await
     else {
         return;
     };
-    let others: Vec<String> = others.into_iter().filter(|r| *r != redis.replica).collect();
+    let others = redis.others(roll);
     let mut sums: HashMap<String, [u64; 4]> = HashMap::new();
     if !others.is_empty() {
         let mut read = redis::pipe();
