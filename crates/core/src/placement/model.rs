@@ -429,6 +429,14 @@ pub fn choose<'a>(
     // the slow engine while a fast one had two prompts ahead). Against an
     // engine holding more of it (a template's holder) the backlog counts
     // in full: the prefill it saves is worth a wait no longer than that.
+    // And nothing passes where every engine's KV is known and the
+    // fullest would hold under half its line with this session: a balance
+    // that evicts nothing until the sessions double buys no wait, while
+    // the allowance, the largest backlog, excused its own engine's, which
+    // each placement there made larger (issue 42's shared-prefix f1, KV
+    // 3.5x the working set: five new conversations sent in 1.4 s behind
+    // an 8 s backlog for holding 3 permille of KV less than an engine
+    // that would start them in 2.6 s).
     let least_cached = options
         .iter()
         .map(|(_, e)| e.cached_tokens)
@@ -440,6 +448,11 @@ pub fn choose<'a>(
         .map(|(_, e)| e.backlog_ms)
         .fold(0.0, f32::max)
         * backlog_passing(ask, route);
+    let passing = if balance_buys_nothing(&options, route) {
+        0.0
+    } else {
+        passing
+    };
     let near = fastest + tolerance_ms(ask, route, us).max(passing);
     // Relative to each engine's KV where every one's is known: a larger
     // engine takes more.
@@ -474,6 +487,16 @@ pub fn choose<'a>(
         }
     }
     chosen
+}
+
+/// Whether every option's KV is known and the fullest of them, with the
+/// session bound there at its expected size, would hold under half of its
+/// admission line.
+fn balance_buys_nothing(options: &[(&PeerLoad, Estimate)], route: &RouteModel) -> bool {
+    let half_line = u64::from(route.admit_permille) / 2;
+    options
+        .iter()
+        .all(|(_, e)| e.hold_permille.is_some_and(|held| held < half_line))
 }
 
 /// How much of a backlog is set aside between engines caching alike: it

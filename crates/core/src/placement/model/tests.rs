@@ -126,6 +126,32 @@ fn between_engines_caching_alike_a_backlog_passes_and_what_they_hold_decides() {
 }
 
 #[test]
+fn where_kv_is_ample_a_backlog_is_a_wait_and_not_set_aside_for_balance() {
+    // The engines of the test above with 400k of KV each: the fuller would
+    // hold 143 permille with the session, far under half its 900 line.
+    // Balancing what they hold evicts nothing for a long while, so engine
+    // 2's 600 ms of cold prompts ahead is a wait like any other, and
+    // engine 1 starts the session sooner.
+    let more = with_kv(timed(holding(engine(1), 6, 48_000, 48_000), 50.0), 400_000);
+    let busy = PeerLoad {
+        backlog_tokens: 24_000,
+        ..with_kv(timed(holding(engine(2), 5, 40_000, 40_000), 50.0), 400_000)
+    };
+    assert_eq!(
+        chosen(&[more, busy], &new_session(8_000), &route(0)),
+        Some(1)
+    );
+    // Control: with 100k of KV each engine 1 would hold 571 permille, past
+    // half its line; the backlog passes and the lighter engine 2 takes it.
+    let more = with_kv(more, 100_000);
+    let busy = with_kv(busy, 100_000);
+    assert_eq!(
+        chosen(&[more, busy], &new_session(8_000), &route(0)),
+        Some(2)
+    );
+}
+
+#[test]
 fn with_capacity_unknown_engines_are_balanced_by_what_they_hold() {
     let peers = [
         timed(holding(engine(1), 7, 200_000, 7 * 40_000), 50.0),
