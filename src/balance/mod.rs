@@ -96,15 +96,20 @@ pub fn place_with(route: &Route, demand: &Demand, may_wait: bool) -> Result<Plac
     // What a learned KV capacity is measured against.
     placed.slot.carry_tokens(demand.tokens);
     if placed.placement.kind.is_cold() {
-        // A template's newcomer placed where the template is cached
-        // prefills only what follows it.
-        let cached = demand
-            .prefix
-            .filter(|p| p.held_on(placed.placement.peer))
-            .map_or(0, |p| p.tokens.min(demand.tokens));
-        placed.slot.cold_prefill(demand.tokens - cached);
+        count_cold(&mut placed, demand);
     }
     Ok(placed)
+}
+
+/// A cold turn's prompt is prefill ahead on its engine until its first
+/// token; a template's newcomer placed where the template is cached
+/// prefills only what follows it.
+pub fn count_cold(placed: &mut Placed, demand: &Demand) {
+    let cached = demand
+        .prefix
+        .filter(|p| p.held_on(placed.placement.peer))
+        .map_or(0, |p| p.tokens.min(demand.tokens));
+    placed.slot.cold_prefill(demand.tokens - cached);
 }
 
 fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Refusal> {

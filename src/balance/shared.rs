@@ -49,13 +49,19 @@ pub async fn place_agreed(
     }
     let mut outcome = super::place_or_wait(route, demand).await;
     if let Ok(granted) = &mut outcome {
-        agree_after(
+        let first_turn = agree_after(
             route,
             store,
             agreement,
             demand.session,
             &mut granted.placed.placement,
         );
+        if first_turn {
+            // The table took the claim as a binding before placing, so the
+            // turn looked warm there: it is cold all the same (two
+            // replicas on Redis counted no first turn as prefill ahead).
+            super::count_cold(&mut granted.placed, demand);
+        }
     }
     outcome
 }
@@ -153,16 +159,18 @@ fn first_placement(route: &Route, pool: &[usize], sid: u64, now: u64) -> Option<
 
 /// Writes what the placement changed, off the request path: a move as a
 /// compare-and-set on the agreed peer, a first placement that differs from
-/// the one claimed, a sticky turn's TTL refresh when it is due.
+/// the one claimed, a sticky turn's TTL refresh when it is due. True when
+/// the placement is the session's first, claimed here before placing
+/// (its kind set back to new).
 fn agree_after(
     route: &Arc<Route>,
     store: &Arc<SessionStore>,
     agreement: Agreement,
     session: Option<&SessionId>,
     placement: &mut Placement,
-) {
+) -> bool {
     let (true, Some(redis), Some(sid)) = (agreement.active, store.redis(), session) else {
-        return;
+        return false;
     };
     let sid = sid.hash;
     let name: Arc<str> = Arc::from(route.name());
@@ -173,24 +181,24 @@ fn agree_after(
         ) {
             redis.mark_dirty(&name, sid);
         }
-        return;
+        return false;
     }
     let now = crate::clock::now_ms();
     let Some(placed) = route
         .peer_by_id(placement.peer)
         .map(|(_, p)| p.state.address.clone())
     else {
-        return;
+        return false;
     };
     let ttl = route.config.balancing.idle_timeout;
     let claimed_here = agreement.claimed.as_deref() == Some(placed.as_str());
     if claimed_here && agreement.prior.is_none() && placement.kind == PlacementKind::Sticky {
         // The table took the claim before placing; it is still a first turn.
         placement.kind = PlacementKind::New;
-        return;
+        return true;
     }
     let expected = match placement.kind {
-        PlacementKind::New if claimed_here => return,
+        PlacementKind::New if claimed_here => return false,
         // A session let go by an engine over its KV comes back new: for the
         // cluster that is a move from where it was bound.
         PlacementKind::New if agreement.prior.is_some() => agreement.prior.clone(),
@@ -205,12 +213,12 @@ fn agree_after(
                     }
                 });
             }
-            return;
+            return false;
         }
-        _ => return,
+        _ => return false,
     };
     let Some(binding) = local_binding(route, sid, now) else {
-        return;
+        return false;
     };
     let (route, store) = (Arc::clone(route), Arc::clone(store));
     tokio::spawn(async move {
@@ -243,4 +251,5 @@ fn agree_after(
             Err(()) => redis.mark_dirty(&name, sid),
         }
     });
+    false
 }
