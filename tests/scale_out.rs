@@ -396,3 +396,44 @@ fn a_draining_replica_stays_counted_by_the_others_until_its_last_stream_ends() {
         (remote_in_flight(&b) == 0.0).then_some(())
     });
 }
+
+/// Another replica's cold prompt on an engine is prefill ahead of a request
+/// there wherever it is placed: each replica publishes its cold prompt
+/// tokens per engine with its in-flight, and the others count them in
+/// their placement's backlog (`remote_cold_prefill_tokens`).
+#[test]
+fn a_replica_counts_the_cold_prompts_another_replica_has_before_their_first_token() {
+    let cluster = engines(1);
+    let redis = Redis::start();
+    let (a, b) = replicas(&cluster, &store(&redis));
+    let peer = |gw: &Gateway| http::get(gw.addr, "/chat/_route_state").json()["peers"][0].clone();
+    assert_eq!(peer(&b)["remote_cold_prefill_tokens"], serde_json::json!(0));
+    // A new session's first turn through A, a minute from its first token.
+    let mut slow = http::Conn::open(a.addr);
+    let body = serde_json::json!({"model": "sim-model", "stream": true, "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "a long cold prompt ".repeat(200)}]});
+    slow.send(
+        "POST",
+        "/chat/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-sim-ttft-ms", "60000"),
+            ("x-session-id", "cold-through-a"),
+        ],
+        body.to_string().as_bytes(),
+        http::Upload::Length,
+    );
+    let cold = wait_for("A's cold prompt", DEADLINE, || {
+        peer(&a)["cold_prefill_tokens"].as_u64().filter(|n| *n > 0)
+    });
+    wait_for("B to count A's cold prompt", DEADLINE, || {
+        (peer(&b)["remote_cold_prefill_tokens"] == serde_json::json!(cold)).then_some(())
+    });
+    // B's own count stays its own: nothing went cold through B.
+    assert_eq!(peer(&b)["cold_prefill_tokens"], serde_json::json!(0));
+    // Control: the count follows A's, down to nothing once the client goes.
+    drop(slow);
+    wait_for("B to stop counting it", DEADLINE, || {
+        (peer(&b)["remote_cold_prefill_tokens"] == serde_json::json!(0)).then_some(())
+    });
+}

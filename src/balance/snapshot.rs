@@ -34,8 +34,10 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                 ready: p.is_usable(now_ms),
                 // With a shared session store, the whole cluster's load.
                 in_flight: p.state.in_flight() + p.state.remote_in_flight(),
-                // This replica's own: the others publish their counts only.
-                backlog_tokens: p.state.cold_backlog_tokens(),
+                // The cluster's: another replica's cold prompts are
+                // prefill ahead of a request here all the same.
+                backlog_tokens: p.state.cold_backlog_tokens()
+                    + p.state.remote_cold_backlog_tokens(),
                 speed: p.state.speed(),
                 max_concurrency: p.config.max_concurrency,
                 engine: fresh,

@@ -1,8 +1,8 @@
 //! The cluster sync: the background task that shares this replica's
 //! placement state through the session store (`crate::store`, which knows
-//! nothing of routes). It keeps the connections open,
-//! publishes this replica's in-flight per peer and reads the others'
-//! (every `IN_FLIGHT_MS`), publishes and reads the live sessions (every
+//! nothing of routes). It keeps the connections open, publishes this
+//! replica's in-flight and cold prompt tokens per peer and reads the
+//! others' (every `IN_FLIGHT_MS`), publishes and reads the live sessions (every
 //! `SESSIONS_EVERY`-th time, 250 ms; a replica's numbers expire
 //! `LOAD_TTL_MS` after its last publish, so a replica that died stops
 //! counting within that bound),
@@ -90,6 +90,7 @@ impl BackgroundService for StoreService {
                 for route in snapshot.values() {
                     for p in &route.peers {
                         p.state.set_remote_in_flight(0);
+                        p.state.set_remote_cold_backlog_tokens(0);
                         p.state.clear_cluster_bound();
                     }
                 }
@@ -103,9 +104,10 @@ impl BackgroundService for StoreService {
     }
 }
 
-/// Publishes this replica's in-flight per peer of `route` and (with
-/// `sessions`) its live sessions, and sums the other live replicas' into
-/// each peer's `remote_in_flight` and (with `sessions`) cluster-wide bound
+/// Publishes this replica's in-flight and cold prompt tokens per peer of
+/// `route` and (with `sessions`) its live sessions, and sums the other live
+/// replicas' into each peer's `remote_in_flight`, its
+/// `remote_cold_backlog_tokens` and (with `sessions`) cluster-wide bound
 /// sessions. A session live on several replicas (its turns went through
 /// each) counts once: the union of the published session hashes is what is
 /// bound.
@@ -141,6 +143,8 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
     let hset = pipe.cmd("HSET").arg(&mine);
     for p in &route.peers {
         hset.arg(&p.state.address).arg(p.state.in_flight());
+        hset.arg(cold_field(&p.state.address))
+            .arg(p.state.cold_backlog_tokens());
     }
     pipe.ignore()
         .cmd("PEXPIRE")
@@ -152,7 +156,7 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
         return;
     };
     let others = redis.others(roll);
-    let mut sums: HashMap<String, u32> = HashMap::new();
+    let mut sums: HashMap<String, u64> = HashMap::new();
     // session → (peer address, tokens): this replica's view first.
     let mut bound: HashMap<u64, (String, u64)> = live
         .iter()
@@ -174,7 +178,7 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
         };
         let mut replies = replies.into_iter();
         while let Some(load) = replies.next() {
-            let load: HashMap<String, u32> =
+            let load: HashMap<String, u64> =
                 redis::FromRedisValue::from_redis_value(load).unwrap_or_default();
             for (addr, n) in load {
                 *sums.entry(addr).or_default() += n;
@@ -190,9 +194,12 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
             }
         }
     }
+    let sum = |field: &str| sums.get(field).copied().unwrap_or(0);
     for p in &route.peers {
+        let in_flight = u32::try_from(sum(&p.state.address)).unwrap_or(u32::MAX);
+        p.state.set_remote_in_flight(in_flight);
         p.state
-            .set_remote_in_flight(sums.get(&p.state.address).copied().unwrap_or(0));
+            .set_remote_cold_backlog_tokens(sum(&cold_field(&p.state.address)));
     }
     if !sessions {
         return;
@@ -210,6 +217,13 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
         p.state
             .set_cluster_bound(cluster, table.live_of(p.state.id), now);
     }
+}
+
+/// The load hash's field for a peer's cold prompt tokens before their first
+/// token, beside the peer's in-flight under its address. A replica of an
+/// earlier version sums it under an address no peer has: no harm.
+fn cold_field(address: &str) -> String {
+    format!("cold:{address}")
 }
 
 /// The lines `exchange_load` publishes: `<sid hex> <host:port> <tokens>`;

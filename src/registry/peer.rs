@@ -124,6 +124,10 @@ pub struct PeerState {
     /// Requests in flight to this peer through the other gateway replicas,
     /// as they last published it (shared session store only; 0 otherwise).
     remote_in_flight: AtomicU32,
+    /// The prompt tokens the other replicas have sent here cold and still
+    /// await the first token of, as they last published it: prefill ahead
+    /// of a request here wherever it was placed (shared store only).
+    remote_cold_backlog_tokens: AtomicU64,
     /// The cluster's live sessions on this peer (each counted once over every
     /// replica), as of the store task's last exchange, with this replica's
     /// own count at that moment, so placement can add what changed here
@@ -168,6 +172,7 @@ impl PeerState {
             speed: Mutex::default(),
             room,
             remote_in_flight: AtomicU32::new(0),
+            remote_cold_backlog_tokens: AtomicU64::new(0),
             cluster_sessions: AtomicU32::new(0),
             cluster_tokens: AtomicU64::new(0),
             local_sessions_then: AtomicU32::new(0),
@@ -202,6 +207,17 @@ impl PeerState {
 
     pub fn set_remote_in_flight(&self, n: u32) {
         self.remote_in_flight.store(n, Ordering::Relaxed);
+    }
+
+    /// The other replicas' cold prompt tokens here before their first
+    /// token (see `balance/sync.rs`).
+    pub fn remote_cold_backlog_tokens(&self) -> u64 {
+        self.remote_cold_backlog_tokens.load(Ordering::Relaxed)
+    }
+
+    pub fn set_remote_cold_backlog_tokens(&self, tokens: u64) {
+        self.remote_cold_backlog_tokens
+            .store(tokens, Ordering::Relaxed);
     }
 
     /// Records the cluster's live sessions on this peer (`cluster`) and this

@@ -76,6 +76,7 @@ pub(super) fn route_state(route: &Route, registry: &Registry) -> Value {
             "remote_in_flight": p.state.remote_in_flight(),
             "awaiting_first_token": p.state.awaiting_first_token(),
             "cold_prefill_tokens": p.state.cold_backlog_tokens(),
+            "remote_cold_prefill_tokens": p.state.remote_cold_backlog_tokens(),
             "max_concurrency": p.config.max_concurrency,
             // route, default, or engine_slots (llama.cpp's own slots, the
             // limit of a peer whose route sets none).
