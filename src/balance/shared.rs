@@ -40,7 +40,7 @@ pub async fn place_agreed(
         return super::place_or_wait(route, demand).await;
     }
     let waited = std::time::Instant::now();
-    let agreement = agree_before(route, store, demand.pool, demand.session).await;
+    let agreement = agree_before(route, store, demand).await;
     if agreement.active {
         crate::metrics::metrics()
             .session_store_wait
@@ -66,14 +66,14 @@ pub async fn place_agreed(
     outcome
 }
 
-/// Brings the local table in line with the shared binding of `session`
-/// (waiting at most the store's timeout).
+/// Brings the local table in line with the shared binding of the demand's
+/// session (waiting at most the store's timeout).
 async fn agree_before(
     route: &Arc<Route>,
     store: &SessionStore,
-    pool: &[usize],
-    session: Option<&SessionId>,
+    demand: &super::Demand<'_>,
 ) -> Agreement {
+    let (pool, session, tokens) = (demand.pool, demand.session, demand.tokens);
     let (Some(redis), Some(sid), Mode::LoadAware) =
         (store.redis(), session, route.config.balancing.mode)
     else {
@@ -107,7 +107,7 @@ async fn agree_before(
     };
     match stored {
         Some(b) => {
-            adopt(route, sid, &b, now);
+            adopt(route, sid, &b, tokens, now);
             agreement.prior = Some(b.peer);
         }
         None => {
@@ -124,12 +124,12 @@ async fn agree_before(
                     if route.runtime.sessions.is_bound(sid, now) {
                         agreement.prior = Some(mine.peer.clone());
                     } else {
-                        adopt(route, sid, &mine, now);
+                        adopt(route, sid, &mine, tokens, now);
                     }
                     agreement.claimed = Some(mine.peer);
                 }
                 Ok(Some(winner)) => {
-                    adopt(route, sid, &winner, now);
+                    adopt(route, sid, &winner, tokens, now);
                     agreement.prior = Some(winner.peer);
                 }
                 Err(()) => return offline,
@@ -155,6 +155,28 @@ fn first_placement(route: &Route, pool: &[usize], sid: u64, now: u64) -> Option<
         moved_at_ms: 0,
         last_seen_ms: now,
     })
+}
+
+/// A first turn this replica claimed in Redis is placed by the table as if
+/// the session were bound to the claimed engine: kept there it looks like a
+/// sticky (warm) turn, sent elsewhere like a spill. Either way it is the
+/// session's first turn: its kind is new (and a write replaces the claim,
+/// not nothing: a set-if-absent against its own claim failed, the binding
+/// stayed on the claimed engine, and the next turn through another replica
+/// went there cold; two replicas on the skewed replay, 12 such turns a
+/// run). The flag: its prompt is not yet counted as cold prefill (it
+/// looked warm).
+fn first_turn(
+    kind: PlacementKind,
+    claimed: bool,
+    claimed_here: bool,
+) -> Option<(PlacementKind, bool)> {
+    match kind {
+        _ if !claimed => None,
+        PlacementKind::Sticky if claimed_here => Some((PlacementKind::New, true)),
+        PlacementKind::Spill | PlacementKind::Migrated => Some((PlacementKind::New, false)),
+        _ => None,
+    }
 }
 
 /// Writes what the placement changed, off the request path: a move as a
@@ -192,10 +214,12 @@ fn agree_after(
     };
     let ttl = route.config.balancing.idle_timeout;
     let claimed_here = agreement.claimed.as_deref() == Some(placed.as_str());
-    if claimed_here && agreement.prior.is_none() && placement.kind == PlacementKind::Sticky {
-        // The table took the claim before placing; it is still a first turn.
-        placement.kind = PlacementKind::New;
-        return true;
+    let claimed = agreement.claimed.is_some() && agreement.prior.is_none();
+    if let Some((kind, uncounted)) = first_turn(placement.kind, claimed, claimed_here) {
+        placement.kind = kind;
+        if uncounted {
+            return true;
+        }
     }
     let expected = match placement.kind {
         PlacementKind::New if claimed_here => return false,
@@ -244,7 +268,7 @@ fn agree_after(
             Ok(Cas::Moved) => redis.mark_synced(&name, sid, now),
             // Another replica moved it first: follow it from the next turn.
             Ok(Cas::Kept(Some(current))) => {
-                adopt(&route, sid, &current, now);
+                adopt(&route, sid, &current, 0, now);
                 redis.mark_synced(&name, sid, now);
             }
             Ok(Cas::Kept(None)) => {}
@@ -252,4 +276,33 @@ fn agree_after(
         }
     });
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claimed_first_turn_is_new_wherever_the_table_put_it_with_controls() {
+        // Kept on the claim: new, and its prompt still to count as cold.
+        assert_eq!(
+            first_turn(PlacementKind::Sticky, true, true),
+            Some((PlacementKind::New, true))
+        );
+        // Sent elsewhere: new (the write replaces the claim), counted cold
+        // already as a spill.
+        for moved in [PlacementKind::Spill, PlacementKind::Migrated] {
+            assert_eq!(
+                first_turn(moved, true, false),
+                Some((PlacementKind::New, false))
+            );
+        }
+        // Controls: a session agreed before (no claim) keeps its kind, a
+        // spill for a spill and a sticky turn for a sticky one.
+        assert_eq!(first_turn(PlacementKind::Spill, false, false), None);
+        assert_eq!(first_turn(PlacementKind::Sticky, false, true), None);
+        // An overflow of a claimed first turn is left alone, as a warm
+        // turn's is: the binding stays where it was claimed.
+        assert_eq!(first_turn(PlacementKind::Overflow, true, false), None);
+    }
 }

@@ -258,7 +258,7 @@ async fn write_back(redis: &RedisStore, registry: &Registry, now: u64) {
         match redis.set_if_absent(&route_name, sid, &stored, ttl).await {
             Ok(None) => written += 1,
             Ok(Some(winner)) => {
-                adopt(&route, sid, &winner, now);
+                adopt(&route, sid, &winner, 0, now);
             }
             Err(()) => {
                 redis.mark_dirty(&route_name, sid);
@@ -285,8 +285,10 @@ pub fn local_binding(route: &Route, sid: u64, now: u64) -> Option<StoredBinding>
 
 /// Makes the local table follow a binding another replica wrote; a peer
 /// this replica does not have (a route file not yet reloaded here) is
-/// ignored, and the local placement rules decide.
-pub fn adopt(route: &Route, sid: u64, b: &StoredBinding, now_ms: u64) -> bool {
+/// ignored, and the local placement rules decide. `held`: the context the
+/// turn adopting it sends (0 off a turn), which its engine is taken to
+/// hold at least (`SessionTable::assume_held`).
+pub fn adopt(route: &Route, sid: u64, b: &StoredBinding, held: u64, now_ms: u64) -> bool {
     let Some(p) = route.peers.iter().find(|p| p.state.address == b.peer) else {
         return false;
     };
@@ -294,6 +296,9 @@ pub fn adopt(route: &Route, sid: u64, b: &StoredBinding, now_ms: u64) -> bool {
         .runtime
         .sessions
         .adopt(sid, p.state.id, b.moved_ago_ms(now_ms), now_ms);
+    if held > 0 {
+        route.runtime.sessions.assume_held(sid, held, now_ms);
+    }
     true
 }
 

@@ -1295,6 +1295,40 @@ fn a_fork_next_to_its_parent_stays_for_the_history_they_share() {
     );
 }
 
+/// A binding taken from another replica arrives with no size; the turn
+/// that brought it says what its engine holds at least. Taken as holding
+/// nothing, the session left a queue it would have skipped its whole
+/// prefill by waiting out (two replicas moved sessions where one gateway
+/// moved none, issue 47).
+#[test]
+fn an_adopted_session_is_taken_to_hold_the_turn_that_brought_it() {
+    let t = table();
+    let peers = [weighed(1, 30, 6), weighed(2, 10, 0)];
+    t.adopt(72, 1, None, T0);
+    t.assume_held(72, 21_000, T0);
+    assert_eq!(
+        t.place_session(72, incoming(21_000, false), &peers, T0 + SECOND),
+        Admission::Placed(Placement {
+            peer: 1,
+            kind: PlacementKind::Sticky,
+            reason: None
+        })
+    );
+    // Control: adopted without it, the same session moves off the queue.
+    t.adopt(73, 1, None, T0);
+    assert_eq!(
+        t.place_session(73, incoming(21_000, false), &peers, T0 + SECOND),
+        Admission::Placed(Placement {
+            peer: 2,
+            kind: PlacementKind::Spill,
+            reason: Some(Reason::Waiting)
+        })
+    );
+    // What it is taken to hold only grows: a smaller hint keeps the size.
+    t.assume_held(72, 5_000, T0 + SECOND);
+    assert_eq!(t.live_of(1).tokens, 21_000);
+}
+
 /// KV admission prefers the engines with room, but not at any price: an
 /// engine that keeps room because it is slow and deep in cold prompts
 /// (issue 42's shared-prefix f3: its sessions had left it) loses a new
