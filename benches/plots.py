@@ -556,7 +556,7 @@ PLOTS = [
         ],
     },
     # BENCHMARKS.md, "Placement over a family of engines (issue 42)": each
-    # run's TTFT p95 over its best real peer's: now (362d2b5, the gateway's
+    # run's TTFT p95 over its best real peer's: now (9e88483, the gateway's
     # cells against the peers' cells of an earlier sitting) and before this
     # stop (374de3e: uniform beside its peers, shared-prefix gateway-only
     # against the same peers' cells as now).
@@ -571,8 +571,8 @@ PLOTS = [
                 "ylabel": "p95 / best peer's p95",
                 "groups": ["f1 s1", "f1 s2", "f1 s3", "f2 s1", "f2 s2", "f2 s3", "f3 s1", "f3 s2", "f3 s3", "f4 s1", "f4 s2", "f4 s3"],
                 "series": [
-                    {"name": "now (362d2b5)", "values": ["0.32", "1.61", "1.03", "0.93", "0.91", "0.90", "2.04", "1.34", "1.01", "0.36", "0.13", "0.25"]},
-                    {"name": "before (374de3e)", "values": ["0.31", "1.61", "1.03", "0.97", "1.06", "0.94", "1.82", "1.34", "1.08", "0.30", "0.17", "0.26"]},
+                    {"name": "now (9e88483)", "values": ["0.49", "1.67", "1.14", "0.93", "0.91", "0.90", "2.04", "1.34", "1.01", "0.36", "0.13", "0.25"]},
+                    {"name": "before (374de3e)", "values": ["0.32", "1.61", "1.03", "0.93", "0.91", "0.90", "2.04", "1.34", "1.01", "0.36", "0.13", "0.25"]},
                 ],
                 "hline": {"y": 1.0, "label": "the best peer"},
             },
@@ -581,7 +581,7 @@ PLOTS = [
                 "ylabel": "p95 / best peer's p95",
                 "groups": ["f1 s1", "f1 s2", "f1 s3", "f2 s1", "f2 s2", "f2 s3", "f3 s1", "f3 s2", "f3 s3", "f4 s1", "f4 s2", "f4 s3"],
                 "series": [
-                    {"name": "now (362d2b5)", "values": ["1.33", "0.91", "1.00", "0.99", "1.00", "0.98", "0.82", "0.73", "0.60", "1.09", "0.70", "1.05"]},
+                    {"name": "now (9e88483)", "values": ["1.00", "0.93", "0.67", "0.99", "1.00", "0.98", "0.80", "0.83", "0.55", "1.09", "0.70", "1.05"]},
                     {"name": "before (374de3e)", "values": ["1.14", "0.98", "1.04", "1.07", "1.04", "1.03", "2.34", "1.02", "0.70", "1.01", "0.92", "1.05"]},
                 ],
                 "hline": {"y": 1.0, "label": "the best peer"},
