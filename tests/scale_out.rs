@@ -437,29 +437,3 @@ fn a_replica_counts_the_cold_prompts_another_replica_has_before_their_first_toke
         (peer(&b)["remote_cold_prefill_tokens"] == serde_json::json!(0)).then_some(())
     });
 }
-
-/// Replicas rank themselves at every roll call, each its own place, so that
-/// sessions they place at one moment take different ones of equally good
-/// engines (`placement::model`'s unit tests); alone, or with Redis gone,
-/// a gateway is first.
-#[test]
-fn live_replicas_take_distinct_ranks() {
-    let cluster = engines(2);
-    let redis = Redis::start();
-    let (a, b) = replicas(&cluster, &store(&redis));
-    let rank = |gw: &Gateway| {
-        http::get(gw.addr, "/chat/_route_state").json()["replica_rank"]
-            .as_u64()
-            .expect("a rank")
-    };
-    let ranks = wait_for("both replicas ranked", DEADLINE, || {
-        let r = (rank(&a), rank(&b));
-        (r.0 != r.1).then_some(r)
-    });
-    let mut both = [ranks.0, ranks.1];
-    both.sort_unstable();
-    assert_eq!(both, [0, 1]);
-    // Control: a gateway without the shared store is ranked first.
-    let (c, _) = replicas(&cluster, "");
-    assert_eq!(rank(&c), 0);
-}

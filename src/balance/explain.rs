@@ -83,10 +83,6 @@ pub fn estimates(
     let incoming = placement::Incoming {
         tokens,
         prefix,
-        near_rank: route
-            .runtime
-            .replica_rank
-            .load(std::sync::atomic::Ordering::Relaxed),
         ..placement::Incoming::default()
     };
     let (model, estimates) =

@@ -40,7 +40,6 @@ use crate::registry::{InFlightGuard, Route};
 use crate::session::SessionId;
 use pools::{load_ratio, usable};
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
 
 /// A placed request: the peer (index into `route.peers`), its reserved
 /// slot, and the decision.
@@ -164,7 +163,6 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
         tokens,
         may_wait,
         prefix,
-        near_rank: route.runtime.replica_rank.load(Ordering::Relaxed),
     };
     let placement = match apply_mode(route, &loads, session, incoming, now) {
         Admission::NoKvRoom => {

@@ -29,7 +29,6 @@ use crate::store::{RedisStore, SessionStore};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,8 +88,6 @@ impl BackgroundService for StoreService {
                 // Down now: the other replicas' numbers are of no use.
                 self.registry.tenants().set_elsewhere(&HashMap::new(), now);
                 for route in snapshot.values() {
-                    // Alone now: the first of equally good engines again.
-                    route.runtime.replica_rank.store(0, Ordering::Relaxed);
                     for p in &route.peers {
                         p.state.set_remote_in_flight(0);
                         p.state.set_remote_cold_backlog_tokens(0);
@@ -158,16 +155,6 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
     let Some((roll,)): Option<(Vec<String>,)> = redis.pipeline("load_publish", &pipe).await else {
         return;
     };
-    // The roll is sorted by when each replica last published; ranks go by
-    // name, which every replica sorts alike and which does not change
-    // between roll calls.
-    let mut names = roll.clone();
-    names.sort_unstable();
-    let rank = names.iter().position(|r| *r == redis.replica).unwrap_or(0);
-    route
-        .runtime
-        .replica_rank
-        .store(u32::try_from(rank).unwrap_or(0), Ordering::Relaxed);
     let others = redis.others(roll);
     let mut sums: HashMap<String, u64> = HashMap::new();
     // session → (peer address, tokens): this replica's view first.

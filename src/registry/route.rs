@@ -99,11 +99,6 @@ pub struct RouteRuntime {
     pub cold_cost: Mutex<crate::placement::ColdCost>,
     /// Turn counter of the round_robin baseline mode.
     pub round_robin: AtomicUsize,
-    /// This gateway's rank among the replicas live on the route (0 alone,
-    /// or without a shared store), set by `balance/sync.rs` at every roll
-    /// call: which of the equally good engines a new session takes here
-    /// (`placement::Incoming::near_rank`).
-    pub replica_rank: std::sync::atomic::AtomicU32,
     /// Runtime overrides set through the `/_…_toggle` endpoints; they
     /// outlive reloads until `?reset=1`.
     pub toggles: Toggles,
@@ -148,7 +143,6 @@ impl RouteRuntime {
             generation: AtomicUsize::new(0),
             cold_cost: Mutex::default(),
             round_robin: AtomicUsize::new(0),
-            replica_rank: std::sync::atomic::AtomicU32::new(0),
             toggles: Toggles::default(),
             keys: ArcSwapOption::empty(),
             found: Mutex::default(),

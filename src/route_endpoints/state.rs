@@ -106,9 +106,6 @@ pub(super) fn route_state(route: &Route, registry: &Registry) -> Value {
                 "completions_per_s": loads[i].speed.completions_per_s,
             },
         })).collect::<Vec<_>>(),
-        // Which of the equally good engines a new session takes here: this
-        // gateway's rank among the live replicas (0 alone).
-        "replica_rank": route.runtime.replica_rank.load(std::sync::atomic::Ordering::Relaxed),
         // The placement model's estimate on each ready peer for a new
         // session of the route's typical size.
         "placement_model": balance::estimates(route, &all, None, typical_request(route), None),

@@ -16,11 +16,4 @@ pub struct Incoming {
     /// A prefix of the request recently sent to some engines (a template
     /// it shares with other conversations).
     pub prefix: Option<Prefix>,
-    /// Which of the engines a new session may equally go to it takes, in
-    /// the order placement ranks them (0: the first). A gateway among
-    /// replicas takes its own rank among the live ones, so that sessions
-    /// they place at the same moment, each on a view of the others up to
-    /// one sync old, spread rather than all land on the engine every view
-    /// ranks first.
-    pub near_rank: u32,
 }

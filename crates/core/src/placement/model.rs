@@ -124,9 +124,6 @@ pub struct Ask {
     pub home: Option<PeerId>,
     pub held: u64,
     pub prefix: Option<Prefix>,
-    /// Which of the near-equal engines [`choose`] takes
-    /// (`Incoming::near_rank`; 0, the first, for a move).
-    pub near_rank: u32,
 }
 
 /// One engine's estimate for one request; every time in milliseconds.
@@ -464,13 +461,9 @@ pub fn choose<'a>(
         (true, Some(permille)) => permille,
         _ => e.hold_tokens,
     };
-    let near_ones = options.into_iter().filter(|(_, e)| e.total_ms() <= near);
-    if ask.near_rank > 0 {
-        return nth_near(near_ones.collect(), ask.near_rank, key, rand);
-    }
     let mut chosen: Option<(&PeerLoad, Estimate)> = None;
     let mut ties = 0u64;
-    for (p, e) in near_ones {
+    for (p, e) in options.into_iter().filter(|(_, e)| e.total_ms() <= near) {
         let order = chosen.map_or(std::cmp::Ordering::Less, |(cp, c)| {
             let c_load = cp.load();
             key(&e)
@@ -494,32 +487,6 @@ pub fn choose<'a>(
         }
     }
     chosen
-}
-
-/// The `rank`-th of the near-equal options in [`choose`]'s order (what
-/// they will hold, the time, the requests in flight; the session's hash
-/// between exact ties), the last if fewer: a replica's own turn among
-/// equals, so that replicas placing at the same moment spread.
-fn nth_near(
-    mut near: Vec<(&PeerLoad, Estimate)>,
-    rank: u32,
-    key: impl Fn(&Estimate) -> u64,
-    rand: u64,
-) -> Option<(&PeerLoad, Estimate)> {
-    near.sort_by(|(ap, a), (bp, b)| {
-        key(a)
-            .cmp(&key(b))
-            .then(a.total_ms().total_cmp(&b.total_ms()))
-            .then(ap.load().cmp(&bp.load()))
-            .then_with(|| {
-                crate::hash::mix64(rand, u64::from(ap.id))
-                    .cmp(&crate::hash::mix64(rand, u64::from(bp.id)))
-            })
-    });
-    let at = usize::try_from(rank)
-        .unwrap_or(usize::MAX)
-        .min(near.len().checked_sub(1)?);
-    near.into_iter().nth(at)
 }
 
 /// Whether every option's KV is known and the fullest of them, with the

@@ -149,7 +149,6 @@ pub(super) fn decide(
         let ask = Ask {
             tokens: incoming.tokens,
             prefix: incoming.prefix,
-            near_rank: incoming.near_rank,
             ..Ask::default()
         };
         return match best_home(peers, &ask, incoming, admit, &limits.model, rand) {
@@ -171,7 +170,6 @@ pub(super) fn decide(
         home: Some(from),
         held: remembered.held,
         prefix: incoming.prefix,
-        near_rank: incoming.near_rank,
     };
     let Some(home) = peers.iter().find(|p| p.id == from && p.ready) else {
         // The session loses its cache wherever it goes, so it is placed like

@@ -257,7 +257,6 @@ fn a_home_keeps_what_its_kv_pressure_leaves_of_the_session() {
         home: Some(1),
         held: 50_000,
         prefix: None,
-        near_rank: 0,
     };
     let e = estimate(&timed(home, 50.0), &ask, &route(50_000));
     assert_eq!((e.cached_tokens, e.uncached_tokens), (46_667, 5_333));
@@ -280,7 +279,6 @@ fn mid_life(home: PeerId) -> Ask {
         home: Some(home),
         held: 10_000,
         prefix: None,
-        near_rank: 0,
     }
 }
 
@@ -433,7 +431,6 @@ fn a_young_session_leaves_an_engine_past_its_kv_and_stays_on_one_only_projected_
         home: Some(1),
         held,
         prefix: None,
-        near_rank: 0,
     };
     let route = route(58_000);
     let moves = |home_engine: &PeerLoad, held: u64| {
@@ -520,42 +517,4 @@ fn a_backlog_passes_for_a_long_session_and_not_for_a_short_conversation() {
         chosen(&[more, busy], &new_session(8_000), &route(9_000)),
         Some(1)
     );
-}
-
-#[test]
-fn replicas_take_their_own_turn_among_engines_that_are_equally_good() {
-    // Four empty engines: each as good as the others. Two replicas placing
-    // at the same moment, each on a view without the other's placement,
-    // both took the first (the skewed replay's two longest sessions landed
-    // on one engine); by their ranks they take different ones.
-    let peers: Vec<PeerLoad> = (1..=4).map(|id| timed(engine(id), 50.0)).collect();
-    let ask = |near_rank| Ask {
-        near_rank,
-        ..new_session(8_000)
-    };
-    let first = choose(&peers, &ask(0), &route(0), 9, |p| p.ready).map(|(p, _)| p.id);
-    let second = choose(&peers, &ask(1), &route(0), 9, |p| p.ready).map(|(p, _)| p.id);
-    assert!(first.is_some() && second.is_some());
-    assert_ne!(first, second);
-    // A rank past the near ones takes the last of them.
-    assert!(choose(&peers, &ask(9), &route(0), 9, |p| p.ready).is_some());
-    // Control: where one engine is clearly quicker (the others have a
-    // second of cold prompts ahead and would hold no less), every rank
-    // takes it.
-    let busy = |p: PeerLoad| PeerLoad {
-        backlog_tokens: 40_000,
-        ..holding(p, 1, 8_000, 8_000)
-    };
-    let peers = [
-        timed(engine(1), 50.0),
-        busy(timed(engine(2), 50.0)),
-        busy(timed(engine(3), 50.0)),
-    ];
-    for rank in 0..3 {
-        assert_eq!(
-            choose(&peers, &ask(rank), &route(9_000), 9, |p| p.ready).map(|(p, _)| p.id),
-            Some(1),
-            "rank {rank}"
-        );
-    }
 }

@@ -88,7 +88,6 @@ impl SessionTable {
             home: binding.map(|b| b.peer),
             held,
             prefix: incoming.prefix,
-            near_rank: incoming.near_rank,
         };
         let route = self.model(peers);
         let estimates = model::weigh(peers, &ask, &route, |p| p.ready)
