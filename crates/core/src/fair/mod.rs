@@ -77,6 +77,9 @@ const WHOLE_TURN: f64 = 1.0 - 1e-9;
 #[derive(Debug, Clone, Default)]
 struct Tenant {
     counter: f64,
+    /// Its weighted tokens served (before its weight, without the lifts):
+    /// what its share is measured by.
+    served: f64,
     /// Waiters by class rank.
     waiting: Vec<u32>,
     /// When it became backlogged (a sequence number): ties go to the
@@ -88,6 +91,15 @@ impl Tenant {
     fn waits(&self) -> bool {
         self.waiting.iter().any(|n| *n > 0)
     }
+}
+
+/// One tenant's standing in a queue's order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Standing {
+    pub counter: f64,
+    pub waiting: u32,
+    /// Weighted tokens served (before its weight).
+    pub served: f64,
 }
 
 /// The counters and the classes' earned turns of one pool's queue.
@@ -187,6 +199,7 @@ impl<K: Eq + Hash + Clone> FairOrder<K> {
         }
         if let Some(t) = self.tenants.get_mut(tenant) {
             t.counter += cost / weight;
+            t.served += cost;
         }
     }
 
@@ -203,6 +216,7 @@ impl<K: Eq + Hash + Clone> FairOrder<K> {
             t.counter = t.counter.max(target);
         }
         t.counter += cost / weight;
+        t.served += cost;
         if !waits {
             self.floor = self.floor.max(t.counter);
             self.bound();
@@ -250,11 +264,18 @@ impl<K: Eq + Hash + Clone> FairOrder<K> {
             .map(|t| (t.counter, t.waiting.iter().sum()))
     }
 
-    /// Every tenant known: (tenant, counter, waiters).
-    pub fn each(&self) -> impl Iterator<Item = (&K, f64, u32)> {
-        self.tenants
-            .iter()
-            .map(|(k, t)| (k, t.counter, t.waiting.iter().sum()))
+    /// Every tenant known: its counter, waiters and weighted tokens served.
+    pub fn each(&self) -> impl Iterator<Item = (&K, Standing)> {
+        self.tenants.iter().map(|(k, t)| {
+            (
+                k,
+                Standing {
+                    counter: t.counter,
+                    waiting: t.waiting.iter().sum(),
+                    served: t.served,
+                },
+            )
+        })
     }
 
     /// Keeps the table bounded (see [`MAX_IDLE_TENANTS`]).

@@ -34,12 +34,21 @@ fn the_tenant_furthest_below_its_weighted_share_goes_first() {
     }
     order.arrive(&"b", 1);
     let released = release(&mut order, 6, 100.0, |_| 1.0);
-    assert_eq!(released, ["a", "b", "a", "b", "a", "b"], "equal weights alternate");
+    assert_eq!(
+        released,
+        ["a", "b", "a", "b", "a", "b"],
+        "equal weights alternate"
+    );
     // Weights: A weight 2 is served twice B's tokens.
     let mut weighted = FairOrder::new(0.1);
     weighted.arrive(&"a", 1);
     weighted.arrive(&"b", 1);
-    let released = release(&mut weighted, 300, 100.0, |t| if t == "a" { 2.0 } else { 1.0 });
+    let released = release(
+        &mut weighted,
+        300,
+        100.0,
+        |t| if t == "a" { 2.0 } else { 1.0 },
+    );
     assert_eq!(count(&released, "a"), 200);
     assert_eq!(count(&released, "b"), 100);
     // Tokens, not requests: B's requests cost 4 times A's, so A is
