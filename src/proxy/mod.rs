@@ -148,8 +148,16 @@ impl Gateway {
         let healthy = crate::balance::candidates(route, &req.pool, crate::clock::now_ms());
         let gateway_rate_limit = self.registry.gateway().load_rate_limit;
         let model = req.model.as_deref();
-        let gates =
-            guards::gates::check(route, label, model, healthy.len(), gateway_rate_limit, turn);
+        let class = req.tenant.as_ref().map(|t| t.class);
+        let gates = guards::gates::check(
+            route,
+            label,
+            model,
+            healthy.len(),
+            gateway_rate_limit,
+            turn,
+            class,
+        );
         if let (Err(_), Some(t)) = (&gates, turn) {
             route.runtime.protection.count_turn(t, false);
         }
