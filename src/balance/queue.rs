@@ -85,7 +85,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     }
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + wait_for;
-    let place = signal.enter(warm, now, warm_precedence(timeout), fair);
+    let place = signal.enter(warm, now, warm_precedence(timeout), fair, label);
     loop {
         let notified = signal.notify().notified();
         tokio::pin!(notified);

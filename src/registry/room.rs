@@ -28,11 +28,21 @@ use tokio::sync::Notify;
 /// A group of waiters: (class rank, tenant).
 type GroupKey = (usize, Arc<str>);
 
-/// One group's waiters, in the plain queue's order.
+/// One group's waiters for one model pool, in the plain queue's order.
+/// Kept apart by pool so that a head waiting for a full pool never holds
+/// back the group's request for another pool that has room.
 #[derive(Debug, Default)]
-struct Group {
+struct Line {
     warm: usize,
     new_tickets: BTreeSet<u64>,
+    /// The room epoch at which it last tried and found no room.
+    tried_at: Option<u64>,
+}
+
+impl Line {
+    fn is_empty(&self) -> bool {
+        self.warm == 0 && self.new_tickets.is_empty()
+    }
 }
 
 /// The fair queue's state, under one lock taken only by waiters, the
@@ -40,9 +50,8 @@ struct Group {
 #[derive(Debug)]
 struct FairQueue {
     order: FairOrder<Arc<str>>,
-    groups: HashMap<GroupKey, Group>,
-    /// The room epoch at which each group last tried and found no room.
-    tried: HashMap<GroupKey, u64>,
+    /// Each group's lines, by pool label.
+    groups: HashMap<GroupKey, HashMap<Arc<str>, Line>>,
 }
 
 impl Default for FairQueue {
@@ -50,8 +59,16 @@ impl Default for FairQueue {
         FairQueue {
             order: FairOrder::new(crate::config::tenants::DEFAULT_CLASS_MIN_SHARE),
             groups: HashMap::new(),
-            tried: HashMap::new(),
         }
+    }
+}
+
+impl FairQueue {
+    /// Every line of the group found no room since it last freed.
+    fn passed_over(&self, key: &GroupKey, epoch: u64) -> bool {
+        self.groups
+            .get(key)
+            .is_none_or(|lines| lines.values().all(|l| l.tried_at == Some(epoch)))
     }
 }
 
@@ -128,13 +145,15 @@ impl RoomSignal {
     /// (placed, timed out, or the client went away). A new session entering
     /// at `now_ms` lets warm turns go first for `precedence_ms`, then tries
     /// alongside them. With `fair` (its tenant's tag, and each lower class's
-    /// minimum share) it waits in its group's turn.
+    /// minimum share) it waits in its group's turn, in the line of its
+    /// pool (`pool`, the pool's label).
     pub fn enter(
         &self,
         warm: bool,
         now_ms: u64,
         precedence_ms: u64,
         fair: Option<(&Tag, f64)>,
+        pool: &str,
     ) -> QueuePlace<'_> {
         self.counter(warm).fetch_add(1, Ordering::AcqRel);
         let ticket = (!warm).then(|| self.next_ticket.fetch_add(1, Ordering::Relaxed));
@@ -143,14 +162,26 @@ impl RoomSignal {
             let mut q = self.fair.lock();
             q.order.set_min_share(min_share);
             q.order.arrive(&tag.name, tag.class);
-            let group = q.groups.entry(key.clone()).or_default();
+            let pool: Arc<str> = Arc::from(pool);
+            let line = q
+                .groups
+                .entry(key.clone())
+                .or_default()
+                .entry(Arc::clone(&pool))
+                .or_default();
+            // A newcomer may fit where the line's earlier try did not.
+            line.tried_at = None;
             match ticket {
                 Some(t) => {
-                    group.new_tickets.insert(t);
+                    line.new_tickets.insert(t);
                 }
-                None => group.warm += 1,
+                None => line.warm += 1,
             }
-            (key, tag.weight)
+            FairPlace {
+                key,
+                pool,
+                weight: tag.weight,
+            }
         });
         if let (Some(t), None) = (ticket, &group) {
             self.new_tickets.lock().insert(t);
@@ -174,6 +205,14 @@ impl RoomSignal {
     }
 }
 
+/// A waiter's group, its pool's line in it, and its tenant's weight.
+#[derive(Debug)]
+struct FairPlace {
+    key: GroupKey,
+    pool: Arc<str>,
+    weight: f64,
+}
+
 /// One request's place in the queue; dropping it leaves the queue.
 #[derive(Debug)]
 pub struct QueuePlace<'a> {
@@ -182,8 +221,8 @@ pub struct QueuePlace<'a> {
     ticket: Option<u64>,
     /// A new session: until when waiting warm turns go before it.
     warm_first_until_ms: u64,
-    /// On a fair route: its group, and its tenant's weight.
-    group: Option<(GroupKey, f64)>,
+    /// On a fair route: its group, line and weight.
+    group: Option<FairPlace>,
     /// The room epoch its last [`QueuePlace::may_try`] saw.
     tried_at: Cell<u64>,
 }
@@ -196,8 +235,8 @@ impl QueuePlace<'_> {
     /// sessions waiting out the whole queue timeout (the replay bench's
     /// overload tail on vLLM-like engines).
     pub fn may_try(&self, now_ms: u64) -> bool {
-        if let Some((key, _)) = &self.group {
-            return self.may_try_fair(key, now_ms);
+        if let Some(place) = &self.group {
+            return self.may_try_fair(place, now_ms);
         }
         let Some(ticket) = self.ticket else {
             return true;
@@ -208,39 +247,45 @@ impl QueuePlace<'_> {
     }
 
     /// On a fair route: its group is the one picked among those that have
-    /// not found the room lacking since it last freed, and within the group
-    /// the plain order lets it.
-    fn may_try_fair(&self, key: &GroupKey, now_ms: u64) -> bool {
+    /// not found the room lacking since it last freed, its line has not,
+    /// and within the line the plain order lets it.
+    fn may_try_fair(&self, place: &FairPlace, now_ms: u64) -> bool {
         let epoch = self.signal.epoch.load(Ordering::Acquire);
         self.tried_at.set(epoch);
         let q = self.signal.fair.lock();
-        let passed_over = |class: usize, tenant: &Arc<str>| {
-            q.tried.get(&(class, Arc::clone(tenant))) == Some(&epoch)
+        let passed_over =
+            |class: usize, tenant: &Arc<str>| q.passed_over(&(class, Arc::clone(tenant)), epoch);
+        if q.order.next(passed_over).as_ref() != Some(&place.key) {
+            return false;
+        }
+        let Some(line) = q.groups.get(&place.key).and_then(|g| g.get(&place.pool)) else {
+            return false;
         };
-        if q.order.next(passed_over).as_ref() != Some(key) {
+        if line.tried_at == Some(epoch) {
             return false;
         }
         let Some(ticket) = self.ticket else {
             return true;
         };
-        let Some(group) = q.groups.get(key) else {
-            return false;
-        };
-        let warm_first = group.warm > 0 && now_ms < self.warm_first_until_ms;
-        !warm_first && group.new_tickets.first() == Some(&ticket)
+        let warm_first = line.warm > 0 && now_ms < self.warm_first_until_ms;
+        !warm_first && line.new_tickets.first() == Some(&ticket)
     }
 
-    /// Its try found no room: on a fair route its group is passed over
-    /// until room frees again, and the next group is woken to try.
+    /// Its try found no room: on a fair route its line is passed over
+    /// until room frees again, and the next line or group is woken to try.
     pub fn found_no_room(&self) {
-        let Some((key, _)) = &self.group else {
+        let Some(place) = &self.group else {
             return;
         };
-        self.signal
-            .fair
-            .lock()
-            .tried
-            .insert(key.clone(), self.tried_at.get());
+        let mut q = self.signal.fair.lock();
+        if let Some(line) = q
+            .groups
+            .get_mut(&place.key)
+            .and_then(|g| g.get_mut(&place.pool))
+        {
+            line.tried_at = Some(self.tried_at.get());
+        }
+        drop(q);
         self.signal.notify.notify_waiters();
     }
 
@@ -248,35 +293,40 @@ impl QueuePlace<'_> {
     /// tenant's counter is charged the prompt now (so that its next waiter
     /// sees it) and the lower classes earn their share; returns the charge.
     pub fn placed(&self, tokens: u64) -> f64 {
-        let Some(((class, tenant), weight)) = &self.group else {
+        let Some(place) = &self.group else {
             return 0.0;
         };
+        let (class, tenant) = &place.key;
         let cost = TOKEN_WEIGHTS.input * tokens as f64;
         self.signal
             .fair
             .lock()
             .order
-            .released(tenant, *class, cost, *weight);
+            .released(tenant, *class, cost, place.weight);
         cost
     }
 }
 
 impl Drop for QueuePlace<'_> {
     fn drop(&mut self) {
-        if let Some(((class, tenant), _)) = &self.group {
+        if let Some(place) = &self.group {
             let mut q = self.signal.fair.lock();
+            let (class, tenant) = &place.key;
             q.order.leave(tenant, *class);
-            let key = (*class, Arc::clone(tenant));
-            if let Some(group) = q.groups.get_mut(&key) {
-                match self.ticket {
-                    Some(t) => {
-                        group.new_tickets.remove(&t);
+            if let Some(lines) = q.groups.get_mut(&place.key) {
+                if let Some(line) = lines.get_mut(&place.pool) {
+                    match self.ticket {
+                        Some(t) => {
+                            line.new_tickets.remove(&t);
+                        }
+                        None => line.warm = line.warm.saturating_sub(1),
                     }
-                    None => group.warm = group.warm.saturating_sub(1),
+                    if line.is_empty() {
+                        lines.remove(&place.pool);
+                    }
                 }
-                if group.warm == 0 && group.new_tickets.is_empty() {
-                    q.groups.remove(&key);
-                    q.tried.remove(&key);
+                if lines.is_empty() {
+                    q.groups.remove(&place.key);
                 }
             }
         } else if let Some(ticket) = self.ticket {
@@ -297,11 +347,11 @@ mod tests {
     #[test]
     fn new_sessions_try_in_arrival_order_and_after_every_warm_turn() {
         let signal = RoomSignal::default();
-        let first = signal.enter(false, 0, 1_000, None);
-        let second = signal.enter(false, 0, 1_000, None);
+        let first = signal.enter(false, 0, 1_000, None, "_");
+        let second = signal.enter(false, 0, 1_000, None, "_");
         assert!(first.may_try(0));
         assert!(!second.may_try(0), "the later new session waits its turn");
-        let warm = signal.enter(true, 0, 1_000, None);
+        let warm = signal.enter(true, 0, 1_000, None, "_");
         assert!(warm.may_try(0));
         assert!(!first.may_try(0), "a warm turn goes before any new session");
         drop(warm);
@@ -317,9 +367,9 @@ mod tests {
     #[test]
     fn warm_turns_go_first_only_for_a_bounded_time() {
         let signal = RoomSignal::default();
-        let new = signal.enter(false, 10_000, 2_000, None);
-        let behind = signal.enter(false, 10_500, 2_000, None);
-        let _warm = signal.enter(true, 10_000, 2_000, None);
+        let new = signal.enter(false, 10_000, 2_000, None, "_");
+        let behind = signal.enter(false, 10_500, 2_000, None, "_");
+        let _warm = signal.enter(true, 10_000, 2_000, None, "_");
         assert!(!new.may_try(11_999), "warm turns first while it is young");
         assert!(new.may_try(12_000), "then it tries alongside them");
         assert!(
@@ -328,7 +378,7 @@ mod tests {
         );
         // The control: with no warm turn waiting, precedence never applies.
         let quiet = RoomSignal::default();
-        let alone = quiet.enter(false, 10_000, 60_000, None);
+        let alone = quiet.enter(false, 10_000, 60_000, None, "_");
         assert!(alone.may_try(10_000));
     }
 
@@ -345,9 +395,9 @@ mod tests {
         let signal = RoomSignal::default();
         let (a, b) = (tag("a"), tag("b"));
         let flood: Vec<QueuePlace> = (0..3)
-            .map(|_| signal.enter(false, 0, 1_000, Some((&a, 0.1))))
+            .map(|_| signal.enter(false, 0, 1_000, Some((&a, 0.1)), "_"))
             .collect();
-        let quiet = signal.enter(false, 0, 1_000, Some((&b, 0.1)));
+        let quiet = signal.enter(false, 0, 1_000, Some((&b, 0.1)), "_");
         assert!(flood[0].may_try(0), "equal counters: the earlier tenant");
         assert!(!quiet.may_try(0) && !flood[1].may_try(0));
         // A's head is placed and charged its prompt: B is now furthest below.
@@ -378,11 +428,29 @@ mod tests {
         // B behind the whole flood.
         let plain = RoomSignal::default();
         let mut flood = (0..3)
-            .map(|_| plain.enter(false, 0, 1_000, None))
+            .map(|_| plain.enter(false, 0, 1_000, None, "_"))
             .collect::<Vec<_>>()
             .into_iter();
-        let quiet = plain.enter(false, 0, 1_000, None);
+        let quiet = plain.enter(false, 0, 1_000, None, "_");
         drop(flood.next());
         assert!(!quiet.may_try(0), "b still waits behind a's second");
+    }
+
+    #[test]
+    fn a_head_waiting_for_a_full_pool_does_not_hold_back_its_group_in_another() {
+        let signal = RoomSignal::default();
+        let a = tag("a");
+        let for_x = signal.enter(false, 0, 1_000, Some((&a, 0.1)), "x");
+        let for_y = signal.enter(false, 0, 1_000, Some((&a, 0.1)), "y");
+        assert!(
+            for_x.may_try(0) && for_y.may_try(0),
+            "each pool's head tries"
+        );
+        for_x.found_no_room();
+        assert!(!for_x.may_try(0), "x is passed over until room frees");
+        assert!(for_y.may_try(0), "y still tries");
+        // Control: behind the same head in the same pool, it waits.
+        let behind = signal.enter(false, 0, 1_000, Some((&a, 0.1)), "x");
+        assert!(!behind.may_try(0));
     }
 }
