@@ -24,6 +24,7 @@ mod state;
 mod status;
 
 pub use state::{Reason, TenantState};
+pub use status::{FairStanding, RouteQueue};
 
 use state::{label_of, Handles};
 
@@ -52,22 +53,6 @@ pub struct Tag {
     pub name: Arc<str>,
     pub class: usize,
     pub weight: f64,
-}
-
-/// One tenant's standing in one route's fair queue (`registry/room.rs`),
-/// for `/_tenants`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FairStanding {
-    pub tenant: Arc<str>,
-    pub standing: crate::fair::Standing,
-}
-
-/// A route's fair queue as `/_tenants` shows it: its name, whether it
-/// orders its queue fairly, and its tenants' standings.
-pub struct RouteQueue {
-    pub route: String,
-    pub fair: bool,
-    pub tenants: Vec<FairStanding>,
 }
 
 /// A class a request asked for and may not have: not one of the classes,

@@ -15,10 +15,26 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// One tenant's standing in one route's fair queue (`registry/room.rs`),
+/// for `/_tenants`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FairStanding {
+    pub tenant: Arc<str>,
+    pub standing: crate::fair::Standing,
+}
+
+/// A route's fair queue as `/_tenants` shows it: its name, whether it
+/// orders its queue fairly, and its tenants' standings.
+pub struct RouteQueue {
+    pub route: String,
+    pub fair: bool,
+    pub tenants: Vec<FairStanding>,
+}
+
 pub(super) fn json(
     config: &TenantsConfig,
     seen: &[Arc<TenantState>],
-    queues: &[super::RouteQueue],
+    queues: &[RouteQueue],
     now_ms: u64,
 ) -> Value {
     // By name: up to `MAX_TRACKED` tenants are looked up, one by one.
@@ -48,8 +64,8 @@ pub(super) fn json(
 /// One route's fair queue: per tenant, by name, what it has queued, its
 /// counter, and its share of what was served there against its weight's
 /// share among the tenants listed.
-fn queue(config: &TenantsConfig, q: &super::RouteQueue) -> Value {
-    let mut tenants: Vec<&super::FairStanding> = q.tenants.iter().collect();
+fn queue(config: &TenantsConfig, q: &RouteQueue) -> Value {
+    let mut tenants: Vec<&FairStanding> = q.tenants.iter().collect();
     tenants.sort_by(|a, b| a.tenant.cmp(&b.tenant));
     let served: f64 = tenants.iter().map(|t| t.standing.served).sum();
     let weights: f64 = tenants
