@@ -215,6 +215,9 @@ impl Gateways {
             engines: engine_addrs,
             max_concurrency: 256,
         });
+        if plan.scenario == crate::scenario::Scenario::NoisyNeighbor {
+            route = gateway::merge_extra(&route, crate::scenario::NOISY_QUEUE_TIMEOUT)?;
+        }
         if let Some(extra) = &plan.opts.route_extra {
             route = gateway::merge_extra(&route, extra)?;
         }

@@ -129,14 +129,18 @@ impl Ctx {
         body: &[u8],
         started: Instant,
         affinity: Option<usize>,
+        fairness_id: Option<&str>,
     ) -> Result<(Exchange, bool, Option<usize>), String> {
         // The id goes in a header only with `--session-id header` (the
         // body carries `prompt_cache_key` itself).
-        let header = [(SESSION_HEADER, session)];
-        let headers: &[(&str, &str)] = match via {
-            IdVia::Header => &header,
-            IdVia::PromptCacheKey | IdVia::Nothing => &[],
-        };
+        let mut named = Vec::with_capacity(2);
+        if via == IdVia::Header {
+            named.push((SESSION_HEADER, session));
+        }
+        if let Some(tenant) = fairness_id {
+            named.push((crate::scenario::FAIRNESS_HEADER, tenant));
+        }
+        let headers: &[(&str, &str)] = &named;
         match &self.target {
             Target::Gateway {
                 addrs,
@@ -273,6 +277,12 @@ impl Ctx {
             .map(|(tenant, _)| tenant);
         // The reference cell keeps each tenant's conversations on one engine.
         let affinity = tenant.map(|t| t as usize);
+        let noisy = self
+            .workload
+            .params
+            .noisy_neighbor
+            .then(|| crate::scenario::noisy_tenant(d.slot));
+        let tenant = tenant.or(noisy.map(|(t, _)| t));
         let started = Instant::now();
         let mut record = Record {
             slot: d.slot,
@@ -292,7 +302,15 @@ impl Ctx {
         let deadline = (started + REQUEST_TIMEOUT).min(self.hard_end);
         let outcome = timeout_at(
             deadline,
-            self.send(&mut d.route, &conv.id, via, &body, started, affinity),
+            self.send(
+                &mut d.route,
+                &conv.id,
+                via,
+                &body,
+                started,
+                affinity,
+                noisy.map(|(_, name)| name),
+            ),
         )
         .await;
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
