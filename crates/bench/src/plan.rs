@@ -571,8 +571,9 @@ impl Plan {
             Scenario::NoisyNeighbor => format!(
                 "tenant quiet has one slot in {} and noisy the other {}, so noisy sends {}x \
                  quiet's rate, each request naming its tenant in {}; {} sessions per engine \
-                 (2x), think times as in overload ({}-{} ms); the gateway's route waits up to \
-                 60 s for room unless --route-extra sets queue_timeout",
+                 (2x), think times as in overload ({}-{} ms); each engine takes {} at once \
+                 (max_concurrency) and the gateway's route waits up to 60 s for room unless \
+                 --route-extra sets queue_timeout",
                 scenario::NOISY_EVERY,
                 scenario::NOISY_EVERY - 1,
                 scenario::NOISY_EVERY - 1,
@@ -580,6 +581,7 @@ impl Plan {
                 self.sessions_per_engine,
                 w.think_ms.0,
                 w.think_ms.1,
+                scenario::noisy_max_concurrency(self.sessions_per_engine),
             ),
             Scenario::Forks => match w.forks {
                 Some(f) => {

@@ -50,9 +50,12 @@ pub enum Scenario {
     /// Two tenants on saturated engines (twice uniform's sessions, think
     /// times as in overload): one slot in 11 is tenant `quiet`, the other
     /// ten `noisy`, so noisy sends 10x quiet's rate; each request names its
-    /// tenant in `x-gateway-inference-fairness-id`, and the gateway's route
-    /// waits up to 60 s for room (`queue_timeout`, unless --route-extra
-    /// sets it). `--route-extra 'fair_share: false'` is the control.
+    /// tenant in `x-gateway-inference-fairness-id`. The gateway holds back
+    /// what the engines cannot start now: each engine takes half its
+    /// sessions at once (`max_concurrency`), and the route waits up to 60 s
+    /// for room (`queue_timeout`, unless --route-extra sets it), so the
+    /// queue's order decides who goes next. `--route-extra 'fair_share:
+    /// false'` is the control.
     NoisyNeighbor,
 }
 
@@ -117,6 +120,15 @@ pub const SHARED_SESSIONS_PER_ENGINE: usize = 12;
 pub const NOISY_EVERY: u32 = 11;
 pub const FAIRNESS_HEADER: &str = "x-gateway-inference-fairness-id";
 pub const NOISY_QUEUE_TIMEOUT: &str = "queue_timeout: 60s";
+
+/// `noisy-neighbor`: each engine's `max_concurrency`, half its sessions
+/// (about 70% of them are in the engine at once with overload's think
+/// times, so the gateway's queue always holds some).
+pub fn noisy_max_concurrency(sessions_per_engine: usize) -> u32 {
+    u32::try_from(sessions_per_engine / 2)
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
 
 /// `noisy-neighbor`: the tenant of `slot` (0 quiet, 1 noisy) and its name.
 pub fn noisy_tenant(slot: u32) -> (u32, &'static str) {
