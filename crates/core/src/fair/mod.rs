@@ -110,6 +110,9 @@ pub struct FairOrder<K> {
     class_waiting: Vec<u32>,
     class_credit: Vec<f64>,
     min_share: f64,
+    /// Tenants with a waiter: with none (the rule when nothing is
+    /// saturated), a request's charge at its end reads no other tenant.
+    backlogged: usize,
     /// The counter of the last tenant to leave the backlog or be served
     /// while nobody waited: where a tenant arriving at an empty backlog is
     /// lifted to.
@@ -126,6 +129,7 @@ impl<K: Eq + Hash + Clone> FairOrder<K> {
             class_waiting: Vec::new(),
             class_credit: Vec::new(),
             min_share: clamp_share(min_share),
+            backlogged: 0,
             floor: 0.0,
             sequence: 0,
         }
@@ -138,6 +142,9 @@ impl<K: Eq + Hash + Clone> FairOrder<K> {
     /// Where a tenant that starts waiting now is lifted to: the smallest
     /// counter among those waiting, else the last one served.
     fn lift_target(&self) -> f64 {
+        if self.backlogged == 0 {
+            return self.floor;
+        }
         self.tenants
             .values()
             .filter(|t| t.waits())
@@ -155,6 +162,7 @@ impl<K: Eq + Hash + Clone> FairOrder<K> {
         if !t.waits() {
             t.counter = t.counter.max(target);
             t.since = sequence;
+            self.backlogged += 1;
         }
         grow(&mut t.waiting, class);
         t.waiting[class] += 1;
@@ -167,11 +175,13 @@ impl<K: Eq + Hash + Clone> FairOrder<K> {
     /// first when it was placed.
     pub fn leave(&mut self, tenant: &K, class: usize) {
         if let Some(t) = self.tenants.get_mut(tenant) {
+            let waited = t.waits();
             if let Some(n) = t.waiting.get_mut(class) {
                 *n = n.saturating_sub(1);
             }
-            if !t.waits() {
+            if waited && !t.waits() {
                 self.floor = self.floor.max(t.counter);
+                self.backlogged = self.backlogged.saturating_sub(1);
             }
         }
         if let Some(n) = self.class_waiting.get_mut(class) {
@@ -209,9 +219,9 @@ impl<K: Eq + Hash + Clone> FairOrder<K> {
     /// the floor: a request placed at once is an arrival and a release in
     /// one.
     pub fn charge(&mut self, tenant: &K, cost: f64, weight: f64) {
-        let target = self.lift_target();
+        let waits = self.tenants.get(tenant).is_some_and(Tenant::waits);
+        let target = if waits { 0.0 } else { self.lift_target() };
         let t = self.tenants.entry(tenant.clone()).or_default();
-        let waits = t.waits();
         if !waits {
             t.counter = t.counter.max(target);
         }

@@ -169,3 +169,20 @@ fn idle_tenants_are_forgotten_past_the_bound() {
     assert!(order.each().count() <= MAX_IDLE_TENANTS + 1);
     assert_eq!(order.standing(&"busy".to_string()).map(|s| s.1), Some(1));
 }
+
+#[test]
+fn a_leave_without_an_arrival_changes_nothing() {
+    let mut order = FairOrder::new(0.1);
+    order.arrive(&"a", 1);
+    order.leave(&"b", 1);
+    order.leave(&"a", 2);
+    // A still waits, so b is lifted to a's counter, not to the floor.
+    order.charge(&"a", 500.0, 1.0);
+    order.arrive(&"b", 1);
+    assert_eq!(order.standing(&"b"), Some((500.0, 1)));
+    // Control: once a has left, the backlog is empty and the floor rules.
+    order.leave(&"a", 1);
+    order.leave(&"b", 1);
+    order.charge(&"c", 10.0, 1.0);
+    assert_eq!(order.standing(&"c").map(|s| s.0), Some(510.0));
+}
