@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::http::{self, Conn, Head, Upload};
+use common::http::{self, Conn, Head};
 use common::*;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -25,26 +25,11 @@ fn one_slot_route(cluster: &SimCluster, extra: &str) -> String {
 /// A streamed request of `tenant` (in `class`, if given) that holds its
 /// slot until `gate` opens; not waited for.
 fn send(gw: &Gateway, tenant: &str, session: &str, gate: &str, class: Option<&str>) -> Conn {
-    let mut conn = Conn::open(gw.addr);
-    let mut headers = vec![
-        ("content-type", "application/json"),
-        ("x-session-id", session),
-        ("x-sim-gate", gate),
-        (FAIRNESS_ID, tenant),
-    ];
+    let mut headers = vec![("x-session-id", session), (FAIRNESS_ID, tenant)];
     if let Some(c) = class {
         headers.push((PRIORITY, c));
     }
-    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 2,
-                      "messages": [{"role": "user", "content": format!("{session} waits its turn")}]});
-    conn.send(
-        "POST",
-        CHAT,
-        &headers,
-        body.to_string().as_bytes(),
-        Upload::Length,
-    );
-    conn
+    send_gated(gw, CHAT, gate, &headers)
 }
 
 fn waiting(gw: &Gateway) -> u64 {

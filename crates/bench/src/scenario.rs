@@ -132,7 +132,7 @@ pub fn noisy_max_concurrency(sessions_per_engine: usize) -> u32 {
 
 /// `noisy-neighbor`: the tenant of `slot` (0 quiet, 1 noisy) and its name.
 pub fn noisy_tenant(slot: u32) -> (u32, &'static str) {
-    if slot % NOISY_EVERY == 0 {
+    if slot.is_multiple_of(NOISY_EVERY) {
         (0, "quiet")
     } else {
         (1, "noisy")

@@ -128,9 +128,12 @@ impl Ctx {
         via: IdVia,
         body: &[u8],
         started: Instant,
-        affinity: Option<usize>,
-        fairness_id: Option<&str>,
+        tenancy: Tenancy<'_>,
     ) -> Result<(Exchange, bool, Option<usize>), String> {
+        let Tenancy {
+            affinity,
+            fairness_id,
+        } = tenancy;
         // The id goes in a header only with `--session-id header` (the
         // body carries `prompt_cache_key` itself).
         let mut named = Vec::with_capacity(2);
@@ -257,6 +260,14 @@ enum Sent {
     Cut,
 }
 
+/// Whose a request is: the engine the reference cell keeps its tenant on
+/// (`shared-prefix`), and the tenant the gateway is told (`noisy-neighbor`).
+#[derive(Debug, Clone, Copy)]
+struct Tenancy<'a> {
+    affinity: Option<usize>,
+    fairness_id: Option<&'a str>,
+}
+
 impl Ctx {
     /// Sends the conversation as it stands (its last message is the turn's
     /// new input) and records the request; on success the reply joins the
@@ -308,8 +319,10 @@ impl Ctx {
                 via,
                 &body,
                 started,
-                affinity,
-                noisy.map(|(_, name)| name),
+                Tenancy {
+                    affinity,
+                    fairness_id: noisy.map(|(_, name)| name),
+                },
             ),
         )
         .await;
