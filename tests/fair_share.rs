@@ -215,3 +215,18 @@ fn a_class_the_tenant_may_not_ask_for_is_refused_with_a_403() {
     assert_eq!(ask("free", None).status(), 200);
     assert_eq!(ask("paid", Some("interactive")).status(), 200);
 }
+
+#[test]
+fn a_lower_class_keeps_its_minimum_share_of_the_releases() {
+    // One batch request queued first, then ten interactive ones.
+    let mut waiters = vec![("team", Some("batch"))];
+    waiters.extend([("team", Some("interactive")); 10]);
+    // At the default share (0.1) batch has earned its turn after nine
+    // releases to interactive.
+    let order = placement_order("", None, &waiters, |_| {});
+    assert_eq!(order, [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 10]);
+    // Control: the tenants file sets no minimum share, and batch waits for
+    // every interactive request.
+    let strict = placement_order("", Some("class_min_share: 0\n"), &waiters, |_| {});
+    assert_eq!(strict, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0]);
+}
