@@ -73,23 +73,23 @@ fn gates(c: &mut Criterion) {
         share: 1.0,
     };
     // Each state is what its name says, or the timing would be of another.
-    assert!(check(&quiet, "_", None, 1, true, None).is_ok());
-    assert!(check(&open, "_", None, 1, true, None).is_ok());
-    assert!(check(&graded, "_", None, 1, true, Some(warm)).is_ok());
-    let refused = check(&tripped, "_", None, 1, true, None).expect_err("tripped");
+    assert!(check(&quiet, "_", None, 1, true, None, Some(1)).is_ok());
+    assert!(check(&open, "_", None, 1, true, None, Some(1)).is_ok());
+    assert!(check(&graded, "_", None, 1, true, Some(warm), Some(1)).is_ok());
+    let refused = check(&tripped, "_", None, 1, true, None, Some(1)).expect_err("tripped");
     assert_eq!(refused.status, 429);
     let mut g = c.benchmark_group("load_gate");
     g.bench_function("no_ewma", |b| {
-        b.iter(|| black_box(check(&quiet, "_", None, 1, true, None).is_ok()))
+        b.iter(|| black_box(check(&quiet, "_", None, 1, true, None, Some(1)).is_ok()))
     });
     g.bench_function("under_limit", |b| {
-        b.iter(|| black_box(check(&open, "_", None, 1, true, None).is_ok()))
+        b.iter(|| black_box(check(&open, "_", None, 1, true, None, Some(1)).is_ok()))
     });
     g.bench_function("session_prio_warm_turn", |b| {
-        b.iter(|| black_box(check(&graded, "_", None, 1, true, Some(warm)).is_ok()))
+        b.iter(|| black_box(check(&graded, "_", None, 1, true, Some(warm), Some(1)).is_ok()))
     });
     g.bench_function("tripped_429", |b| {
-        b.iter(|| black_box(check(&tripped, "_", None, 1, true, None).is_err()))
+        b.iter(|| black_box(check(&tripped, "_", None, 1, true, None, Some(1)).is_err()))
     });
     g.finish();
 }

@@ -17,7 +17,7 @@
 //! - `tenants`    who sends: the tenants file in force, budgets, in-flight caps, `/_tenants`
 //! - `discovery`  engines found while running: host names looked up again, `peers_from` (DNS, Kubernetes EndpointSlices)
 //!
-//! The pure core (`crates/core`: `budget`, `placement`, `protect`, `reject`, `rewrite`,
+//! The pure core (`crates/core`: `budget`, `fair`, `placement`, `protect`, `reject`, `rewrite`,
 //! `stream`, `request_view`, `session`, `hash`, `json_bytes`) is re-exported
 //! at the end of this file under the same names.
 
@@ -47,6 +47,6 @@ pub mod watch;
 // pingora, tokio and the rest of the gateway; re-exported so that every
 // `crate::placement::…` path reads as before.
 pub use llm_gateway_core::{
-    api, budget, hash, json_bytes, placement, protect, reject, request_view, rewrite, session,
-    stream,
+    api, budget, fair, hash, json_bytes, placement, protect, reject, request_view, rewrite,
+    session, stream,
 };

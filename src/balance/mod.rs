@@ -70,6 +70,9 @@ pub struct Demand<'a> {
     /// engine is full goes cold elsewhere only once this reaches its cold
     /// prefill's cost there ([`placement::ColdCost`]).
     pub waited: std::time::Duration,
+    /// Its tenant's tag and each lower class's minimum share, for a route
+    /// that releases its queue fairly (`registry/room.rs`).
+    pub fair: Option<(&'a crate::tenants::Tag, f64)>,
 }
 
 /// Why a request could not be placed now.
@@ -122,6 +125,7 @@ fn reserve(route: &Route, demand: &Demand, may_wait: bool) -> Result<Placed, Ref
         limits_on,
         share,
         waited,
+        fair: _,
     } = *demand;
     let now = now_ms();
     let cands = candidates(route, pool, now);

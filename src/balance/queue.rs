@@ -9,7 +9,9 @@
 //! (on a route without a queue too) as long as its cold prefill elsewhere
 //! would take, before it overflows. Waiters wake whenever a slot is
 //! released, a session leaves its engine's live window, or the process
-//! starts draining.
+//! starts draining. On a route with `fair_share` the waiters go by class
+//! and tenant (`registry/room.rs`), and while anyone waits a newcomer
+//! queues too rather than taking the room a waiter was woken for.
 
 use super::{place_with, Demand, Placed, Refusal};
 use crate::lifecycle;
@@ -20,6 +22,8 @@ use std::time::{Duration, Instant};
 pub struct Granted {
     pub placed: Placed,
     pub waited: Option<Duration>,
+    /// What the fair queue charged its tenant when it released it.
+    pub fair_charged: f64,
 }
 
 /// A refusal, and how long the request waited before it.
@@ -44,37 +48,44 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     let now = crate::clock::now_ms();
     let mut warm =
         may_wait && session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
-    match place_with(route, demand, may_wait) {
-        Ok(placed) => {
+    let fair = demand.fair.filter(|_| route.config.fair_queue());
+    let signal = &route.runtime.queue;
+    // With waiters on a fair route, the order decides who has the room:
+    // a newcomer trying first would take it from the one it woke.
+    let first_try =
+        (fair.is_none() || !signal.anyone_waits()).then(|| place_with(route, demand, may_wait));
+    match first_try {
+        None => {}
+        Some(Ok(placed)) => {
             return Ok(Granted {
                 placed,
                 waited: None,
+                fair_charged: 0.0,
             })
         }
-        Err(Refusal::Full(error, gate)) if !may_wait => {
+        Some(Err(Refusal::Full(error, gate))) if !may_wait => {
             return Err(refused_full(route, label, error, gate, None))
         }
-        Err(Refusal::NoReadyPeer(error)) => {
+        Some(Err(Refusal::NoReadyPeer(error))) => {
             // Nothing to wait for: no peer is up.
             return Err(Refused {
                 error,
                 waited: None,
             });
         }
-        Err(Refusal::Full(..)) => {}
+        Some(Err(Refusal::Full(..))) => {}
         // Without a queue a warm turn still waits for its own engine, as
         // long as going cold elsewhere would cost.
-        Err(Refusal::WarmHomeBusy(_, worth)) if !may_wait => {
+        Some(Err(Refusal::WarmHomeBusy(_, worth))) if !may_wait => {
             // Its engine is its home: the session is bound.
             wait_for = worth;
             warm = true;
         }
-        Err(Refusal::WarmHomeBusy(..)) => {}
+        Some(Err(Refusal::WarmHomeBusy(..))) => {}
     }
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + wait_for;
-    let signal = &route.runtime.queue;
-    let place = signal.enter(warm, now, warm_precedence(timeout));
+    let place = signal.enter(warm, now, warm_precedence(timeout), fair, label);
     loop {
         let notified = signal.notify().notified();
         tokio::pin!(notified);
@@ -88,6 +99,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
             match place_with(route, &demand, may_wait) {
                 Ok(placed) => {
                     return Ok(Granted {
+                        fair_charged: place.placed(demand.tokens),
                         placed,
                         waited: Some(started.elapsed()),
                     })
@@ -98,7 +110,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
                         waited: Some(started.elapsed()),
                     })
                 }
-                Err(Refusal::Full(..) | Refusal::WarmHomeBusy(..)) => {}
+                Err(Refusal::Full(..) | Refusal::WarmHomeBusy(..)) => place.found_no_room(),
             }
         }
         if lifecycle::is_draining() {
@@ -118,7 +130,11 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
         ..*demand
     };
     match place_with(route, &last_try, false) {
-        Ok(placed) => Ok(Granted { placed, waited }),
+        Ok(placed) => Ok(Granted {
+            placed,
+            waited,
+            fair_charged: 0.0,
+        }),
         Err(Refusal::NoReadyPeer(error)) => Err(Refused { error, waited }),
         Err(Refusal::Full(error, gate)) => Err(refused_full(route, label, error, gate, waited)),
         Err(Refusal::WarmHomeBusy(error, _)) => Err(refused_full(

@@ -128,6 +128,7 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     opt("kimi_normalize", "Normalize Kimi ids", "requests", Kind::Bool, L("false"), "renumber Kimi tool-call ids by first appearance so history stays byte-stable (runtime: /_kimi_normalize_toggle)"),
     opt("include_usage", "Include usage", "requests", Kind::Bool, L("false"), "ask streams for a usage frame and strip it from the client's copy if the client did not ask"),
     opt("queue_timeout", "Queue timeout", "protection", Kind::Duration, L("0s"), "wait this long for room instead of an immediate 429"),
+    opt("fair_share", "Fair share", "protection", Kind::Bool, L("true"), "release the queue by priority class, then by tenant (least weighted tokens served first); false: arrival order"),
     opt("protection.ttft.limit_ms", "TTFT limit (ms)", "protection", Kind::Number, L("30000"), "TTFT EWMA at which a pool sheds with 429"),
     opt("protection.ttft.limit_by_model", "TTFT limit per model", "protection", Kind::Map, N("none"), "{model: ms}"),
     opt("protection.tps.limit_tps", "Decode-rate floor", "protection", Kind::Number, N("none"), "decode-rate EWMA (tok/s) at or under which a pool sheds (not on an adaptive route)"),
@@ -254,6 +255,7 @@ pub fn values(route: &RouteConfig) -> Value {
         "cch_strip": route.cch_strip,
         "kimi_normalize": route.kimi_normalize,
         "queue_timeout": dur(route.queue_timeout),
+        "fair_share": route.fair_share,
         "protection": protection_values(&route.protection),
     })
 }

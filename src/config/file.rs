@@ -92,6 +92,7 @@ pub(super) struct RouteFile {
     pub forward_client_key: Option<Flag>,
     pub allow_upgrade: Option<Flag>,
     pub queue_timeout: Option<Dur>,
+    pub fair_share: Option<Flag>,
     /// The load gates: TTFT and decode-rate shedding, probes, adaptive
     /// concurrency, session turn priority, the rate-limit switch.
     #[serde(default)]

@@ -5,10 +5,9 @@
 //! with the routes (`Registry::reload`); a file that fails here keeps the
 //! previous version, as a route file does.
 //!
-//! The budgets and the in-flight cap are enforced now (`tenants/`); the
-//! weight, the class and the allowed classes are read, checked and kept
-//! for the fair-share release and the priority classes (issue 43's second
-//! half), and shown in `/_tenants`.
+//! The budgets and the in-flight cap are enforced by `tenants/`; the
+//! weight, the class, the allowed classes and `class_min_share` order a
+//! saturated pool's queue (`registry/room.rs`, `crate::fair`).
 
 use super::spans::KeyLines;
 use super::ConfigError;
@@ -21,6 +20,11 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_CLASSES: [&str; 3] = ["interactive", "standard", "batch"];
 /// The class of a tenant that names none, when the classes have it.
 pub const DEFAULT_CLASS: &str = "standard";
+/// The header a request asks for its priority class with.
+pub const PRIORITY_HEADER: &str = "x-gateway-priority";
+/// Each lower class's guaranteed share of a queue's releases while it
+/// waits, unless the file sets `class_min_share`.
+pub const DEFAULT_CLASS_MIN_SHARE: f64 = 0.1;
 /// The label every tenant the file does not name is counted under in
 /// `/metrics`, so a client choosing names cannot grow the series.
 pub const OTHER_LABEL: &str = "other";
@@ -31,12 +35,11 @@ const MAX_WEIGHT: f64 = 1_000_000.0;
 /// One tenant's policy, the defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TenantPolicy {
-    /// Its share of tokens served against the others' under contention
-    /// (the fairness half's; kept and shown now).
+    /// Its share of tokens served against the others' under contention.
     pub weight: f64,
-    /// The class its requests are in when they ask for none (fairness half).
+    /// The class its requests are in when they ask for none.
     pub class: String,
-    /// The classes its requests may ask for (fairness half).
+    /// The classes its requests may ask for (`x-gateway-priority`).
     pub allowed_classes: Vec<String>,
     /// Token and request limits per minute (`None`: unlimited).
     pub limits: Limits,
@@ -59,6 +62,9 @@ pub struct TenantsConfig {
     pub file: Option<PathBuf>,
     /// Priority classes, highest first.
     pub classes: Vec<String>,
+    /// Each lower class's guaranteed share of a queue's releases while it
+    /// waits (0 to 0.5).
+    pub class_min_share: f64,
     pub defaults: TenantPolicy,
     /// The tenants the file names: these, and only these, have their own
     /// `tenant` label in `/metrics`.
@@ -78,6 +84,7 @@ impl Default for TenantsConfig {
                 max_in_flight: None,
             },
             classes,
+            class_min_share: DEFAULT_CLASS_MIN_SHARE,
             tenants: BTreeMap::new(),
         }
     }
@@ -97,6 +104,11 @@ impl TenantsConfig {
     /// No tenant, named or not, has a limit or a cap.
     pub fn is_unlimited(&self) -> bool {
         self.defaults.is_unlimited() && self.tenants.values().all(TenantPolicy::is_unlimited)
+    }
+
+    /// The rank (0 the highest) of class `name`, if it is one.
+    pub fn class_rank(&self, name: &str) -> Option<usize> {
+        self.classes.iter().position(|c| c == name)
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -130,6 +142,13 @@ impl TenantsConfig {
                 list
             }
         };
+        let class_min_share = file.class_min_share.unwrap_or(DEFAULT_CLASS_MIN_SHARE);
+        if !(0.0..=0.5).contains(&class_min_share) {
+            return Err(err(
+                "class_min_share",
+                format!("class_min_share: {class_min_share} is not between 0 and 0.5"),
+            ));
+        }
         let base = TenantPolicy {
             weight: 1.0,
             class: if classes.iter().any(|c| c == DEFAULT_CLASS) {
@@ -159,6 +178,7 @@ impl TenantsConfig {
         Ok(TenantsConfig {
             file: Some(path.to_path_buf()),
             classes,
+            class_min_share,
             defaults,
             tenants,
         })
@@ -291,6 +311,7 @@ impl<E: Fn(&str, String) -> ConfigError> Checker<'_, E> {
 #[serde(deny_unknown_fields)]
 struct TenantsFile {
     classes: Option<Vec<String>>,
+    class_min_share: Option<f64>,
     defaults: Option<PolicyFile>,
     /// A tenant written with no fields (`team-a:`) is on the defaults but
     /// named: it gets its own metric label.
@@ -365,6 +386,7 @@ mod tests {
             ),
             ("tenants:\n  other:\n    weight: 2\n", 2, "metric label"),
             ("tenants:\n  a:\n    wieght: 2\n", 3, "unknown field"),
+            ("class_min_share: 0.9\n", 1, "between 0 and 0.5"),
         ];
         for (text, line, says) in cases {
             let e = parse(text).expect_err(text);

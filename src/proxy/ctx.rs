@@ -81,6 +81,14 @@ pub struct Admitted {
     /// (`response::record::settle_tenant`); on any other path, in
     /// `logging`, or dropped with the context.
     pub tenant_admission: Option<crate::tenants::Admission>,
+    /// Its tenant, class and weight (`guards::tenant::admit`, with or
+    /// without a tenants file): the queue's order.
+    pub tenant: Option<crate::tenants::Tag>,
+    /// On a route that orders its queue fairly, once placed: what the
+    /// queue charged its tenant's counter when it released it (0 placed at
+    /// once). The rest of what it is served is charged at its end, by
+    /// `response::record::settle_tenant`, which takes it.
+    pub fair_charged: Option<f64>,
 }
 
 impl Admitted {

@@ -148,8 +148,16 @@ impl Gateway {
         let healthy = crate::balance::candidates(route, &req.pool, crate::clock::now_ms());
         let gateway_rate_limit = self.registry.gateway().load_rate_limit;
         let model = req.model.as_deref();
-        let gates =
-            guards::gates::check(route, label, model, healthy.len(), gateway_rate_limit, turn);
+        let class = req.tenant.as_ref().map(|t| t.class);
+        let gates = guards::gates::check(
+            route,
+            label,
+            model,
+            healthy.len(),
+            gateway_rate_limit,
+            turn,
+            class,
+        );
         if let (Err(_), Some(t)) = (&gates, turn) {
             route.runtime.protection.count_turn(t, false);
         }
@@ -176,6 +184,9 @@ impl Gateway {
             limits_on: route.rate_limit(self.registry.gateway().load_rate_limit).0,
             share: turn.map_or(1.0, |t| t.share),
             waited: std::time::Duration::ZERO,
+            fair: (req.tenant.as_ref())
+                .filter(|_| route.config.fair_queue())
+                .map(|tag| (tag, self.registry.tenants().config().class_min_share)),
         };
         let store = self.registry.store();
         let waiting = crate::balance::shared::place_agreed(route, store, &demand);
@@ -197,8 +208,8 @@ fn record_placement(
     if let Some(t) = turn {
         route.runtime.protection.count_turn(t, outcome.is_ok());
     }
-    let (placed, waited) = match outcome {
-        Ok(admitted) => (admitted.placed, admitted.waited),
+    let (placed, waited, admitted_charge) = match outcome {
+        Ok(admitted) => (admitted.placed, admitted.waited, admitted.fair_charged),
         Err(refused) => {
             ctx.request.queued = refused.waited;
             record_queue_wait(route, refused.waited);
@@ -207,6 +218,9 @@ fn record_placement(
     };
     ctx.request.queued = waited;
     record_queue_wait(route, waited);
+    if route.config.fair_queue() && ctx.request.tenant.is_some() {
+        ctx.request.fair_charged = Some(admitted_charge);
+    }
     let peer = &route.peers[placed.peer];
     peer.metrics
         .placements(
@@ -375,9 +389,10 @@ impl ProxyHttp for Gateway {
             // Released before the last bytes are written, so a client that
             // sends its next request the moment it has them finds the slot
             // (and its tenant's place in flight) free (`logging` runs only
-            // after the write).
-            ctx.upstream.slot = None;
+            // after the write). The tenant is settled first: the slot's
+            // release wakes the queue, whose order reads its counter.
             response::record::settle_tenant(ctx);
+            ctx.upstream.slot = None;
         }
         Ok(None)
     }
@@ -422,8 +437,8 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
-        ctx.upstream.slot = None;
         response::record::settle_tenant(ctx);
+        ctx.upstream.slot = None;
         response::record::record(session, ctx);
         response::record::share_response(self.registry.store(), session, ctx);
         response::bodylog::emit(self.bodylog.as_deref(), session, ctx);

@@ -5,11 +5,72 @@
 //! waiting in the route's admission queue (`crate::balance`) sleep on it,
 //! warm turns first, new sessions in arrival order; the request path pays
 //! one atomic load per released slot when nobody waits.
+//!
+//! On a route with `fair_share` (the default) the waiters are grouped by
+//! priority class and tenant, and only the group [`crate::fair::FairOrder`]
+//! picks may try, each group keeping the order above within itself. A
+//! group whose try found no room (its warm turn's engine busy, another
+//! model's pool) is passed over until room frees again, and the next group
+//! is woken at once: the order never keeps room from a waiter that can use
+//! it. Every request placed on such a route charges its tenant's counter
+//! once, at its end ([`RoomSignal::charge`]): the one lock a request that
+//! never waits pays for fairness.
 
+use crate::fair::{FairOrder, TOKEN_WEIGHTS};
+use crate::tenants::{FairStanding, Tag};
 use parking_lot::Mutex;
-use std::collections::BTreeSet;
+use std::cell::Cell;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use tokio::sync::Notify;
+
+/// A group of waiters: (class rank, tenant).
+type GroupKey = (usize, Arc<str>);
+
+/// One group's waiters for one model pool, in the plain queue's order.
+/// Kept apart by pool so that a head waiting for a full pool never holds
+/// back the group's request for another pool that has room.
+#[derive(Debug, Default)]
+struct Line {
+    warm: usize,
+    new_tickets: BTreeSet<u64>,
+    /// The room epoch at which it last tried and found no room.
+    tried_at: Option<u64>,
+}
+
+impl Line {
+    fn is_empty(&self) -> bool {
+        self.warm == 0 && self.new_tickets.is_empty()
+    }
+}
+
+/// The fair queue's state, under one lock taken only by waiters, the
+/// charge at a request's end, and `/_tenants`.
+#[derive(Debug)]
+struct FairQueue {
+    order: FairOrder<Arc<str>>,
+    /// Each group's lines, by pool label.
+    groups: HashMap<GroupKey, HashMap<Arc<str>, Line>>,
+}
+
+impl Default for FairQueue {
+    fn default() -> Self {
+        FairQueue {
+            order: FairOrder::new(crate::config::tenants::DEFAULT_CLASS_MIN_SHARE),
+            groups: HashMap::new(),
+        }
+    }
+}
+
+impl FairQueue {
+    /// Every line of the group found no room since it last freed.
+    fn passed_over(&self, key: &GroupKey, epoch: u64) -> bool {
+        self.groups
+            .get(key)
+            .is_none_or(|lines| lines.values().all(|l| l.tried_at == Some(epoch)))
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct RoomSignal {
@@ -26,15 +87,46 @@ pub struct RoomSignal {
     new_tickets: Mutex<BTreeSet<u64>>,
     next_ticket: AtomicU64,
     notify: Notify,
+    /// Counts the times room may have freed while someone waited: a fair
+    /// group that found no room is passed over until it moves.
+    epoch: AtomicU64,
+    fair: Mutex<FairQueue>,
 }
 
 impl RoomSignal {
     /// Wakes every waiter so each tries to place itself again.
     pub fn room_may_have_freed(&self) {
-        if self.waiting_warm.load(Ordering::Acquire) + self.waiting_new.load(Ordering::Acquire) > 0
-        {
+        if self.anyone_waits() {
+            self.epoch.fetch_add(1, Ordering::AcqRel);
             self.notify.notify_waiters();
         }
+    }
+
+    pub fn anyone_waits(&self) -> bool {
+        self.waiting_warm.load(Ordering::Acquire) + self.waiting_new.load(Ordering::Acquire) > 0
+    }
+
+    /// A request of `tag` placed on a fair route ended, served `served`
+    /// tokens' cost (`crate::fair::Served::cost`), of which `charged` was
+    /// charged when the queue released it.
+    pub fn charge(&self, tag: &Tag, served: f64, charged: f64) {
+        self.fair
+            .lock()
+            .order
+            .charge(&tag.name, served - charged, tag.weight);
+    }
+
+    /// Every tenant the fair queue knows: its waiters and counter.
+    pub fn fair_standings(&self) -> Vec<FairStanding> {
+        self.fair
+            .lock()
+            .order
+            .each()
+            .map(|(tenant, standing)| FairStanding {
+                tenant: Arc::clone(tenant),
+                standing,
+            })
+            .collect()
     }
 
     pub fn notify(&self) -> &Notify {
@@ -52,19 +144,55 @@ impl RoomSignal {
     /// Counts the caller as waiting until the returned place is dropped
     /// (placed, timed out, or the client went away). A new session entering
     /// at `now_ms` lets warm turns go first for `precedence_ms`, then tries
-    /// alongside them.
-    pub fn enter(&self, warm: bool, now_ms: u64, precedence_ms: u64) -> QueuePlace<'_> {
+    /// alongside them. With `fair` (its tenant's tag, and each lower class's
+    /// minimum share) it waits in its group's turn, in the line of its
+    /// pool (`pool`, the pool's label).
+    pub fn enter(
+        &self,
+        warm: bool,
+        now_ms: u64,
+        precedence_ms: u64,
+        fair: Option<(&Tag, f64)>,
+        pool: &str,
+    ) -> QueuePlace<'_> {
         self.counter(warm).fetch_add(1, Ordering::AcqRel);
-        let ticket = (!warm).then(|| {
-            let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-            self.new_tickets.lock().insert(ticket);
-            ticket
+        let ticket = (!warm).then(|| self.next_ticket.fetch_add(1, Ordering::Relaxed));
+        let group = fair.map(|(tag, min_share)| {
+            let key: GroupKey = (tag.class, Arc::clone(&tag.name));
+            let mut q = self.fair.lock();
+            q.order.set_min_share(min_share);
+            q.order.arrive(&tag.name, tag.class);
+            let pool: Arc<str> = Arc::from(pool);
+            let line = q
+                .groups
+                .entry(key.clone())
+                .or_default()
+                .entry(Arc::clone(&pool))
+                .or_default();
+            // A newcomer may fit where the line's earlier try did not.
+            line.tried_at = None;
+            match ticket {
+                Some(t) => {
+                    line.new_tickets.insert(t);
+                }
+                None => line.warm += 1,
+            }
+            FairPlace {
+                key,
+                pool,
+                weight: tag.weight,
+            }
         });
+        if let (Some(t), None) = (ticket, &group) {
+            self.new_tickets.lock().insert(t);
+        }
         QueuePlace {
             signal: self,
             warm,
             ticket,
             warm_first_until_ms: now_ms.saturating_add(precedence_ms),
+            group,
+            tried_at: Cell::new(0),
         }
     }
 
@@ -77,6 +205,14 @@ impl RoomSignal {
     }
 }
 
+/// A waiter's group, its pool's line in it, and its tenant's weight.
+#[derive(Debug)]
+struct FairPlace {
+    key: GroupKey,
+    pool: Arc<str>,
+    weight: f64,
+}
+
 /// One request's place in the queue; dropping it leaves the queue.
 #[derive(Debug)]
 pub struct QueuePlace<'a> {
@@ -85,6 +221,10 @@ pub struct QueuePlace<'a> {
     ticket: Option<u64>,
     /// A new session: until when waiting warm turns go before it.
     warm_first_until_ms: u64,
+    /// On a fair route: its group, line and weight.
+    group: Option<FairPlace>,
+    /// The room epoch its last [`QueuePlace::may_try`] saw.
+    tried_at: Cell<u64>,
 }
 
 impl QueuePlace<'_> {
@@ -95,6 +235,9 @@ impl QueuePlace<'_> {
     /// sessions waiting out the whole queue timeout (the replay bench's
     /// overload tail on vLLM-like engines).
     pub fn may_try(&self, now_ms: u64) -> bool {
+        if let Some(place) = &self.group {
+            return self.may_try_fair(place, now_ms);
+        }
         let Some(ticket) = self.ticket else {
             return true;
         };
@@ -102,11 +245,91 @@ impl QueuePlace<'_> {
             && now_ms < self.warm_first_until_ms;
         !warm_first && self.signal.new_tickets.lock().first() == Some(&ticket)
     }
+
+    /// On a fair route: its group is the one picked among those that have
+    /// not found the room lacking since it last freed, its line has not,
+    /// and within the line the plain order lets it.
+    fn may_try_fair(&self, place: &FairPlace, now_ms: u64) -> bool {
+        let epoch = self.signal.epoch.load(Ordering::Acquire);
+        self.tried_at.set(epoch);
+        let q = self.signal.fair.lock();
+        let passed_over =
+            |class: usize, tenant: &Arc<str>| q.passed_over(&(class, Arc::clone(tenant)), epoch);
+        if q.order.next(passed_over).as_ref() != Some(&place.key) {
+            return false;
+        }
+        let Some(line) = q.groups.get(&place.key).and_then(|g| g.get(&place.pool)) else {
+            return false;
+        };
+        if line.tried_at == Some(epoch) {
+            return false;
+        }
+        let Some(ticket) = self.ticket else {
+            return true;
+        };
+        let warm_first = line.warm > 0 && now_ms < self.warm_first_until_ms;
+        !warm_first && line.new_tickets.first() == Some(&ticket)
+    }
+
+    /// Its try found no room: on a fair route its line is passed over
+    /// until room frees again, and the next line or group is woken to try.
+    pub fn found_no_room(&self) {
+        let Some(place) = &self.group else {
+            return;
+        };
+        let mut q = self.signal.fair.lock();
+        if let Some(line) = q
+            .groups
+            .get_mut(&place.key)
+            .and_then(|g| g.get_mut(&place.pool))
+        {
+            line.tried_at = Some(self.tried_at.get());
+        }
+        drop(q);
+        self.signal.notify.notify_waiters();
+    }
+
+    /// It was placed with a prompt of `tokens`: on a fair route its
+    /// tenant's counter is charged the prompt now (so that its next waiter
+    /// sees it) and the lower classes earn their share; returns the charge.
+    pub fn placed(&self, tokens: u64) -> f64 {
+        let Some(place) = &self.group else {
+            return 0.0;
+        };
+        let (class, tenant) = &place.key;
+        let cost = TOKEN_WEIGHTS.input * tokens as f64;
+        self.signal
+            .fair
+            .lock()
+            .order
+            .released(tenant, *class, cost, place.weight);
+        cost
+    }
 }
 
 impl Drop for QueuePlace<'_> {
     fn drop(&mut self) {
-        if let Some(ticket) = self.ticket {
+        if let Some(place) = &self.group {
+            let mut q = self.signal.fair.lock();
+            let (class, tenant) = &place.key;
+            q.order.leave(tenant, *class);
+            if let Some(lines) = q.groups.get_mut(&place.key) {
+                if let Some(line) = lines.get_mut(&place.pool) {
+                    match self.ticket {
+                        Some(t) => {
+                            line.new_tickets.remove(&t);
+                        }
+                        None => line.warm = line.warm.saturating_sub(1),
+                    }
+                    if line.is_empty() {
+                        lines.remove(&place.pool);
+                    }
+                }
+                if lines.is_empty() {
+                    q.groups.remove(&place.key);
+                }
+            }
+        } else if let Some(ticket) = self.ticket {
             self.signal.new_tickets.lock().remove(&ticket);
         }
         self.signal
@@ -124,11 +347,11 @@ mod tests {
     #[test]
     fn new_sessions_try_in_arrival_order_and_after_every_warm_turn() {
         let signal = RoomSignal::default();
-        let first = signal.enter(false, 0, 1_000);
-        let second = signal.enter(false, 0, 1_000);
+        let first = signal.enter(false, 0, 1_000, None, "_");
+        let second = signal.enter(false, 0, 1_000, None, "_");
         assert!(first.may_try(0));
         assert!(!second.may_try(0), "the later new session waits its turn");
-        let warm = signal.enter(true, 0, 1_000);
+        let warm = signal.enter(true, 0, 1_000, None, "_");
         assert!(warm.may_try(0));
         assert!(!first.may_try(0), "a warm turn goes before any new session");
         drop(warm);
@@ -144,9 +367,9 @@ mod tests {
     #[test]
     fn warm_turns_go_first_only_for_a_bounded_time() {
         let signal = RoomSignal::default();
-        let new = signal.enter(false, 10_000, 2_000);
-        let behind = signal.enter(false, 10_500, 2_000);
-        let _warm = signal.enter(true, 10_000, 2_000);
+        let new = signal.enter(false, 10_000, 2_000, None, "_");
+        let behind = signal.enter(false, 10_500, 2_000, None, "_");
+        let _warm = signal.enter(true, 10_000, 2_000, None, "_");
         assert!(!new.may_try(11_999), "warm turns first while it is young");
         assert!(new.may_try(12_000), "then it tries alongside them");
         assert!(
@@ -155,7 +378,79 @@ mod tests {
         );
         // The control: with no warm turn waiting, precedence never applies.
         let quiet = RoomSignal::default();
-        let alone = quiet.enter(false, 10_000, 60_000);
+        let alone = quiet.enter(false, 10_000, 60_000, None, "_");
         assert!(alone.may_try(10_000));
+    }
+
+    fn tag(name: &str) -> Tag {
+        Tag {
+            name: Arc::from(name),
+            class: 1,
+            weight: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_fair_queue_lets_the_tenant_served_least_go_past_a_flood() {
+        let signal = RoomSignal::default();
+        let (a, b) = (tag("a"), tag("b"));
+        let flood: Vec<QueuePlace> = (0..3)
+            .map(|_| signal.enter(false, 0, 1_000, Some((&a, 0.1)), "_"))
+            .collect();
+        let quiet = signal.enter(false, 0, 1_000, Some((&b, 0.1)), "_");
+        assert!(flood[0].may_try(0), "equal counters: the earlier tenant");
+        assert!(!quiet.may_try(0) && !flood[1].may_try(0));
+        // A's head is placed and charged its prompt: B is now furthest below.
+        let mut flood = flood.into_iter();
+        let head = flood.next().expect("three");
+        assert_eq!(head.placed(100), 100.0);
+        drop(head);
+        let second = flood.next().expect("two left");
+        assert!(quiet.may_try(0), "b goes before a's second");
+        assert!(!second.may_try(0));
+        // Work-conserving: B found no room (its pool is another's), so A's
+        // next tries; once room frees again B is first again.
+        quiet.found_no_room();
+        assert!(second.may_try(0));
+        signal.room_may_have_freed();
+        assert!(quiet.may_try(0) && !second.may_try(0));
+        // The standings show both tenants' waiters and counters.
+        let mut standings = signal.fair_standings();
+        standings.sort_by(|x, y| x.tenant.cmp(&y.tenant));
+        assert_eq!(
+            standings
+                .iter()
+                .map(|s| (s.standing.waiting, s.standing.counter))
+                .collect::<Vec<_>>(),
+            [(2, 100.0), (1, 0.0)]
+        );
+        // Control: the same arrivals without fairness go in arrival order,
+        // B behind the whole flood.
+        let plain = RoomSignal::default();
+        let mut flood = (0..3)
+            .map(|_| plain.enter(false, 0, 1_000, None, "_"))
+            .collect::<Vec<_>>()
+            .into_iter();
+        let quiet = plain.enter(false, 0, 1_000, None, "_");
+        drop(flood.next());
+        assert!(!quiet.may_try(0), "b still waits behind a's second");
+    }
+
+    #[test]
+    fn a_head_waiting_for_a_full_pool_does_not_hold_back_its_group_in_another() {
+        let signal = RoomSignal::default();
+        let a = tag("a");
+        let for_x = signal.enter(false, 0, 1_000, Some((&a, 0.1)), "x");
+        let for_y = signal.enter(false, 0, 1_000, Some((&a, 0.1)), "y");
+        assert!(
+            for_x.may_try(0) && for_y.may_try(0),
+            "each pool's head tries"
+        );
+        for_x.found_no_room();
+        assert!(!for_x.may_try(0), "x is passed over until room frees");
+        assert!(for_y.may_try(0), "y still tries");
+        // Control: behind the same head in the same pool, it waits.
+        let behind = signal.enter(false, 0, 1_000, Some((&a, 0.1)), "x");
+        assert!(!behind.may_try(0));
     }
 }

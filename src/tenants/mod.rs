@@ -24,6 +24,7 @@ mod state;
 mod status;
 
 pub use state::{Reason, TenantState};
+pub use status::{FairStanding, RouteQueue};
 
 use state::{label_of, Handles};
 
@@ -43,6 +44,26 @@ pub const MAX_TRACKED: usize = 10_000;
 
 /// The tenant of a request that names none (no key, no header).
 pub static DEFAULT_TENANT: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("default"));
+
+/// A request's tenant as a saturated pool's queue orders it
+/// (`registry/room.rs`): its name, the rank of its priority class (0 the
+/// highest) and its weight.
+#[derive(Debug, Clone)]
+pub struct Tag {
+    pub name: Arc<str>,
+    pub class: usize,
+    pub weight: f64,
+}
+
+/// A class a request asked for and may not have: not one of the classes,
+/// or not among its tenant's `allowed_classes`.
+#[derive(Debug, Clone)]
+pub struct ClassRefusal {
+    pub tenant: Arc<str>,
+    pub asked: String,
+    pub known: bool,
+    pub allowed: Vec<String>,
+}
 
 /// A request refused for its tenant.
 #[derive(Debug, Clone)]
@@ -194,6 +215,30 @@ impl Tenants {
         )
     }
 
+    /// `name`'s tag for a request that asked for class `asked` (the
+    /// priority header's value; `None`: the tenant's own class).
+    pub fn tag(&self, name: Arc<str>, asked: Option<&str>) -> Result<Tag, Box<ClassRefusal>> {
+        let config = self.config.load();
+        let policy = config.policy(&name);
+        let class = asked.unwrap_or(&policy.class);
+        let rank = config
+            .class_rank(class)
+            .filter(|_| policy.allowed_classes.iter().any(|c| c == class));
+        match rank {
+            Some(class) => Ok(Tag {
+                weight: policy.weight,
+                class,
+                name,
+            }),
+            None => Err(Box::new(ClassRefusal {
+                known: config.class_rank(class).is_some(),
+                asked: class.to_string(),
+                allowed: policy.allowed_classes.clone(),
+                tenant: name,
+            })),
+        }
+    }
+
     /// Admits a request of tenant `name` whose prompt is `estimate` tokens,
     /// or refuses it: over its cap on requests in flight, or over a budget.
     /// A tenant with no limit and no cap is only counted.
@@ -272,10 +317,11 @@ impl Tenants {
         }
     }
 
-    /// `/_tenants`: every tenant named or seen, as it stands at `now_ms`.
-    pub fn status_json(&self, now_ms: u64) -> serde_json::Value {
+    /// `/_tenants`: every tenant named or seen, as it stands at `now_ms`,
+    /// and where it waits in the routes' `queues`.
+    pub fn status_json(&self, now_ms: u64, queues: &[RouteQueue]) -> serde_json::Value {
         let states: Vec<Arc<TenantState>> = self.states.read().values().cloned().collect();
-        status::json(&self.config(), &states, now_ms)
+        status::json(&self.config(), &states, queues, now_ms)
     }
 }
 

@@ -2,6 +2,9 @@
 //! classes, limits) and how it stands (in flight, tokens and requests in
 //! the last minute, what is left of each budget, refusals by reason).
 //! Tenants the file names come first, then the others seen, by name.
+//! Per route whose queue is fair, each tenant's requests queued, its
+//! virtual token counter, and its share of the weighted tokens served
+//! there beside its weight's share (`queues`).
 //! Names only: a tenant is a key's owner or a header's value, never a key.
 
 use super::state::{Reason, TenantState};
@@ -12,7 +15,28 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-pub(super) fn json(config: &TenantsConfig, seen: &[Arc<TenantState>], now_ms: u64) -> Value {
+/// One tenant's standing in one route's fair queue (`registry/room.rs`),
+/// for `/_tenants`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FairStanding {
+    pub tenant: Arc<str>,
+    pub standing: crate::fair::Standing,
+}
+
+/// A route's fair queue as `/_tenants` shows it: its name, whether it
+/// orders its queue fairly, and its tenants' standings.
+pub struct RouteQueue {
+    pub route: String,
+    pub fair: bool,
+    pub tenants: Vec<FairStanding>,
+}
+
+pub(super) fn json(
+    config: &TenantsConfig,
+    seen: &[Arc<TenantState>],
+    queues: &[RouteQueue],
+    now_ms: u64,
+) -> Value {
     // By name: up to `MAX_TRACKED` tenants are looked up, one by one.
     let by_name: HashMap<&str, &TenantState> = seen.iter().map(|s| (&*s.name, &**s)).collect();
     let mut names: Vec<&str> = config.tenants.keys().map(String::as_str).collect();
@@ -33,6 +57,32 @@ pub(super) fn json(config: &TenantsConfig, seen: &[Arc<TenantState>], now_ms: u6
         "defaults": policy(&config.defaults),
         "window_seconds": crate::budget::window::WINDOW_SECONDS,
         "tenants": tenants,
+        "queues": queues.iter().map(|q| queue(config, q)).collect::<Vec<_>>(),
+    })
+}
+
+/// One route's fair queue: per tenant, by name, what it has queued, its
+/// counter, and its share of what was served there against its weight's
+/// share among the tenants listed.
+fn queue(config: &TenantsConfig, q: &RouteQueue) -> Value {
+    let mut tenants: Vec<&FairStanding> = q.tenants.iter().collect();
+    tenants.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+    let served: f64 = tenants.iter().map(|t| t.standing.served).sum();
+    let weights: f64 = tenants
+        .iter()
+        .map(|t| config.policy(&t.tenant).weight)
+        .sum();
+    let ratio = |part: f64, whole: f64| if whole > 0.0 { part / whole } else { 0.0 };
+    json!({
+        "route": q.route,
+        "fair_share": q.fair,
+        "tenants": tenants.iter().map(|t| json!({
+            "name": &*t.tenant,
+            "queued": t.standing.waiting,
+            "virtual_counter": t.standing.counter,
+            "served_share": ratio(t.standing.served, served),
+            "weight_share": ratio(config.policy(&t.tenant).weight, weights),
+        })).collect::<Vec<_>>(),
     })
 }
 

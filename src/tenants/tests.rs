@@ -53,7 +53,7 @@ fn a_settled_admission_counts_what_it_spent() {
     let admitted = t.admit(&a, 400, 0).expect("400 of 1000");
     assert_eq!(t.state(&a, 0).in_flight(), 1);
     admitted.settle(spent(None, true, 400, 7), 1_000);
-    let status = t.status_json(1_000);
+    let status = t.status_json(1_000, &[]);
     let row = &status["tenants"][0];
     assert_eq!(row["name"], "a");
     assert_eq!(row["last_minute"]["input_tokens"], 400);

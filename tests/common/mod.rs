@@ -383,14 +383,9 @@ pub fn hold_stream(gw: &Gateway, path: &str, gate: &str, headers: &[(&str, &str)
     hold_stream_with_head(gw, path, gate, headers).0
 }
 
-/// [`hold_stream`], and the head the gateway answered it with (which
-/// engine it went to, how it was placed).
-pub fn hold_stream_with_head(
-    gw: &Gateway,
-    path: &str,
-    gate: &str,
-    headers: &[(&str, &str)],
-) -> (http::Conn, http::Head) {
+/// Sends the stream [`hold_stream`] sends without waiting for its answer
+/// (a request that may wait in the gateway's queue).
+pub fn send_gated(gw: &Gateway, path: &str, gate: &str, headers: &[(&str, &str)]) -> http::Conn {
     let mut conn = http::Conn::open(gw.addr);
     let body = serde_json::json!({"model": "sim-model", "stream": true, "max_tokens": 4,
                                   "messages": [{"role": "user", "content": "hold"}]});
@@ -403,6 +398,18 @@ pub fn hold_stream_with_head(
         body.to_string().as_bytes(),
         http::Upload::Length,
     );
+    conn
+}
+
+/// [`hold_stream`], and the head the gateway answered it with (which
+/// engine it went to, how it was placed).
+pub fn hold_stream_with_head(
+    gw: &Gateway,
+    path: &str,
+    gate: &str,
+    headers: &[(&str, &str)],
+) -> (http::Conn, http::Head) {
+    let mut conn = send_gated(gw, path, gate, headers);
     let head = conn.read_head();
     assert_eq!(head.status, 200, "the held stream starts");
     conn.read_chunk().expect("first frame").expect("data");

@@ -210,11 +210,19 @@ impl Gateways {
             .as_ref()
             .map(|r| r.gateway_yaml())
             .unwrap_or_default();
+        let noisy = plan.scenario == crate::scenario::Scenario::NoisyNeighbor;
         let mut route = gateway::route_yaml(&RouteSpec {
             mode,
             engines: engine_addrs,
-            max_concurrency: 256,
+            max_concurrency: if noisy {
+                crate::scenario::noisy_max_concurrency(plan.sessions_per_engine)
+            } else {
+                256
+            },
         });
+        if noisy {
+            route = gateway::merge_extra(&route, crate::scenario::NOISY_QUEUE_TIMEOUT)?;
+        }
         if let Some(extra) = &plan.opts.route_extra {
             route = gateway::merge_extra(&route, extra)?;
         }

@@ -124,7 +124,7 @@ impl Plan {
         let scale = opts.time_scale;
         let scaled = |v: u64| ((v as f64) * scale).round() as u64;
         let spe = match scenario {
-            Scenario::Overload => opts.sessions_per_engine * 2,
+            Scenario::Overload | Scenario::NoisyNeighbor => opts.sessions_per_engine * 2,
             Scenario::SharedPrefix => {
                 opts.sessions_per_engine * scenario::SHARED_SESSIONS_PER_ENGINE / 8
             }
@@ -146,6 +146,7 @@ impl Plan {
             forks: None,
             pre_age: true,
             tenants: None,
+            noisy_neighbor: false,
         };
         if scenario == Scenario::Outgrow {
             workload.user_tokens = scenario::OUTGROW_USER;
@@ -275,16 +276,18 @@ impl Plan {
         if scenario == Scenario::SlowEngine || opts.slow_first {
             engines[0] = scenario::slowed(&engine);
         }
-        let overload = (scenario == Scenario::Overload).then(|| {
-            let t = scenario::overload_think(
-                turn_busy_s(&workload, &engine),
-                spe,
-                workload.mean_context(),
-                kv,
-            );
-            workload.think_ms = t.think_ms;
-            t
-        });
+        let overload =
+            matches!(scenario, Scenario::Overload | Scenario::NoisyNeighbor).then(|| {
+                let t = scenario::overload_think(
+                    turn_busy_s(&workload, &engine),
+                    spe,
+                    workload.mean_context(),
+                    kv,
+                );
+                workload.think_ms = t.think_ms;
+                t
+            });
+        workload.noisy_neighbor = scenario == Scenario::NoisyNeighbor;
         let warmup = opts.warmup.unwrap_or(opts.duration / 6);
         let failover =
             (scenario == Scenario::Failover).then(|| Failover::within(warmup, opts.duration));
@@ -565,6 +568,21 @@ impl Plan {
                 ),
                 None => String::new(),
             },
+            Scenario::NoisyNeighbor => format!(
+                "tenant quiet has one slot in {} and noisy the other {}, so noisy sends {}x \
+                 quiet's rate, each request naming its tenant in {}; {} sessions per engine \
+                 (2x), think times as in overload ({}-{} ms); each engine takes {} at once \
+                 (max_concurrency) and the gateway's route waits up to 60 s for room unless \
+                 --route-extra sets queue_timeout",
+                scenario::NOISY_EVERY,
+                scenario::NOISY_EVERY - 1,
+                scenario::NOISY_EVERY - 1,
+                scenario::FAIRNESS_HEADER,
+                self.sessions_per_engine,
+                w.think_ms.0,
+                w.think_ms.1,
+                scenario::noisy_max_concurrency(self.sessions_per_engine),
+            ),
             Scenario::Forks => match w.forks {
                 Some(f) => {
                     let live = f.mean_live();

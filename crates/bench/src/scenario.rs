@@ -9,7 +9,9 @@
 //! (`forks`), sessions of one size that grow, end and restart together and
 //! outgrow the KV at the end of each generation (`outgrow`), and many
 //! tenants' conversations that share a long prefix per tenant and name no
-//! session (`shared-prefix`, the shape of llm-d's prefix benchmark).
+//! session (`shared-prefix`, the shape of llm-d's prefix benchmark), and
+//! two tenants on saturated engines, one sending ten times the other's rate
+//! (`noisy-neighbor`, issue 43's fair share).
 
 use std::time::Duration;
 
@@ -45,6 +47,16 @@ pub enum Scenario {
     /// start with their tenant's prefix; 12 at once per engine; no session
     /// id. The reference cell places each tenant on one engine.
     SharedPrefix,
+    /// Two tenants on saturated engines (twice uniform's sessions, think
+    /// times as in overload): one slot in 11 is tenant `quiet`, the other
+    /// ten `noisy`, so noisy sends 10x quiet's rate; each request names its
+    /// tenant in `x-gateway-inference-fairness-id`. The gateway holds back
+    /// what the engines cannot start now: each engine takes half its
+    /// sessions at once (`max_concurrency`), and the route waits up to 60 s
+    /// for room (`queue_timeout`, unless --route-extra sets it), so the
+    /// queue's order decides who goes next. `--route-extra 'fair_share:
+    /// false'` is the control.
+    NoisyNeighbor,
 }
 
 impl Scenario {
@@ -58,6 +70,7 @@ impl Scenario {
             Scenario::Forks => "forks",
             Scenario::Outgrow => "outgrow",
             Scenario::SharedPrefix => "shared-prefix",
+            Scenario::NoisyNeighbor => "noisy-neighbor",
         }
     }
 
@@ -65,7 +78,10 @@ impl Scenario {
     /// or a gateway may shed load with 429s) rather than a sign that the
     /// bench itself is broken: such scenarios do not fail the run's exit code.
     pub fn errors_expected(self) -> bool {
-        matches!(self, Scenario::Failover | Scenario::Overload)
+        matches!(
+            self,
+            Scenario::Failover | Scenario::Overload | Scenario::NoisyNeighbor
+        )
     }
 }
 
@@ -98,6 +114,30 @@ pub const SHARED_PREFIX_TOKENS: usize = 8_000;
 pub const SHARED_TURNS: (u32, u32) = (1, 2);
 pub const SHARED_USER: (usize, usize) = (200, 800);
 pub const SHARED_SESSIONS_PER_ENGINE: usize = 12;
+
+/// `noisy-neighbor`: one slot in this many is the quiet tenant's, the
+/// others the noisy one's; the header that names them; the route's queue.
+pub const NOISY_EVERY: u32 = 11;
+pub const FAIRNESS_HEADER: &str = "x-gateway-inference-fairness-id";
+pub const NOISY_QUEUE_TIMEOUT: &str = "queue_timeout: 60s";
+
+/// `noisy-neighbor`: each engine's `max_concurrency`, half its sessions
+/// (about 70% of them are in the engine at once with overload's think
+/// times, so the gateway's queue always holds some).
+pub fn noisy_max_concurrency(sessions_per_engine: usize) -> u32 {
+    u32::try_from(sessions_per_engine / 2)
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// `noisy-neighbor`: the tenant of `slot` (0 quiet, 1 noisy) and its name.
+pub fn noisy_tenant(slot: u32) -> (u32, &'static str) {
+    if slot.is_multiple_of(NOISY_EVERY) {
+        (0, "quiet")
+    } else {
+        (1, "noisy")
+    }
+}
 
 /// `slow-engine`: e0's speed relative to the others.
 pub const SLOW_SPEED: f64 = 0.4;

@@ -128,15 +128,22 @@ impl Ctx {
         via: IdVia,
         body: &[u8],
         started: Instant,
-        affinity: Option<usize>,
+        tenancy: Tenancy<'_>,
     ) -> Result<(Exchange, bool, Option<usize>), String> {
+        let Tenancy {
+            affinity,
+            fairness_id,
+        } = tenancy;
         // The id goes in a header only with `--session-id header` (the
         // body carries `prompt_cache_key` itself).
-        let header = [(SESSION_HEADER, session)];
-        let headers: &[(&str, &str)] = match via {
-            IdVia::Header => &header,
-            IdVia::PromptCacheKey | IdVia::Nothing => &[],
-        };
+        let mut named = Vec::with_capacity(2);
+        if via == IdVia::Header {
+            named.push((SESSION_HEADER, session));
+        }
+        if let Some(tenant) = fairness_id {
+            named.push((crate::scenario::FAIRNESS_HEADER, tenant));
+        }
+        let headers: &[(&str, &str)] = &named;
         match &self.target {
             Target::Gateway {
                 addrs,
@@ -253,6 +260,14 @@ enum Sent {
     Cut,
 }
 
+/// Whose a request is: the engine the reference cell keeps its tenant on
+/// (`shared-prefix`), and the tenant the gateway is told (`noisy-neighbor`).
+#[derive(Debug, Clone, Copy)]
+struct Tenancy<'a> {
+    affinity: Option<usize>,
+    fairness_id: Option<&'a str>,
+}
+
 impl Ctx {
     /// Sends the conversation as it stands (its last message is the turn's
     /// new input) and records the request; on success the reply joins the
@@ -273,6 +288,12 @@ impl Ctx {
             .map(|(tenant, _)| tenant);
         // The reference cell keeps each tenant's conversations on one engine.
         let affinity = tenant.map(|t| t as usize);
+        let noisy = self
+            .workload
+            .params
+            .noisy_neighbor
+            .then(|| crate::scenario::noisy_tenant(d.slot));
+        let tenant = tenant.or(noisy.map(|(t, _)| t));
         let started = Instant::now();
         let mut record = Record {
             slot: d.slot,
@@ -292,7 +313,17 @@ impl Ctx {
         let deadline = (started + REQUEST_TIMEOUT).min(self.hard_end);
         let outcome = timeout_at(
             deadline,
-            self.send(&mut d.route, &conv.id, via, &body, started, affinity),
+            self.send(
+                &mut d.route,
+                &conv.id,
+                via,
+                &body,
+                started,
+                Tenancy {
+                    affinity,
+                    fairness_id: noisy.map(|(_, name)| name),
+                },
+            ),
         )
         .await;
         self.in_flight.fetch_sub(1, Ordering::Relaxed);

@@ -54,6 +54,9 @@ pub struct WorkloadParams {
     /// Conversations start with their tenant's prefix instead of the shared
     /// system prompt and end after a few turns (`shared-prefix`).
     pub tenants: Option<Tenants>,
+    /// Each request names its slot's tenant, quiet or noisy
+    /// (`noisy-neighbor`, `scenario::noisy_tenant`).
+    pub noisy_neighbor: bool,
 }
 
 /// `shared-prefix`: tenants, each with a prefix of its own that all its
@@ -452,6 +455,7 @@ mod tests {
             forks: None,
             pre_age: true,
             tenants: None,
+            noisy_neighbor: false,
         }
     }
 

@@ -6,6 +6,7 @@
 //!
 //! - `api`        which LLM API a path is (chat, completions, messages, responses)
 //! - `budget`     a tenant's token and request budgets: sliding windows, charge, reconcile
+//! - `fair`       which waiting request a saturated pool releases next: classes, then tenants by virtual token counter
 //! - `placement`  load_aware / hash / least_conn peer choice and the session table
 //! - `protect`    the load gates: one owner per route (`RouteProtection`) and its pure cores
 //! - `reject`     content reject rules, compiled and evaluated
@@ -17,6 +18,7 @@
 
 pub mod api;
 pub mod budget;
+pub mod fair;
 pub mod hash;
 pub mod json_bytes;
 pub mod placement;

@@ -85,6 +85,10 @@ pub struct RouteConfig {
     /// session that fits no engine's KV) waits for room before its 429.
     /// Zero answers at once.
     pub queue_timeout: Duration,
+    /// Release the queue by priority class, then by tenant, the one with
+    /// the fewest weighted tokens served first (`crate::fair`); off, in
+    /// arrival order (warm turns first).
+    pub fair_share: bool,
     /// TTFT and decode-rate measurement and the gates on them.
     pub protection: Protection,
     /// A file whose first line is the key the engines expect; sent as
@@ -122,6 +126,12 @@ pub fn route_name_of(path: &Path) -> Option<String> {
 }
 
 impl RouteConfig {
+    /// Whether requests wait in a queue released by class and tenant:
+    /// `fair_share` on a route that has a queue.
+    pub fn fair_queue(&self) -> bool {
+        self.fair_share && !self.queue_timeout.is_zero()
+    }
+
     /// Whether the route has keys of its own (a key file, or the inline
     /// table) rather than the gateway's shared file.
     pub fn has_own_keys(&self) -> bool {
@@ -216,6 +226,7 @@ impl RouteConfig {
             forward_client_key: flag(file.forward_client_key, false),
             allow_upgrade: flag(file.allow_upgrade, false),
             queue_timeout: file.queue_timeout.map_or(Duration::ZERO, |d| d.0),
+            fair_share: flag(file.fair_share, true),
             protection,
             engine_api_key_file: file.engine_api_key_file,
             warnings,

@@ -22,12 +22,14 @@ pub fn check(
     healthy: usize,
     gateway_rate_limit: bool,
     turn: Option<TurnBucket>,
+    class: Option<usize>,
 ) -> Result<(), ErrorResponse> {
     let t = &route.runtime.toggles;
     let request = GateRequest {
         pool,
         model,
         turn,
+        class,
         switches: Switches {
             ttft_sheds: t.ttft.is_on(true) && t.ttft_429.is_on(true),
             tps_sheds: t.tps.is_on(true) && t.tps_429.is_on(true),

@@ -5,6 +5,13 @@
 //! unless set); else `default`. With keys on, the header is not read: a
 //! client cannot spend another team's budget by naming it.
 //!
+//! Its priority class is the one `x-gateway-priority` asks for, else the
+//! tenant's own (`class` in the tenants file, `standard` without one); a
+//! class that is not one of the classes, or not among the tenant's
+//! `allowed_classes`, is refused with a 403 that names the allowed ones.
+//! The tenant, its class and weight (`crate::tenants::Tag`) order a
+//! saturated pool's queue, with or without a tenants file.
+//!
 //! Admission (`crate::tenants::Tenants::admit`) refuses a request over its
 //! tenant's cap on requests in flight or over one of its budgets with a
 //! 429 whose headers are OpenAI's (`x-ratelimit-limit-tokens`,
@@ -12,11 +19,11 @@
 //! limits the tenant has) and `Retry-After`.
 
 use crate::budget::{Dimension, Standing};
-use crate::config::tenants::name_problem;
+use crate::config::tenants::{name_problem, PRIORITY_HEADER};
 use crate::errors::ErrorResponse;
 use crate::proxy::ctx::Admitted;
 use crate::registry::Registry;
-use crate::tenants::{Reason, TenantRefusal, DEFAULT_TENANT};
+use crate::tenants::{ClassRefusal, Reason, TenantRefusal, DEFAULT_TENANT};
 use pingora::proxy::Session;
 use std::sync::Arc;
 
@@ -37,11 +44,11 @@ fn identify(owner: Option<Arc<str>>, registry: &Registry, session: &Session) -> 
         .map_or_else(|| Arc::clone(&DEFAULT_TENANT), Arc::from)
 }
 
-/// Admits the request for its tenant (`owner`: its key's, from the key
-/// check), charged its prompt's estimate and counted in flight until its
-/// admission is dropped, or the tenant's 429. Without a tenants file, it
-/// does nothing: nothing is enforced or counted, so the tenant is not even
-/// looked for.
+/// Tags the request with its tenant and class (`owner`: its key's, from
+/// the key check), or the 403 for a class it may not ask for; then, with a
+/// tenants file, admits it: charged its prompt's estimate and counted in
+/// flight until its admission is dropped, or the tenant's 429. Without a
+/// file nothing is enforced or counted: the tag only orders the queue.
 pub fn admit(
     owner: Option<Arc<str>>,
     registry: &Registry,
@@ -49,10 +56,19 @@ pub fn admit(
     req: &mut Admitted,
 ) -> Result<(), ErrorResponse> {
     let tenants = registry.tenants();
+    let tenant = identify(owner, registry, session);
+    let asked = session
+        .req_header()
+        .headers
+        .get(PRIORITY_HEADER)
+        .map(|v| v.to_str().map(str::trim).unwrap_or("\u{fffd}"));
+    let tag = tenants
+        .tag(Arc::clone(&tenant), asked)
+        .map_err(|r| class_refused(&r))?;
+    req.tenant = Some(tag);
     if !tenants.tracked() {
         return Ok(());
     }
-    let tenant = identify(owner, registry, session);
     let estimate = crate::proxy::request::body::estimated_tokens(&req.body);
     let now = crate::clock::now_ms();
     match tenants.admit(&tenant, estimate, now) {
@@ -62,6 +78,28 @@ pub fn admit(
         }
         Err(refusal) => Err(refused(&refusal)),
     }
+}
+
+/// The 403 for a class the request may not ask for.
+fn class_refused(r: &ClassRefusal) -> ErrorResponse {
+    let why = if r.known {
+        "is not among the classes it may ask for"
+    } else {
+        "is not a priority class"
+    };
+    ErrorResponse::new(
+        403,
+        "priority_class_not_allowed",
+        format!(
+            "tenant {:?}: {PRIORITY_HEADER} {:?} {why} ({})",
+            r.tenant,
+            r.asked,
+            r.allowed.join(", ")
+        ),
+    )
+    .with("tenant", &*r.tenant)
+    .with("class", r.asked.as_str())
+    .with("allowed_classes", r.allowed.clone())
 }
 
 /// The 429 for `r`.

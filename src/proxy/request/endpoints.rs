@@ -39,7 +39,20 @@ pub fn answer_gateway(
     if uri.path() == "/_tenants" {
         let local = status_allowed(None, registry, session)?;
         read_method(session, "/_tenants")?;
-        let status = registry.tenants().status_json(crate::clock::now_ms());
+        let mut routes: Vec<_> = registry.snapshot().values().cloned().collect();
+        routes.sort_by(|a, b| a.name().cmp(b.name()));
+        let queues: Vec<crate::tenants::RouteQueue> = routes
+            .iter()
+            .filter(|r| !r.config.queue_timeout.is_zero())
+            .map(|r| crate::tenants::RouteQueue {
+                route: r.name().to_string(),
+                fair: r.config.fair_queue(),
+                tenants: r.runtime.queue.fair_standings(),
+            })
+            .collect();
+        let status = registry
+            .tenants()
+            .status_json(crate::clock::now_ms(), &queues);
         return Err(Local::Json(200, shown(status, local)));
     }
     bodylog_endpoint(bodylog, None, registry, session, uri.path(), query)

@@ -89,10 +89,18 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
 /// else for a stream cut early its prompt and the frames it sent, else
 /// nothing but the request) and gives back its place in flight. Called at
 /// the stream's end and again in `logging` (for every other path); the
-/// first call does it.
+/// first call does it. On a route that releases its queue fairly, the
+/// tenant's virtual counter there is charged what it was served, less
+/// what the queue charged when it released it.
 pub fn settle_tenant(ctx: &mut RequestCtx) {
-    let Some(admission) = ctx.request.tenant_admission.take() else {
+    let admission = ctx.request.tenant_admission.take();
+    let fair_charged = ctx.request.fair_charged.take();
+    if admission.is_none() && fair_charged.is_none() {
         return;
+    }
+    let estimate = match &admission {
+        Some(a) => a.estimate(),
+        None => crate::proxy::request::body::estimated_tokens(&ctx.request.body),
     };
     let pipeline = ctx.response.pipeline.as_ref();
     // The engine computed the prompt if it began a 2xx answer, or took
@@ -102,10 +110,22 @@ pub fn settle_tenant(ctx: &mut RequestCtx) {
     let spent = crate::tenants::spent(
         pipeline.and_then(ResponsePipeline::usage),
         engine_worked,
-        admission.estimate(),
+        estimate,
         pipeline.map_or(0, ResponsePipeline::content_events),
     );
-    admission.settle(spent, now_ms());
+    if let (Some(charged), Some(tag), Some(route)) = (fair_charged, &ctx.request.tenant, &ctx.route)
+    {
+        let served = crate::fair::Served {
+            uncached_input: spent.input_tokens.saturating_sub(spent.cached_input_tokens),
+            cached_input: spent.cached_input_tokens,
+            output: spent.output_tokens,
+        };
+        let cost = served.cost(&crate::fair::TOKEN_WEIGHTS);
+        route.runtime.queue.charge(tag, cost, charged);
+    }
+    if let Some(admission) = admission {
+        admission.settle(spent, now_ms());
+    }
 }
 
 /// What [`remember_response`] remembered, written for the other replicas

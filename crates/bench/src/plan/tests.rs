@@ -160,3 +160,20 @@ fn forks_has_fewer_parents_on_the_engines_of_uniform() {
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
+
+#[test]
+fn noisy_neighbor_is_overload_split_between_two_tenants() {
+    let p = plan("", Scenario::NoisyNeighbor);
+    let o = plan("", Scenario::Overload);
+    assert_eq!(p.slots(), o.slots());
+    assert_eq!(p.workload.think_ms, o.workload.think_ms);
+    assert!(p.workload.noisy_neighbor && !o.workload.noisy_neighbor);
+    // One slot in 11 is quiet's: noisy has ten times its sessions.
+    let quiet = (0..p.workload.slots)
+        .filter(|s| scenario::noisy_tenant(*s).0 == 0)
+        .count();
+    assert_eq!(quiet, 6, "slots 0, 11, ..., 55 of 64");
+    assert_eq!(scenario::noisy_tenant(11), (0, "quiet"));
+    assert_eq!(scenario::noisy_tenant(12), (1, "noisy"));
+    assert!(p.describe().contains("x-gateway-inference-fairness-id"));
+}

@@ -4,10 +4,12 @@
 //! `config.rs` holds the validated settings it applies. The rest are its
 //! pure cores: measurement windows and EWMAs (`window`, `meter`), the
 //! adaptive-concurrency step (`aimd`), session turn priority (`prio`), probe
-//! budgets and gate counts (`gate`), and which limit a gate holds its EWMA
-//! against (`limits`). Clock-injected and free of I/O, like `placement`.
+//! budgets and gate counts (`gate`), which limit a gate holds its EWMA
+//! against (`limits`), and which priority class it refuses first
+//! (`classes`). Clock-injected and free of I/O, like `placement`.
 
 pub mod aimd;
+pub mod classes;
 pub mod config;
 pub mod gate;
 pub mod limits;

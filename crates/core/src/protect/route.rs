@@ -9,6 +9,7 @@
 //! stays pure; `registry` holds one per route across reloads.
 
 use super::aimd::{self, Step, TickInput};
+use super::classes::ClassPresence;
 use super::config::Protection;
 use super::gate::{Gate, GateCounts, ProbeBudget};
 use super::limits::{Direction, Judged, Override};
@@ -70,6 +71,9 @@ pub struct GateRequest<'a> {
     pub pool: &'a str,
     pub model: Option<&'a str>,
     pub turn: Option<TurnBucket>,
+    /// Its priority class's rank (0 the highest), if it has one: a gate
+    /// refuses the lowest class present first (`classes`).
+    pub class: Option<usize>,
     pub switches: Switches,
     pub now_ms: u64,
 }
@@ -94,19 +98,25 @@ pub struct RouteProtection {
     /// The adaptive limit of each pool (`"_"` without pools).
     adaptive: Mutex<HashMap<String, AdaptivePool>>,
     overrides: LimitOverrides,
+    /// When each priority class was last seen at the gates.
+    classes: ClassPresence,
 }
 
 impl RouteProtection {
     /// The gate that refuses `req`, with what it judged; `None` when every
     /// gate lets it in (untripped, or through a probe or its turn's grade).
     pub fn judge(&self, cfg: &Protection, req: &GateRequest) -> Option<(Gate, Judged)> {
+        if let Some(rank) = req.class {
+            self.classes.seen(rank, req.now_ms);
+        }
         let (gate, judged) = self.tripped(cfg, req)?;
         (!self.admitted_past_trip(cfg, req, gate, &judged)).then_some((gate, judged))
     }
 
     /// The first gate the pool's EWMAs trip (TTFT before decode rate). With
     /// session priority a gate starts grading at its first bucket's line,
-    /// and a held turn 1 counts as a TTFT trip.
+    /// and a held turn 1 counts as a TTFT trip. A class above the lowest
+    /// present trips only further past the line (`classes`).
     fn tripped(&self, cfg: &Protection, req: &GateRequest) -> Option<(Gate, Judged)> {
         let now = req.now_ms;
         let reading = self
@@ -125,7 +135,10 @@ impl RouteProtection {
                 hold.store(false, Ordering::Relaxed);
             }
             let held = req.turn.is_some_and(|t| t.bucket == 0) && hold.load(Ordering::Relaxed);
-            if held || ttft.tripped(Direction::Above, first_tol) {
+            if held
+                || (ttft.tripped(Direction::Above, first_tol)
+                    && ttft.tripped(Direction::Above, first_tol * self.class_line(req)))
+            {
                 return Some((Gate::Ttft, ttft));
             }
         }
@@ -133,11 +146,19 @@ impl RouteProtection {
         // not with decode-rate 429s.
         if req.switches.tps_sheds && cfg.adaptive_on().is_none() {
             let tps = cfg.judge_tps(&reading, self.overrides.tps.get(now))?;
-            if tps.tripped(Direction::Below, first_tol) {
+            if tps.tripped(Direction::Below, first_tol)
+                && tps.tripped(Direction::Below, first_tol * self.class_line(req))
+            {
                 return Some((Gate::Tps, tps));
             }
         }
         None
+    }
+
+    /// How far past its limit a gate must be to refuse `req`'s class.
+    fn class_line(&self, req: &GateRequest) -> f64 {
+        req.class
+            .map_or(1.0, |rank| self.classes.line(rank, req.now_ms))
     }
 
     /// A tripped gate still lets a probe through; with session priority it
@@ -349,6 +370,7 @@ mod tests {
             pool: "_",
             model: None,
             turn: None,
+            class: None,
             switches: Switches {
                 ttft_sheds: true,
                 tps_sheds: true,
@@ -385,6 +407,36 @@ mod tests {
         for _ in 0..3 {
             assert!(p.judge(&cfg, &request(now)).is_none());
         }
+    }
+
+    #[test]
+    fn the_lowest_class_present_is_refused_first() {
+        let cfg = protection(100.0);
+        let p = RouteProtection::default();
+        // 120 ms against 100: past the limit, short of 1.25 times it.
+        let now = measured(&p, &cfg, 120);
+        let in_class = |rank| GateRequest {
+            class: Some(rank),
+            ..request(now)
+        };
+        assert!(p.judge(&cfg, &in_class(2)).is_none(), "batch's probe");
+        assert!(p.judge(&cfg, &in_class(2)).is_some(), "batch refused");
+        for _ in 0..3 {
+            assert!(
+                p.judge(&cfg, &in_class(0)).is_none(),
+                "interactive passes while batch is present"
+            );
+        }
+        // Control: with no lower class present, interactive is the lowest
+        // and is refused at the limit itself.
+        let p = RouteProtection::default();
+        let now = measured(&p, &cfg, 120);
+        let interactive = GateRequest {
+            class: Some(0),
+            ..request(now)
+        };
+        assert!(p.judge(&cfg, &interactive).is_none(), "the probe");
+        assert!(p.judge(&cfg, &interactive).is_some());
     }
 
     #[test]
