@@ -169,8 +169,15 @@ impl RoomSignal {
                 .or_default()
                 .entry(Arc::clone(&pool))
                 .or_default();
-            // A newcomer may fit where the line's earlier try did not.
-            line.tried_at = None;
+            // A newcomer that can try at once (warm, or first in its line)
+            // may fit where the line's earlier try did not. One behind a
+            // head that found no room leaves the mark: cleared, the group
+            // counted as not passed over while its sleeping head waits for
+            // a wake-up nobody sends, and the other groups' waiters, one
+            // for an idle pool among them, stopped trying (the review).
+            if ticket.is_none() || line.new_tickets.is_empty() {
+                line.tried_at = None;
+            }
             match ticket {
                 Some(t) => {
                     line.new_tickets.insert(t);
@@ -452,5 +459,28 @@ mod tests {
         // Control: behind the same head in the same pool, it waits.
         let behind = signal.enter(false, 0, 1_000, Some((&a, 0.1)), "x");
         assert!(!behind.may_try(0));
+        // Its arrival leaves the head's mark: with y's pool full too, a's
+        // group is passed over and another tenant's waiter for an idle
+        // pool tries.
+        for_y.found_no_room();
+        let b = tag("b");
+        let other = signal.enter(false, 0, 1_000, Some((&b, 0.1)), "z");
+        assert!(
+            other.may_try(0),
+            "a newcomer behind a passed-over head stalls nobody"
+        );
+    }
+
+    #[test]
+    fn a_newcomer_first_in_its_line_clears_the_mark_and_tries() {
+        let signal = RoomSignal::default();
+        let a = tag("a");
+        let head = signal.enter(false, 0, 1_000, Some((&a, 0.1)), "x");
+        assert!(head.may_try(0));
+        head.found_no_room();
+        drop(head);
+        // The line is empty again: the newcomer is its head and may fit.
+        let next = signal.enter(false, 0, 1_000, Some((&a, 0.1)), "x");
+        assert!(next.may_try(0));
     }
 }

@@ -153,8 +153,9 @@ impl Tenants {
     }
 
     /// Whether requests are admitted and counted per tenant: only with a
-    /// tenants file in force. Without one there is nothing to enforce, and
-    /// the request path skips the tenant altogether.
+    /// tenants file in force. Without one there are no budgets or caps to
+    /// enforce; the tenant is still named on every request, for the fair
+    /// order of a saturated pool's queue.
     pub fn tracked(&self) -> bool {
         self.tracked.load(Ordering::Relaxed)
     }

@@ -214,17 +214,15 @@ impl<K: Eq + Hash + Clone> FairOrder<K> {
     }
 
     /// `tenant` was served `cost` more (at a request's end: what it used,
-    /// less what [`Self::released`] charged). A tenant not waiting is
-    /// lifted first, as if it had passed through the queue, and becomes
-    /// the floor: a request placed at once is an arrival and a release in
-    /// one.
+    /// less what [`Self::released`] charged). Not lifted first: the lift
+    /// belongs to the tenant's next arrival ([`Self::arrive`]), which
+    /// already keeps idle time from banking credit. Lifted here too, a
+    /// tenant sending one turn at a time paid each turn on top of the
+    /// others' counters (the review's case: 690 against 500 where the
+    /// paper has a tie). A tenant not waiting becomes the floor.
     pub fn charge(&mut self, tenant: &K, cost: f64, weight: f64) {
         let waits = self.tenants.get(tenant).is_some_and(Tenant::waits);
-        let target = if waits { 0.0 } else { self.lift_target() };
         let t = self.tenants.entry(tenant.clone()).or_default();
-        if !waits {
-            t.counter = t.counter.max(target);
-        }
         t.counter += cost / weight;
         t.served += cost;
         if !waits {

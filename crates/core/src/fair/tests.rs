@@ -184,5 +184,34 @@ fn a_leave_without_an_arrival_changes_nothing() {
     order.leave(&"a", 1);
     order.leave(&"b", 1);
     order.charge(&"c", 10.0, 1.0);
-    assert_eq!(order.standing(&"c").map(|s| s.0), Some(510.0));
+    order.arrive(&"c", 1);
+    assert_eq!(order.standing(&"c").map(|s| s.0), Some(500.0));
+}
+
+#[test]
+fn a_turn_served_is_charged_once_not_on_top_of_a_lift() {
+    // N floods; Q sends one turn at a time. Q's turn (200 in all) ends while
+    // N, still waiting, is served 400 more. When Q asks again it stands
+    // where the paper puts it, level with N, and goes first on arrival
+    // order's tie-break rather than behind N.
+    let mut order = FairOrder::new(0.1);
+    order.arrive(&"n", 1);
+    order.arrive(&"n", 1);
+    order.released(&"n", 1, 100.0, 1.0);
+    order.leave(&"n", 1);
+    order.arrive(&"q", 1);
+    order.released(&"q", 1, 100.0, 1.0);
+    order.leave(&"q", 1);
+    order.released(&"n", 1, 400.0, 1.0);
+    order.arrive(&"n", 1);
+    order.leave(&"n", 1);
+    order.charge(&"q", 100.0, 1.0);
+    order.arrive(&"q", 1);
+    let n = order.standing(&"n").expect("n").0;
+    let q = order.standing(&"q").expect("q").0;
+    assert!(q <= n, "q at {q}, n at {n}");
+    // Control: charged while still waiting, Q's counter does rise by it.
+    let before = order.standing(&"q").expect("q").0;
+    order.charge(&"q", 50.0, 1.0);
+    assert_eq!(order.standing(&"q").expect("q").0, before + 50.0);
 }
