@@ -1,11 +1,13 @@
 //! Assembles the Pingora server: the proxy service on `listen`, the admin
 //! service on `admin_listen`, the controller (signals, reloads, per-route
 //! background tasks), the dashboard's sampler, with a body-log listener
-//! the body-log sender, and with a Redis session store the cluster sync
+//! the body-log sender, with an access log its SIGHUP listener
+//! (`accesslog/`), and with a Redis session store the cluster sync
 //! (`balance/sync.rs`), then runs it until shutdown. The admin listener,
 //! the dashboard's sampler and the cluster sync run until the process
 //! exits ([`UntilExit`]), through the drain.
 
+use crate::accesslog::AccessLog;
 use crate::admin::dashboard::{Dashboard, Sampler};
 use crate::admin::AdminApp;
 use crate::bodylog::{sender::SenderService, Bodylog};
@@ -156,12 +158,20 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     server.bootstrap();
 
     let bodylog = gateway.bodylog.clone().map(|c| Arc::new(Bodylog::new(c)));
+    let access_log = match gateway.access_log.as_ref().map(AccessLog::start) {
+        None => None,
+        Some(Ok(log)) => Some(log),
+        Some(Err(e)) => {
+            eprintln!("llm-gateway: access_log: {e}");
+            return ExitCode::from(2);
+        }
+    };
     // Pingora's proxy behind `Front`, which bounds how long a request head
     // may take (`proxy/conn/`); Pingora's HTTP loop is otherwise its own.
     let front = crate::proxy::front::Front::new(
         pingora::proxy::http_proxy(
             &server.configuration,
-            Gateway::new(Arc::clone(&registry), bodylog.clone()),
+            Gateway::new(Arc::clone(&registry), bodylog.clone(), access_log.clone()),
         ),
         gateway.client_header_timeout,
     );
@@ -194,6 +204,12 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
         "dashboard",
         Sampler::new(dashboard, Arc::clone(&registry)),
     )));
+    if let Some(access_log) = access_log {
+        server.add_service(background_service(
+            "access-log",
+            crate::accesslog::ReopenOnHangup(access_log),
+        ));
+    }
     if let Some(bodylog) = bodylog {
         server.add_service(background_service("bodylog", SenderService::new(bodylog)));
     }

@@ -73,6 +73,10 @@ pub struct GatewayConfig {
     pub session_store: super::store::SessionStoreConfig,
     /// How engine host names are looked up and how often again.
     pub resolver: super::resolver::ResolverConfig,
+    /// A JSON line per finished request, when set (`accesslog/`).
+    pub access_log: Option<super::AccessLogConfig>,
+    /// What the gateway does with W3C trace context (`trace_context.rs`).
+    pub trace_context: super::TraceMode,
 }
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -249,6 +253,12 @@ impl GatewayConfig {
             bodylog,
             session_store: super::store::resolve(path, text, file.session_store.as_ref())?,
             resolver: super::resolver::resolve(path, text, file.resolver.as_ref())?,
+            access_log: super::access_log::resolve(path, text, file.access_log.as_ref())?,
+            trace_context: super::access_log::trace_mode(
+                path,
+                text,
+                file.trace_context.as_deref(),
+            )?,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             client_idle_timeout,
             client_header_timeout,

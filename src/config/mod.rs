@@ -5,6 +5,7 @@
 //! `RouteConfig`), so defaults and cross-field checks live in one place and
 //! nothing downstream has to handle a half-valid config.
 
+mod access_log;
 mod bodylog;
 pub mod catalog;
 mod error;
@@ -16,6 +17,7 @@ mod spans;
 pub mod store;
 pub mod units;
 
+pub use access_log::{AccessLogConfig, AccessLogTarget, TraceMode, DEFAULT_QUEUE_LINES};
 pub use bodylog::{BodylogConfig, BodylogTarget, BODYLOG_ENV, DEFAULT_BODYLOG_PORT};
 pub use error::ConfigError;
 pub use gateway::{

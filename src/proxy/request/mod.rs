@@ -11,8 +11,9 @@ pub mod session;
 
 use crate::errors::ErrorResponse;
 use crate::metrics::{body_forwarded, BodyVia};
-use crate::proxy::ctx::Admitted;
+use crate::proxy::ctx::{Admitted, RequestCtx};
 use crate::registry::{Registry, Route};
+use crate::trace_context::RequestIds;
 use pingora::proxy::Session;
 use std::sync::Arc;
 
@@ -35,6 +36,12 @@ pub async fn client_gone(session: &mut Session) {
         // before placement, so wait on rather than return.
         Ok(_) => std::future::pending::<()>().await,
     }
+}
+
+/// The request's id and trace, first thing, so that every answer,
+/// refusals included, carries the id (`trace_context.rs`).
+pub fn identify(session: &Session, ctx: &mut RequestCtx, mode: crate::config::TraceMode) {
+    ctx.ids = Some(RequestIds::of(&session.req_header().headers, mode));
 }
 
 impl From<ErrorResponse> for Local {

@@ -3,6 +3,7 @@
 
 use crate::proxy::ctx::RequestCtx;
 use crate::stream::ResponsePipeline;
+use crate::trace_context::X_REQUEST_ID;
 use http::header::{HeaderName, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::response::Parts;
 use http::{HeaderMap, HeaderValue};
@@ -100,6 +101,15 @@ pub fn refuse_switch(status: http::StatusCode, ctx: &mut RequestCtx) -> Result<(
     );
     ctx.upstream.last_error = Some(why.clone());
     Err(pingora::Error::explain(pingora::ErrorType::InvalidHTTPHeader, why).into_up())
+}
+
+/// `x-request-id` on every response, the engine's own replaced: the id
+/// the engine and the access log know the request by.
+pub fn insert_request_id(headers: &mut HeaderMap, ctx: &RequestCtx) -> Result<()> {
+    match &ctx.ids {
+        Some(ids) => insert(headers, X_REQUEST_ID, ids.request_id.clone()),
+        None => Ok(()),
+    }
 }
 
 /// Who produced a response: the engine (through an upstream attempt), or

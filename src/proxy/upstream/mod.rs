@@ -5,7 +5,9 @@
 
 use crate::balance;
 use crate::clock::now_ms;
+use crate::config::TraceMode;
 use crate::proxy::ctx::RequestCtx;
+use crate::trace_context::{TRACEPARENT, TRACESTATE, X_REQUEST_ID};
 use bytes::Bytes;
 use http::header::{HeaderName, AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use pingora::http::RequestHeader;
@@ -183,10 +185,12 @@ pub fn on_exchange_failure(ctx: &mut RequestCtx, e: &Error, reused: bool) {
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The head the engine receives: its own Host, the engine's credential
-/// rather than the client's, and the real Content-Length of the pre-read
-/// body (the replayed request carries a placeholder).
+/// rather than the client's, the request's id and trace, and the real
+/// Content-Length of the pre-read body (the replayed request carries a
+/// placeholder).
 pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &mut RequestCtx) -> Result<()> {
     ctx.upstream.sent_at = Some(std::time::Instant::now());
+    identify_upstream(upstream, ctx)?;
     if let Some((route, p)) = ctx.peer() {
         match &p.host_header {
             Some(host) => upstream.insert_header(HOST, host.clone())?,
@@ -212,6 +216,30 @@ pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &mut RequestCtx) -> Resul
         if !declared_once {
             upstream.insert_header(CONTENT_LENGTH, http::HeaderValue::from(length))?;
         }
+    }
+    Ok(())
+}
+
+/// `x-request-id`, and the trace the engine's own spans join: this trace
+/// with the gateway's span as their parent. A started trace carries no
+/// `tracestate` (the client's, if any, went with the trace it belonged
+/// to); a continued one keeps the client's as it came. With
+/// `trace_context: off` the client's trace headers pass untouched.
+fn identify_upstream(upstream: &mut RequestHeader, ctx: &RequestCtx) -> Result<()> {
+    let Some(ids) = &ctx.ids else {
+        return Ok(());
+    };
+    upstream.insert_header(X_REQUEST_ID, ids.request_id.clone())?;
+    if let Some(trace) = &ids.trace {
+        upstream.insert_header(TRACEPARENT, trace.traceparent().encode())?;
+        if !trace.continued() {
+            upstream.remove_header(&TRACESTATE);
+        }
+    } else if ids.trace_mode != TraceMode::Off {
+        // `continue` without a valid incoming trace: an invalid one is
+        // not passed on for the engine to make sense of.
+        upstream.remove_header(&TRACEPARENT);
+        upstream.remove_header(&TRACESTATE);
     }
     Ok(())
 }

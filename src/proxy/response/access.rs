@@ -1,0 +1,62 @@
+//! The access-log line of a finished request, built in `logging` from the
+//! request's context and what `record` measured (`Ended`), and queued
+//! without waiting (`accesslog/`). With no access log configured this is
+//! one branch.
+
+use super::record::Ended;
+use crate::accesslog::line::{millis, Line};
+use crate::accesslog::AccessLog;
+use crate::proxy::ctx::RequestCtx;
+use crate::proxy::guards::auth;
+use crate::registry::Registry;
+use pingora::proxy::Session;
+
+pub fn emit(
+    access_log: Option<&AccessLog>,
+    registry: &Registry,
+    session: &Session,
+    ctx: &RequestCtx,
+    ended: &Ended,
+) {
+    let Some(access_log) = access_log else {
+        return;
+    };
+    let req = session.req_header();
+    let ids = ctx.ids.as_ref();
+    let admitted = &ctx.request;
+    let placement = admitted.placement.filter(|_| ctx.upstream.count > 0);
+    let peer = ctx.peer();
+    let line = Line {
+        time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        request_id: ids.map_or("-", |i| i.request_id_str()),
+        trace_id: ids.and_then(|i| i.trace.as_ref()).map(|t| t.trace_id_hex()),
+        method: req.method.as_str(),
+        path: req.uri.path(),
+        route: ctx.route.as_ref().map(|r| r.name()),
+        status: ended.code,
+        peer: peer.map(|(_, p)| p.config.name.as_str()),
+        peer_addr: peer.and_then(|(_, p)| p.addr).map(|a| a.to_string()),
+        // As `X-Routed-Mode` says it (`headers::insert_routed`).
+        mode: placement.map_or("local", |p| p.kind.as_str()),
+        reason: placement.and_then(|p| p.reason).map(|r| r.as_str()),
+        session: admitted.session.as_ref().map(|s| s.hex()),
+        session_source: admitted.session.as_ref().map(|s| s.source.as_str()),
+        // Looked up again (the key check keeps no owner on the context, to
+        // spare every request the copy), only when the log is on.
+        owner: ctx
+            .route
+            .as_ref()
+            .and_then(|r| auth::owner(r, registry, session)),
+        model: admitted.model.as_deref(),
+        prompt_tokens: ended.usage.map(|u| u.prompt_tokens),
+        cached_tokens: ended.usage.map(|u| u.cached_tokens),
+        completion_tokens: ended.usage.map(|u| u.completion_tokens),
+        ttft_ms: ended.ttft.map(millis),
+        duration_ms: millis(ended.elapsed),
+        queue_ms: admitted.queued.map(millis),
+        bytes_out: session.body_bytes_sent(),
+        retries: ctx.upstream.count.saturating_sub(1),
+        error: ctx.response.error,
+    };
+    access_log.enqueue(line.to_bytes());
+}
