@@ -81,6 +81,11 @@ pub struct Admitted {
     /// The client connection holds what the client sends while this
     /// request runs (`conn::hold_client_bytes`), so it can watch the engine.
     pub client_held: bool,
+    /// The path now lacks its `/<route>` prefix (`request::forward`): the
+    /// client's path is the route's name and what is left, which the
+    /// access log puts back together rather than every request keeping a
+    /// copy.
+    pub route_stripped: bool,
 }
 
 impl Admitted {

@@ -200,6 +200,7 @@ pub async fn forward(
         .parse::<http::Uri>()
         .map_err(|_| Local::Error(ErrorResponse::bad_request("invalid request path")))?;
     session.req_header_mut().set_uri(uri);
+    req.route_stripped = true;
     if !req.body_read || req.body.is_empty() {
         return Ok(());
     }

@@ -26,12 +26,18 @@ pub fn emit(
     let admitted = &ctx.request;
     let placement = admitted.placement.filter(|_| ctx.upstream.count > 0);
     let peer = ctx.peer();
+    let path = match (&ctx.route, admitted.route_stripped) {
+        (Some(route), true) => {
+            std::borrow::Cow::Owned(format!("/{}{}", route.name(), req.uri.path()))
+        }
+        _ => std::borrow::Cow::Borrowed(req.uri.path()),
+    };
     let line = Line {
         time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
         request_id: ids.map_or("-", |i| i.request_id_str()),
         trace_id: ids.and_then(|i| i.trace.as_ref()).map(|t| t.trace_id_hex()),
         method: req.method.as_str(),
-        path: req.uri.path(),
+        path: &path,
         route: ctx.route.as_ref().map(|r| r.name()),
         status: ended.code,
         peer: peer.map(|(_, p)| p.config.name.as_str()),
