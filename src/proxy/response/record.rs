@@ -47,35 +47,27 @@ pub struct Ended {
 }
 
 pub fn record(session: &Session, ctx: &RequestCtx) -> Ended {
-    let code = status_code(session, ctx);
-    let elapsed_time = ctx.started.elapsed();
-    let usage = ctx.response.pipeline.as_ref().and_then(|p| p.usage());
-    let ttft = ctx
-        .response
-        .pipeline
-        .as_ref()
-        .and_then(|p| p.first_content_at())
-        .map(|first| first.saturating_duration_since(ctx.started));
-    count(ctx, code, elapsed_time, usage, ttft);
-    Ended {
-        code,
-        elapsed: elapsed_time,
-        usage,
-        ttft,
-    }
+    let pipeline = ctx.response.pipeline.as_ref();
+    let ended = Ended {
+        code: status_code(session, ctx),
+        elapsed: ctx.started.elapsed(),
+        usage: pipeline.and_then(|p| p.usage()),
+        ttft: pipeline
+            .and_then(|p| p.first_content_at())
+            .map(|first| first.saturating_duration_since(ctx.started)),
+    };
+    count(ctx, &ended);
+    ended
 }
 
 /// The metrics, the session's turn and what the stream taught.
-fn count(
-    ctx: &RequestCtx,
-    code: u16,
-    elapsed_time: std::time::Duration,
-    usage: Option<crate::stream::Usage>,
-    ttft: Option<std::time::Duration>,
-) {
+fn count(ctx: &RequestCtx, ended: &Ended) {
+    let Ended {
+        code, usage, ttft, ..
+    } = *ended;
     let route = ctx.route_name();
     let peer = ctx.peer_name();
-    let elapsed = elapsed_time.as_secs_f64();
+    let elapsed = ended.elapsed.as_secs_f64();
     // The route's cached handles; a request no route took (404) has none.
     let Some(r) = &ctx.route else {
         let m = metrics();
