@@ -25,17 +25,6 @@ fn sse_engine() -> Canned {
     Canned::start("text/event-stream", vec![SSE.as_bytes().to_vec()], true)
 }
 
-fn gateway(routes: &[(&str, String)], extra_config: String, env: Vec<(String, String)>) -> Gateway {
-    Gateway::start_with(
-        routes,
-        GatewayOptions {
-            extra_config,
-            env,
-            ..Default::default()
-        },
-    )
-}
-
 fn chat(gw: &Gateway, path: &str, headers: &[(&str, &str)]) -> http::Response {
     let body = br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let mut all = vec![("Content-Type", "application/json")];
@@ -165,7 +154,7 @@ fn trace_context_continue_and_off() {
     let engine = sse_engine();
     let route = canned_route(engine.port(), "");
     let incoming = format!("00-{TRACE_ID}-{CLIENT_SPAN}-00");
-    let cont = gateway(
+    let cont = Gateway::start_configured(
         &[("chat", route.clone())],
         "trace_context: continue\n".into(),
         vec![],
@@ -185,7 +174,7 @@ fn trace_context_continue_and_off() {
     );
     assert_ne!(parent, CLIENT_SPAN);
 
-    let off = gateway(&[("chat", route)], "trace_context: off\n".into(), vec![]);
+    let off = Gateway::start_configured(&[("chat", route)], "trace_context: off\n".into(), vec![]);
     chat(&off, CHAT, &[("traceparent", &incoming)]);
     let head = last_head(&engine);
     assert_eq!(header_of(&head, "traceparent"), Some(incoming), "untouched");
@@ -261,7 +250,7 @@ fn a_line_per_request_with_its_fields_and_no_raw_session_id_or_key() {
     let engine = sse_engine();
     let dir = tempfile::tempdir().unwrap();
     let log_path: PathBuf = dir.path().join("access.log");
-    let gw = gateway(
+    let gw = Gateway::start_configured(
         &[("chat", canned_route(engine.port(), ""))],
         access_log_config(&log_path),
         keys_env(dir.path()),
@@ -363,7 +352,7 @@ fn the_access_log_is_off_by_default() {
     // Control: the same request with it on is written and counted.
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("access.log");
-    let on = gateway(
+    let on = Gateway::start_configured(
         &[("chat", canned_route(engine.port(), ""))],
         access_log_config(&log_path),
         vec![],
@@ -385,7 +374,7 @@ fn sighup_opens_the_access_log_again_after_a_rotation() {
     let engine = sse_engine();
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("access.log");
-    let gw = gateway(
+    let gw = Gateway::start_configured(
         &[("chat", canned_route(engine.port(), ""))],
         access_log_config(&log_path),
         vec![],
