@@ -32,6 +32,9 @@ pub struct RequestIds {
     /// A header value already: it goes out as is on the response and to
     /// the engine.
     pub request_id: HeaderValue,
+    /// `request_id` is the client's own, already in the head as its only
+    /// `x-request-id`: the engine's head needs no edit for it.
+    pub client_request_id: bool,
     /// The request's trace, unless `trace_context: off`, or `continue`
     /// without a valid incoming one.
     pub trace: Option<TraceContext>,
@@ -42,8 +45,10 @@ pub struct RequestIds {
 impl RequestIds {
     /// The ids of a request with head `headers`, under `mode`.
     pub fn of(headers: &HeaderMap, mode: TraceMode) -> Self {
+        let (request_id, client_request_id) = request_id(headers);
         RequestIds {
-            request_id: request_id(headers),
+            request_id,
+            client_request_id,
             trace: TraceContext::of(headers, mode),
             trace_mode: mode,
         }
@@ -55,13 +60,13 @@ impl RequestIds {
     }
 }
 
-/// The client's `x-request-id` if it sent exactly one and it is sane, else
-/// a new one.
-pub fn request_id(headers: &HeaderMap) -> HeaderValue {
+/// The client's `x-request-id` if it sent exactly one and it is sane
+/// (`true`), else a new one.
+pub fn request_id(headers: &HeaderMap) -> (HeaderValue, bool) {
     let mut given = headers.get_all(&X_REQUEST_ID).iter();
     match (given.next(), given.next()) {
-        (Some(id), None) if sane_request_id(id.as_bytes()) => id.clone(),
-        _ => new_request_id(),
+        (Some(id), None) if sane_request_id(id.as_bytes()) => (id.clone(), true),
+        _ => (new_request_id(), false),
     }
 }
 
@@ -380,9 +385,10 @@ mod tests {
     #[test]
     fn a_sane_request_id_is_kept_and_any_other_replaced() {
         let kept = request_id(&head(&[("x-request-id", "req-42_abc.DEF:1")]));
-        assert_eq!(kept, "req-42_abc.DEF:1");
+        assert_eq!(kept, (HeaderValue::from_static("req-42_abc.DEF:1"), true));
         let long = "a".repeat(MAX_REQUEST_ID_LEN);
-        assert_eq!(request_id(&head(&[("x-request-id", &long)])), long.as_str());
+        let kept = request_id(&head(&[("x-request-id", &long)]));
+        assert_eq!((kept.0.to_str().ok(), kept.1), (Some(long.as_str()), true));
         let mut insane: Vec<HeaderMap> = [
             "",
             "has space",
@@ -401,7 +407,8 @@ mod tests {
         insane.push(head(&[("x-request-id", "one"), ("x-request-id", "two")]));
         insane.push(HeaderMap::new());
         for h in insane {
-            let id = request_id(&h);
+            let (id, from_client) = request_id(&h);
+            assert!(!from_client);
             let text = id.to_str().unwrap();
             assert_eq!(text.len(), 36, "a generated UUID: {text} for {h:?}");
             assert!(
