@@ -91,6 +91,11 @@ pub fn new_request_id() -> HeaderValue {
 /// The flag bit that says the caller may record the trace.
 pub const SAMPLED: u8 = 0x01;
 
+/// The flag bit that says the trace id is random (Trace Context Level 2).
+/// Every other bit is reserved, and a participant "MUST set those to zero"
+/// when it passes the trace on.
+pub const RANDOM: u8 = 0x02;
+
 /// A parsed `traceparent`: `00-<trace id>-<parent id>-<flags>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Traceparent {
@@ -105,7 +110,7 @@ impl Traceparent {
     /// hex digits, a trace or parent id of the wrong length, not lowercase
     /// hex, or all zeros, flags not two lowercase hex digits, a version-00
     /// value longer than 55 bytes, a later version's value whose 56th byte
-    /// is not `-`.
+    /// is not `-`. Reserved flag bits are cleared.
     pub fn parse(value: &[u8]) -> Option<Traceparent> {
         const LEN: usize = 55;
         let value = value.trim_ascii();
@@ -131,9 +136,10 @@ impl Traceparent {
         if trace_id == 0 || parent_id == 0 {
             return None;
         }
-        // Of a later version's flags only `sampled` is known to mean the
-        // same thing (section 4.3).
-        let flags = if version == 0 { flags } else { flags & SAMPLED };
+        // Reserved bits are not passed on. Of a later version's flags only
+        // `sampled` is known to mean the same thing (section 4.3).
+        let known = if version == 0 { SAMPLED | RANDOM } else { SAMPLED };
+        let flags = flags & known;
         Some(Traceparent {
             trace_id,
             parent_id,
@@ -175,7 +181,8 @@ pub struct TraceContext {
     pub parent_id: Option<u64>,
     /// The gateway's span for this request: the engine's parent.
     pub span_id: u64,
-    /// The incoming flags, or [`SAMPLED`] for a trace started here, so that
+    /// The incoming flags (the known ones, see [`RANDOM`]), or [`SAMPLED`]
+    /// for a trace started here, so that
     /// an engine that samples by its parent (vLLM's and SGLang's default)
     /// records the spans the access log's trace id then finds.
     pub flags: u8,
@@ -245,9 +252,12 @@ mod tests {
         assert_eq!(tp.parent_id, 0x00f067aa0ba902b7);
         assert_eq!(tp.flags, 1);
         assert_eq!(tp.encode(), VALID, "it encodes back to itself");
-        // Unknown flags of version 00 are kept, and surrounding spaces go.
+        // Reserved flags are cleared, sampled and random kept, and
+        // surrounding spaces go.
         let other = Traceparent::parse(format!(" {}ff ", &VALID[..53]).as_bytes());
-        assert_eq!(other.map(|t| t.flags), Some(0xff));
+        assert_eq!(other.map(|t| t.flags), Some(SAMPLED | RANDOM));
+        let unsampled = Traceparent::parse(format!("{}00", &VALID[..53]).as_bytes());
+        assert_eq!(unsampled.map(|t| t.flags), Some(0));
     }
 
     #[test]
