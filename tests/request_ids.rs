@@ -331,13 +331,15 @@ fn a_line_per_request_with_its_fields_and_no_raw_session_id_or_key() {
             &Value::from("unauthorized")
         )
     );
-    assert_eq!(
-        gw.metric(
+    // The writer counts a batch after its flush: the lines can be read
+    // before the count moves.
+    wait_for("both lines counted as written", DEADLINE, || {
+        (gw.metric(
             "llm_gateway_access_log_lines_total",
-            &["result=\"written\""]
-        ),
-        2.0
-    );
+            &["result=\"written\""],
+        ) == 2.0)
+            .then_some(())
+    });
 }
 
 #[test]
