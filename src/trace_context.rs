@@ -112,9 +112,8 @@ impl Traceparent {
     /// value longer than 55 bytes, a later version's value whose 56th byte
     /// is not `-`. Reserved flag bits are cleared.
     pub fn parse(value: &[u8]) -> Option<Traceparent> {
-        const LEN: usize = 55;
         let value = value.trim_ascii();
-        if value.len() < LEN {
+        if value.len() < TRACEPARENT_LEN {
             return None;
         }
         let version = lower_hex(&value[0..2])? as u8;
@@ -122,10 +121,10 @@ impl Traceparent {
         let tail_ok = match version {
             0xff => false,
             // Version 00 is exactly this layout.
-            0 => value.len() == LEN,
+            0 => value.len() == TRACEPARENT_LEN,
             // A later version may append fields after a `-`; what precedes
             // them reads as version 00 (section 4.3).
-            _ => value.len() == LEN || value[LEN] == b'-',
+            _ => value.len() == TRACEPARENT_LEN || value[TRACEPARENT_LEN] == b'-',
         };
         if !dashes || !tail_ok {
             return None;
@@ -147,12 +146,29 @@ impl Traceparent {
         })
     }
 
-    /// The version-00 header text.
-    pub fn encode(&self) -> String {
-        format!(
-            "00-{:032x}-{:016x}-{:02x}",
-            self.trace_id, self.parent_id, self.flags
-        )
+    /// The version-00 header text. Written digit by digit into a fixed
+    /// buffer rather than with `format!`, whose padded hex of a `u128`
+    /// goes through the formatting machinery: this runs for every request
+    /// sent to an engine.
+    pub fn encode(&self) -> [u8; TRACEPARENT_LEN] {
+        let mut out = [b'-'; TRACEPARENT_LEN];
+        out[..2].copy_from_slice(b"00");
+        hex_into(&mut out[3..35], self.trace_id);
+        hex_into(&mut out[36..52], u128::from(self.parent_id));
+        hex_into(&mut out[53..], u128::from(self.flags));
+        out
+    }
+}
+
+/// A version-00 `traceparent`'s length.
+const TRACEPARENT_LEN: usize = 55;
+
+/// `n` as lowercase hex filling `out`, zero-padded on the left.
+fn hex_into(out: &mut [u8], mut n: u128) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for digit in out.iter_mut().rev() {
+        *digit = DIGITS[(n & 0xf) as usize];
+        n >>= 4;
     }
 }
 
@@ -251,7 +267,7 @@ mod tests {
         assert_eq!(tp.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
         assert_eq!(tp.parent_id, 0x00f067aa0ba902b7);
         assert_eq!(tp.flags, 1);
-        assert_eq!(tp.encode(), VALID, "it encodes back to itself");
+        assert_eq!(&tp.encode()[..], VALID.as_bytes(), "it encodes back to itself");
         // Reserved flags are cleared, sampled and random kept, and
         // surrounding spaces go.
         let other = Traceparent::parse(format!(" {}ff ", &VALID[..53]).as_bytes());
@@ -348,7 +364,7 @@ mod tests {
         assert_eq!(ctx.parent_id, Some(0x00f067aa0ba902b7));
         assert_ne!(ctx.span_id, 0x00f067aa0ba902b7);
         assert_ne!(ctx.span_id, 0);
-        let out = ctx.traceparent().encode();
+        let out = String::from_utf8(ctx.traceparent().encode().to_vec()).unwrap();
         assert!(
             out.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
             "{out}"
@@ -376,7 +392,7 @@ mod tests {
             assert_ne!(fresh.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
             assert_ne!(fresh.trace_id, 0);
             assert_eq!((fresh.parent_id, fresh.flags), (None, SAMPLED));
-            assert!(Traceparent::parse(fresh.traceparent().encode().as_bytes()).is_some());
+            assert!(Traceparent::parse(&fresh.traceparent().encode()).is_some());
             assert_eq!(TraceContext::of(&h, TraceMode::Continue), None);
         }
         // Off: nothing, even for a valid one.

@@ -235,7 +235,7 @@ fn identify_upstream(upstream: &mut RequestHeader, ctx: &RequestCtx) -> Result<(
         upstream.insert_header(X_REQUEST_ID, ids.request_id.clone())?;
     }
     if let Some(trace) = &ids.trace {
-        upstream.insert_header(TRACEPARENT, trace.traceparent().encode())?;
+        upstream.insert_header(TRACEPARENT, &trace.traceparent().encode()[..])?;
         if !trace.continued() {
             upstream.remove_header(&TRACESTATE);
         }
