@@ -137,7 +137,11 @@ impl Traceparent {
         }
         // Reserved bits are not passed on. Of a later version's flags only
         // `sampled` is known to mean the same thing (section 4.3).
-        let known = if version == 0 { SAMPLED | RANDOM } else { SAMPLED };
+        let known = if version == 0 {
+            SAMPLED | RANDOM
+        } else {
+            SAMPLED
+        };
         let flags = flags & known;
         Some(Traceparent {
             trace_id,
@@ -267,7 +271,11 @@ mod tests {
         assert_eq!(tp.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
         assert_eq!(tp.parent_id, 0x00f067aa0ba902b7);
         assert_eq!(tp.flags, 1);
-        assert_eq!(&tp.encode()[..], VALID.as_bytes(), "it encodes back to itself");
+        assert_eq!(
+            &tp.encode()[..],
+            VALID.as_bytes(),
+            "it encodes back to itself"
+        );
         // Reserved flags are cleared, sampled and random kept, and
         // surrounding spaces go.
         let other = Traceparent::parse(format!(" {}ff ", &VALID[..53]).as_bytes());
