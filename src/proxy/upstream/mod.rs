@@ -7,7 +7,7 @@ use crate::balance;
 use crate::clock::now_ms;
 use crate::config::TraceMode;
 use crate::proxy::ctx::RequestCtx;
-use crate::trace_context::{TRACEPARENT, TRACESTATE, X_REQUEST_ID};
+use crate::trace_context::{TRACEPARENT, TRACEPARENT_NAME, TRACESTATE, X_REQUEST_ID_NAME};
 use bytes::Bytes;
 use http::header::{HeaderName, AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use pingora::http::RequestHeader;
@@ -232,10 +232,10 @@ fn identify_upstream(upstream: &mut RequestHeader, ctx: &RequestCtx) -> Result<(
     // Each insert costs Pingora a parse and two map updates: none when the
     // client's own id is already there, alone.
     if !ids.client_request_id {
-        upstream.insert_header(X_REQUEST_ID, ids.request_id.clone())?;
+        upstream.insert_header(X_REQUEST_ID_NAME, ids.request_id.clone())?;
     }
     if let Some(trace) = &ids.trace {
-        upstream.insert_header(TRACEPARENT, &trace.traceparent().encode()[..])?;
+        upstream.insert_header(TRACEPARENT_NAME, &trace.traceparent().encode()[..])?;
         if !trace.continued() {
             upstream.remove_header(&TRACESTATE);
         }
