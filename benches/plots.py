@@ -556,9 +556,10 @@ PLOTS = [
         ],
     },
     # BENCHMARKS.md, "Placement over a family of engines (issue 42)": each
-    # run's TTFT p95 over its best real peer's (the JSON's over_runs): now
-    # (uniform 374de3e, shared-prefix 807ef8f, three seeds) and the model's
-    # first build (a3d237e, seeds 1-2 and 1; none for the later seeds).
+    # run's TTFT p95 over its best real peer's: now (362d2b5, the gateway's
+    # cells against the peers' cells of an earlier sitting) and before this
+    # stop (374de3e: uniform beside its peers, shared-prefix gateway-only
+    # against the same peers' cells as now).
     {
         "file": "placement-family.svg",
         "title": "Placement over a family of engines: TTFT p95 over the best real peer's, per run",
@@ -570,8 +571,8 @@ PLOTS = [
                 "ylabel": "p95 / best peer's p95",
                 "groups": ["f1 s1", "f1 s2", "f1 s3", "f2 s1", "f2 s2", "f2 s3", "f3 s1", "f3 s2", "f3 s3", "f4 s1", "f4 s2", "f4 s3"],
                 "series": [
-                    {"name": "now (374de3e)", "values": ["0.31", "1.61", "1.03", "0.97", "1.06", "0.94", "1.82", "1.34", "1.08", "0.30", "0.17", "0.26"]},
-                    {"name": "the model's first build (a3d237e)", "values": ["0.54", "1.58", None, "0.94", "1.05", None, "1.36", "0.73", None, "0.34", "0.89", None]},
+                    {"name": "now (362d2b5)", "values": ["0.32", "1.61", "1.03", "0.93", "0.91", "0.90", "2.04", "1.34", "1.01", "0.36", "0.13", "0.25"]},
+                    {"name": "before (374de3e)", "values": ["0.31", "1.61", "1.03", "0.97", "1.06", "0.94", "1.82", "1.34", "1.08", "0.30", "0.17", "0.26"]},
                 ],
                 "hline": {"y": 1.0, "label": "the best peer"},
             },
@@ -580,8 +581,8 @@ PLOTS = [
                 "ylabel": "p95 / best peer's p95",
                 "groups": ["f1 s1", "f1 s2", "f1 s3", "f2 s1", "f2 s2", "f2 s3", "f3 s1", "f3 s2", "f3 s3", "f4 s1", "f4 s2", "f4 s3"],
                 "series": [
-                    {"name": "now (807ef8f)", "values": ["1.21", "0.96", "1.00", "1.03", "1.06", "1.04", "2.40", "0.81", "3.45", "1.48", "1.14", "1.06"]},
-                    {"name": "the model's first build (a3d237e)", "values": ["1.42", None, None, "1.09", None, None, "0.85", None, None, "1.08", None, None]},
+                    {"name": "now (362d2b5)", "values": ["1.33", "0.91", "1.00", "0.99", "1.00", "0.98", "0.82", "0.73", "0.60", "1.09", "0.70", "1.05"]},
+                    {"name": "before (374de3e)", "values": ["1.14", "0.98", "1.04", "1.07", "1.04", "1.03", "2.34", "1.02", "0.70", "1.01", "0.92", "1.05"]},
                 ],
                 "hline": {"y": 1.0, "label": "the best peer"},
             },

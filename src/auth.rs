@@ -78,7 +78,9 @@ impl KeyFileStatus {
 #[derive(Clone, PartialEq, Eq)]
 struct KeyEntry {
     digest: [u8; 32],
-    owner: String,
+    /// Shared, so a request's tenant (its key's owner) is a reference
+    /// count, not a copy (`check`).
+    owner: std::sync::Arc<str>,
     /// The documented placeholder ([`PLACEHOLDER_KEY`]): kept, so that a
     /// file holding only it still enforces keys (every request refused)
     /// instead of reading as "no keys" and turning authentication off, but
@@ -103,7 +105,7 @@ pub struct KeySet {
 
 impl fmt::Debug for KeySet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let owners: Vec<&str> = self.entries.iter().map(|e| e.owner.as_str()).collect();
+        let owners: Vec<&str> = self.entries.iter().map(|e| &*e.owner).collect();
         f.debug_struct("KeySet")
             .field("keys", &self.entries.len())
             .field("owners", &owners)
@@ -239,7 +241,10 @@ impl KeySet {
     /// Comparison is over SHA-256 digests with `subtle`, visiting every entry
     /// whatever matches, so the time taken depends only on the number of keys
     /// and the length of the presented key, which the client already knows.
-    pub fn check(&self, presented: &[u8]) -> Option<&str> {
+    ///
+    /// The owner as the set holds it, shared: the request's tenant is a
+    /// reference count, not a copy.
+    pub fn check(&self, presented: &[u8]) -> Option<&std::sync::Arc<str>> {
         let presented_digest = sha256::digest(presented);
         let mut matched = Choice::from(0);
         let mut matched_index = 0u64;
@@ -256,7 +261,7 @@ impl KeySet {
         usize::try_from(matched_index)
             .ok()
             .and_then(|index| self.entries.get(index))
-            .map(|entry| entry.owner.as_str())
+            .map(|entry| &entry.owner)
     }
 }
 
@@ -300,7 +305,7 @@ impl Builder {
         if let Some((original, kept_index)) = self.first_seen.get(&digest) {
             let kept_owner = entries
                 .get(*kept_index)
-                .map_or(UNKNOWN_OWNER, |e| e.owner.as_str());
+                .map_or(UNKNOWN_OWNER, |e| &*e.owner);
             self.warnings.push(format!(
                 "{location}: same key as {original}; the first owner (\"{kept_owner}\") is kept"
             ));
@@ -315,7 +320,7 @@ impl Builder {
         self.first_seen.insert(digest, (location, entries.len()));
         entries.push(KeyEntry {
             digest,
-            owner: owner.to_string(),
+            owner: std::sync::Arc::from(owner),
             placeholder,
         });
     }
@@ -411,23 +416,23 @@ mod tests {
     fn parse_comma_separated() {
         let set = parse_ok("k1:alice,k2:bob");
         assert_eq!(set.len(), 2);
-        assert_eq!(set.check(b"k1"), Some("alice"));
-        assert_eq!(set.check(b"k2"), Some("bob"));
+        assert_eq!(set.check(b"k1").map(|o| &**o), Some("alice"));
+        assert_eq!(set.check(b"k2").map(|o| &**o), Some("bob"));
     }
 
     #[test]
     fn parse_one_per_line() {
         let set = parse_ok("k1:alice\nk2:bob\n");
         assert_eq!(set.len(), 2);
-        assert_eq!(set.check(b"k2"), Some("bob"));
+        assert_eq!(set.check(b"k2").map(|o| &**o), Some("bob"));
     }
 
     #[test]
     fn parse_mixed_commas_and_lines_with_crlf() {
         let set = parse_ok("k1:alice,k2:bob\r\nk3:carol\r\n  k4 : dave ,  k5:erin  \n");
         assert_eq!(set.len(), 5);
-        assert_eq!(set.check(b"k4"), Some("dave"));
-        assert_eq!(set.check(b"k5"), Some("erin"));
+        assert_eq!(set.check(b"k4").map(|o| &**o), Some("dave"));
+        assert_eq!(set.check(b"k5").map(|o| &**o), Some("erin"));
     }
 
     #[test]
@@ -435,13 +440,13 @@ mod tests {
         let text = "# rotation 2024-06\n\n   \n  # indented comment\nk1:alice,,k2:bob,\n,\n";
         let set = parse_ok(text);
         assert_eq!(set.len(), 2);
-        assert_eq!(set.check(b"# rotation 2024-06"), None);
+        assert_eq!(set.check(b"# rotation 2024-06").map(|o| &**o), None);
     }
 
     #[test]
     fn parse_skips_leading_byte_order_mark() {
         let set = parse_ok("\u{feff}k1:alice");
-        assert_eq!(set.check(b"k1"), Some("alice"));
+        assert_eq!(set.check(b"k1").map(|o| &**o), Some("alice"));
     }
 
     #[test]
@@ -454,14 +459,14 @@ mod tests {
     #[test]
     fn parse_splits_at_first_colon_so_owners_may_contain_colons() {
         let set = parse_ok("k1:team:svc:prod");
-        assert_eq!(set.check(b"k1"), Some("team:svc:prod"));
-        assert_eq!(set.check(b"k1:team"), None);
+        assert_eq!(set.check(b"k1").map(|o| &**o), Some("team:svc:prod"));
+        assert_eq!(set.check(b"k1:team").map(|o| &**o), None);
     }
 
     #[test]
     fn parse_entry_without_colon_is_a_key_owned_by_unknown() {
         let (set, warnings) = KeySet::parse("sk-bare-key");
-        assert_eq!(set.check(b"sk-bare-key"), Some(UNKNOWN_OWNER));
+        assert_eq!(set.check(b"sk-bare-key").map(|o| &**o), Some(UNKNOWN_OWNER));
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("line 1, entry 1"), "{warnings:?}");
     }
@@ -469,7 +474,7 @@ mod tests {
     #[test]
     fn parse_empty_owner_is_unknown_with_warning() {
         let (set, warnings) = KeySet::parse("k1:  ");
-        assert_eq!(set.check(b"k1"), Some(UNKNOWN_OWNER));
+        assert_eq!(set.check(b"k1").map(|o| &**o), Some(UNKNOWN_OWNER));
         assert_eq!(warnings.len(), 1);
     }
 
@@ -485,7 +490,7 @@ mod tests {
     fn parse_drops_keys_with_whitespace_or_non_ascii() {
         let (set, warnings) = KeySet::parse("k1 k2:alice\nkëy:bob\nk3\u{7}:carol\nk4:dave");
         assert_eq!(set.len(), 1);
-        assert_eq!(set.check(b"k4"), Some("dave"));
+        assert_eq!(set.check(b"k4").map(|o| &**o), Some("dave"));
         assert_eq!(warnings.len(), 3);
         assert!(warnings[0].contains("alice"), "owner helps find the entry");
     }
@@ -494,7 +499,7 @@ mod tests {
     fn parse_duplicate_key_keeps_first_owner() {
         let (set, warnings) = KeySet::parse("k1:alice\nk2:bob,k1:mallory");
         assert_eq!(set.len(), 2);
-        assert_eq!(set.check(b"k1"), Some("alice"));
+        assert_eq!(set.check(b"k1").map(|o| &**o), Some("alice"));
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("line 2, entry 2"));
         assert!(warnings[0].contains("line 1, entry 1"));
@@ -519,8 +524,8 @@ mod tests {
     #[test]
     fn check_accepts_exact_keys_only() {
         let set = parse_ok("sk-alpha-123:alice,sk-beta-456:bob");
-        assert_eq!(set.check(b"sk-alpha-123"), Some("alice"));
-        assert_eq!(set.check(b"sk-beta-456"), Some("bob"));
+        assert_eq!(set.check(b"sk-alpha-123").map(|o| &**o), Some("alice"));
+        assert_eq!(set.check(b"sk-beta-456").map(|o| &**o), Some("bob"));
         for wrong in [
             &b"sk-alpha-124"[..],
             b"sk-alpha-12",
@@ -545,18 +550,18 @@ mod tests {
         let text: Vec<String> = (0..50).map(|i| format!("key-{i}:owner-{i}")).collect();
         let set = parse_ok(&text.join(","));
         assert_eq!(set.len(), 50);
-        assert_eq!(set.check(b"key-0"), Some("owner-0"));
-        assert_eq!(set.check(b"key-27"), Some("owner-27"));
-        assert_eq!(set.check(b"key-49"), Some("owner-49"));
-        assert_eq!(set.check(b"key-50"), None);
+        assert_eq!(set.check(b"key-0").map(|o| &**o), Some("owner-0"));
+        assert_eq!(set.check(b"key-27").map(|o| &**o), Some("owner-27"));
+        assert_eq!(set.check(b"key-49").map(|o| &**o), Some("owner-49"));
+        assert_eq!(set.check(b"key-50").map(|o| &**o), None);
     }
 
     #[test]
     fn check_on_empty_set_matches_nothing() {
         let set = KeySet::default();
         assert!(set.is_empty());
-        assert_eq!(set.check(b""), None);
-        assert_eq!(set.check(b"anything"), None);
+        assert_eq!(set.check(b"").map(|o| &**o), None);
+        assert_eq!(set.check(b"anything").map(|o| &**o), None);
     }
 
     #[test]
@@ -591,7 +596,7 @@ mod tests {
         assert_eq!(status, KeyFileStatus::Ok);
         assert_eq!(status.as_str(), "ok");
         let set = set.expect("Ok comes with a set");
-        assert_eq!(set.check(b"k2"), Some("bob"));
+        assert_eq!(set.check(b"k2").map(|o| &**o), Some("bob"));
     }
 
     #[test]

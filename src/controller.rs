@@ -79,6 +79,9 @@ pub fn log_reload(report: &ReloadReport, trigger: Trigger) {
     for e in &report.errors {
         log::error!("route file rejected, previous version kept: {e}");
     }
+    if let Some(e) = &report.tenants_error {
+        log::error!("tenants file rejected, previous version kept: {e}");
+    }
     log::info!(
         "reload ({}): routes added {:?}, changed {:?}, removed {:?}, unchanged {}, errors {}",
         trigger.label(),
@@ -86,7 +89,7 @@ pub fn log_reload(report: &ReloadReport, trigger: Trigger) {
         report.changed,
         report.removed,
         report.unchanged.len(),
-        report.errors.len()
+        report.errors.len() + usize::from(report.tenants_error.is_some())
     );
     let result = if report.ok() { "ok" } else { "error" };
     metrics()

@@ -30,6 +30,9 @@ pub struct ErrorResponse {
     /// The methods the target serves, for a 405's `Allow` header (RFC 9110
     /// §15.5.6 requires one).
     pub allow: Option<&'static str>,
+    /// More response headers (a tenant's 429: OpenAI's `x-ratelimit-*`).
+    /// Boxed for the same reason as `extra`.
+    pub headers: Option<Box<Vec<(&'static str, String)>>>,
 }
 
 impl ErrorResponse {
@@ -41,7 +44,15 @@ impl ErrorResponse {
             extra: None,
             retry_after: None,
             allow: None,
+            headers: None,
         }
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.headers
+            .get_or_insert_with(Default::default)
+            .push((name, value.into()));
+        self
     }
 
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {

@@ -16,9 +16,10 @@
 //! - `trace_context` request ids and W3C trace context
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
+//! - `tenants`    who sends: the tenants file in force, budgets, in-flight caps, `/_tenants`
 //! - `discovery`  engines found while running: host names looked up again, `peers_from` (DNS, Kubernetes EndpointSlices)
 //!
-//! The pure core (`crates/core`: `placement`, `protect`, `reject`, `rewrite`,
+//! The pure core (`crates/core`: `budget`, `placement`, `protect`, `reject`, `rewrite`,
 //! `stream`, `request_view`, `session`, `hash`, `json_bytes`) is re-exported
 //! at the end of this file under the same names.
 
@@ -42,6 +43,7 @@ pub mod registry;
 pub mod route_endpoints;
 pub mod server;
 pub mod store;
+pub mod tenants;
 pub mod trace_context;
 pub mod watch;
 
@@ -49,5 +51,6 @@ pub mod watch;
 // pingora, tokio and the rest of the gateway; re-exported so that every
 // `crate::placement::…` path reads as before.
 pub use llm_gateway_core::{
-    api, hash, json_bytes, placement, protect, reject, request_view, rewrite, session, stream,
+    api, budget, hash, json_bytes, placement, protect, reject, request_view, rewrite, session,
+    stream,
 };

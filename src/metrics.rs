@@ -54,6 +54,9 @@ pub struct Metrics {
     pub session_store_wait: HistogramVec,
     pub session_store_ops: IntCounterVec,
     pub body_forwards: IntCounterVec,
+    pub tenant_in_flight: IntGaugeVec,
+    pub tenant_refusals: IntCounterVec,
+    pub tenant_tokens: IntCounterVec,
     /// (route, peer) → when its series were first seen without the peer
     /// in its route (`forget_gone_peers`).
     gone_since: Mutex<HashMap<(String, String), u64>>,
@@ -317,6 +320,24 @@ impl Metrics {
                 "llm_gateway_request_body_forwards_total",
                 "Request bodies read by the gateway and handed back to Pingora, by how: retry_buffer (up to 64 KiB) or replay",
                 &["via"],
+            ),
+            tenant_in_flight: gauge(
+                &registry,
+                "llm_gateway_tenant_in_flight",
+                "Requests in flight per tenant (tenants the tenants file names; the others summed as \"other\")",
+                &["tenant"],
+            ),
+            tenant_refusals: counter(
+                &registry,
+                "llm_gateway_tenant_refusals_total",
+                "Requests refused (429) for their tenant's budget or cap, by reason (input_tokens, output_tokens, cached_input_tokens, requests, in_flight); apart from the load gates' refusals",
+                &["tenant", "reason"],
+            ),
+            tenant_tokens: counter(
+                &registry,
+                "llm_gateway_tenant_tokens_total",
+                "Tokens served per tenant, by kind (input, output, cached_input), as reconciled when each request ends",
+                &["tenant", "kind"],
             ),
             api_keys_configured,
             watching,

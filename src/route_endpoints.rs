@@ -67,8 +67,9 @@ pub fn preview(route: &Route, body: &[u8]) -> Value {
 /// `/_route_state` and `/_route_opts`), the body-log listener and its last
 /// connect error (`/_bodylog_status`), a store URL.
 // `dns` and `api`: where `peers_from` finds its engines;
-// `service_account_dir`: where its credentials lie on the host.
-const ADDRESS_KEYS: [&str; 9] = [
+// `service_account_dir`: where its credentials lie on the host;
+// `tenants_file` (`/_tenants`): where the tenants file lies.
+const ADDRESS_KEYS: [&str; 10] = [
     "address",
     "host",
     "port",
@@ -78,6 +79,7 @@ const ADDRESS_KEYS: [&str; 9] = [
     "dns",
     "api",
     "service_account_dir",
+    "tenants_file",
 ];
 /// `/_route_opts` options whose value is a file path.
 const PATH_OPTIONS: [&str; 2] = ["api_keys_file", "engine_api_key_file"];

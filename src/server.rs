@@ -44,8 +44,9 @@ pub fn load_gateway(
     }
 }
 
-/// `llm-gateway check`: validates gateway.yaml and every route file exactly
-/// as a load would (reject rules included); the first error wins.
+/// `llm-gateway check`: validates gateway.yaml, every route file (reject
+/// rules included) and the tenants file exactly as a load would; the first
+/// error wins.
 pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
     let gateway = match load_gateway(path, overrides) {
         Ok(g) => g,
@@ -90,6 +91,19 @@ pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
                     route.peers.len()
                 );
             }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Some(file) = &gateway.tenants_file {
+        match config::tenants::TenantsConfig::load(file) {
+            Ok(tenants) => println!(
+                "ok: tenants file {} ({} tenant(s) named)",
+                file.display(),
+                tenants.tenants.len()
+            ),
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::FAILURE;

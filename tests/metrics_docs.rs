@@ -145,6 +145,15 @@ fn exercised() -> Exercised {
         "session_store:\n  kind: redis\n  url: {}\n  timeout: 200ms\n",
         redis.url()
     );
+    // One request a minute for the key's owner: its second is a tenant's
+    // 429 (the rule's 413 is refused before its tenant is charged).
+    let tenants_file = keys.path().join("tenants.yaml");
+    std::fs::write(
+        &tenants_file,
+        "tenants:\n  team-m:\n    requests_per_minute: 1\n",
+    )
+    .expect("tenants file");
+    let store = format!("{store}tenants_file: {}\n", tenants_file.display());
     let gw = Gateway::start_with(
         &[
             (
@@ -194,6 +203,9 @@ fn exercised() -> Exercised {
     let path = "/guarded/v1/chat/completions";
     assert_eq!(http::post_json(gw.addr, path, &key, &big).status(), 413);
     assert_eq!(http::post_json(gw.addr, path, &[], &big).status(), 401);
+    let small = json!({"model": "sim-model", "messages": [{"role": "user", "content": "x"}]});
+    assert_eq!(http::post_json(gw.addr, path, &key, &small).status(), 200);
+    assert_eq!(http::post_json(gw.addr, path, &key, &small).status(), 429);
     sink.wait_frames(1);
     cluster.engines[2].open_gate("metrics");
     drop(held);
@@ -218,6 +230,7 @@ fn exercised() -> Exercised {
             "llm_gateway_queue_wait_seconds",
             "llm_gateway_bodylog_frames_total",
             "llm_gateway_session_store_errors_total",
+            "llm_gateway_tenant_tokens_total",
         ];
         all.iter()
             .all(|f| seen.families.contains_key(*f))

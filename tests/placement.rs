@@ -1178,3 +1178,51 @@ fn the_model_shows_each_engines_estimate_and_learns_from_the_answers() {
         }
     }
 }
+
+/// An engine's prefill speed is learned from a cold prompt's first token,
+/// not when its stream ends: three new sessions' streams are held open
+/// after their first frames, and the engine is timed while they are.
+/// (Before, a slow engine's answers took so long to end that it stayed
+/// "assumed" as fast as the others for half a minute, and drew new
+/// sessions cold.)
+#[test]
+fn a_cold_prompts_first_token_times_its_engine_before_its_stream_ends() {
+    let cluster = engines(1);
+    let gw = Gateway::start(&[("chat", route_yaml(&ports(&cluster), ""))]);
+    let speed = || http::get(gw.addr, "/chat/_route_state").json()["peers"][0]["speed"].clone();
+    assert!(speed()["prefill_us_per_token"].is_null(), "{}", speed());
+    let held: Vec<Conn> = (0..3)
+        .map(|n| {
+            let mut conn = Conn::open(gw.addr);
+            let body = json!({"model": "sim-model", "stream": true, "max_tokens": 4,
+                              "messages": [{"role": "user", "content": long_text(&format!("s{n}-"), 600)}]});
+            let sid = format!("cold-{n}");
+            conn.send(
+                "POST",
+                CHAT,
+                &[
+                    ("content-type", "application/json"),
+                    ("x-sim-gate", "held"),
+                    ("x-session-id", &sid),
+                ],
+                body.to_string().as_bytes(),
+                Upload::Length,
+            );
+            assert_eq!(conn.read_head().status, 200);
+            conn.read_chunk().expect("first frame").expect("data");
+            conn
+        })
+        .collect();
+    let learned = wait_for("the engine timed", DEADLINE, || {
+        let s = speed();
+        s["prefill_us_per_token"].as_f64().map(|_| s)
+    });
+    // Still held: no stream has ended, so no end taught it.
+    assert_eq!(
+        http::get(gw.addr, "/chat/_route_state").json()["peers"][0]["in_flight"],
+        json!(3),
+        "{learned}"
+    );
+    cluster.engines[0].open_gate("held");
+    drop(held);
+}

@@ -6,8 +6,9 @@
 //! `SESSIONS_EVERY`-th time, 250 ms; a replica's numbers expire
 //! `LOAD_TTL_MS` after its last publish, so a replica that died stops
 //! counting within that bound),
-//! writes back the sessions placed while Redis was away, and sweeps old
-//! sync times. It runs through a drain (`server.rs` `UntilExit`), until
+//! shares the tenants' budget windows at the sessions' pace
+//! (`tenants/shared.rs`), writes back the sessions placed while Redis was
+//! away, and sweeps old sync times. It runs through a drain (`server.rs` `UntilExit`), until
 //! the process exits: a draining replica's streams still load their
 //! engines, and the others must go on counting them.
 //!
@@ -77,10 +78,15 @@ impl BackgroundService for StoreService {
             for route in snapshot.values() {
                 exchange_load(redis, route, now, sessions).await;
             }
+            // Without a tenants file there are no budgets to share.
+            if sessions && self.registry.tenants().tracked() {
+                crate::tenants::shared::exchange(redis, self.registry.tenants(), now).await;
+            }
             if redis.is_up() {
                 write_back(redis, &self.registry, now).await;
             } else if was_up {
                 // Down now: the other replicas' numbers are of no use.
+                self.registry.tenants().set_elsewhere(&HashMap::new(), now);
                 for route in snapshot.values() {
                     for p in &route.peers {
                         p.state.set_remote_in_flight(0);
@@ -140,30 +146,12 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
         .cmd("PEXPIRE")
         .arg(&mine)
         .arg(LOAD_TTL_MS)
-        .ignore()
-        .cmd("ZADD")
-        .arg(&replicas)
-        .arg(now)
-        .arg(&redis.replica)
-        .ignore()
-        .cmd("ZREMRANGEBYSCORE")
-        .arg(&replicas)
-        .arg("-inf")
-        .arg(now.saturating_sub(LOAD_TTL_MS))
-        .ignore()
-        .cmd("PEXPIRE")
-        .arg(&replicas)
-        .arg(LOAD_TTL_MS * 4)
-        .ignore()
-        .cmd("ZRANGE")
-        .arg(&replicas)
-        .arg(0)
-        .arg(-1);
-    let Some((others,)): Option<(Vec<String>,)> = redis.pipeline("load_publish", &pipe).await
-    else {
+        .ignore();
+    redis.roll_call(&mut pipe, &replicas, now, LOAD_TTL_MS, true);
+    let Some((roll,)): Option<(Vec<String>,)> = redis.pipeline("load_publish", &pipe).await else {
         return;
     };
-    let others: Vec<String> = others.into_iter().filter(|r| *r != redis.replica).collect();
+    let others = redis.others(roll);
     let mut sums: HashMap<String, u32> = HashMap::new();
     // session → (peer address, tokens): this replica's view first.
     let mut bound: HashMap<u64, (String, u64)> = live

@@ -33,6 +33,8 @@ pub(super) struct GatewayFile {
     pub resolver: Option<ResolverFile>,
     pub access_log: Option<AccessLogFile>,
     pub trace_context: Option<String>,
+    pub tenants_file: Option<PathBuf>,
+    pub tenant_header: Option<String>,
 }
 
 /// `access_log:` in gateway.yaml: a JSON line per finished request.

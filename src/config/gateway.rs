@@ -77,7 +77,16 @@ pub struct GatewayConfig {
     pub access_log: Option<super::AccessLogConfig>,
     /// What the gateway does with W3C trace context (`trace_context.rs`).
     pub trace_context: super::TraceMode,
+    /// The tenants file (`config/tenants.rs`), reloaded with the routes;
+    /// `None`: tenants are neither limited nor counted (`Tenants::tracked`).
+    pub tenants_file: Option<PathBuf>,
+    /// Where a request names its tenant when no API key does (keys off).
+    pub tenant_header: http::HeaderName,
 }
+
+/// llm-d's name for it (its flow control's fairness id), so that clients
+/// written for llm-d's gateway name their tenant here too.
+pub const DEFAULT_TENANT_HEADER: &str = "x-gateway-inference-fairness-id";
 
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -245,6 +254,18 @@ impl GatewayConfig {
                 )
             })?,
         };
+        let tenant_header = file
+            .tenant_header
+            .as_deref()
+            .unwrap_or(DEFAULT_TENANT_HEADER);
+        let tenant_header =
+            http::HeaderName::from_bytes(tenant_header.as_bytes()).map_err(|_| {
+                ConfigError::new(
+                    path,
+                    lines.line("tenant_header"),
+                    format!("tenant_header: {tenant_header:?} is not a header name"),
+                )
+            })?;
         let bodylog_env = std::env::var(BODYLOG_ENV).ok();
         let bodylog = bodylog::resolve(path, text, file.bodylog.as_ref(), bodylog_env.as_deref())?;
         Ok(GatewayConfig {
@@ -260,6 +281,8 @@ impl GatewayConfig {
                 file.trace_context.as_deref(),
             )?,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
+            tenants_file: file.tenants_file,
+            tenant_header,
             client_idle_timeout,
             client_header_timeout,
             max_header_size,

@@ -15,6 +15,7 @@ pub mod resolver;
 mod route;
 mod spans;
 pub mod store;
+pub mod tenants;
 pub mod units;
 
 pub use access_log::{AccessLogConfig, AccessLogTarget, TraceMode, DEFAULT_QUEUE_LINES};
@@ -23,7 +24,7 @@ pub use error::ConfigError;
 pub use gateway::{
     GatewayConfig, Overrides, StatusAccess, API_KEYS_ENV, DEFAULT_API_KEYS_FILE,
     DEFAULT_CLIENT_HEADER_TIMEOUT, DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_GRACE_PERIOD,
-    DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_HEADER_SIZE, MAX_HEADER_SIZE_BOUNDS,
+    DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_HEADER_SIZE, DEFAULT_TENANT_HEADER, MAX_HEADER_SIZE_BOUNDS,
 };
 pub use route::{
     route_name_of, valid_route_name, AdaptiveConfig, Balancing, ConcurrencyFrom,

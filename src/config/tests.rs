@@ -621,7 +621,7 @@ fn an_inline_key_table_is_the_routes_keys_with_a_notice_pointing_at_api_keys_fil
     .unwrap();
     let keys = r.api_keys.as_ref().expect("inline keys");
     assert_eq!(keys.len(), 2);
-    assert_eq!(keys.check(b"sk-two"), Some("bob"));
+    assert_eq!(keys.check(b"sk-two").map(|o| &**o), Some("bob"));
     assert!(r.has_own_keys());
     assert!(
         r.warnings.iter().any(|w| w.starts_with("api_keys: entry ")

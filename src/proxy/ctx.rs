@@ -86,6 +86,12 @@ pub struct Admitted {
     /// access log puts back together rather than every request keeping a
     /// copy.
     pub route_stripped: bool,
+    /// Its place among its tenant's requests in flight and its charge,
+    /// from admission (`guards::tenant::admit`; `None` without a tenants
+    /// file) to the stream's end, where it is settled
+    /// (`response::record::settle_tenant`); on any other path, in
+    /// `logging`, or dropped with the context.
+    pub tenant_admission: Option<crate::tenants::Admission>,
 }
 
 impl Admitted {
@@ -109,7 +115,7 @@ pub struct Attempt {
     pub slot: Option<InFlightGuard>,
     /// The cold prompts' tokens prefilling on `peer` when the slot was
     /// taken (kept past the slot, which goes at the stream's end, for the
-    /// engine's speed learned in `logging`).
+    /// engine's speed learned at the first token or in `logging`).
     pub backlog_ahead: u64,
     /// Peers tried so far, in order.
     pub tried: Vec<usize>,
@@ -124,6 +130,13 @@ pub struct Attempt {
     pub sent_at: Option<std::time::Instant>,
     /// The current attempt's response head arrived.
     pub responded: bool,
+    /// The engine's prefill speed was taught by this attempt's first token
+    /// (a cold prompt on an engine not timed yet), so its stream's end
+    /// does not teach it again.
+    pub speed_learned: bool,
+    /// ... with a status other than 2xx: the engine did not take the
+    /// request on, and its tenant is not charged its prompt.
+    pub error_status: bool,
     /// The current attempt's exchange broke after the engine's head and its
     /// peer was banned for it (`upstream::on_exchange_failure`): the one
     /// line that reports the failure (`response::local::fail`) says so.

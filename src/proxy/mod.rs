@@ -5,9 +5,11 @@
 //!                          `conn::serve_pipelined`: pipelined requests in order
 //! request_filter           `request::identify` (request id, trace) →
 //!                          `request` (head size, route, endpoints) →
-//!                          `guards::auth` → `request` (body, session;
-//!                          `conn::hold_client_bytes`) → `guards::rules` →
-//!                          `request::rewrites` (usage, prefix) →
+//!                          `guards::auth` (the key's owner) → `request`
+//!                          (body, session; `conn::hold_client_bytes`) →
+//!                          `guards::rules` → `request::rewrites` (usage,
+//!                          prefix) → `guards::tenant::admit` (the tenant,
+//!                          its cap and budgets) →
 //!                          `Gateway::place` (pool, load gates,
 //!                          `crate::balance`) → `request::forward` (the body
 //!                          back to Pingora: its retry buffer, or the replay)
@@ -28,7 +30,8 @@
 //!                          `crate::stream` pipeline: observe, drop, rewrite;
 //!                          the slot released at the engine's last byte
 //! fail_to_proxy            `response::local::fail`: the JSON error
-//! logging                  the slot released (if not yet), `response::record`
+//! logging                  the slot released and the tenant settled (if
+//!                          not yet), `response::record`
 //!                          (and `share_response`), the access-log line
 //!                          (`response::access`) and the body-log frame
 //!                          queued, `conn::await_next_head`
@@ -104,7 +107,7 @@ impl Gateway {
         )?;
         request::require_api_path(&route, &rest)?;
         request::refuse_upgrade(&route, session)?;
-        guards::auth::check(&route, &self.registry, session)?;
+        let owner = guards::auth::check(&route, &self.registry, session)?;
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
         request::session::settle(&route, self.registry.store(), &mut ctx.request).await;
@@ -112,6 +115,7 @@ impl Gateway {
         guards::rules::check(&route, &ctx.request)?;
         request::rewrites::include_usage(&mut ctx.request);
         request::rewrites::prefix_transforms(&route, &mut ctx.request);
+        guards::tenant::admit(owner, &self.registry, session, &mut ctx.request)?;
         self.place(session, &route, ctx).await?;
         response::bodylog::begin(
             self.bodylog.as_deref(),
@@ -354,6 +358,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         ctx.upstream.responded = true;
+        ctx.upstream.error_status = !resp.status.is_success();
         response::headers::refuse_switch(resp.status, ctx)?;
         response::bodylog::response_head(ctx, &resp.headers);
         response::headers::edit_plain(resp, |head| {
@@ -371,19 +376,23 @@ impl ProxyHttp for Gateway {
         ctx: &mut Box<RequestCtx>,
     ) -> Result<Option<std::time::Duration>> {
         response::bodylog::tee(ctx, body.as_ref());
-        if let Some(pipeline) = ctx.response.pipeline.as_mut() {
+        let first = ctx.response.pipeline.as_mut().and_then(|pipeline| {
             pipeline.process(body, end_of_stream);
-            if pipeline.first_content_at().is_some() {
-                if let Some(slot) = ctx.upstream.slot.as_mut() {
-                    slot.first_token();
-                }
+            pipeline.first_content_at()
+        });
+        if let Some(first) = first {
+            let started = ctx.upstream.slot.as_mut().and_then(|s| s.first_token());
+            if let Some(cold_tokens) = started {
+                response::record::learn_cold_start(ctx, cold_tokens, first);
             }
         }
         if end_of_stream {
             // Released before the last bytes are written, so a client that
             // sends its next request the moment it has them finds the slot
-            // free (`logging` runs only after the write).
+            // (and its tenant's place in flight) free (`logging` runs only
+            // after the write).
             ctx.upstream.slot = None;
+            response::record::settle_tenant(ctx);
         }
         Ok(None)
     }
@@ -429,6 +438,7 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         ctx.upstream.slot = None;
+        response::record::settle_tenant(ctx);
         let ended = response::record::record(session, ctx);
         response::access::emit(
             self.access_log.as_deref(),

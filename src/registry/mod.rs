@@ -50,11 +50,13 @@ pub struct ReloadReport {
     /// The notices (deprecated keys, route warnings) of the files added or
     /// changed; an unchanged file's were reported when it last changed.
     pub warnings: Vec<String>,
+    /// The tenants file failed; the version in force is kept.
+    pub tenants_error: Option<ConfigError>,
 }
 
 impl ReloadReport {
     pub fn ok(&self) -> bool {
-        self.errors.is_empty()
+        self.errors.is_empty() && self.tenants_error.is_none()
     }
 }
 
@@ -74,6 +76,8 @@ pub struct Registry {
     store: std::sync::OnceLock<Arc<crate::store::SessionStore>>,
     /// The key of every route's content index (`route::content_key`).
     content_key: (u64, u64),
+    /// The tenants file in force and every tenant's budgets (gateway-wide).
+    tenants: crate::tenants::Tenants,
 }
 
 impl Registry {
@@ -95,7 +99,12 @@ impl Registry {
             gateway,
             reload_lock: Mutex::new(()),
             store: std::sync::OnceLock::new(),
+            tenants: Default::default(),
         }
+    }
+
+    pub fn tenants(&self) -> &crate::tenants::Tenants {
+        &self.tenants
     }
 
     /// The session store in force (`local` unless one was set at start).
@@ -131,11 +140,12 @@ impl Registry {
         self.table.load_full()
     }
 
-    /// Every API key file the current table reads, the shared one first:
-    /// besides `routes_dir`, what a reload re-reads and so what the file
-    /// watch follows.
+    /// Every API key file the current table reads, the shared one first,
+    /// and the tenants file: besides `routes_dir`, what a reload re-reads
+    /// and so what the file watch follows.
     pub fn key_files(&self) -> Vec<std::path::PathBuf> {
         let mut files = vec![self.gateway.api_keys_file.clone()];
+        files.extend(self.gateway.tenants_file.clone());
         for route in self.table.load().values() {
             if let Some(own) = &route.config.api_keys_file {
                 if !files.contains(own) {
@@ -209,6 +219,25 @@ impl Registry {
             runtimes.retain(|name, _| next.contains_key(name));
         }
         self.reload_keys(&next);
+        match self.tenants.reload(self.gateway.tenants_file.as_deref()) {
+            Ok(true) => {
+                let config = self.tenants.config();
+                if let Some(file) = &config.file {
+                    log::info!(
+                        "tenants file {}: {} tenant(s) named, limits {}",
+                        file.display(),
+                        config.tenants.len(),
+                        if config.is_unlimited() {
+                            "none"
+                        } else {
+                            "in force"
+                        }
+                    );
+                }
+            }
+            Ok(false) => {}
+            Err(e) => report.tenants_error = Some(e),
+        }
         report.added.sort();
         report.changed.sort();
         report.removed.sort();

@@ -451,15 +451,18 @@ impl InFlightGuard {
     }
 
     /// The engine sent the request's first token: it no longer holds a
-    /// prompt to prefill ahead of later requests.
-    pub fn first_token(&mut self) {
-        if std::mem::take(&mut self.awaiting_first) {
-            self.peer.awaiting_first.fetch_sub(1, Ordering::AcqRel);
-            let cold = std::mem::take(&mut self.cold_tokens);
-            self.peer
-                .cold_backlog_tokens
-                .fetch_sub(cold, Ordering::AcqRel);
+    /// prompt to prefill ahead of later requests. The first call returns
+    /// the prompt's cold tokens (0 for a warm one); later calls `None`.
+    pub fn first_token(&mut self) -> Option<u64> {
+        if !std::mem::take(&mut self.awaiting_first) {
+            return None;
         }
+        self.peer.awaiting_first.fetch_sub(1, Ordering::AcqRel);
+        let cold = std::mem::take(&mut self.cold_tokens);
+        self.peer
+            .cold_backlog_tokens
+            .fetch_sub(cold, Ordering::AcqRel);
+        Some(cold)
     }
 
     /// The request starts cold there (no cache of its conversation): its

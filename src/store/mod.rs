@@ -264,6 +264,47 @@ impl RedisStore {
         metrics().session_store_up.set(0);
     }
 
+    /// Appends to `pipe` the replicas' roll call in the sorted set
+    /// `replicas`: this replica marked live at `now` (with `present`), the
+    /// ones unseen for `ttl_ms` dropped, the set kept four of those, and
+    /// the live ones read, as the pipeline's last reply (see
+    /// [`others`](Self::others)).
+    pub fn roll_call(
+        &self,
+        pipe: &mut redis::Pipeline,
+        replicas: &str,
+        now: u64,
+        ttl_ms: u64,
+        present: bool,
+    ) {
+        if present {
+            pipe.cmd("ZADD")
+                .arg(replicas)
+                .arg(now)
+                .arg(&self.replica)
+                .ignore();
+        }
+        pipe.cmd("ZREMRANGEBYSCORE")
+            .arg(replicas)
+            .arg("-inf")
+            .arg(now.saturating_sub(ttl_ms))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(replicas)
+            .arg(ttl_ms * 4)
+            .ignore()
+            .cmd("ZRANGE")
+            .arg(replicas)
+            .arg(0)
+            .arg(-1);
+    }
+
+    /// The live replicas a [`roll_call`](Self::roll_call) read, this one
+    /// left out.
+    pub fn others(&self, live: Vec<String>) -> Vec<String> {
+        live.into_iter().filter(|r| *r != self.replica).collect()
+    }
+
     /// A pipeline, bounded as [`bounded`](Self::bounded).
     pub async fn pipeline<T: redis::FromRedisValue>(
         &self,

@@ -5,6 +5,7 @@
 //! keeps pingora and tokio out (they are not dependencies).
 //!
 //! - `api`        which LLM API a path is (chat, completions, messages, responses)
+//! - `budget`     a tenant's token and request budgets: sliding windows, charge, reconcile
 //! - `placement`  load_aware / hash / least_conn peer choice and the session table
 //! - `protect`    the load gates: one owner per route (`RouteProtection`) and its pure cores
 //! - `reject`     content reject rules, compiled and evaluated
@@ -15,6 +16,7 @@
 //! - `json_bytes` byte-level JSON primitives the hand-written walkers share
 
 pub mod api;
+pub mod budget;
 pub mod hash;
 pub mod json_bytes;
 pub mod placement;

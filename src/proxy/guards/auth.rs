@@ -5,26 +5,33 @@ use crate::errors::ErrorResponse;
 use crate::metrics::metrics;
 use crate::registry::{Registry, Route};
 use pingora::proxy::Session;
+use std::sync::Arc;
 
 /// 401 unless the route's key file (or the shared one) is not configured
 /// (fail-open, logged when the file's state changes) or the request carries a known key.
-pub fn check(route: &Route, registry: &Registry, session: &Session) -> Result<(), ErrorResponse> {
+/// `Ok(Some(owner))`: the key's owner, the request's tenant; `Ok(None)`:
+/// keys are off.
+pub fn check(
+    route: &Route,
+    registry: &Registry,
+    session: &Session,
+) -> Result<Option<Arc<str>>, ErrorResponse> {
     check_with(&registry.keys_for(route), route.name(), session)
 }
 
 /// The same check for a gateway-wide endpoint (no route): the shared key
 /// file, counted under route `-`.
 pub fn check_shared(registry: &Registry, session: &Session) -> Result<(), ErrorResponse> {
-    check_with(&registry.shared_keys(), "-", session)
+    check_with(&registry.shared_keys(), "-", session).map(drop)
 }
 
 fn check_with(
     state: &crate::registry::KeyState,
     route_label: &str,
     session: &Session,
-) -> Result<(), ErrorResponse> {
+) -> Result<Option<Arc<str>>, ErrorResponse> {
     let Some(keys) = state.enforced() else {
-        return Ok(());
+        return Ok(None);
     };
     let counter = &metrics().auth;
     if keys.only_placeholders() {
@@ -51,7 +58,7 @@ fn check_with(
         Some(key) => match keys.check(key) {
             Some(owner) => {
                 counter.with_label_values(&[route_label, owner, "ok"]).inc();
-                Ok(())
+                Ok(Some(Arc::clone(owner)))
             }
             None => {
                 counter
@@ -69,5 +76,5 @@ fn check_with(
 pub fn owner(route: &Route, registry: &Registry, session: &Session) -> Option<String> {
     let state = registry.keys_for(route);
     let key = presented_key(&session.req_header().headers)?;
-    state.enforced()?.check(key).map(str::to_string)
+    state.enforced()?.check(key).map(|owner| owner.to_string())
 }

@@ -1,5 +1,5 @@
-//! Request guards that run before placement: API keys (`auth`), content
-//! reject rules (`rules`), the load gates (`gates`, with the turn's
+//! Request guards that run before placement: API keys (`auth`), the
+//! tenant and its budgets (`tenant`), content reject rules (`rules`), the load gates (`gates`, with the turn's
 //! priority bucket from `prio`), and who counts as local for the toggles.
 //! The body's rewrites are not guards: they are in
 //! `proxy::request::rewrites`.
@@ -13,6 +13,7 @@ pub mod auth;
 pub mod gates;
 pub mod prio;
 pub mod rules;
+pub mod tenant;
 
 use pingora::proxy::Session;
 

@@ -1,5 +1,6 @@
 //! The answers the gateway gives itself, without an engine: the gateway-wide
-//! `/_bodylog_…` endpoints (also under each route, as `/<route>/_bodylog_…`),
+//! `/_tenants` and `/_bodylog_…` endpoints (the latter also under each
+//! route, as `/<route>/_bodylog_…`),
 //! a route's `/_…` status endpoints and toggles, `/_route_inspect`, and
 //! `GET /v1/models` for a route with model pools.
 //! Each returns `Err(Local)` with the answer when the request is one of
@@ -22,7 +23,8 @@ use crate::registry::{Registry, Route};
 use crate::route_endpoints as endpoints;
 use pingora::proxy::Session;
 
-/// `/_bodylog_status` and `/_bodylog_toggle`: gateway-wide, so served at
+/// `/_tenants` (`tenants/status.rs`), `/_bodylog_status` and
+/// `/_bodylog_toggle`: gateway-wide, so served at
 /// the top of the main listener rather than under a route (no route name
 /// starts with `_`, so neither can shadow one). Status is read like the
 /// routes' status endpoints (`status_endpoints`); the toggle is POST from
@@ -34,6 +36,12 @@ pub fn answer_gateway(
 ) -> Result<(), Local> {
     let uri = &session.req_header().uri;
     let query = uri.query().unwrap_or("");
+    if uri.path() == "/_tenants" {
+        let local = status_allowed(None, registry, session)?;
+        read_method(session, "/_tenants")?;
+        let status = registry.tenants().status_json(crate::clock::now_ms());
+        return Err(Local::Json(200, shown(status, local)));
+    }
     bodylog_endpoint(bodylog, None, registry, session, uri.path(), query)
 }
 
@@ -112,7 +120,9 @@ fn status_allowed(
             .into())
         }
         StatusAccess::Key => match route {
-            Some(route) => auth::check(route, registry, session)?,
+            Some(route) => {
+                auth::check(route, registry, session)?;
+            }
             None => auth::check_shared(registry, session)?,
         },
     }

@@ -14,7 +14,7 @@ use pingora::{Error, Result};
 
 /// Answers `local` instead of proxying.
 pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) {
-    let (status, body, retry_after, allow) = match local {
+    let (status, body, extra) = match local {
         Local::ClientGone => {
             ctx.response.error = Some("client_gone");
             session.set_keepalive(None);
@@ -22,12 +22,12 @@ pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) 
         }
         Local::Error(e) => {
             ctx.response.error = Some(e.error_type);
-            (e.status, e.body(), e.retry_after, e.allow)
+            (e.status, e.body(), Extra::of(e))
         }
         Local::Json(status, value) => {
             let mut bytes = serde_json::to_vec(&value).unwrap_or_default();
             bytes.push(b'\n');
-            (status, Bytes::from(bytes), None, None)
+            (status, Bytes::from(bytes), Extra::default())
         }
     };
     ctx.response.local_status = Some(status);
@@ -38,7 +38,6 @@ pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) 
         // an unknown amount of upload, close after answering.
         session.set_keepalive(None);
     }
-    let extra = Extra { retry_after, allow };
     if let Err(e) = write_json(session, ctx, Origin::Gateway, status, body, extra).await {
         log::debug!("could not write local response: {e}");
     }
@@ -96,11 +95,8 @@ pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> Fai
         } else {
             Origin::Gateway
         };
-        let extra = Extra {
-            retry_after: err.retry_after,
-            allow: err.allow,
-        };
-        let _ = write_json(session, ctx, origin, code, err.body(), extra).await;
+        let body = err.body();
+        let _ = write_json(session, ctx, origin, code, body, Extra::of(err)).await;
     }
     ctx.upstream.slot = None;
     FailToProxy {
@@ -110,9 +106,21 @@ pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> Fai
 }
 
 /// The headers an error may add to the JSON response.
+#[derive(Default)]
 struct Extra {
     retry_after: Option<u32>,
     allow: Option<&'static str>,
+    headers: Vec<(&'static str, String)>,
+}
+
+impl Extra {
+    fn of(e: errors::ErrorResponse) -> Self {
+        Extra {
+            retry_after: e.retry_after,
+            allow: e.allow,
+            headers: e.headers.map(|h| *h).unwrap_or_default(),
+        }
+    }
 }
 
 /// Writes a complete JSON response.
@@ -139,6 +147,13 @@ async fn write_json(
     }
     if let Some(methods) = extra.allow {
         insert(headers, ALLOW, HeaderValue::from_static(methods))?;
+    }
+    for (name, value) in extra.headers {
+        // Values the gateway wrote itself (numbers, durations): one that
+        // could not be a header value is left out rather than fail the answer.
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            insert(headers, http::HeaderName::from_static(name), value)?;
+        }
     }
     let resp = ResponseHeader::from(head);
     session.write_response_header(Box::new(resp), false).await?;

@@ -114,6 +114,29 @@ fn count(ctx: &RequestCtx, ended: &Ended) {
     measure_stream(ctx, pipeline, code);
 }
 
+/// The request's tenant pays what it used (`tenants::spent`: the usage,
+/// else for a stream cut early its prompt and the frames it sent, else
+/// nothing but the request) and gives back its place in flight. Called at
+/// the stream's end and again in `logging` (for every other path); the
+/// first call does it.
+pub fn settle_tenant(ctx: &mut RequestCtx) {
+    let Some(admission) = ctx.request.tenant_admission.take() else {
+        return;
+    };
+    let pipeline = ctx.response.pipeline.as_ref();
+    // The engine computed the prompt if it began a 2xx answer, or took
+    // the request and never answered (it may have died prefilling); an
+    // error status it answered with says it did not.
+    let engine_worked = ctx.upstream.sent_at.is_some() && !ctx.upstream.error_status;
+    let spent = crate::tenants::spent(
+        pipeline.and_then(ResponsePipeline::usage),
+        engine_worked,
+        admission.estimate(),
+        pipeline.map_or(0, ResponsePipeline::content_events),
+    );
+    admission.settle(spent, now_ms());
+}
+
 /// What [`remember_response`] remembered, written for the other replicas
 /// when the route shares its sessions (off the request path: the answer
 /// is on its way to the client, and the next turn a think time away).
@@ -185,7 +208,7 @@ fn measure_stream(ctx: &RequestCtx, pipeline: &ResponsePipeline, code: u16) {
     };
     if let (Some(ttft), Some(new_tokens)) = (timing.ttft, uncached_prompt(ctx, pipeline)) {
         route.runtime.cold_cost.lock().observe(new_tokens, ttft);
-        if let Some((_, p)) = ctx.peer() {
+        if let Some((_, p)) = ctx.peer().filter(|_| !ctx.upstream.speed_learned) {
             p.state
                 .learn_first_token(new_tokens, ctx.upstream.backlog_ahead, ttft);
         }
@@ -230,6 +253,30 @@ fn uncached_prompt(ctx: &RequestCtx, pipeline: &ResponsePipeline) -> Option<u64>
         return Some((estimated as f64 * share) as u64);
     }
     ctx.request.placement?.kind.is_cold().then_some(estimated)
+}
+
+/// A cold prompt's first token teaches an engine not timed yet its
+/// prefill speed at once, with the gateway's count of the prompt's tokens
+/// not cached there; every other first token teaches it at the stream's
+/// end, with the engine's own count. An engine's first answers finish
+/// late, the slower the engine the later: a slow engine took 37 s to be
+/// timed by its ends, and meanwhile was taken to be as fast as the others
+/// and sent new sessions cold, seconds each (issue 42, shared-prefix f4).
+pub fn learn_cold_start(ctx: &mut RequestCtx, cold_tokens: u64, first: std::time::Instant) {
+    // A warm turn (most first tokens) leaves before the speed's lock.
+    let Some(sent) = ctx.upstream.sent_at.filter(|_| cold_tokens > 0) else {
+        return;
+    };
+    let Some((_, p)) = ctx
+        .peer()
+        .filter(|(_, p)| p.state.speed().prefill_us.is_none())
+    else {
+        return;
+    };
+    let ttft = first.saturating_duration_since(sent);
+    p.state
+        .learn_first_token(cold_tokens, ctx.upstream.backlog_ahead, ttft);
+    ctx.upstream.speed_learned = true;
 }
 
 /// The model pool a request was placed in, `"_"` for a route without pools.

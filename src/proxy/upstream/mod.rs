@@ -40,6 +40,8 @@ pub fn next_peer(ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
     attempt.count += 1;
     attempt.pieces_sent = 0;
     attempt.responded = false;
+    attempt.speed_learned = false;
+    attempt.error_status = false;
     attempt.banned_mid_response = false;
     build_peer(ctx)
 }

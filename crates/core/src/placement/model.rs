@@ -10,8 +10,9 @@
 //!   prompt as running and prefills them in chunks in turn), half of them
 //!   on average still to do.
 //! - **Load** (when a session is bound, [`weigh`]): the requests an engine
-//!   carries beyond the lightest candidate, each a completion's worth of
-//!   time there: the batch a binding joins.
+//!   carries beyond the lightest candidate: where its batch has room, each
+//!   a decode step's worth (the steps the newcomer's prefill shares with
+//!   them); where it is full, each a completion's worth (the wait).
 //! - **Prefill**: the request's own tokens not cached there. All of them
 //!   where nothing of it is; on its home, what the home still holds of it
 //!   after the eviction its KV pressure implies (its share of the excess:
@@ -39,7 +40,8 @@
 //! decides stickiness, moves and where a new session or a template's
 //! newcomer goes. Near-equal engines (within an eighth of the session's
 //! expected cold prefill; between engines that cache as much of it, within
-//! the largest backlog among them) are told apart by what they will hold
+//! the largest backlog among them, as much of it as the session's later
+//! turns outlive) are told apart by what they will hold
 //! relative to their KV, not by a hash: sessions that start together and
 //! grow together then spread evenly instead of by lottery.
 //!
@@ -324,12 +326,10 @@ pub fn tolerance_ms(ask: &Ask, route: &RouteModel, us: f32) -> f32 {
 
 /// Each engine passing `eligible` with its estimate, the load it carries
 /// beyond the least loaded of them counted in (its requests in flight, or
-/// what its live sessions keep in flight on average when more): each
-/// request more is a completion's worth of time there (the engine's own
-/// rate, else the route's; before any, a typical session's prefill), the
-/// queue a binding there joins. What keeps a template's holder from
-/// drawing every newcomer while it is busier than the rest by more than
-/// the template saves.
+/// what its live sessions keep in flight on average when more), each
+/// request more priced by [`per_request_ms`]: the batch a binding there
+/// joins. What keeps a template's holder from drawing every newcomer
+/// while it is busier than the rest by more than the template saves.
 pub fn weigh<'a>(
     peers: &'a [PeerLoad],
     ask: &Ask,
@@ -363,18 +363,40 @@ pub fn weigh<'a>(
         n => n,
     };
     for (p, e) in options.iter_mut() {
-        let rate = p
-            .speed
-            .completions_per_s
-            .or(route.completions_per_s)
-            .filter(|r| *r > 0.0);
-        let per_request_ms = match rate {
-            Some(rate) => 1_000.0 / rate,
-            None => unit as f32 * e.prefill_us / 1_000.0,
-        };
-        e.load_ms = (carried(p) - lightest).max(0.0) * per_request_ms;
+        e.load_ms = (carried(p) - lightest).max(0.0) * per_request_ms(p, route, unit, e.prefill_us);
     }
     options
+}
+
+/// What each request an engine carries beyond the lightest costs a
+/// newcomer there. Where its batch has room (the engine reports nothing
+/// waiting and a gateway slot is free) the newcomer starts at once and
+/// shares the engine's steps with the others: each one more makes every
+/// step of its prefill longer, a decode step's worth at most (the engine's
+/// time per output token, else the route's). Counting a completion's time
+/// for each, as if it queued, sent a template's newcomer away cold from
+/// an engine holding its prefix two requests heavier than the rest, though
+/// its batch had room for a hundred more (issue 42's shared-prefix runs).
+/// Where the batch is full the newcomer waits for requests to finish: a
+/// completion's time each (the engine's rate, else the route's; before
+/// any, a typical session's prefill of `unit` tokens at `us`).
+fn per_request_ms(p: &PeerLoad, route: &RouteModel, unit: u64, us: f32) -> f32 {
+    let completion_ms = match p
+        .speed
+        .completions_per_s
+        .or(route.completions_per_s)
+        .filter(|r| *r > 0.0)
+    {
+        Some(rate) => 1_000.0 / rate,
+        None => unit as f32 * us / 1_000.0,
+    };
+    if p.waiting() > 0 || p.saturated() {
+        return completion_ms;
+    }
+    match p.speed.tpot_us.or(route.tpot_us) {
+        Some(tpot_us) => (tpot_us / 1_000.0).min(completion_ms),
+        None => completion_ms,
+    }
 }
 
 /// The engine to bind a session to among those passing `eligible`: the
@@ -400,9 +422,13 @@ pub fn choose<'a>(
     // new session), the cold prompts ahead pass within seconds while a
     // binding lasts the session's life: their backlogs, which leave an
     // engine a whole prompt at a time, are no reason to pick one, and what
-    // the engines will hold decides. Against an engine holding more of it
-    // (a template's holder) the backlog counts in full: the prefill it
-    // saves is worth a wait no longer than that.
+    // the engines will hold decides. A conversation of one or two turns (a
+    // tenant's template with a question) lives little longer than the
+    // wait, so only the share of its life after this turn passes (issue
+    // 42's shared-prefix runs: new tenants sent cold, three at a time, to
+    // the slow engine while a fast one had two prompts ahead). Against an
+    // engine holding more of it (a template's holder) the backlog counts
+    // in full: the prefill it saves is worth a wait no longer than that.
     let least_cached = options
         .iter()
         .map(|(_, e)| e.cached_tokens)
@@ -412,7 +438,8 @@ pub fn choose<'a>(
         .iter()
         .filter(|(_, e)| e.cached_tokens == least_cached)
         .map(|(_, e)| e.backlog_ms)
-        .fold(0.0, f32::max);
+        .fold(0.0, f32::max)
+        * backlog_passing(ask, route);
     let near = fastest + tolerance_ms(ask, route, us).max(passing);
     // Relative to each engine's KV where every one's is known: a larger
     // engine takes more.
@@ -447,6 +474,18 @@ pub fn choose<'a>(
         }
     }
     chosen
+}
+
+/// How much of a backlog is set aside between engines caching alike: it
+/// delays this turn only, so the share of the session's turns left that
+/// come after this one. While the route's sessions' size is unknown, all
+/// of it (a binding is taken to last), as the balance of what engines
+/// hold then matters most.
+fn backlog_passing(ask: &Ask, route: &RouteModel) -> f32 {
+    if route.typical_session == 0 {
+        return 1.0;
+    }
+    1.0 - 1.0 / turns_left(ask, route)
 }
 
 /// Turns ahead a move's gain is counted over at most: past that the

@@ -313,9 +313,10 @@ fn holds_half(tokens: u64, home: &PeerLoad) -> bool {
 }
 
 /// Where a session starts (or restarts) cold: the model's choice among the
-/// ready peers with KV room that fit it; if none fits, `None` when
-/// `may_wait`, else the choice ignoring the fit; if every ready peer is
-/// KV-full, the choice among them.
+/// ready peers with KV room that fit it, unless one that does not fit is
+/// quicker by more than its whole cold prefill there (what it evicts
+/// counted in); if none fits, `None` when `may_wait`, else the choice
+/// ignoring the fit; if every ready peer is KV-full, the choice among them.
 fn best_home<'a>(
     peers: &'a [PeerLoad],
     ask: &Ask,
@@ -328,7 +329,18 @@ fn best_home<'a>(
     let choose =
         |eligible: &dyn Fn(&PeerLoad) -> bool| model::choose(peers, ask, route, rand, eligible);
     if let Some(home) = choose(&|p| p.ready && !p.kv_full && fits(p)) {
-        return Some(home);
+        // The engines with room can be the ones nobody should go to: a
+        // slow engine deep in cold prompts keeps room because its sessions
+        // left it, and drew every new tenant for seconds each while the
+        // others were expected to start them in well under one (issue 42's
+        // shared-prefix f3, polled from /_route_state).
+        let unfit = choose(&|p| p.ready && !p.kv_full && !fits(p));
+        return match unfit {
+            Some(other) if other.1.total_ms() + other.1.prefill_ms < home.1.total_ms() => {
+                Some(other)
+            }
+            _ => Some(home),
+        };
     }
     if incoming.may_wait && peers.iter().any(|p| p.ready) {
         return None;

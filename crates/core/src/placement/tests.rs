@@ -1294,3 +1294,46 @@ fn a_fork_next_to_its_parent_stays_for_the_history_they_share() {
         })
     );
 }
+
+/// KV admission prefers the engines with room, but not at any price: an
+/// engine that keeps room because it is slow and deep in cold prompts
+/// (issue 42's shared-prefix f3: its sessions had left it) loses a new
+/// session to one past its line that starts it seconds sooner, what it
+/// evicts there counted in.
+#[test]
+fn a_new_session_skips_the_engine_with_room_when_it_is_slower_by_more_than_a_cold_prefill() {
+    let t = table();
+    let speed = |prefill_us: f32| EngineSpeed {
+        prefill_us: Some(prefill_us),
+        ..EngineSpeed::default()
+    };
+    // Peer 1 has KV room; it prefills at 200 µs a token with 40k tokens of
+    // cold prompts ahead (4 s). Peer 2 is at its line but prefills the
+    // 8k newcomer in 0.4 s.
+    let roomy = |prefill_us, backlog_tokens| PeerLoad {
+        speed: speed(prefill_us),
+        backlog_tokens,
+        ..with_capacity(holding(blind(1, 0), 1, 10_000), 200_000)
+    };
+    let full = PeerLoad {
+        speed: speed(50.0),
+        ..with_capacity(holding(blind(2, 0), 9, 90_000), 100_000)
+    };
+    let room = KvRoom {
+        admit_permille: TableConfig::default().kv_admit_permille,
+        expected_session: 0,
+    };
+    assert!(!full.fits(8_000, room) && roomy(60.0, 0).fits(8_000, room));
+    let peers = [roomy(200.0, 40_000), full];
+    assert_eq!(
+        t.place_session(20, incoming(8_000, false), &peers, T0),
+        admitted(2, PlacementKind::New)
+    );
+    // Control: an engine with room that is only somewhat slower (60 µs a
+    // token, nothing ahead) keeps the newcomer, as admission says.
+    let peers = [roomy(60.0, 0), full];
+    assert_eq!(
+        t.place_session(21, incoming(8_000, false), &peers, T0),
+        admitted(1, PlacementKind::New)
+    );
+}

@@ -430,3 +430,65 @@ fn a_young_session_leaves_an_engine_past_its_kv_and_stays_on_one_only_projected_
     );
     assert!(!moves(&projected_only, 6_000));
 }
+
+#[test]
+fn a_templates_newcomer_joins_its_holders_batch_while_it_has_room() {
+    // f2's figures from issue 42's shared-prefix runs: 37 µs a token, six
+    // completions a second, a 26 ms decode step; an 8.4k newcomer whose 8k
+    // prefix is on engine 1, which carries four requests more than the
+    // others. Its batch has room: the newcomer shares 26 ms steps with
+    // them, and the 300 ms prefix it saves there decides.
+    let speed = EngineSpeed {
+        prefill_us: Some(37.0),
+        tpot_us: Some(26_000.0),
+        completions_per_s: Some(6.0),
+    };
+    let busy = |id, running, waiting| PeerLoad {
+        in_flight: running + waiting,
+        speed,
+        engine: Some(EngineLoad {
+            waiting,
+            running,
+            kv_usage: 0.5,
+        }),
+        ..engine(id)
+    };
+    let ask = Ask {
+        tokens: 8_400,
+        prefix: Some(Prefix::new(8_000, [1])),
+        ..Ask::default()
+    };
+    let others = [busy(2, 12, 0), busy(3, 12, 0), busy(4, 12, 0)];
+    let with_room = [busy(1, 16, 0), others[0], others[1], others[2]];
+    assert_eq!(chosen(&with_room, &ask, &route(9_000)), Some(1));
+    // Control: the same four requests more, but two of them waiting for a
+    // slot in a full batch: each request ahead is a completion's wait
+    // (167 ms), more than the prefix saves, and the newcomer starts cold
+    // elsewhere.
+    let full = [busy(1, 14, 2), others[0], others[1], others[2]];
+    assert_ne!(chosen(&full, &ask, &route(9_000)), Some(1));
+}
+
+#[test]
+fn a_backlog_passes_for_a_long_session_and_not_for_a_short_conversation() {
+    // Engine 2 holds a session less but has two cold prompts still
+    // prefilling (16k tokens, 400 ms). An agent session that will grow
+    // to 80k (ten turns more) pays that wait once in its life: what the
+    // engines hold decides, and engine 2 takes it.
+    let more = timed(holding(engine(1), 6, 48_000, 48_000), 50.0);
+    let busy = PeerLoad {
+        backlog_tokens: 16_000,
+        ..timed(holding(engine(2), 5, 40_000, 40_000), 50.0)
+    };
+    assert_eq!(
+        chosen(&[more, busy], &new_session(8_000), &route(80_000)),
+        Some(2)
+    );
+    // Control: on a route whose conversations end at about their first
+    // turn's size, the wait is most of the conversation's life, and
+    // engine 1, with nothing ahead, is the quicker start.
+    assert_eq!(
+        chosen(&[more, busy], &new_session(8_000), &route(9_000)),
+        Some(1)
+    );
+}
