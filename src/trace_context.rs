@@ -16,14 +16,8 @@ use crate::config::TraceMode;
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
 
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static(X_REQUEST_ID_NAME);
-pub const TRACEPARENT: HeaderName = HeaderName::from_static(TRACEPARENT_NAME);
-/// The names as text, for Pingora's `insert_header` on the engine's head:
-/// a `&'static str` goes into its case map as is, where a non-standard
-/// `HeaderName` is first matched against the standard names and copied
-/// into an allocation of its own (measured: ~1.2 k instructions a header).
-pub const X_REQUEST_ID_NAME: &str = "x-request-id";
-pub const TRACEPARENT_NAME: &str = "traceparent";
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// The longest client `x-request-id` kept. Long enough for any id scheme in
@@ -46,17 +40,23 @@ pub struct RequestIds {
     pub trace: Option<TraceContext>,
     /// gateway.yaml's `trace_context` when the request came.
     pub trace_mode: TraceMode,
+    /// The client sent `traceparent` (valid or not). Read here, where the
+    /// header is looked up anyway, so that the engine's head is searched
+    /// for trace headers to take off only when there are some.
+    pub traceparent_sent: bool,
 }
 
 impl RequestIds {
     /// The ids of a request with head `headers`, under `mode`.
     pub fn of(headers: &HeaderMap, mode: TraceMode) -> Self {
         let (request_id, client_request_id) = request_id(headers);
+        let (trace, traceparent_sent) = TraceContext::read(headers, mode);
         RequestIds {
             request_id,
             client_request_id,
-            trace: TraceContext::of(headers, mode),
+            trace,
             trace_mode: mode,
+            traceparent_sent,
         }
     }
 
@@ -90,8 +90,12 @@ pub fn sane_request_id(id: &[u8]) -> bool {
 pub fn new_request_id() -> HeaderValue {
     let uuid = uuid::Builder::from_random_bytes(fastrand::u128(..).to_le_bytes()).into_uuid();
     let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let text = uuid.hyphenated().encode_lower(&mut text);
-    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    uuid.hyphenated().encode_lower(&mut text);
+    // Owned by an array rather than copied into a `Vec`: the value is
+    // cloned onto the engine's head and the response, and a `Vec`-backed
+    // `Bytes` allocates again at its first clone.
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text))
+        .unwrap_or_else(|_| HeaderValue::from_static("-"))
 }
 
 /// The flag bit that says the caller may record the trace.
@@ -219,27 +223,38 @@ impl TraceContext {
     /// sent exactly one valid `traceparent`, else a new one (`start`), or
     /// none (`continue` without a valid one, `off`).
     pub fn of(headers: &HeaderMap, mode: TraceMode) -> Option<TraceContext> {
+        Self::read(headers, mode).0
+    }
+
+    /// [`Self::of`], and whether the client sent any `traceparent` (always
+    /// `false` under `off`, which reads none).
+    pub fn read(headers: &HeaderMap, mode: TraceMode) -> (Option<TraceContext>, bool) {
         if mode == TraceMode::Off {
-            return None;
+            return (None, false);
         }
         let mut given = headers.get_all(&TRACEPARENT).iter();
-        let incoming = match (given.next(), given.next()) {
+        let (first, second) = (given.next(), given.next());
+        let incoming = match (first, second) {
             (Some(v), None) => Traceparent::parse(v.as_bytes()),
             // Two `traceparent` headers: which one holds is unknowable.
             _ => None,
         };
-        let span_id = fastrand::u64(1..);
+        (Self::continue_or_start(incoming, mode), first.is_some())
+    }
+
+    /// The client's trace continued, or under `start` a new one.
+    fn continue_or_start(incoming: Option<Traceparent>, mode: TraceMode) -> Option<TraceContext> {
         match incoming {
             Some(tp) => Some(TraceContext {
                 trace_id: tp.trace_id,
                 parent_id: Some(tp.parent_id),
-                span_id,
+                span_id: fastrand::u64(1..),
                 flags: tp.flags,
             }),
             None if mode == TraceMode::Start => Some(TraceContext {
                 trace_id: fastrand::u128(1..),
                 parent_id: None,
-                span_id,
+                span_id: fastrand::u64(1..),
                 flags: SAMPLED,
             }),
             None => None,

@@ -109,23 +109,44 @@ fn the_engine_gets_the_request_id_and_the_clients_trace_under_a_new_span() {
         Some("vendor=abc")
     );
 
-    // Control: a request with neither gets a fresh trace and an id made
-    // here, the same on the engine and on the answer.
-    let r = chat(&gw, CHAT, &[]);
+    // A request with neither gets an id made here, the same on the engine
+    // and on the answer, and by default no trace; a `tracestate` alone is
+    // not a trace and passes.
+    let r = chat(&gw, CHAT, &[("tracestate", "vendor=alone")]);
     let head = last_head(&engine);
     let made = r.header("x-request-id").expect("an id made by the gateway");
     assert_eq!(made.len(), 36, "a UUID: {made}");
     assert_eq!(header_of(&head, "x-request-id").as_deref(), Some(made));
+    assert_eq!(header_of(&head, "traceparent"), None, "{head}");
+    assert_eq!(
+        header_of(&head, "tracestate").as_deref(),
+        Some("vendor=alone")
+    );
+
+    // Control: with `trace_context: start` the same request gets a fresh
+    // trace, and the lone `tracestate` does not join it.
+    let start = Gateway::start_configured(
+        &[("chat", canned_route(engine.port(), ""))],
+        "trace_context: start\n".into(),
+        vec![],
+    );
+    chat(&start, CHAT, &[("tracestate", "vendor=alone")]);
+    let head = last_head(&engine);
     let [_, trace, _, flags] =
         fields(&header_of(&head, "traceparent").expect("a fresh traceparent"));
     assert_ne!(trace, TRACE_ID);
     assert_eq!(flags, "01", "sampled, so the engine's spans are kept");
+    assert_eq!(header_of(&head, "tracestate"), None, "{head}");
 }
 
 #[test]
 fn an_invalid_traceparent_or_request_id_is_replaced_not_passed_on() {
     let engine = sse_engine();
-    let gw = Gateway::start(&[("chat", canned_route(engine.port(), ""))]);
+    let gw = Gateway::start_configured(
+        &[("chat", canned_route(engine.port(), ""))],
+        "trace_context: start\n".into(),
+        vec![],
+    );
     let spaced = "has a space";
     let r = chat(
         &gw,
@@ -165,6 +186,18 @@ fn trace_context_continue_and_off() {
         None,
         "no trace to continue"
     );
+    // An invalid one is taken off, its state with it.
+    chat(
+        &cont,
+        CHAT,
+        &[
+            ("traceparent", &format!("ff-{TRACE_ID}-{CLIENT_SPAN}-01")),
+            ("tracestate", "vendor=abc"),
+        ],
+    );
+    let head = last_head(&engine);
+    assert_eq!(header_of(&head, "traceparent"), None, "{head}");
+    assert_eq!(header_of(&head, "tracestate"), None, "{head}");
     chat(&cont, CHAT, &[("traceparent", &incoming)]);
     let [_, trace, parent, flags] = fields(&header_of(&last_head(&engine), "traceparent").unwrap());
     assert_eq!(

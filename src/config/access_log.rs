@@ -32,11 +32,13 @@ pub struct AccessLogConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TraceMode {
     /// Continue a valid incoming `traceparent`, else start a trace: the
-    /// engine always gets one (the default).
-    #[default]
+    /// engine always gets one.
     Start,
     /// Continue a valid incoming `traceparent`; without one the engine
-    /// gets none.
+    /// gets none (the default: a request without a trace costs nothing
+    /// more; with no span exporter yet, a trace started here would be
+    /// known only to the engine and the access log).
+    #[default]
     Continue,
     /// Neither read nor write trace headers: the client's go to the engine
     /// untouched.

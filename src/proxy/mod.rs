@@ -363,8 +363,9 @@ impl ProxyHttp for Gateway {
         response::bodylog::response_head(ctx, &resp.headers);
         response::headers::edit_plain(resp, |head| {
             response::headers::prepare_pipeline(head, ctx)?;
-            response::headers::insert_request_id(&mut head.headers, ctx)?;
-            response::headers::insert_routed(&mut head.headers, ctx, Origin::Upstream)
+            // After the X-Routed set, whose one reservation has room for it.
+            response::headers::insert_routed(&mut head.headers, ctx, Origin::Upstream)?;
+            response::headers::insert_request_id(&mut head.headers, ctx)
         })
     }
 

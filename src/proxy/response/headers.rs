@@ -143,9 +143,10 @@ pub fn insert_routed(headers: &mut HeaderMap, ctx: &RequestCtx, origin: Origin) 
     if !route.config.routed_headers {
         return Ok(());
     }
-    // One growth of the engine's (small) map instead of one per insert.
+    // One growth of the engine's (small) map instead of one per insert;
+    // room for the `x-request-id` that follows too.
     headers
-        .try_reserve(ROUTED_HEADERS)
+        .try_reserve(ROUTED_HEADERS + 1)
         .or_err(ErrorType::InternalError, "response header map full")?;
     if let Some(sid) = &ctx.request.session {
         let hex = HeaderValue::from_bytes(&sid.hex_bytes())
