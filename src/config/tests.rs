@@ -899,10 +899,10 @@ fn resolver_defaults_bounds_and_nameservers() {
 }
 
 #[test]
-fn access_log_is_off_unless_set_and_trace_context_starts_by_default() {
+fn access_log_is_off_unless_set_and_trace_context_continues_by_default() {
     let g = gw();
     assert_eq!(g.access_log, None);
-    assert_eq!(g.trace_context, TraceMode::Start);
+    assert_eq!(g.trace_context, TraceMode::Continue);
     let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
     let file = parse("access_log: {path: /var/log/gw/access.log, queue_lines: 10}\n").unwrap();
     assert_eq!(
