@@ -16,6 +16,7 @@
 //! - `trace_context` request ids and W3C trace context
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
+//! - `tls`        the main listener's certificate: loaded, served, reloaded
 //! - `tenants`    who sends: the tenants file in force, budgets, in-flight caps, `/_tenants`
 //! - `discovery`  engines found while running: host names looked up again, `peers_from` (DNS, Kubernetes EndpointSlices)
 //!
@@ -44,6 +45,7 @@ pub mod route_endpoints;
 pub mod server;
 pub mod store;
 pub mod tenants;
+pub mod tls;
 pub mod trace_context;
 pub mod watch;
 

@@ -190,7 +190,22 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
         gateway.client_header_timeout,
     );
     let mut proxy = Service::new("llm-gateway".to_string(), front);
-    proxy.add_tcp(&gateway.listen.to_string());
+    let cert_reload = match &gateway.tls {
+        None => {
+            proxy.add_tcp(&gateway.listen.to_string());
+            None
+        }
+        Some(tls) => match tls_listener(&mut proxy, &gateway, tls) {
+            Ok(store) => Some(crate::tls::CertReload {
+                store,
+                poll: gateway.watch.then_some(crate::tls::POLL),
+            }),
+            Err(e) => {
+                eprintln!("llm-gateway: tls: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
 
     let dashboard = Arc::new(Dashboard::default());
     let mut admin = Service::new(
@@ -206,8 +221,9 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     );
 
     log::info!(
-        "llm-gateway listening on {} (admin {}), routes from {}",
+        "llm-gateway listening on {}{} (admin {}), routes from {}",
         gateway.listen,
+        if gateway.tls.is_some() { " (TLS)" } else { "" },
         gateway.admin_listen,
         gateway.routes_dir.display()
     );
@@ -218,6 +234,9 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
         "dashboard",
         Sampler::new(dashboard, Arc::clone(&registry)),
     )));
+    if let Some(cert_reload) = cert_reload {
+        server.add_service(background_service("tls-reload", cert_reload));
+    }
     if let Some(access_log) = access_log {
         server.add_service(background_service(
             "access-log",
@@ -307,4 +326,27 @@ impl<S: ServiceWithDependents> ServiceWithDependents for UntilExit<S> {
     fn listen_addresses(&self) -> Option<Vec<String>> {
         self.inner.listen_addresses()
     }
+}
+
+/// The main listener over TLS: Pingora's rustls acceptor, TLS 1.2 and 1.3,
+/// asking `CertStore` for the certificate at every handshake so that a
+/// reload reaches new connections without a restart.
+fn tls_listener(
+    proxy: &mut Service<crate::proxy::front::Front>,
+    gateway: &GatewayConfig,
+    tls: &crate::config::TlsConfig,
+) -> Result<Arc<crate::tls::CertStore>, String> {
+    use pingora::listeners::tls::TlsSettings;
+    let store = crate::tls::CertStore::load(tls)?;
+    // The paths only name the files: with a resolver set, Pingora reads
+    // neither (the store has).
+    let mut settings =
+        TlsSettings::intermediate(&tls.cert.to_string_lossy(), &tls.key.to_string_lossy())
+            .map_err(|e| e.to_string())?;
+    settings.set_cert_resolver(Arc::clone(&store) as _);
+    // HTTP/1.1 only until the proxy serves request bodies over h2
+    // (`request::forward` refuses them): a client offered h2 would take it.
+    settings.set_alpn(pingora::protocols::ALPN::H1);
+    proxy.add_tls_with_settings(&gateway.listen.to_string(), None, settings);
+    Ok(store)
 }

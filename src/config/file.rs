@@ -33,8 +33,17 @@ pub(super) struct GatewayFile {
     pub resolver: Option<ResolverFile>,
     pub access_log: Option<AccessLogFile>,
     pub trace_context: Option<String>,
+    pub tls: Option<TlsFile>,
     pub tenants_file: Option<PathBuf>,
     pub tenant_header: Option<String>,
+}
+
+/// `tls:` in gateway.yaml: the main listener's certificate and key files.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TlsFile {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
 }
 
 /// `access_log:` in gateway.yaml: a JSON line per finished request.

@@ -75,6 +75,8 @@ pub struct GatewayConfig {
     pub resolver: super::resolver::ResolverConfig,
     /// A JSON line per finished request, when set (`accesslog/`).
     pub access_log: Option<super::AccessLogConfig>,
+    /// TLS on the main listener, when set (`tls.rs`); plain HTTP otherwise.
+    pub tls: Option<super::TlsConfig>,
     /// What the gateway does with W3C trace context (`trace_context.rs`).
     pub trace_context: super::TraceMode,
     /// The tenants file (`config/tenants.rs`), reloaded with the routes;
@@ -275,6 +277,7 @@ impl GatewayConfig {
             session_store: super::store::resolve(path, text, file.session_store.as_ref())?,
             resolver: super::resolver::resolve(path, text, file.resolver.as_ref())?,
             access_log: super::access_log::resolve(path, text, file.access_log.as_ref())?,
+            tls: super::tls::resolve(path, text, file.tls.as_ref())?,
             trace_context: super::access_log::trace_mode(
                 path,
                 text,

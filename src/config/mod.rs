@@ -16,6 +16,7 @@ mod route;
 mod spans;
 pub mod store;
 pub mod tenants;
+mod tls;
 pub mod units;
 
 pub use access_log::{AccessLogConfig, AccessLogTarget, TraceMode, DEFAULT_QUEUE_LINES};
@@ -32,6 +33,7 @@ pub use route::{
     RouteConfig, SessionPrio, Timeouts, DEFAULT_MAX_CONCURRENCY, MAX_IDLE_TIMEOUT,
     MIN_IDLE_TIMEOUT,
 };
+pub use tls::TlsConfig;
 
 use std::path::{Path, PathBuf};
 

@@ -934,3 +934,24 @@ fn access_log_is_off_unless_set_and_trace_context_continues_by_default() {
         assert!(e.line.is_some(), "{bad}: {e}");
     }
 }
+
+#[test]
+fn tls_is_off_unless_set_and_needs_both_files() {
+    assert_eq!(gw().tls, None);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    let both = parse("tls: {cert: /etc/tls/tls.crt, key: /etc/tls/tls.key}\n").unwrap();
+    assert_eq!(
+        both.tls,
+        Some(crate::config::TlsConfig {
+            cert: PathBuf::from("/etc/tls/tls.crt"),
+            key: PathBuf::from("/etc/tls/tls.key"),
+        })
+    );
+    for bad in [
+        "tls: {cert: /etc/tls/tls.crt}\n",
+        "tls: {key: /etc/tls/tls.key}\n",
+        "tls: {cert: a, key: b, ca: c}\n",
+    ] {
+        assert!(parse(bad).is_err(), "{bad}");
+    }
+}

@@ -1,0 +1,316 @@
+//! TLS on the main listener through the real binary (issue 44, item 1):
+//! certificates made at test time (rcgen), a rustls client that trusts
+//! exactly them and reports which one the gateway served.
+
+mod common;
+
+use bytes::BytesMut;
+use common::*;
+use llm_gateway_sim::client::{encode_request, parse_head, Chunked, Head, Upload};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+const CHAT: &str = "/chat/v1/chat/completions";
+
+/// A self-signed certificate for `localhost` and its key.
+struct Pair {
+    cert_pem: String,
+    key_pem: String,
+    der: CertificateDer<'static>,
+}
+
+fn make_pair() -> Pair {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("cert");
+    Pair {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        der: cert.der().clone(),
+    }
+}
+
+/// Writes `pair` over the files as a rotation does: each written apart,
+/// then renamed into place, so the gateway never reads half a file.
+fn install(pair: &Pair, cert: &Path, key: &Path) {
+    for (path, text) in [(key, &pair.key_pem), (cert, &pair.cert_pem)] {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, path).expect("rename");
+    }
+}
+
+struct TlsGateway {
+    gw: Gateway,
+    cert: PathBuf,
+    cluster: SimCluster,
+    _dir: tempfile::TempDir,
+}
+
+fn start(first: &Pair, watch: bool) -> TlsGateway {
+    let dir = tempfile::tempdir().expect("dir");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    install(first, &cert, &key);
+    let cluster = engines(1);
+    let gw = Gateway::start_with(
+        &[("chat", route_yaml(&ports(&cluster), ""))],
+        GatewayOptions {
+            extra_config: format!(
+                "tls: {{cert: {}, key: {}}}\n",
+                cert.display(),
+                key.display()
+            ),
+            watch: Some(watch),
+            ..Default::default()
+        },
+    );
+    TlsGateway {
+        gw,
+        cert,
+        cluster,
+        _dir: dir,
+    }
+}
+
+/// A client connection that trusts `roots` only.
+struct TlsConn {
+    stream: StreamOwned<ClientConnection, TcpStream>,
+    buf: BytesMut,
+}
+
+impl TlsConn {
+    fn open(addr: SocketAddr, roots: &[&Pair]) -> std::io::Result<TlsConn> {
+        let mut store = RootCertStore::empty();
+        for pair in roots {
+            store.add(pair.der.clone()).expect("root");
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(store)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let name = ServerName::try_from("localhost").expect("name");
+        let conn = ClientConnection::new(Arc::new(config), name).expect("client");
+        let tcp = TcpStream::connect(addr)?;
+        tcp.set_read_timeout(Some(Duration::from_secs(20)))?;
+        let mut stream = StreamOwned::new(conn, tcp);
+        while stream.conn.is_handshaking() {
+            stream.conn.complete_io(&mut stream.sock)?;
+        }
+        Ok(TlsConn {
+            stream,
+            buf: BytesMut::new(),
+        })
+    }
+
+    /// The leaf certificate the gateway presented.
+    fn served(&self) -> CertificateDer<'static> {
+        self.stream.conn.peer_certificates().expect("certificates")[0].clone()
+    }
+
+    fn fill(&mut self) -> usize {
+        let mut block = [0u8; 16 * 1024];
+        let n = self.stream.read(&mut block).expect("read");
+        self.buf.extend_from_slice(&block[..n]);
+        n
+    }
+
+    fn send_chat(&mut self, session: &str, headers: &[(&str, &str)]) {
+        let body = chat_body(session, "hello over tls", true).to_string();
+        let mut all = vec![
+            ("Host", "localhost"),
+            ("content-type", "application/json"),
+            ("x-session-id", session),
+        ];
+        all.extend_from_slice(headers);
+        let out = encode_request("POST", CHAT, &all, body.as_bytes(), Upload::Length);
+        self.stream.write_all(&out).expect("write");
+    }
+
+    fn head(&mut self) -> Head {
+        loop {
+            if let Some(head) = parse_head(&mut self.buf).expect("head") {
+                return head;
+            }
+            assert!(self.fill() > 0, "closed before the head");
+        }
+    }
+
+    /// A chunked body to its end.
+    fn body(&mut self) -> String {
+        let mut chunks = Chunked::default();
+        let mut out = Vec::new();
+        while !chunks.decode(&mut self.buf, &mut out).expect("chunked") {
+            assert!(self.fill() > 0, "closed inside the body");
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// A streamed chat answered whole: its head and its SSE text.
+    fn chat(&mut self, session: &str) -> (Head, String) {
+        self.send_chat(session, &[]);
+        let head = self.head();
+        assert_eq!(head.status, 200);
+        (head, self.body())
+    }
+}
+
+fn served_on_a_new_connection(gw: &Gateway, roots: &[&Pair]) -> CertificateDer<'static> {
+    TlsConn::open(gw.addr, roots).expect("handshake").served()
+}
+
+#[test]
+fn a_stream_over_tls_sticks_to_its_session_and_counts_its_ttft() {
+    let a = make_pair();
+    let t = start(&a, false);
+    let mut conn = TlsConn::open(t.gw.addr, &[&a]).expect("handshake");
+    assert_eq!(conn.served(), a.der);
+    let version = conn.stream.conn.protocol_version();
+    assert_eq!(version, Some(rustls::ProtocolVersion::TLSv1_3));
+    assert_eq!(
+        conn.stream.conn.alpn_protocol(),
+        Some(&b"http/1.1"[..]),
+        "h1 until the proxy serves bodies over h2"
+    );
+    let (head, sse) = conn.chat("tls-session");
+    assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
+    assert_eq!(head.header("x-routed-source"), Some("header:x-session-id"));
+    // The same keep-alive connection again: the session is bound.
+    let (again, _) = conn.chat("tls-session");
+    assert_eq!(again.header("x-routed-mode"), Some("sticky"));
+    // Counted in `logging`, after the client has its last byte.
+    wait_for("each stream's first token measured", DEADLINE, || {
+        let ttfts =
+            t.gw.metric("llm_gateway_ttft_seconds_count", &["route=\"chat\""]);
+        (ttfts == 2.0).then_some(())
+    });
+
+    // TLS 1.2 is offered too.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut store = RootCertStore::empty();
+    store.add(a.der.clone()).expect("root");
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .expect("versions")
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    let mut c = ClientConnection::new(Arc::new(config), ServerName::try_from("localhost").unwrap())
+        .expect("client");
+    let mut tcp = TcpStream::connect(t.gw.addr).expect("connect");
+    while c.is_handshaking() {
+        c.complete_io(&mut tcp).expect("TLS 1.2 handshake");
+    }
+    assert_eq!(c.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_2));
+
+    // Plain HTTP on the TLS port gets no answer as HTTP.
+    let plain = http::try_get_within(t.gw.addr, "/chat/v1/models", Duration::from_secs(2));
+    assert!(plain.is_none_or(|r| r.status() != 200));
+}
+
+#[test]
+fn a_rotated_certificate_reaches_new_handshakes_while_a_stream_started_before_finishes() {
+    let (a, b) = (make_pair(), make_pair());
+    let t = start(&a, true);
+    let roots = [&a, &b];
+    // A stream held open at the engine across the rotation.
+    let mut old = TlsConn::open(t.gw.addr, &roots).expect("handshake");
+    assert_eq!(old.served(), a.der);
+    old.send_chat("before", &[("x-sim-gate", "rotation")]);
+    let head = old.head();
+    assert_eq!(head.status, 200);
+
+    let key = t.cert.with_extension("key");
+    install(&b, &t.cert, &key);
+    wait_for("the new certificate served", DEADLINE, || {
+        (served_on_a_new_connection(&t.gw, &roots) == b.der).then_some(())
+    });
+    assert!(
+        t.gw.log().contains("tls: certificate reloaded"),
+        "{}",
+        t.gw.log()
+    );
+
+    t.cluster.engines[0].open_gate("rotation");
+    let sse = old.body();
+    assert!(
+        sse.trim_end().ends_with("data: [DONE]"),
+        "the old stream ended whole: {sse}"
+    );
+    // The connection from before still serves, on the old certificate.
+    let (_, again) = old.chat("before");
+    assert!(again.contains("[DONE]"));
+    assert_eq!(old.served(), a.der);
+}
+
+#[test]
+fn a_broken_certificate_keeps_the_previous_one_and_says_why() {
+    let (a, b) = (make_pair(), make_pair());
+    let t = start(&a, false);
+    let roots = [&a, &b];
+    let key = t.cert.with_extension("key");
+
+    std::fs::write(&t.cert, "-----BEGIN CERTIFICATE-----\nnot base64\n").expect("break");
+    t.gw.reload();
+    let reason = wait_for("the failure logged", DEADLINE, || {
+        t.gw.log()
+            .lines()
+            .find(|l| l.contains("previous certificate stays"))
+            .map(str::to_string)
+    });
+    assert!(reason.contains(&t.cert.display().to_string()), "{reason}");
+    assert_eq!(served_on_a_new_connection(&t.gw, &roots), a.der, "kept");
+    let mut conn = TlsConn::open(t.gw.addr, &roots).expect("handshake");
+    conn.chat("still-served");
+
+    // Control: the same gateway takes a good pair at the next SIGHUP
+    // (watch off: nothing else reloads it).
+    install(&b, &t.cert, &key);
+    t.gw.reload();
+    wait_for("the new certificate served after SIGHUP", DEADLINE, || {
+        (served_on_a_new_connection(&t.gw, &roots) == b.der).then_some(())
+    });
+}
+
+#[test]
+fn a_certificate_that_does_not_load_stops_the_start_with_the_file_named() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let a = make_pair();
+    std::fs::write(&cert, &a.cert_pem).expect("cert");
+    std::fs::write(&key, make_pair().key_pem).expect("someone else's key");
+    let config = dir.path().join("gateway.yaml");
+    std::fs::create_dir_all(dir.path().join("routes")).expect("routes");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\nroutes_dir: {}\napi_keys_file: {}\ntls: {{cert: {}, key: {}}}\n",
+            free_port(),
+            free_port(),
+            dir.path().join("routes").display(),
+            dir.path().join("none").display(),
+            cert.display(),
+            key.display()
+        ),
+    )
+    .expect("config");
+    let out = std::process::Command::new(gateway_bin())
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("does not belong") && stderr.contains(&key.display().to_string()),
+        "{stderr}"
+    );
+}
