@@ -182,12 +182,18 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     };
     // Pingora's proxy behind `Front`, which bounds how long a request head
     // may take (`proxy/conn/`); Pingora's HTTP loop is otherwise its own.
+    let mut http = pingora::proxy::http_proxy(
+        &server.configuration,
+        Gateway::new(Arc::clone(&registry), bodylog.clone(), access_log.clone()),
+    );
+    // Pingora reads the h2c preface itself; over TLS it follows ALPN.
+    let mut options = pingora::apps::HttpServerOptions::default();
+    options.h2c = gateway.h2c;
+    http.server_options = Some(options);
     let front = crate::proxy::front::Front::new(
-        pingora::proxy::http_proxy(
-            &server.configuration,
-            Gateway::new(Arc::clone(&registry), bodylog.clone(), access_log.clone()),
-        ),
+        http,
         gateway.client_header_timeout,
+        gateway.h2c && gateway.tls.is_none(),
     );
     let mut proxy = Service::new("llm-gateway".to_string(), front);
     let cert_reload = match &gateway.tls {
@@ -344,9 +350,9 @@ fn tls_listener(
         TlsSettings::intermediate(&tls.cert.to_string_lossy(), &tls.key.to_string_lossy())
             .map_err(|e| e.to_string())?;
     settings.set_cert_resolver(Arc::clone(&store) as _);
-    // HTTP/1.1 only until the proxy serves request bodies over h2
-    // (`request::forward` refuses them): a client offered h2 would take it.
-    settings.set_alpn(pingora::protocols::ALPN::H1);
+    // h2 first, as clients and load balancers prefer it; HTTP/1.1 for the
+    // rest.
+    settings.set_alpn(pingora::protocols::ALPN::H2H1);
     proxy.add_tls_with_settings(&gateway.listen.to_string(), None, settings);
     Ok(store)
 }

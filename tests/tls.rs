@@ -55,18 +55,28 @@ struct TlsGateway {
 }
 
 fn start(first: &Pair, watch: bool) -> TlsGateway {
+    start_with(Some(first), watch, "")
+}
+
+/// A gateway in front of one simulated engine: over TLS with `first`, or
+/// plain; `extra` more gateway.yaml lines.
+fn start_with(first: Option<&Pair>, watch: bool, extra: &str) -> TlsGateway {
     let dir = tempfile::tempdir().expect("dir");
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    install(first, &cert, &key);
+    let mut config = extra.to_string();
+    if let Some(first) = first {
+        install(first, &cert, &key);
+        config += &format!(
+            "tls: {{cert: {}, key: {}}}\n",
+            cert.display(),
+            key.display()
+        );
+    }
     let cluster = engines(1);
     let gw = Gateway::start_with(
         &[("chat", route_yaml(&ports(&cluster), ""))],
         GatewayOptions {
-            extra_config: format!(
-                "tls: {{cert: {}, key: {}}}\n",
-                cert.display(),
-                key.display()
-            ),
+            extra_config: config,
             watch: Some(watch),
             ..Default::default()
         },
@@ -97,7 +107,7 @@ impl TlsConn {
             .expect("versions")
             .with_root_certificates(store)
             .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let name = ServerName::try_from("localhost").expect("name");
         let conn = ClientConnection::new(Arc::new(config), name).expect("client");
         let tcp = TcpStream::connect(addr)?;
@@ -176,11 +186,7 @@ fn a_stream_over_tls_sticks_to_its_session_and_counts_its_ttft() {
     assert_eq!(conn.served(), a.der);
     let version = conn.stream.conn.protocol_version();
     assert_eq!(version, Some(rustls::ProtocolVersion::TLSv1_3));
-    assert_eq!(
-        conn.stream.conn.alpn_protocol(),
-        Some(&b"http/1.1"[..]),
-        "h1 until the proxy serves bodies over h2"
-    );
+    assert_eq!(conn.stream.conn.alpn_protocol(), Some(&b"http/1.1"[..]));
     let (head, sse) = conn.chat("tls-session");
     assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
     assert_eq!(head.header("x-routed-source"), Some("header:x-session-id"));
@@ -313,4 +319,194 @@ fn a_certificate_that_does_not_load_stops_the_start_with_the_file_named() {
         stderr.contains("does not belong") && stderr.contains(&key.display().to_string()),
         "{stderr}"
     );
+}
+
+/// A client speaking h2 (over TLS with ALPN, or cleartext with prior
+/// knowledge) to the gateway at `addr`.
+struct H2Client {
+    send: h2::client::SendRequest<bytes::Bytes>,
+    runtime: tokio::runtime::Runtime,
+    alpn: Option<Vec<u8>>,
+}
+
+impl H2Client {
+    fn connect(addr: SocketAddr, tls: Option<&Pair>) -> H2Client {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (send, alpn) = runtime.block_on(async {
+            let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            match tls {
+                None => {
+                    let (send, conn) = h2::client::handshake(tcp).await.expect("h2c handshake");
+                    tokio::spawn(async move { conn.await.ok() });
+                    (send, None)
+                }
+                Some(pair) => {
+                    let mut store = RootCertStore::empty();
+                    store.add(pair.der.clone()).expect("root");
+                    let provider = Arc::new(rustls::crypto::ring::default_provider());
+                    let mut config = ClientConfig::builder_with_provider(provider)
+                        .with_safe_default_protocol_versions()
+                        .expect("versions")
+                        .with_root_certificates(store)
+                        .with_no_client_auth();
+                    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+                    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+                    let name = ServerName::try_from("localhost").expect("name");
+                    let io = connector.connect(name, tcp).await.expect("handshake");
+                    let alpn = io.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                    let (send, conn) = h2::client::handshake(io).await.expect("h2 handshake");
+                    tokio::spawn(async move { conn.await.ok() });
+                    (send, alpn)
+                }
+            }
+        });
+        H2Client {
+            send,
+            runtime,
+            alpn,
+        }
+    }
+
+    /// Streamed chats sent at once, each on its own stream of the one
+    /// connection, without Content-Length (h2 frames the body); their heads
+    /// and SSE texts.
+    fn chats(&mut self, sessions: &[&str]) -> Vec<(::http::response::Parts, String)> {
+        let send = self.send.clone();
+        self.runtime.block_on(async move {
+            let mut pending = Vec::new();
+            for session in sessions {
+                let mut send = send.clone().ready().await.expect("ready");
+                let request = ::http::Request::builder()
+                    .method("POST")
+                    .uri(format!("https://localhost{CHAT}"))
+                    .header("content-type", "application/json")
+                    .header("x-session-id", *session)
+                    .body(())
+                    .expect("request");
+                let (response, mut body) = send.send_request(request, false).expect("send");
+                let chat = chat_body(session, "hello over h2", true).to_string();
+                body.send_data(bytes::Bytes::from(chat), true)
+                    .expect("body");
+                pending.push(tokio::spawn(async move {
+                    let (parts, mut recv) = response.await.expect("response").into_parts();
+                    let mut text = Vec::new();
+                    while let Some(chunk) = recv.data().await {
+                        let chunk = chunk.expect("data");
+                        recv.flow_control().release_capacity(chunk.len()).ok();
+                        text.extend_from_slice(&chunk);
+                    }
+                    (parts, String::from_utf8_lossy(&text).into_owned())
+                }));
+            }
+            let mut out = Vec::new();
+            for p in pending {
+                out.push(p.await.expect("stream task"));
+            }
+            out
+        })
+    }
+}
+
+impl H2Client {
+    /// The status of one chat whose prompt is `content`.
+    fn status_of(&mut self, content: &str) -> u16 {
+        let send = self.send.clone();
+        let chat = chat_body("h2-big", content, false).to_string();
+        self.runtime.block_on(async move {
+            let mut send = send.ready().await.expect("ready");
+            let request = ::http::Request::builder()
+                .method("POST")
+                .uri(format!("https://localhost{CHAT}"))
+                .header("content-type", "application/json")
+                .body(())
+                .expect("request");
+            let (response, mut body) = send.send_request(request, false).expect("send");
+            body.send_data(bytes::Bytes::from(chat), true)
+                .expect("body");
+            response.await.expect("response").status().as_u16()
+        })
+    }
+}
+
+fn assert_streamed(answers: &[(::http::response::Parts, String)]) {
+    for (head, sse) in answers {
+        assert_eq!(head.status, 200, "{sse}");
+        assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
+    }
+}
+
+#[test]
+fn h2_by_alpn_streams_concurrently_on_one_connection_and_sticks() {
+    let a = make_pair();
+    let t = start(&a, false);
+    let mut client = H2Client::connect(t.gw.addr, Some(&a));
+    assert_eq!(client.alpn.as_deref(), Some(&b"h2"[..]));
+    let first = client.chats(&["h2-one", "h2-two", "h2-three"]);
+    assert_streamed(&first);
+    for (head, _) in &first {
+        assert_eq!(
+            head.headers.get("x-routed-source").map(|v| v.as_bytes()),
+            Some(&b"header:x-session-id"[..])
+        );
+    }
+    // Each session's next turn, on new streams of the same connection.
+    let again = client.chats(&["h2-one", "h2-two"]);
+    assert_streamed(&again);
+    for (head, _) in &again {
+        assert_eq!(
+            head.headers.get("x-routed-mode").map(|v| v.as_bytes()),
+            Some(&b"sticky"[..])
+        );
+    }
+    wait_for("every stream's first token measured", DEADLINE, || {
+        let ttfts =
+            t.gw.metric("llm_gateway_ttft_seconds_count", &["route=\"chat\""]);
+        (ttfts == 5.0).then_some(())
+    });
+}
+
+#[test]
+fn h2c_with_prior_knowledge_when_configured() {
+    let t = start_with(None, false, "h2c: true\n");
+    let mut client = H2Client::connect(t.gw.addr, None);
+    assert_streamed(&client.chats(&["h2c-one", "h2c-two"]));
+    // A body over Pingora's 64 KiB retry buffer cannot be replayed over
+    // h2: refused, not hung.
+    let big = "x ".repeat(40_000);
+    assert_eq!(client.status_of(&big), 413);
+    // Control: HTTP/1.1 on the same listener forwards it (the replay).
+    let r = http::post_json(t.gw.addr, CHAT, &[], &chat_body("h1-big", &big, false));
+    assert_eq!(r.status(), 200, "{}", r.text());
+
+    // Control: without `h2c` the preface is not served as h2.
+    let plain = start_with(None, false, "");
+    let refused = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let tcp = tokio::net::TcpStream::connect(plain.gw.addr)
+                .await
+                .expect("connect");
+            let (send, conn) = h2::client::handshake(tcp).await.expect("client side");
+            tokio::spawn(async move { conn.await.ok() });
+            let request = ::http::Request::builder()
+                .uri(format!("http://localhost{CHAT}"))
+                .body(())
+                .expect("request");
+            let sent = send
+                .ready()
+                .await
+                .and_then(|mut s| s.send_request(request, true));
+            match sent {
+                Ok((response, _)) => response.await.is_err(),
+                Err(_) => true,
+            }
+        })
+    });
+    assert!(refused.join().expect("client"), "h2 answered without h2c");
 }

@@ -34,6 +34,7 @@ pub(super) struct GatewayFile {
     pub access_log: Option<AccessLogFile>,
     pub trace_context: Option<String>,
     pub tls: Option<TlsFile>,
+    pub h2c: Option<Flag>,
     pub tenants_file: Option<PathBuf>,
     pub tenant_header: Option<String>,
 }

@@ -77,6 +77,9 @@ pub struct GatewayConfig {
     pub access_log: Option<super::AccessLogConfig>,
     /// TLS on the main listener, when set (`tls.rs`); plain HTTP otherwise.
     pub tls: Option<super::TlsConfig>,
+    /// Cleartext HTTP/2 with prior knowledge on a listener without TLS
+    /// (over TLS, ALPN offers h2 whatever this says).
+    pub h2c: bool,
     /// What the gateway does with W3C trace context (`trace_context.rs`).
     pub trace_context: super::TraceMode,
     /// The tenants file (`config/tenants.rs`), reloaded with the routes;
@@ -284,6 +287,7 @@ impl GatewayConfig {
                 file.trace_context.as_deref(),
             )?,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
+            h2c: file.h2c.is_some_and(|f| f.0),
             tenants_file: file.tenants_file,
             tenant_header,
             client_idle_timeout,

@@ -204,24 +204,29 @@ pub async fn forward(
     if !req.body_read || req.body.is_empty() {
         return Ok(());
     }
-    if session.as_downstream().is_http2() {
-        // h2c is not offered on the listener; refuse rather than hang.
-        return Err(ErrorResponse::new(
-            505,
-            "http_version_not_supported",
-            "request bodies need HTTP/1.1",
-        )
-        .into());
-    }
     // Answered before the body was read; the engine must not be asked, nor
     // an interim answer of its passed on, a second time.
     session.req_header_mut().remove_header("expect");
     // Enabled (by `body::read`) and not truncated: the whole body is in it.
+    // The same over h2: Pingora keeps the retry buffer for h2 sessions too.
     if req.retry_buffered && !session.as_downstream().retry_buffer_truncated() {
         // Pingora hands its retry buffer over in one piece.
         req.body.make_whole();
         body_forwarded(BodyVia::RetryBuffer);
         return Ok(());
+    }
+    if session.as_downstream().is_http2() {
+        // The replay re-reads an HTTP/1 head from bytes; an h2 request has
+        // none. Refused rather than hang.
+        return Err(ErrorResponse::new(
+            413,
+            "request_too_large",
+            format!(
+                "over HTTP/2 a request body is forwarded up to {} KiB; send a larger one over HTTP/1.1",
+                body::RETRY_BUFFER_BYTES >> 10
+            ),
+        )
+        .into());
     }
     body_forwarded(BodyVia::Replay);
     req.replayed = true;
