@@ -337,6 +337,7 @@ impl<S: ServiceWithDependents> ServiceWithDependents for UntilExit<S> {
 /// The main listener over TLS: Pingora's rustls acceptor, TLS 1.2 and 1.3,
 /// asking `CertStore` for the certificate at every handshake so that a
 /// reload reaches new connections without a restart.
+#[cfg(feature = "tls")]
 fn tls_listener(
     proxy: &mut Service<crate::proxy::front::Front>,
     gateway: &GatewayConfig,
@@ -355,4 +356,19 @@ fn tls_listener(
     settings.set_alpn(pingora::protocols::ALPN::H2H1);
     proxy.add_tls_with_settings(&gateway.listen.to_string(), None, settings);
     Ok(store)
+}
+
+/// Without the `tls` feature the listener cannot speak TLS: `tls:` stops
+/// the start, saying how to build one that can.
+#[cfg(not(feature = "tls"))]
+fn tls_listener(
+    _proxy: &mut Service<crate::proxy::front::Front>,
+    _gateway: &GatewayConfig,
+    tls: &crate::config::TlsConfig,
+) -> Result<Arc<crate::tls::CertStore>, String> {
+    Err(format!(
+        "this build has no TLS (cargo build --features tls); tls: names {} and {}",
+        tls.cert.display(),
+        tls.key.display()
+    ))
 }
