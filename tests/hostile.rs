@@ -341,7 +341,12 @@ fn a_head_that_outgrows_pingoras_cap_when_replayed_is_a_431() {
     assert_eq!(r.status(), 200, "{}", r.text());
     let heads = engine.heads.lock();
     let last = heads.last().expect("the engine got the control");
-    assert!(last.contains("X-Pad-199: v"), "padding forwarded");
+    // Header names reach the engine in canonical (lower) case: the
+    // gateway edits the engine's head without Pingora's spelling map.
+    assert!(
+        last.to_ascii_lowercase().contains("x-pad-199: v"),
+        "padding forwarded"
+    );
     assert_eq!(
         engine.received.lock().last().map(Vec::as_slice),
         Some(&body[..])
@@ -398,7 +403,10 @@ fn a_head_over_max_header_size_gets_the_gateways_431_and_reaches_no_engine() {
     assert_eq!(exchange_sized(60 << 10), 200);
     let heads = engine.heads.lock();
     assert_eq!(heads.len(), 2, "the two heads within the limit");
-    assert!(heads[1].contains("X-Big: bbbb"), "the header forwarded");
+    assert!(
+        heads[1].to_ascii_lowercase().contains("x-big: bbbb"),
+        "the header forwarded"
+    );
     drop(heads);
     gw.wait_idle();
 }
