@@ -217,14 +217,12 @@ pub async fn forward(
     }
     if session.as_downstream().is_http2() {
         // The replay re-reads an HTTP/1 head from bytes; an h2 request has
-        // none. Refused rather than hang.
+        // none. Refused rather than hang. (64 KiB: `body::RETRY_BUFFER_BYTES`,
+        // not imported here, where `body` imports this module.)
         return Err(ErrorResponse::new(
             413,
             "request_too_large",
-            format!(
-                "over HTTP/2 a request body is forwarded up to {} KiB; send a larger one over HTTP/1.1",
-                body::RETRY_BUFFER_BYTES >> 10
-            ),
+            "over HTTP/2 a request body is forwarded up to 64 KiB; send a larger one over HTTP/1.1",
         )
         .into());
     }
