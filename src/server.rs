@@ -189,6 +189,9 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     // Pingora reads the h2c preface itself; over TLS it follows ALPN.
     let mut options = pingora::apps::HttpServerOptions::default();
     options.h2c = gateway.h2c;
+    // An h2 connection is not under the HTTP/1 wrapper's idle limit: the
+    // h2 codec's own, at the same length.
+    options.h2_idle_timeout = Some(gateway.client_idle_timeout);
     http.server_options = Some(options);
     let front = crate::proxy::front::Front::new(
         http,

@@ -185,6 +185,23 @@ fn a_slow_head_within_the_deadline_and_a_long_idle_keepalive_are_served() {
     assert_eq!(r.status(), 200);
 }
 
+/// With `h2c` on, the gateway reads a connection's first 24 bytes to tell
+/// the h2 preface from an HTTP/1.1 head, before the head deadline's
+/// wrapper: that read is bounded by `client_header_timeout` too.
+#[test]
+fn with_h2c_on_a_client_stalled_before_24_bytes_is_closed_by_the_head_deadline() {
+    let (_cluster, gw) = gateway("client_header_timeout: 1s\nh2c: true\n", &[]);
+    let mut conn = Conn::open(gw.addr);
+    conn.send_raw(b"POST ");
+    conn.set_read_timeout(Duration::from_millis(200));
+    wait_for("the stalled connection closed", DEADLINE, || {
+        conn.is_closed().then_some(())
+    });
+    // Control: on the same listener a whole request is served.
+    let r = http::request(gw.addr, "POST", CHAT, &[], &small_chat());
+    assert_eq!(r.status(), 200);
+}
+
 // ------------------------------------------------------------- Upgrade
 
 /// An engine that answers every connection's first request with `101

@@ -35,16 +35,22 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Whether the connection speaks HTTP/2: h2 chosen by ALPN, or, with h2c
 /// on, the client's first bytes are the h2 preface (peeked, as Pingora
-/// peeks them again to choose its own loop).
-async fn speaks_h2(stream: &mut Stream, h2c: bool) -> bool {
+/// peeks them again to choose its own loop). `None`: the client sent too
+/// little to tell within `header_timeout`, and the connection is closed.
+/// The peek reads under no wrapper, so unbounded it held a client that
+/// sent a few bytes and stalled for ever (the review of issue 44).
+async fn speaks_h2(stream: &mut Stream, h2c: bool, header_timeout: Duration) -> Option<bool> {
     if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
-        return true;
+        return Some(true);
     }
     if !h2c {
-        return false;
+        return Some(false);
     }
     let mut preface = [0u8; H2_PREFACE.len()];
-    matches!(stream.try_peek(&mut preface).await, Ok(true)) && preface == H2_PREFACE
+    let peeked = tokio::time::timeout(header_timeout, stream.try_peek(&mut preface))
+        .await
+        .ok()?;
+    Some(matches!(peeked, Ok(true)) && preface == H2_PREFACE)
 }
 
 #[async_trait]
@@ -55,7 +61,7 @@ impl ServerApp for Front {
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let mut stream = stream;
-        if speaks_h2(&mut stream, self.h2c).await {
+        if speaks_h2(&mut stream, self.h2c, self.header_timeout).await? {
             // The wrapper's deadlines are per HTTP/1 head, one request at a
             // time; an h2 connection carries many streams at once, each
             // head a HEADERS frame the h2 codec bounds itself.

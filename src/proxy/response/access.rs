@@ -37,7 +37,7 @@ pub fn emit(
         request_id: ids.map_or("-", |i| i.request_id_str()),
         trace_id: ids.and_then(|i| i.trace.as_ref()).map(|t| t.trace_id_hex()),
         method: req.method.as_str(),
-        path: &path,
+        path: clip(&path, MAX_PATH_BYTES),
         route: ctx.route.as_ref().map(|r| r.name()),
         status: ended.code,
         peer: peer.map(|(_, p)| p.config.name.as_str()),
@@ -53,7 +53,7 @@ pub fn emit(
             .route
             .as_ref()
             .and_then(|r| auth::owner(r, registry, session)),
-        model: admitted.model.as_deref(),
+        model: admitted.model.as_deref().map(|m| clip(m, MAX_MODEL_BYTES)),
         prompt_tokens: ended.usage.map(|u| u.prompt_tokens),
         cached_tokens: ended.usage.map(|u| u.cached_tokens),
         completion_tokens: ended.usage.map(|u| u.completion_tokens),
@@ -65,4 +65,37 @@ pub fn emit(
         error: ctx.response.error,
     };
     access_log.enqueue(line.to_bytes());
+}
+
+/// What one line keeps of the client's path and model name: the queue is
+/// bounded in lines, and a client's 64 KiB path or megabyte model name
+/// made each of 8192 queued lines that large while the writer stalled
+/// (the review of issue 44).
+const MAX_PATH_BYTES: usize = 2048;
+const MAX_MODEL_BYTES: usize = 256;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn clip(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod clip_tests {
+    use super::clip;
+
+    #[test]
+    fn long_text_is_cut_at_a_character_boundary_and_short_text_kept() {
+        assert_eq!(clip("model-name", 256), "model-name");
+        assert_eq!(clip(&"a".repeat(300), 256).len(), 256);
+        // A two-byte character across the limit is left out whole.
+        let s = format!("{}é", "a".repeat(255));
+        assert_eq!(clip(&s, 256), "a".repeat(255));
+    }
 }
