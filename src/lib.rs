@@ -12,8 +12,11 @@
 //! - `admin`      /healthz, /metrics, /_routes and the dashboard (the admin listener)
 //! - `route_endpoints` the per-route `/_…` endpoints of the main listener
 //! - `controller`, `watch`, `lifecycle`  signals, reloads, the drain
+//! - `accesslog`  the access log: a JSON line per request, written off the request path
+//! - `trace_context` request ids and W3C trace context
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
+//! - `tls`        the main listener's certificate: loaded, served, reloaded
 //! - `tenants`    who sends: the tenants file in force, budgets, in-flight caps, `/_tenants`
 //! - `discovery`  engines found while running: host names looked up again, `peers_from` (DNS, Kubernetes EndpointSlices)
 //!
@@ -21,6 +24,7 @@
 //! `stream`, `request_view`, `session`, `hash`, `json_bytes`) is re-exported
 //! at the end of this file under the same names.
 
+pub mod accesslog;
 pub mod admin;
 pub mod auth;
 pub mod balance;
@@ -41,6 +45,8 @@ pub mod route_endpoints;
 pub mod server;
 pub mod store;
 pub mod tenants;
+pub mod tls;
+pub mod trace_context;
 pub mod watch;
 
 // The pure core, a crate of its own so that the compiler keeps it free of

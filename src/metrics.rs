@@ -47,6 +47,7 @@ pub struct Metrics {
     pub auth: IntCounterVec,
     pub rejections: IntCounterVec,
     pub bodylog_frames: IntCounterVec,
+    pub access_log_lines: IntCounterVec,
     pub prefix_rewrites: IntCounterVec,
     pub session_store_up: IntGauge,
     pub session_store_errors: IntCounterVec,
@@ -267,6 +268,12 @@ impl Metrics {
                 &registry,
                 "llm_gateway_bodylog_frames_total",
                 "Body-log frames: sent to the listener, dropped (queue full), or error (write failed)",
+                &["result"],
+            ),
+            access_log_lines: counter(
+                &registry,
+                "llm_gateway_access_log_lines_total",
+                "Access-log lines: written, dropped (queue full) or error (write failed)",
                 &["result"],
             ),
             prefix_rewrites: counter(

@@ -1,11 +1,13 @@
 //! Assembles the Pingora server: the proxy service on `listen`, the admin
 //! service on `admin_listen`, the controller (signals, reloads, per-route
 //! background tasks), the dashboard's sampler, with a body-log listener
-//! the body-log sender, and with a Redis session store the cluster sync
+//! the body-log sender, with an access log its SIGHUP listener
+//! (`accesslog/`), and with a Redis session store the cluster sync
 //! (`balance/sync.rs`), then runs it until shutdown. The admin listener,
 //! the dashboard's sampler and the cluster sync run until the process
 //! exits ([`UntilExit`]), through the drain.
 
+use crate::accesslog::AccessLog;
 use crate::admin::dashboard::{Dashboard, Sampler};
 use crate::admin::AdminApp;
 use crate::bodylog::{sender::SenderService, Bodylog};
@@ -170,17 +172,49 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     server.bootstrap();
 
     let bodylog = gateway.bodylog.clone().map(|c| Arc::new(Bodylog::new(c)));
+    let access_log = match gateway.access_log.as_ref().map(AccessLog::start) {
+        None => None,
+        Some(Ok(log)) => Some(log),
+        Some(Err(e)) => {
+            eprintln!("llm-gateway: access_log: {e}");
+            return ExitCode::from(2);
+        }
+    };
     // Pingora's proxy behind `Front`, which bounds how long a request head
     // may take (`proxy/conn/`); Pingora's HTTP loop is otherwise its own.
+    let mut http = pingora::proxy::http_proxy(
+        &server.configuration,
+        Gateway::new(Arc::clone(&registry), bodylog.clone(), access_log.clone()),
+    );
+    // Pingora reads the h2c preface itself; over TLS it follows ALPN.
+    let mut options = pingora::apps::HttpServerOptions::default();
+    options.h2c = gateway.h2c;
+    // An h2 connection is not under the HTTP/1 wrapper's idle limit: the
+    // h2 codec's own, at the same length.
+    options.h2_idle_timeout = Some(gateway.client_idle_timeout);
+    http.server_options = Some(options);
     let front = crate::proxy::front::Front::new(
-        pingora::proxy::http_proxy(
-            &server.configuration,
-            Gateway::new(Arc::clone(&registry), bodylog.clone()),
-        ),
+        http,
         gateway.client_header_timeout,
+        gateway.h2c && gateway.tls.is_none(),
     );
     let mut proxy = Service::new("llm-gateway".to_string(), front);
-    proxy.add_tcp(&gateway.listen.to_string());
+    let cert_reload = match &gateway.tls {
+        None => {
+            proxy.add_tcp(&gateway.listen.to_string());
+            None
+        }
+        Some(tls) => match tls_listener(&mut proxy, &gateway, tls) {
+            Ok(store) => Some(crate::tls::CertReload {
+                store,
+                poll: gateway.watch.then_some(crate::tls::POLL),
+            }),
+            Err(e) => {
+                eprintln!("llm-gateway: tls: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
 
     let dashboard = Arc::new(Dashboard::default());
     let mut admin = Service::new(
@@ -196,8 +230,9 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     );
 
     log::info!(
-        "llm-gateway listening on {} (admin {}), routes from {}",
+        "llm-gateway listening on {}{} (admin {}), routes from {}",
         gateway.listen,
+        if gateway.tls.is_some() { " (TLS)" } else { "" },
         gateway.admin_listen,
         gateway.routes_dir.display()
     );
@@ -208,6 +243,15 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
         "dashboard",
         Sampler::new(dashboard, Arc::clone(&registry)),
     )));
+    if let Some(cert_reload) = cert_reload {
+        server.add_service(background_service("tls-reload", cert_reload));
+    }
+    if let Some(access_log) = access_log {
+        server.add_service(background_service(
+            "access-log",
+            crate::accesslog::ReopenOnHangup(access_log),
+        ));
+    }
     if let Some(bodylog) = bodylog {
         server.add_service(background_service("bodylog", SenderService::new(bodylog)));
     }
@@ -291,4 +335,43 @@ impl<S: ServiceWithDependents> ServiceWithDependents for UntilExit<S> {
     fn listen_addresses(&self) -> Option<Vec<String>> {
         self.inner.listen_addresses()
     }
+}
+
+/// The main listener over TLS: Pingora's rustls acceptor, TLS 1.2 and 1.3,
+/// asking `CertStore` for the certificate at every handshake so that a
+/// reload reaches new connections without a restart.
+#[cfg(feature = "tls")]
+fn tls_listener(
+    proxy: &mut Service<crate::proxy::front::Front>,
+    gateway: &GatewayConfig,
+    tls: &crate::config::TlsConfig,
+) -> Result<Arc<crate::tls::CertStore>, String> {
+    use pingora::listeners::tls::TlsSettings;
+    let store = crate::tls::CertStore::load(tls)?;
+    // The paths only name the files: with a resolver set, Pingora reads
+    // neither (the store has).
+    let mut settings =
+        TlsSettings::intermediate(&tls.cert.to_string_lossy(), &tls.key.to_string_lossy())
+            .map_err(|e| e.to_string())?;
+    settings.set_cert_resolver(Arc::clone(&store) as _);
+    // h2 first, as clients and load balancers prefer it; HTTP/1.1 for the
+    // rest.
+    settings.set_alpn(pingora::protocols::ALPN::H2H1);
+    proxy.add_tls_with_settings(&gateway.listen.to_string(), None, settings);
+    Ok(store)
+}
+
+/// Without the `tls` feature the listener cannot speak TLS: `tls:` stops
+/// the start, saying how to build one that can.
+#[cfg(not(feature = "tls"))]
+fn tls_listener(
+    _proxy: &mut Service<crate::proxy::front::Front>,
+    _gateway: &GatewayConfig,
+    tls: &crate::config::TlsConfig,
+) -> Result<Arc<crate::tls::CertStore>, String> {
+    Err(format!(
+        "this build has no TLS (cargo build --features tls); tls: names {} and {}",
+        tls.cert.display(),
+        tls.key.display()
+    ))
 }

@@ -18,14 +18,7 @@ use std::time::Duration;
 const CHAT: &str = "/chat/v1/chat/completions";
 
 fn gateway(routes: &[(&str, String)], extra_config: String, env: Vec<(String, String)>) -> Gateway {
-    Gateway::start_with(
-        routes,
-        GatewayOptions {
-            extra_config,
-            env,
-            ..Default::default()
-        },
-    )
+    Gateway::start_configured(routes, extra_config, env)
 }
 
 fn keys_env(dir: &tempfile::TempDir, text: &str) -> Vec<(String, String)> {

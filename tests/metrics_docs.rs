@@ -164,7 +164,12 @@ fn exercised() -> Exercised {
             ("guarded", route_yaml(&p[..1], &guarded)),
         ],
         GatewayOptions {
-            extra_config: sink.config("") + &store,
+            extra_config: sink.config("")
+                + &store
+                + &format!(
+                    "access_log: {{path: {}}}\n",
+                    keys.path().join("access.log").display()
+                ),
             ..Default::default()
         },
     );

@@ -31,8 +31,28 @@ pub(super) struct GatewayFile {
     pub bodylog: Option<BodylogFile>,
     pub session_store: Option<SessionStoreFile>,
     pub resolver: Option<ResolverFile>,
+    pub access_log: Option<AccessLogFile>,
+    pub trace_context: Option<String>,
+    pub tls: Option<TlsFile>,
+    pub h2c: Option<Flag>,
     pub tenants_file: Option<PathBuf>,
     pub tenant_header: Option<String>,
+}
+
+/// `tls:` in gateway.yaml: the main listener's certificate and key files.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TlsFile {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// `access_log:` in gateway.yaml: a JSON line per finished request.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AccessLogFile {
+    pub path: Option<String>,
+    pub queue_lines: Option<usize>,
 }
 
 /// `resolver:` in gateway.yaml: how engine host names are looked up.

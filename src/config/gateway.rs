@@ -73,6 +73,15 @@ pub struct GatewayConfig {
     pub session_store: super::store::SessionStoreConfig,
     /// How engine host names are looked up and how often again.
     pub resolver: super::resolver::ResolverConfig,
+    /// A JSON line per finished request, when set (`accesslog/`).
+    pub access_log: Option<super::AccessLogConfig>,
+    /// TLS on the main listener, when set (`tls.rs`); plain HTTP otherwise.
+    pub tls: Option<super::TlsConfig>,
+    /// Cleartext HTTP/2 with prior knowledge on a listener without TLS
+    /// (over TLS, ALPN offers h2 whatever this says).
+    pub h2c: bool,
+    /// What the gateway does with W3C trace context (`trace_context.rs`).
+    pub trace_context: super::TraceMode,
     /// The tenants file (`config/tenants.rs`), reloaded with the routes;
     /// `None`: tenants are neither limited nor counted (`Tenants::tracked`).
     pub tenants_file: Option<PathBuf>,
@@ -270,7 +279,15 @@ impl GatewayConfig {
             bodylog,
             session_store: super::store::resolve(path, text, file.session_store.as_ref())?,
             resolver: super::resolver::resolve(path, text, file.resolver.as_ref())?,
+            access_log: super::access_log::resolve(path, text, file.access_log.as_ref())?,
+            tls: super::tls::resolve(path, text, file.tls.as_ref())?,
+            trace_context: super::access_log::trace_mode(
+                path,
+                text,
+                file.trace_context.as_deref(),
+            )?,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
+            h2c: file.h2c.is_some_and(|f| f.0),
             tenants_file: file.tenants_file,
             tenant_header,
             client_idle_timeout,

@@ -5,6 +5,7 @@
 //! `RouteConfig`), so defaults and cross-field checks live in one place and
 //! nothing downstream has to handle a half-valid config.
 
+mod access_log;
 mod bodylog;
 pub mod catalog;
 mod error;
@@ -15,8 +16,10 @@ mod route;
 mod spans;
 pub mod store;
 pub mod tenants;
+mod tls;
 pub mod units;
 
+pub use access_log::{AccessLogConfig, AccessLogTarget, TraceMode, DEFAULT_QUEUE_LINES};
 pub use bodylog::{BodylogConfig, BodylogTarget, BODYLOG_ENV, DEFAULT_BODYLOG_PORT};
 pub use error::ConfigError;
 pub use gateway::{
@@ -30,6 +33,7 @@ pub use route::{
     RouteConfig, SessionPrio, Timeouts, DEFAULT_MAX_CONCURRENCY, MAX_IDLE_TIMEOUT,
     MIN_IDLE_TIMEOUT,
 };
+pub use tls::TlsConfig;
 
 use std::path::{Path, PathBuf};
 

@@ -897,3 +897,61 @@ fn resolver_defaults_bounds_and_nameservers() {
         assert!(parse(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn access_log_is_off_unless_set_and_trace_context_continues_by_default() {
+    let g = gw();
+    assert_eq!(g.access_log, None);
+    assert_eq!(g.trace_context, TraceMode::Continue);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    let file = parse("access_log: {path: /var/log/gw/access.log, queue_lines: 10}\n").unwrap();
+    assert_eq!(
+        file.access_log,
+        Some(AccessLogConfig {
+            target: AccessLogTarget::File(PathBuf::from("/var/log/gw/access.log")),
+            queue_lines: 10
+        })
+    );
+    let stdout = parse("access_log: {path: stdout}\n").unwrap();
+    assert_eq!(
+        stdout.access_log.map(|a| (a.target, a.queue_lines)),
+        Some((AccessLogTarget::Stdout, DEFAULT_QUEUE_LINES))
+    );
+    assert_eq!(parse("access_log: {path: off}\n").unwrap().access_log, None);
+    for (text, mode) in [
+        ("trace_context: continue\n", TraceMode::Continue),
+        ("trace_context: off\n", TraceMode::Off),
+        ("trace_context: start\n", TraceMode::Start),
+    ] {
+        assert_eq!(parse(text).unwrap().trace_context, mode, "{text}");
+    }
+    for bad in [
+        "access_log: {path: x, queue_lines: 0}\n",
+        "access_log: {file: x}\n",
+        "trace_context: sometimes\n",
+    ] {
+        let e = parse(bad).unwrap_err();
+        assert!(e.line.is_some(), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn tls_is_off_unless_set_and_needs_both_files() {
+    assert_eq!(gw().tls, None);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    let both = parse("tls: {cert: /etc/tls/tls.crt, key: /etc/tls/tls.key}\n").unwrap();
+    assert_eq!(
+        both.tls,
+        Some(crate::config::TlsConfig {
+            cert: PathBuf::from("/etc/tls/tls.crt"),
+            key: PathBuf::from("/etc/tls/tls.key"),
+        })
+    );
+    for bad in [
+        "tls: {cert: /etc/tls/tls.crt}\n",
+        "tls: {key: /etc/tls/tls.key}\n",
+        "tls: {cert: a, key: b, ca: c}\n",
+    ] {
+        assert!(parse(bad).is_err(), "{bad}");
+    }
+}

@@ -9,11 +9,17 @@ use crate::proxy::request::pieces::RequestBody;
 use crate::registry::{InFlightGuard, Route, RoutePeer};
 use crate::session::SessionId;
 use crate::stream::ResponsePipeline;
+use crate::trace_context::RequestIds;
 use std::sync::Arc;
 use std::time::Instant;
 
 pub struct RequestCtx {
     pub started: Instant,
+    /// The request id and trace context, read first thing in
+    /// `request_filter` (`request::identify`); `None` only for a request
+    /// that never got that far. The engine's head, every response and the
+    /// access log carry them; a span exporter reads the trace from here.
+    pub ids: Option<RequestIds>,
     /// The route version this request was admitted under; kept to the end.
     pub route: Option<Arc<Route>>,
     pub request: Admitted,
@@ -75,6 +81,11 @@ pub struct Admitted {
     /// The client connection holds what the client sends while this
     /// request runs (`conn::hold_client_bytes`), so it can watch the engine.
     pub client_held: bool,
+    /// The path now lacks its `/<route>` prefix (`request::forward`): the
+    /// client's path is the route's name and what is left, which the
+    /// access log puts back together rather than every request keeping a
+    /// copy.
+    pub route_stripped: bool,
     /// Its place among its tenant's requests in flight and its charge,
     /// from admission (`guards::tenant::admit`; `None` without a tenants
     /// file) to the stream's end, where it is settled
@@ -156,12 +167,16 @@ pub struct Returning {
     /// gateway logged the cut (`response::local::fail`): Pingora's own line
     /// for it, a 502 no client received, is suppressed.
     pub cut_logged: bool,
+    /// What went wrong, for the access log: the error type of an answer
+    /// the gateway gave itself (`errors.rs`), `stream_cut`, `client_gone`.
+    pub error: Option<&'static str>,
 }
 
 impl RequestCtx {
     pub fn new() -> Self {
         RequestCtx {
             started: Instant::now(),
+            ids: None,
             route: None,
             request: Admitted::default(),
             upstream: Attempt::default(),

@@ -3,7 +3,8 @@
 //!
 //! early_request_filter     `conn::head_complete`: the head's deadline is off;
 //!                          `conn::serve_pipelined`: pipelined requests in order
-//! request_filter           `request` (head size, route, endpoints) →
+//! request_filter           `request::identify` (request id, trace) →
+//!                          `request` (head size, route, endpoints) →
 //!                          `guards::auth` (the key's owner) → `request`
 //!                          (body, session; `conn::hold_client_bytes`) →
 //!                          `guards::rules` → `request::rewrites` (usage,
@@ -31,7 +32,8 @@
 //! fail_to_proxy            `response::local::fail`: the JSON error
 //! logging                  the slot released and the tenant settled (if
 //!                          not yet), `response::record`
-//!                          (and `share_response`), the body-log frame is
+//!                          (and `share_response`), the access-log line
+//!                          (`response::access`) and the body-log frame
 //!                          queued, `conn::await_next_head`
 //!
 //! Under the hooks, `conn` wraps each client connection: a request head
@@ -46,6 +48,7 @@ pub mod request;
 pub mod response;
 pub mod upstream;
 
+use crate::accesslog::AccessLog;
 use crate::balance::{Granted, Refused};
 use crate::bodylog::Bodylog;
 use crate::errors;
@@ -66,17 +69,28 @@ pub struct Gateway {
     pub registry: Arc<Registry>,
     /// Body logging, when a listener is configured.
     pub bodylog: Option<Arc<Bodylog>>,
+    /// The access log, when gateway.yaml has `access_log:`.
+    pub access_log: Option<Arc<AccessLog>>,
 }
 
 impl Gateway {
-    pub fn new(registry: Arc<Registry>, bodylog: Option<Arc<Bodylog>>) -> Self {
-        Gateway { registry, bodylog }
+    pub fn new(
+        registry: Arc<Registry>,
+        bodylog: Option<Arc<Bodylog>>,
+        access_log: Option<Arc<AccessLog>>,
+    ) -> Self {
+        Gateway {
+            registry,
+            bodylog,
+            access_log,
+        }
     }
 
     /// Everything before proxying. `Ok(())`: proxy the (replayed) request;
     /// `Err(local)`: the gateway answers itself.
     async fn admit(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Local> {
         let gateway = self.registry.gateway();
+        request::identify(session, ctx, gateway.trace_context);
         conn::idle_timeout(session, gateway.client_idle_timeout);
         request::refuse_large_head(session, gateway.max_header_size)?;
         request::refuse_dot_segments(session)?;
@@ -363,7 +377,9 @@ impl ProxyHttp for Gateway {
         response::bodylog::response_head(ctx, &resp.headers);
         response::headers::edit_plain(resp, |head| {
             response::headers::prepare_pipeline(head, ctx)?;
-            response::headers::insert_routed(&mut head.headers, ctx, Origin::Upstream)
+            // After the X-Routed set, whose one reservation has room for it.
+            response::headers::insert_routed(&mut head.headers, ctx, Origin::Upstream)?;
+            response::headers::insert_request_id(&mut head.headers, ctx)
         })
     }
 
@@ -439,7 +455,14 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         response::record::settle_tenant(ctx);
         ctx.upstream.slot = None;
-        response::record::record(session, ctx);
+        let ended = response::record::record(session, ctx);
+        response::access::emit(
+            self.access_log.as_deref(),
+            &self.registry,
+            session,
+            ctx,
+            &ended,
+        );
         response::record::share_response(self.registry.store(), session, ctx);
         response::bodylog::emit(self.bodylog.as_deref(), session, ctx);
         conn::await_next_head(session);

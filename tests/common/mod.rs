@@ -264,6 +264,23 @@ impl Gateway {
         panic!("gateway ports taken by other listeners {PORT_ATTEMPTS} times in a row");
     }
 
+    /// [`Gateway::start_with`] the defaults but for lines added to
+    /// gateway.yaml and the environment.
+    pub fn start_configured(
+        routes: &[(&str, String)],
+        extra_config: String,
+        env: Vec<(String, String)>,
+    ) -> Gateway {
+        Self::start_with(
+            routes,
+            GatewayOptions {
+                extra_config,
+                env,
+                ..Default::default()
+            },
+        )
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.pid()
     }

@@ -29,7 +29,15 @@ pub async fn read(
     rest: &str,
     req: &mut Admitted,
 ) -> Result<(), Local> {
-    let framing = Framing::of(session);
+    let mut framing = Framing::of(session);
+    if framing.length.is_none()
+        && session.as_downstream().is_http2()
+        && !session.as_downstream_mut().is_body_empty()
+    {
+        // An h2 body needs no Content-Length: its DATA frames run to the
+        // stream's end, read as a chunked one is.
+        framing.chunked = true;
+    }
     if framing.has_body() {
         // Pingora keeps a copy of a body up to 64 KiB as it is read; such a
         // body then goes upstream from that buffer, without the replay

@@ -11,8 +11,9 @@ pub mod session;
 
 use crate::errors::ErrorResponse;
 use crate::metrics::{body_forwarded, BodyVia};
-use crate::proxy::ctx::Admitted;
+use crate::proxy::ctx::{Admitted, RequestCtx};
 use crate::registry::{Registry, Route};
+use crate::trace_context::RequestIds;
 use pingora::proxy::Session;
 use std::sync::Arc;
 
@@ -35,6 +36,12 @@ pub async fn client_gone(session: &mut Session) {
         // before placement, so wait on rather than return.
         Ok(_) => std::future::pending::<()>().await,
     }
+}
+
+/// The request's id and trace, first thing, so that every answer,
+/// refusals included, carries the id (`trace_context.rs`).
+pub fn identify(session: &Session, ctx: &mut RequestCtx, mode: crate::config::TraceMode) {
+    ctx.ids = Some(RequestIds::of(&session.req_header().headers, mode));
 }
 
 impl From<ErrorResponse> for Local {
@@ -193,27 +200,31 @@ pub async fn forward(
         .parse::<http::Uri>()
         .map_err(|_| Local::Error(ErrorResponse::bad_request("invalid request path")))?;
     session.req_header_mut().set_uri(uri);
+    req.route_stripped = true;
     if !req.body_read || req.body.is_empty() {
         return Ok(());
-    }
-    if session.as_downstream().is_http2() {
-        // h2c is not offered on the listener; refuse rather than hang.
-        return Err(ErrorResponse::new(
-            505,
-            "http_version_not_supported",
-            "request bodies need HTTP/1.1",
-        )
-        .into());
     }
     // Answered before the body was read; the engine must not be asked, nor
     // an interim answer of its passed on, a second time.
     session.req_header_mut().remove_header("expect");
     // Enabled (by `body::read`) and not truncated: the whole body is in it.
+    // The same over h2: Pingora keeps the retry buffer for h2 sessions too.
     if req.retry_buffered && !session.as_downstream().retry_buffer_truncated() {
         // Pingora hands its retry buffer over in one piece.
         req.body.make_whole();
         body_forwarded(BodyVia::RetryBuffer);
         return Ok(());
+    }
+    if session.as_downstream().is_http2() {
+        // The replay re-reads an HTTP/1 head from bytes; an h2 request has
+        // none. Refused rather than hang. (64 KiB: `body::RETRY_BUFFER_BYTES`,
+        // not imported here, where `body` imports this module.)
+        return Err(ErrorResponse::new(
+            413,
+            "request_too_large",
+            "over HTTP/2 a request body is forwarded up to 64 KiB; send a larger one over HTTP/1.1",
+        )
+        .into());
     }
     body_forwarded(BodyVia::Replay);
     req.replayed = true;

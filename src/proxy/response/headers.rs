@@ -3,6 +3,7 @@
 
 use crate::proxy::ctx::RequestCtx;
 use crate::stream::ResponsePipeline;
+use crate::trace_context::X_REQUEST_ID;
 use http::header::{HeaderName, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::response::Parts;
 use http::{HeaderMap, HeaderValue};
@@ -102,6 +103,15 @@ pub fn refuse_switch(status: http::StatusCode, ctx: &mut RequestCtx) -> Result<(
     Err(pingora::Error::explain(pingora::ErrorType::InvalidHTTPHeader, why).into_up())
 }
 
+/// `x-request-id` on every response, the engine's own replaced: the id
+/// the engine and the access log know the request by.
+pub fn insert_request_id(headers: &mut HeaderMap, ctx: &RequestCtx) -> Result<()> {
+    match &ctx.ids {
+        Some(ids) => insert(headers, X_REQUEST_ID, ids.request_id.clone()),
+        None => Ok(()),
+    }
+}
+
 /// Who produced a response: the engine (through an upstream attempt), or
 /// the gateway itself without one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,9 +143,10 @@ pub fn insert_routed(headers: &mut HeaderMap, ctx: &RequestCtx, origin: Origin) 
     if !route.config.routed_headers {
         return Ok(());
     }
-    // One growth of the engine's (small) map instead of one per insert.
+    // One growth of the engine's (small) map instead of one per insert;
+    // room for the `x-request-id` that follows too.
     headers
-        .try_reserve(ROUTED_HEADERS)
+        .try_reserve(ROUTED_HEADERS + 1)
         .or_err(ErrorType::InternalError, "response header map full")?;
     if let Some(sid) = &ctx.request.session {
         let hex = HeaderValue::from_bytes(&sid.hex_bytes())

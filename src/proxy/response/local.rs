@@ -1,7 +1,7 @@
 //! Responses the gateway writes itself: refusals and endpoint answers from
 //! `request_filter`, and the error after a failed upstream attempt.
 
-use super::headers::{insert, insert_routed, plain_head, Origin};
+use super::headers::{insert, insert_request_id, insert_routed, plain_head, Origin};
 use crate::errors;
 use crate::proxy::ctx::RequestCtx;
 use crate::proxy::request::{body::has_body, Local};
@@ -16,10 +16,14 @@ use pingora::{Error, Result};
 pub async fn respond(session: &mut Session, ctx: &mut RequestCtx, local: Local) {
     let (status, body, extra) = match local {
         Local::ClientGone => {
+            ctx.response.error = Some("client_gone");
             session.set_keepalive(None);
             return;
         }
-        Local::Error(e) => (e.status, e.body(), Extra::of(e)),
+        Local::Error(e) => {
+            ctx.response.error = Some(e.error_type);
+            (e.status, e.body(), Extra::of(e))
+        }
         Local::Json(status, value) => {
             let mut bytes = serde_json::to_vec(&value).unwrap_or_default();
             bytes.push(b'\n');
@@ -64,6 +68,7 @@ pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> Fai
             session.body_bytes_sent(),
         );
         ctx.response.cut_logged = true;
+        ctx.response.error = Some("stream_cut");
     } else if code >= 500 {
         log::warn!(
             "route {} peer {}: proxying failed after {} attempt(s){banned}: {e}",
@@ -84,6 +89,7 @@ pub async fn fail(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> Fai
             ),
         };
         ctx.response.local_status = Some(code);
+        ctx.response.error = Some(err.error_type);
         let origin = if ctx.upstream.count > 0 {
             Origin::Upstream
         } else {
@@ -128,6 +134,7 @@ async fn write_json(
 ) -> Result<()> {
     let mut head = plain_head(status)?;
     let headers = &mut head.headers;
+    insert_request_id(headers, ctx)?;
     insert_routed(headers, ctx, origin)?;
     insert(
         headers,

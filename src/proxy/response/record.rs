@@ -31,11 +31,43 @@ pub fn status_code(session: &Session, ctx: &RequestCtx) -> u16 {
         .unwrap_or(0)
 }
 
-pub fn record(session: &Session, ctx: &RequestCtx) {
-    let code = status_code(session, ctx);
+/// What [`record`] measured of a finished request, handed on to the
+/// access log so that both say the same.
+#[derive(Debug, Clone, Copy)]
+pub struct Ended {
+    /// The status the client got (0: none).
+    pub code: u16,
+    /// From the request's arrival to now.
+    pub elapsed: std::time::Duration,
+    /// The response's usage, when the engine reported it.
+    pub usage: Option<crate::stream::Usage>,
+    /// From the request's arrival to its first content frame, as the
+    /// `ttft` histogram observes it.
+    pub ttft: Option<std::time::Duration>,
+}
+
+pub fn record(session: &Session, ctx: &RequestCtx) -> Ended {
+    let pipeline = ctx.response.pipeline.as_ref();
+    let ended = Ended {
+        code: status_code(session, ctx),
+        elapsed: ctx.started.elapsed(),
+        usage: pipeline.and_then(|p| p.usage()),
+        ttft: pipeline
+            .and_then(|p| p.first_content_at())
+            .map(|first| first.saturating_duration_since(ctx.started)),
+    };
+    count(ctx, &ended);
+    ended
+}
+
+/// The metrics, the session's turn and what the stream taught.
+fn count(ctx: &RequestCtx, ended: &Ended) {
+    let Ended {
+        code, usage, ttft, ..
+    } = *ended;
     let route = ctx.route_name();
     let peer = ctx.peer_name();
-    let elapsed = ctx.started.elapsed().as_secs_f64();
+    let elapsed = ended.elapsed.as_secs_f64();
     // The route's cached handles; a request no route took (404) has none.
     let Some(r) = &ctx.route else {
         let m = metrics();
@@ -52,7 +84,6 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
         .requests(route, peer, code, status_label(code))
         .inc();
     r.metrics.request_duration(route).observe(elapsed);
-    let usage = ctx.response.pipeline.as_ref().and_then(|p| p.usage());
     if let (Some(sid), Some(_)) = (&ctx.request.session, ctx.request.placement) {
         // The turn is over, answered or not; with usage, what the session
         // now holds on its engine until its next turn.
@@ -77,10 +108,8 @@ pub fn record(session: &Session, ctx: &RequestCtx) {
             .completion_tokens(route, peer)
             .inc_by(u.completion_tokens);
     }
-    if let Some(first) = pipeline.first_content_at() {
-        r.metrics
-            .ttft(route)
-            .observe(first.saturating_duration_since(ctx.started).as_secs_f64());
+    if let Some(ttft) = ttft {
+        r.metrics.ttft(route).observe(ttft.as_secs_f64());
     }
     measure_stream(ctx, pipeline, code);
 }

@@ -6,11 +6,13 @@
 use crate::balance;
 use crate::clock::now_ms;
 use crate::proxy::ctx::RequestCtx;
+use crate::trace_context::{TRACEPARENT, TRACESTATE, X_REQUEST_ID};
 use bytes::Bytes;
 use http::header::{HeaderName, AUTHORIZATION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderValue};
 use pingora::http::RequestHeader;
 use pingora::prelude::HttpPeer;
-use pingora::{Error, ErrorSource, ErrorType, Result};
+use pingora::{Error, ErrorSource, ErrorType, OrErr, Result};
 
 /// The peer of the next attempt. On a retry the previous slot goes back
 /// before the next peer is chosen.
@@ -185,35 +187,107 @@ pub fn on_exchange_failure(ctx: &mut RequestCtx, e: &Error, reused: bool) {
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The head the engine receives: its own Host, the engine's credential
-/// rather than the client's, and the real Content-Length of the pre-read
-/// body (the replayed request carries a placeholder).
+/// rather than the client's, the request's id and trace, and the real
+/// Content-Length of the pre-read body (the replayed request carries a
+/// placeholder).
 pub fn rewrite_head(upstream: &mut RequestHeader, ctx: &mut RequestCtx) -> Result<()> {
     ctx.upstream.sent_at = Some(std::time::Instant::now());
-    if let Some((route, p)) = ctx.peer() {
-        match &p.host_header {
-            Some(host) => upstream.insert_header(HOST, host.clone())?,
-            None => upstream.insert_header(HOST, crate::registry::host_header(&p.config))?,
+    edit_plain(upstream, |head| {
+        let headers = &mut head.headers;
+        identify_upstream(headers, ctx)?;
+        if let Some((route, p)) = ctx.peer() {
+            let host = match &p.host_header {
+                Some(host) => host.clone(),
+                None => HeaderValue::from_str(&crate::registry::host_header(&p.config))
+                    .or_err(ErrorType::InvalidHTTPHeader, "engine Host header")?,
+            };
+            insert(headers, HOST, host)?;
+            if !route.config.forward_client_key {
+                headers.remove(AUTHORIZATION);
+                headers.remove(&X_API_KEY);
+            }
+            if let Some(key) = &route.engine_auth {
+                insert(headers, AUTHORIZATION, key.clone())?;
+            }
         }
-        if !route.config.forward_client_key {
-            upstream.remove_header(&AUTHORIZATION);
-            upstream.remove_header(&X_API_KEY);
+        if ctx.request.body_read {
+            headers.remove(TRANSFER_ENCODING);
+            let length = ctx.request.body.len();
+            // Most bodies were sent with their true length: the header stays.
+            let mut text = itoa::Buffer::new();
+            let text = text.format(length).as_bytes();
+            let mut declared = headers.get_all(CONTENT_LENGTH).iter();
+            let declared_once =
+                declared.next().is_some_and(|v| v.as_bytes() == text) && declared.next().is_none();
+            if !declared_once {
+                insert(headers, CONTENT_LENGTH, HeaderValue::from(length))?;
+            }
         }
-        if let Some(key) = &route.engine_auth {
-            upstream.insert_header(AUTHORIZATION, key.clone())?;
-        }
+        Ok(())
+    })
+}
+
+/// Lets `edit` change the engine's request head as plain `http` parts.
+///
+/// Why not `RequestHeader::insert_header`: Pingora keeps the client's
+/// spelling of every header name in a second map beside the header map,
+/// and each insert or remove through it parses the name, copies a
+/// non-standard one into an allocation of its own and updates both maps
+/// (the x-request-id, traceparent and Host edits cost a small request
+/// about 4 k instructions that way, `benches/instructions.sh`). Without
+/// that map the engine gets the names in their canonical spelling
+/// (standard names titled, the rest lower case), which HTTP reads as the
+/// same names (RFC 9110, section 5.1), as the client gets the gateway's
+/// responses (`response::headers::edit_plain`). The request target is the
+/// URI `request::forward` set, so nothing of it is lost.
+fn edit_plain(
+    upstream: &mut RequestHeader,
+    edit: impl FnOnce(&mut http::request::Parts) -> Result<()>,
+) -> Result<()> {
+    // An empty head: `Request::new` allocates nothing for it.
+    let placeholder = RequestHeader::from(http::Request::new(()).into_parts().0);
+    let mut parts = http::request::Parts::from(std::mem::replace(upstream, placeholder));
+    let edited = edit(&mut parts);
+    *upstream = RequestHeader::from(parts);
+    edited
+}
+
+/// `HeaderMap::insert` without its panic on a map past `http`'s size limit.
+fn insert(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) -> Result<()> {
+    headers
+        .try_insert(name, value)
+        .or_err(ErrorType::InternalError, "engine request header map full")?;
+    Ok(())
+}
+
+/// `x-request-id`, and the trace the engine's own spans join: this trace
+/// with the gateway's span as their parent. A started trace carries no
+/// `tracestate` (the client's, if any, went with the trace it belonged
+/// to); a continued one keeps the client's as it came. With
+/// `trace_context: off` the client's trace headers pass untouched.
+fn identify_upstream(headers: &mut HeaderMap, ctx: &RequestCtx) -> Result<()> {
+    let Some(ids) = &ctx.ids else {
+        return Ok(());
+    };
+    // None when the client's own id is already there, alone.
+    if !ids.client_request_id {
+        insert(headers, X_REQUEST_ID, ids.request_id.clone())?;
     }
-    if ctx.request.body_read {
-        upstream.remove_header(&TRANSFER_ENCODING);
-        let length = ctx.request.body.len();
-        // Most bodies were sent with their true length: the header stays.
-        let mut text = itoa::Buffer::new();
-        let text = text.format(length).as_bytes();
-        let mut declared = upstream.headers.get_all(CONTENT_LENGTH).iter();
-        let declared_once =
-            declared.next().is_some_and(|v| v.as_bytes() == text) && declared.next().is_none();
-        if !declared_once {
-            upstream.insert_header(CONTENT_LENGTH, http::HeaderValue::from(length))?;
+    if let Some(trace) = &ids.trace {
+        let traceparent = HeaderValue::from_bytes(&trace.traceparent().encode())
+            .or_err(ErrorType::InternalError, "traceparent")?;
+        insert(headers, TRACEPARENT, traceparent)?;
+        if !trace.continued() {
+            headers.remove(TRACESTATE);
         }
+    } else if ids.traceparent_sent {
+        // `continue` without a valid incoming trace: an invalid one is
+        // not passed on for the engine to make sense of, nor its state.
+        // A `tracestate` that came without any `traceparent` stays: no
+        // trace reaches the engine for it to be read with (Trace Context,
+        // section 3.3: it is only parsed beside a valid `traceparent`).
+        headers.remove(TRACEPARENT);
+        headers.remove(TRACESTATE);
     }
     Ok(())
 }
