@@ -182,8 +182,8 @@ fn first_turn(
 /// Writes what the placement changed, off the request path: a move as a
 /// compare-and-set on the agreed peer, a first placement that differs from
 /// the one claimed, a sticky turn's TTL refresh when it is due. True when
-/// the placement is the session's first, claimed here before placing
-/// (its kind set back to new).
+/// its prompt is still to be counted as cold: the session's first turn,
+/// claimed here and kept on the claim (its kind set back to new).
 fn agree_after(
     route: &Arc<Route>,
     store: &Arc<SessionStore>,
