@@ -38,8 +38,6 @@ pub struct RequestIds {
     /// The request's trace, unless `trace_context: off`, or `continue`
     /// without a valid incoming one.
     pub trace: Option<TraceContext>,
-    /// gateway.yaml's `trace_context` when the request came.
-    pub trace_mode: TraceMode,
     /// The client sent `traceparent` (valid or not). Read here, where the
     /// header is looked up anyway, so that the engine's head is searched
     /// for trace headers to take off only when there are some.
@@ -55,7 +53,6 @@ impl RequestIds {
             request_id,
             client_request_id,
             trace,
-            trace_mode: mode,
             traceparent_sent,
         }
     }
@@ -221,7 +218,9 @@ pub struct TraceContext {
 impl TraceContext {
     /// The trace of a request with head `headers`: the client's when it
     /// sent exactly one valid `traceparent`, else a new one (`start`), or
-    /// none (`continue` without a valid one, `off`).
+    /// none (`continue` without a valid one, `off`). The request path
+    /// reads it with `traceparent_sent` ([`RequestIds::of`]).
+    #[cfg(test)]
     pub fn of(headers: &HeaderMap, mode: TraceMode) -> Option<TraceContext> {
         Self::read(headers, mode).0
     }
