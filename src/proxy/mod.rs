@@ -200,7 +200,7 @@ impl Gateway {
             waited: std::time::Duration::ZERO,
             fair: (req.tenant.as_ref())
                 .filter(|_| route.config.fair_queue())
-                .map(|tag| (tag, self.registry.tenants().config().class_min_share)),
+                .map(|tag| (tag, self.registry.tenants().class_min_share())),
         };
         let store = self.registry.store();
         let waiting = crate::balance::shared::place_agreed(route, store, &demand);

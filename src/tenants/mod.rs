@@ -152,6 +152,13 @@ impl Tenants {
         self.config.load_full()
     }
 
+    /// Each lower class's guaranteed share of a queue's releases. Read on
+    /// every placement on a fair route: a guard, not the `Arc` that
+    /// [`Self::config`] counts a reference of on every call.
+    pub fn class_min_share(&self) -> f64 {
+        self.config.load().class_min_share
+    }
+
     /// Whether requests are admitted and counted per tenant: only with a
     /// tenants file in force. Without one there are no budgets or caps to
     /// enforce; the tenant is still named on every request, for the fair
