@@ -4,23 +4,20 @@
 
 mod common;
 
-/// Without the `tls` feature, `tls:` stops the start and says how to get a
-/// build that has it (the feature's own tests are below).
-#[cfg(not(feature = "tls"))]
-#[test]
-fn without_the_tls_feature_tls_stops_the_start_saying_so() {
+/// Starts the gateway with `tls: {cert, key}` and nothing else to serve;
+/// the start must be refused (exit 2): what it said on standard error.
+fn start_refused(dir: &std::path::Path, cert: &str, key: &str) -> String {
     use common::*;
-    let dir = tempfile::tempdir().expect("dir");
-    std::fs::create_dir_all(dir.path().join("routes")).expect("routes");
-    let config = dir.path().join("gateway.yaml");
+    std::fs::create_dir_all(dir.join("routes")).expect("routes");
+    let config = dir.join("gateway.yaml");
     std::fs::write(
         &config,
         format!(
-            "listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\nroutes_dir: {}\napi_keys_file: {}\ntls: {{cert: /x/tls.crt, key: /x/tls.key}}\n",
+            "listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\nroutes_dir: {}\napi_keys_file: {}\ntls: {{cert: {cert}, key: {key}}}\n",
             free_port(),
             free_port(),
-            dir.path().join("routes").display(),
-            dir.path().join("none").display(),
+            dir.join("routes").display(),
+            dir.join("none").display(),
         ),
     )
     .expect("config");
@@ -29,8 +26,18 @@ fn without_the_tls_feature_tls_stops_the_start_saying_so() {
         .arg(&config)
         .output()
         .expect("run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
+/// Without the `tls` feature, `tls:` stops the start and says how to get a
+/// build that has it (the feature's own tests are below).
+#[cfg(not(feature = "tls"))]
+#[test]
+fn without_the_tls_feature_tls_stops_the_start_saying_so() {
+    let dir = tempfile::tempdir().expect("dir");
+    let stderr = start_refused(dir.path(), "/x/tls.crt", "/x/tls.key");
     assert!(stderr.contains("--features tls"), "{stderr}");
 }
 
@@ -327,28 +334,11 @@ mod with_tls {
         let a = make_pair();
         std::fs::write(&cert, &a.cert_pem).expect("cert");
         std::fs::write(&key, make_pair().key_pem).expect("someone else's key");
-        let config = dir.path().join("gateway.yaml");
-        std::fs::create_dir_all(dir.path().join("routes")).expect("routes");
-        std::fs::write(
-        &config,
-        format!(
-            "listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\nroutes_dir: {}\napi_keys_file: {}\ntls: {{cert: {}, key: {}}}\n",
-            free_port(),
-            free_port(),
-            dir.path().join("routes").display(),
-            dir.path().join("none").display(),
-            cert.display(),
-            key.display()
-        ),
-    )
-    .expect("config");
-        let out = std::process::Command::new(gateway_bin())
-            .arg("--config")
-            .arg(&config)
-            .output()
-            .expect("run");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        let stderr = super::start_refused(
+            dir.path(),
+            &cert.display().to_string(),
+            &key.display().to_string(),
+        );
         assert!(
             stderr.contains("does not belong") && stderr.contains(&key.display().to_string()),
             "{stderr}"
