@@ -437,3 +437,80 @@ fn a_replica_counts_the_cold_prompts_another_replica_has_before_their_first_toke
         (peer(&b)["remote_cold_prefill_tokens"] == serde_json::json!(0)).then_some(())
     });
 }
+
+/// Where first turns sent one after another over `gateways` (in turn) went:
+/// how many per engine, most first. Each is a long cold prompt whose first
+/// token is a minute away, so every one is still prefill ahead when the
+/// next is placed.
+fn first_turns_per_engine(cluster: &SimCluster, gateways: &[Gateway], sessions: usize) -> Vec<u64> {
+    let received = || -> Vec<u64> {
+        let requests = |e: &llm_gateway_sim::EngineHandle| e.stats.requests.load(Ordering::SeqCst);
+        cluster.engines.iter().map(requests).collect()
+    };
+    let before = received();
+    let mut held = Vec::new();
+    for i in 0..sessions {
+        let mut conn = http::Conn::open(gateways[i % gateways.len()].addr);
+        let prompt = format!("session {i} starts with a long cold prompt. ").repeat(100);
+        let body = chat_body(&format!("started-together-{i}"), &prompt, true);
+        conn.send(
+            "POST",
+            "/chat/v1/chat/completions",
+            &[
+                ("content-type", "application/json"),
+                ("x-sim-ttft-ms", "60000"),
+            ],
+            body.to_string().as_bytes(),
+            http::Upload::Length,
+        );
+        held.push(conn);
+        // Placed (and its claim written) before the next one starts.
+        wait_for("the first turn to reach an engine", DEADLINE, || {
+            let sent: u64 = received().iter().zip(&before).map(|(n, b)| n - b).sum();
+            (sent == i as u64 + 1).then_some(())
+        });
+    }
+    let mut counts: Vec<u64> = received().iter().zip(&before).map(|(n, b)| n - b).collect();
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    counts
+}
+
+/// Sessions that start at one moment on three replicas spread over the
+/// engines as one gateway spreads them: a first placement reads back the
+/// first turns the others claimed since their last sync, as prefill ahead
+/// on those engines. The syncs are a minute apart here, so that nothing
+/// else tells one replica what the others placed.
+#[test]
+fn first_turns_started_together_on_three_replicas_spread_as_on_one() {
+    let spread = |replicas: usize, share_claims: bool| {
+        let cluster = engines(4);
+        let redis = Redis::start();
+        let route = route_yaml(&ports(&cluster), "");
+        let extra = format!(
+            "{}  sync_interval: 60s\n  share_claims: {share_claims}\n",
+            store(&redis)
+        );
+        let gateways: Vec<Gateway> = (0..replicas)
+            .map(|_| {
+                Gateway::start_with(
+                    &[("chat", route.clone())],
+                    GatewayOptions {
+                        extra_config: extra.clone(),
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        first_turns_per_engine(&cluster, &gateways, 8)
+    };
+    let one = spread(1, true);
+    assert_eq!(one, vec![2, 2, 2, 2], "one gateway spreads them evenly");
+    assert_eq!(spread(3, true), one, "three replicas spread them as one");
+    // Control: without the claims read back, each replica puts its own
+    // first turns where its own view is emptiest, and they collide.
+    let private = spread(3, false);
+    assert!(
+        private[0] > 2,
+        "replicas that share no claims spread as one: the test could not fail ({private:?})"
+    );
+}

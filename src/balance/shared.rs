@@ -11,8 +11,9 @@ use crate::config::Mode;
 use crate::placement::{Placement, PlacementKind};
 use crate::registry::Route;
 use crate::session::SessionId;
-use crate::store::binding::StoredBinding;
+use crate::store::binding::{Claim, StoredBinding};
 use crate::store::{Cas, SessionStore};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// What the agreement before placement saw, for the write after it.
@@ -97,9 +98,17 @@ async fn agree_before(
         prior: local().map(|b| b.peer),
         ..Agreement::default()
     };
-    let stored = match redis.get(&name, sid).await {
-        Ok(stored) => stored,
-        Err(()) => return offline,
+    let kept = redis.claims_kept_ms();
+    let read = match kept {
+        Some(kept) => {
+            redis
+                .get_or_claims(&name, sid, now.saturating_sub(kept))
+                .await
+        }
+        None => redis.get(&name, sid).await.map(|b| (b, Vec::new())),
+    };
+    let Ok((stored, claims)) = read else {
+        return offline;
     };
     let mut agreement = Agreement {
         active: true,
@@ -111,13 +120,29 @@ async fn agree_before(
             agreement.prior = Some(b.peer);
         }
         None => {
+            if let Some(kept) = kept {
+                note_claims(route, &redis.replica, &claims, now + kept);
+            }
             // Known here (placed while Redis was away, or its key expired
             // first): this replica's binding, unless another wrote one.
-            let mine = local().or_else(|| first_placement(route, pool, sid, now));
-            let Some(mine) = mine else {
-                return agreement;
+            let (mine, first) = match local() {
+                Some(known) => (known, false),
+                None => match first_placement(route, pool, sid, now) {
+                    Some(placed) => (placed, true),
+                    None => return agreement,
+                },
             };
-            match redis.set_if_absent(&name, sid, &mine, ttl).await {
+            let written = if first && kept.is_some() {
+                let claim = Claim {
+                    replica: redis.replica.clone(),
+                    peer: mine.peer.clone(),
+                    tokens,
+                };
+                redis.claim(&name, sid, &mine, ttl, &claim, now).await
+            } else {
+                redis.set_if_absent(&name, sid, &mine, ttl).await
+            };
+            match written {
                 Ok(None) => {
                     // The claim is the placement: the local table takes it
                     // now, so a concurrent local decision cannot differ.
@@ -138,6 +163,26 @@ async fn agree_before(
     }
     redis.mark_synced(&name, sid, now);
     agreement
+}
+
+/// The first turns the other replicas claimed lately, as prefill ahead on
+/// their engines until `until_ms`: sessions that start at one moment on
+/// several replicas spread as on one, where each replica alone would put
+/// its own on the engine its last sync left least loaded, the same one.
+fn note_claims(route: &Route, me: &str, claims: &[Claim], until_ms: u64) {
+    let mut claimed: HashMap<&str, (u32, u64)> = HashMap::new();
+    for c in claims.iter().filter(|c| c.replica != me) {
+        let (requests, tokens) = claimed.entry(c.peer.as_str()).or_default();
+        *requests += 1;
+        *tokens += c.tokens;
+    }
+    for p in &route.peers {
+        let (requests, tokens) = claimed
+            .get(p.state.address.as_str())
+            .copied()
+            .unwrap_or_default();
+        p.state.note_remote_claims(requests, tokens, until_ms);
+    }
 }
 
 /// Where the local rules would put a session seen for the first time.

@@ -33,22 +33,17 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                 // A peer whose host did not resolve can never be chosen.
                 ready: p.is_usable(now_ms),
                 // With a shared session store, the whole cluster's load.
-                in_flight: p.state.in_flight() + p.state.remote_in_flight(),
+                in_flight: p.state.in_flight() + p.state.remote_requests(now_ms),
                 // The cluster's: another replica's cold prompts are
                 // prefill ahead of a request here all the same.
-                backlog_tokens: p.state.cold_backlog_tokens()
-                    + p.state.remote_cold_backlog_tokens(),
+                backlog_tokens: p.state.cold_backlog_tokens() + p.state.remote_cold_tokens(now_ms),
                 speed: p.state.speed(),
                 max_concurrency: p.config.max_concurrency,
                 engine: fresh,
                 kv_full,
                 // With a shared store, the cluster's live sessions (each
                 // counted once), not only those whose turns came through here.
-                bound: p.state.bound(
-                    bound_of(p.state.id),
-                    now_ms,
-                    super::sync::CLUSTER_VIEW_MAX_AGE_MS,
-                ),
+                bound: p.state.bound(bound_of(p.state.id), now_ms),
                 kv_capacity_tokens: kv_working_set_capacity(p),
             }
         })

@@ -2,18 +2,18 @@
 //! placement state through the session store (`crate::store`, which knows
 //! nothing of routes). It keeps the connections open, publishes this
 //! replica's in-flight and cold prompt tokens per peer and reads the
-//! others' (every `IN_FLIGHT_MS`), publishes and reads the live sessions (every
-//! `SESSIONS_EVERY`-th time, 250 ms; a replica's numbers expire
-//! `LOAD_TTL_MS` after its last publish, so a replica that died stops
-//! counting within that bound),
+//! others' (every `session_store.sync_interval`, 50 ms by default),
+//! publishes and reads the live sessions (every `SESSIONS_EVERY`-th time,
+//! 250 ms; a replica's numbers expire `load_ttl_ms` after its last publish,
+//! 1.5 s, so a replica that died stops counting within that bound),
 //! shares the tenants' budget windows at the sessions' pace
 //! (`tenants/shared.rs`), writes back the sessions placed while Redis was
 //! away, and sweeps old sync times. It runs through a drain (`server.rs` `UntilExit`), until
 //! the process exits: a draining replica's streams still load their
 //! engines, and the others must go on counting them.
 //!
-//! Staleness: another replica's in-flight is at most `IN_FLIGHT_MS` old
-//! when published plus one `IN_FLIGHT_MS` until it is read here, so
+//! Staleness: another replica's in-flight is at most one interval old
+//! when published plus one interval until it is read here, so
 //! placement's cluster in-flight lags by at most ~0.1 s; its live sessions
 //! by at most ~0.5 s. In-flight goes at the faster pace because it is what
 //! a spill weighs, turn by turn: at 250 ms, two replicas' TTFT p95 on the
@@ -32,13 +32,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub const IN_FLIGHT_MS: u64 = 50;
 /// Live sessions go out every this many in-flight publishes (250 ms).
 const SESSIONS_EVERY: u64 = 5;
-pub const LOAD_TTL_MS: u64 = 1_500;
-/// Placement falls back to this replica's own live counts when the cluster
-/// view is older than this (Redis away).
-pub const CLUSTER_VIEW_MAX_AGE_MS: u64 = 2 * LOAD_TTL_MS;
+const LOAD_TTL_MS: u64 = 1_500;
 /// Past this many live sessions a replica publishes none (the others then
 /// see only its in-flight): the list would cost more than it tells.
 const MAX_PUBLISHED_SESSIONS: usize = 50_000;
@@ -56,7 +52,8 @@ impl BackgroundService for StoreService {
         let Some(redis) = self.store.redis() else {
             return;
         };
-        let mut tick = tokio::time::interval(Duration::from_millis(IN_FLIGHT_MS));
+        let load_ttl = load_ttl_ms(redis.sync_interval());
+        let mut tick = tokio::time::interval(redis.sync_interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks = 0u64;
         loop {
@@ -76,11 +73,12 @@ impl BackgroundService for StoreService {
             let now = now_ms();
             let snapshot = self.registry.snapshot();
             for route in snapshot.values() {
-                exchange_load(redis, route, now, sessions).await;
+                exchange_load(redis, route, now, sessions, load_ttl).await;
             }
             // Without a tenants file there are no budgets to share.
             if sessions && self.registry.tenants().tracked() {
-                crate::tenants::shared::exchange(redis, self.registry.tenants(), now).await;
+                crate::tenants::shared::exchange(redis, self.registry.tenants(), now, load_ttl)
+                    .await;
             }
             if redis.is_up() {
                 write_back(redis, &self.registry, now).await;
@@ -91,6 +89,7 @@ impl BackgroundService for StoreService {
                     for p in &route.peers {
                         p.state.set_remote_in_flight(0);
                         p.state.set_remote_cold_backlog_tokens(0);
+                        p.state.note_remote_claims(0, 0, 0);
                         p.state.clear_cluster_bound();
                     }
                 }
@@ -111,7 +110,15 @@ impl BackgroundService for StoreService {
 /// sessions. A session live on several replicas (its turns went through
 /// each) counts once: the union of the published session hashes is what is
 /// bound.
-async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bool) {
+/// How long a replica's published numbers count: 1.5 s, or 30 syncs where
+/// the interval is set longer, so that a replica alive is never taken for
+/// gone between two publishes.
+fn load_ttl_ms(sync_interval: Duration) -> u64 {
+    let interval = u64::try_from(sync_interval.as_millis()).unwrap_or(u64::MAX);
+    LOAD_TTL_MS.max(interval.saturating_mul(30))
+}
+
+async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bool, ttl: u64) {
     let prefix = redis.prefix();
     let name = route.name();
     let mine = load_key(prefix, name, &redis.replica);
@@ -137,7 +144,7 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
             .arg(live_key(prefix, name, &redis.replica))
             .arg(&blob)
             .arg("PX")
-            .arg(LOAD_TTL_MS)
+            .arg(ttl)
             .ignore();
     }
     let hset = pipe.cmd("HSET").arg(&mine);
@@ -146,12 +153,8 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
         hset.arg(cold_field(&p.state.address))
             .arg(p.state.cold_backlog_tokens());
     }
-    pipe.ignore()
-        .cmd("PEXPIRE")
-        .arg(&mine)
-        .arg(LOAD_TTL_MS)
-        .ignore();
-    redis.roll_call(&mut pipe, &replicas, now, LOAD_TTL_MS, true);
+    pipe.ignore().cmd("PEXPIRE").arg(&mine).arg(ttl).ignore();
+    redis.roll_call(&mut pipe, &replicas, now, ttl, true);
     let Some((roll,)): Option<(Vec<String>,)> = redis.pipeline("load_publish", &pipe).await else {
         return;
     };
@@ -215,7 +218,7 @@ async fn exchange_load(redis: &RedisStore, route: &Route, now: u64, sessions: bo
             .copied()
             .unwrap_or_default();
         p.state
-            .set_cluster_bound(cluster, table.live_of(p.state.id), now);
+            .set_cluster_bound(cluster, table.live_of(p.state.id), now, 2 * ttl);
     }
 }
 
@@ -325,12 +328,12 @@ mod tests {
         let state = crate::registry::PeerState::for_tests("h:1");
         let local = Bound::whole;
         // No cluster view yet: the local count.
-        assert_eq!(state.bound(local(2, 20), 1_000, 3_000), local(2, 20));
+        assert_eq!(state.bound(local(2, 20), 1_000), local(2, 20));
         // 10 sessions across the cluster, 2 of them here at the exchange;
         // since then one more was placed here.
-        state.set_cluster_bound(local(10, 100), local(2, 20), 1_000);
-        assert_eq!(state.bound(local(3, 30), 1_200, 3_000), local(11, 110));
+        state.set_cluster_bound(local(10, 100), local(2, 20), 1_000, 3_000);
+        assert_eq!(state.bound(local(3, 30), 1_200), local(11, 110));
         // A stale view (Redis away) gives way to the local count.
-        assert_eq!(state.bound(local(3, 30), 5_000, 3_000), local(3, 30));
+        assert_eq!(state.bound(local(3, 30), 5_000), local(3, 30));
     }
 }

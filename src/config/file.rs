@@ -76,6 +76,8 @@ pub(super) struct SessionStoreFile {
     pub key_prefix: Option<String>,
     pub timeout: Option<Dur>,
     pub pool_size: Option<usize>,
+    pub sync_interval: Option<Dur>,
+    pub share_claims: Option<Flag>,
 }
 
 /// `bodylog:` in gateway.yaml: where request and response bodies go.

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 pub const DEFAULT_KEY_PREFIX: &str = "llmgw:";
 pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(20);
+/// How often a replica publishes its load and reads the others': at 250 ms,
+/// two replicas' TTFT p95 on the agent replay was 12-16 % over one
+/// replica's, at 50 ms level with it (BENCHMARKS.md, scale-out).
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SessionStoreConfig {
@@ -29,6 +33,12 @@ pub struct RedisStoreConfig {
     /// table instead.
     pub timeout: Duration,
     pub pool_size: usize,
+    /// How often this replica publishes its load and reads the others'.
+    pub sync_interval: Duration,
+    /// A first placement's claim is read back by the other replicas' next
+    /// first placements until a sync has carried it (`balance/shared.rs`);
+    /// off only to measure what that is worth.
+    pub share_claims: bool,
 }
 
 pub(super) fn resolve(
@@ -81,6 +91,14 @@ pub(super) fn resolve(
                     "session_store.pool_size must be between 1 and 64".into(),
                 ));
             }
+            let sync_interval = file.sync_interval.map_or(DEFAULT_SYNC_INTERVAL, |d| d.0);
+            if sync_interval < Duration::from_millis(10) || sync_interval > Duration::from_secs(60)
+            {
+                return Err(at(
+                    "sync_interval",
+                    "session_store.sync_interval must be between 10ms and 60s".into(),
+                ));
+            }
             Ok(SessionStoreConfig::Redis(RedisStoreConfig {
                 url,
                 username: file.username.clone(),
@@ -91,6 +109,8 @@ pub(super) fn resolve(
                     .unwrap_or_else(|| DEFAULT_KEY_PREFIX.into()),
                 timeout,
                 pool_size,
+                sync_interval,
+                share_claims: super::units::flag(file.share_claims, true),
             }))
         }
         Some(other) => Err(at(

@@ -424,6 +424,16 @@ fn session_store_is_local_by_default_and_redis_is_validated_with_its_line() {
             assert_eq!(r.key_prefix, "llmgw:");
             assert_eq!(r.timeout, Duration::from_millis(20));
             assert_eq!(r.pool_size, 1);
+            assert_eq!(r.sync_interval, Duration::from_millis(50));
+            assert!(r.share_claims);
+        }
+        other => panic!("{other:?}"),
+    }
+    let tuned = parse("session_store:\n  kind: redis\n  url: redis://h\n  sync_interval: 200ms\n  share_claims: false\n").unwrap();
+    match tuned.session_store {
+        SessionStoreConfig::Redis(r) => {
+            assert_eq!(r.sync_interval, Duration::from_millis(200));
+            assert!(!r.share_claims);
         }
         other => panic!("{other:?}"),
     }
@@ -441,6 +451,10 @@ fn session_store_is_local_by_default_and_redis_is_validated_with_its_line() {
         ),
         (
             "session_store:\n  kind: redis\n  url: redis://h\n  pool_size: 0\n",
+            4,
+        ),
+        (
+            "session_store:\n  kind: redis\n  url: redis://h\n  sync_interval: 5ms\n",
             4,
         ),
     ] {

@@ -128,6 +128,12 @@ pub struct PeerState {
     /// await the first token of, as they last published it: prefill ahead
     /// of a request here wherever it was placed (shared store only).
     remote_cold_backlog_tokens: AtomicU64,
+    /// The first turns the other replicas claimed here that no sync had
+    /// carried yet when this replica last read the claims, and until when
+    /// they count (`balance/shared.rs`).
+    remote_claimed_requests: AtomicU32,
+    remote_claimed_tokens: AtomicU64,
+    remote_claimed_until_ms: AtomicU64,
     /// The cluster's live sessions on this peer (each counted once over every
     /// replica), as of the store task's last exchange, with this replica's
     /// own count at that moment, so placement can add what changed here
@@ -137,6 +143,9 @@ pub struct PeerState {
     local_sessions_then: AtomicU32,
     local_tokens_then: AtomicU64,
     cluster_at_ms: AtomicU64,
+    /// How long the cluster view counts after its exchange: two of the
+    /// replicas' load TTLs, then this replica's own count.
+    cluster_valid_ms: AtomicU64,
 }
 
 impl PeerState {
@@ -173,11 +182,15 @@ impl PeerState {
             room,
             remote_in_flight: AtomicU32::new(0),
             remote_cold_backlog_tokens: AtomicU64::new(0),
+            remote_claimed_requests: AtomicU32::new(0),
+            remote_claimed_tokens: AtomicU64::new(0),
+            remote_claimed_until_ms: AtomicU64::new(0),
             cluster_sessions: AtomicU32::new(0),
             cluster_tokens: AtomicU64::new(0),
             local_sessions_then: AtomicU32::new(0),
             local_tokens_then: AtomicU64::new(0),
             cluster_at_ms: AtomicU64::new(0),
+            cluster_valid_ms: AtomicU64::new(0),
         }
     }
 
@@ -220,6 +233,42 @@ impl PeerState {
             .store(tokens, Ordering::Relaxed);
     }
 
+    /// The first turns the other replicas claimed here lately (how many,
+    /// their prompt tokens), read back with a first placement's claim:
+    /// counted until `until_ms`, by when a sync carries them.
+    pub fn note_remote_claims(&self, requests: u32, tokens: u64, until_ms: u64) {
+        self.remote_claimed_requests
+            .store(requests, Ordering::Relaxed);
+        self.remote_claimed_tokens.store(tokens, Ordering::Relaxed);
+        self.remote_claimed_until_ms
+            .store(until_ms, Ordering::Relaxed);
+    }
+
+    /// The other replicas' cold prompt tokens here: as last synced, or
+    /// what they claimed here since, when that is more. The larger, not
+    /// the sum: a claim a sync already carried would count twice.
+    pub fn remote_cold_tokens(&self, now_ms: u64) -> u64 {
+        let synced = self.remote_cold_backlog_tokens();
+        if !self.claims_count(now_ms) {
+            return synced;
+        }
+        synced.max(self.remote_claimed_tokens.load(Ordering::Relaxed))
+    }
+
+    /// The other replicas' requests in flight here, as
+    /// [`remote_cold_tokens`](Self::remote_cold_tokens) counts their tokens.
+    pub fn remote_requests(&self, now_ms: u64) -> u32 {
+        let synced = self.remote_in_flight();
+        if !self.claims_count(now_ms) {
+            return synced;
+        }
+        synced.max(self.remote_claimed_requests.load(Ordering::Relaxed))
+    }
+
+    fn claims_count(&self, now_ms: u64) -> bool {
+        now_ms < self.remote_claimed_until_ms.load(Ordering::Relaxed)
+    }
+
     /// Records the cluster's live sessions on this peer (`cluster`) and this
     /// replica's own count at the same moment (`local`).
     pub fn set_cluster_bound(
@@ -227,7 +276,9 @@ impl PeerState {
         cluster: crate::placement::Bound,
         local: crate::placement::Bound,
         now_ms: u64,
+        valid_ms: u64,
     ) {
+        self.cluster_valid_ms.store(valid_ms, Ordering::Relaxed);
         self.cluster_sessions
             .store(cluster.sessions, Ordering::Relaxed);
         self.cluster_tokens.store(cluster.tokens, Ordering::Relaxed);
@@ -245,15 +296,11 @@ impl PeerState {
     /// What is bound here across the cluster: the last exchange's count plus
     /// what this replica's own count did since (a burst of new sessions
     /// placed here between two exchanges is seen at once). `local` without
-    /// a cluster view fresher than `max_age_ms`.
-    pub fn bound(
-        &self,
-        local: crate::placement::Bound,
-        now_ms: u64,
-        max_age_ms: u64,
-    ) -> crate::placement::Bound {
+    /// a cluster view still valid (Redis away: it goes stale).
+    pub fn bound(&self, local: crate::placement::Bound, now_ms: u64) -> crate::placement::Bound {
         let at = self.cluster_at_ms.load(Ordering::Relaxed);
-        if at == 0 || now_ms.saturating_sub(at) > max_age_ms {
+        let valid = self.cluster_valid_ms.load(Ordering::Relaxed);
+        if at == 0 || now_ms.saturating_sub(at) > valid {
             return local;
         }
         let then_s = self.local_sessions_then.load(Ordering::Relaxed);

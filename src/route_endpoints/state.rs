@@ -73,10 +73,10 @@ pub(super) fn route_state(route: &Route, registry: &Registry) -> Value {
             "in_flight": p.state.in_flight(),
             // Through the other replicas, as they last published it (a
             // shared session store only; 0 otherwise).
-            "remote_in_flight": p.state.remote_in_flight(),
+            "remote_in_flight": p.state.remote_requests(now),
             "awaiting_first_token": p.state.awaiting_first_token(),
             "cold_prefill_tokens": p.state.cold_backlog_tokens(),
-            "remote_cold_prefill_tokens": p.state.remote_cold_backlog_tokens(),
+            "remote_cold_prefill_tokens": p.state.remote_cold_tokens(now),
             "max_concurrency": p.config.max_concurrency,
             // route, default, or engine_slots (llama.cpp's own slots, the
             // limit of a peer whose route sets none).

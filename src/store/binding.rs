@@ -102,9 +102,73 @@ pub fn replicas_key(prefix: &str, route: &str) -> String {
     format!("{prefix}replicas:{route}")
 }
 
+/// The sorted set of `route`'s recent first placements, by claim time.
+pub fn claims_key(prefix: &str, route: &str) -> String {
+    format!("{prefix}claims:{route}")
+}
+
+/// A first placement as the other replicas read it back: who claimed it,
+/// on which peer (`host:port`), for how many prompt tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub replica: String,
+    pub peer: String,
+    pub tokens: u64,
+}
+
+impl Claim {
+    /// The member in [`claims_key`]'s set: the session's hash keeps two
+    /// claims of one replica on one peer apart.
+    pub fn encode(&self, sid: u64) -> String {
+        format!("{} {sid:016x} {} {}", self.replica, self.peer, self.tokens)
+    }
+
+    /// `None` for anything [`encode`](Self::encode) did not write.
+    pub fn decode(text: &str) -> Option<Claim> {
+        let mut parts = text.split(' ');
+        let replica = parts.next().filter(|r| !r.is_empty())?.to_string();
+        u64::from_str_radix(parts.next()?, 16).ok()?;
+        let peer = parts.next().filter(|p| !p.is_empty())?.to_string();
+        let tokens = parts.next()?.parse().ok()?;
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(Claim {
+            replica,
+            peer,
+            tokens,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_round_trips_and_foreign_members_are_refused() {
+        let c = Claim {
+            replica: "00000000000000aa".into(),
+            peer: "10.0.0.7:8000".into(),
+            tokens: 12_000,
+        };
+        let member = c.encode(0xbeef);
+        assert_eq!(
+            member,
+            "00000000000000aa 000000000000beef 10.0.0.7:8000 12000"
+        );
+        assert_eq!(Claim::decode(&member), Some(c));
+        for bad in [
+            "",
+            "r 00ff h:1",
+            "r zz h:1 5",
+            "r 00ff  5",
+            "r 00ff h:1 x",
+            "r 00ff h:1 5 6",
+        ] {
+            assert_eq!(Claim::decode(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn a_binding_round_trips_and_foreign_values_are_refused() {

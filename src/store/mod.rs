@@ -29,7 +29,7 @@ pub mod binding;
 use crate::config::store::{RedisStoreConfig, SessionStoreConfig};
 use crate::metrics::metrics;
 use arc_swap::ArcSwapOption;
-use binding::{binding_key, StoredBinding};
+use binding::{binding_key, Claim, StoredBinding};
 use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
 use std::collections::HashMap;
@@ -55,6 +55,33 @@ if cur then
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return {1, ARGV[2]}
+";
+
+/// A binding, or when none stands, the route's first placements claimed
+/// since a time: KEYS[1] the binding, KEYS[2] the claims; ARGV[1] the time.
+/// Returns {binding} or {"", claim…}: a warm turn's one `GET` and a first
+/// turn's view of the others' claims in one round trip.
+const GET_OR_CLAIMS_SCRIPT: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur then return {cur} end
+local claims = redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[1], '+inf')
+table.insert(claims, 1, '')
+return claims
+";
+
+/// A first placement claimed: the binding set if absent and, when it was,
+/// the claim added to the route's claims, those older than the keep dropped.
+/// KEYS[1] the binding, KEYS[2] the claims; ARGV[1] the binding's value,
+/// ARGV[2] its TTL in ms, ARGV[3] now (ms), ARGV[4] the claim, ARGV[5] how
+/// long claims are kept (ms). Returns the binding that stood, or nil.
+const CLAIM_SCRIPT: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur then return cur end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[5])))
+redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[5]))
+return false
 ";
 
 /// The process's session store: local only, or Redis.
@@ -104,6 +131,8 @@ pub struct RedisStore {
     synced: Mutex<HashMap<(Arc<str>, u64), Synced>>,
     dirty: Mutex<Vec<(Arc<str>, u64)>>,
     cas: redis::Script,
+    get_or_claims: redis::Script,
+    claim: redis::Script,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -148,6 +177,8 @@ impl RedisStore {
             synced: Mutex::new(HashMap::new()),
             dirty: Mutex::new(Vec::new()),
             cas: redis::Script::new(CAS_SCRIPT),
+            get_or_claims: redis::Script::new(GET_OR_CLAIMS_SCRIPT),
+            claim: redis::Script::new(CLAIM_SCRIPT),
         })
     }
 
@@ -165,6 +196,20 @@ impl RedisStore {
 
     pub fn timeout(&self) -> Duration {
         self.cfg.timeout
+    }
+
+    pub fn sync_interval(&self) -> Duration {
+        self.cfg.sync_interval
+    }
+
+    /// How long a first placement's claim is read back by the others: until
+    /// two syncs have carried it (this replica's publish, their read), with
+    /// 100 ms for the replicas' clocks, which time the claims.
+    pub fn claims_kept_ms(&self) -> Option<u64> {
+        let sync = u64::try_from(self.cfg.sync_interval.as_millis()).unwrap_or(u64::MAX);
+        self.cfg
+            .share_claims
+            .then(|| sync.saturating_mul(2).saturating_add(100))
     }
 
     /// Opens the connections if there are none yet (the connection manager
@@ -326,6 +371,64 @@ impl RedisStore {
             .await
             .ok_or(())?;
         Ok(value.as_deref().and_then(StoredBinding::decode))
+    }
+
+    /// [`get`](Self::get), and when no binding stands, the first placements
+    /// the replicas claimed on `route` since `since_ms` (the script costs no
+    /// round trip more than the `GET`).
+    pub async fn get_or_claims(
+        &self,
+        route: &str,
+        sid: u64,
+        since_ms: u64,
+    ) -> Result<(Option<StoredBinding>, Vec<Claim>), ()> {
+        let key = binding_key(&self.cfg.key_prefix, route, sid);
+        let mut invocation = self.get_or_claims.key(&key);
+        invocation
+            .key(binding::claims_key(&self.cfg.key_prefix, route))
+            .arg(since_ms);
+        let reply: Vec<String> = self
+            .bounded("get", |mut conn| async move {
+                invocation.invoke_async::<Vec<String>>(&mut conn).await
+            })
+            .await
+            .ok_or(())?;
+        let mut reply = reply.into_iter();
+        match reply.next().filter(|b| !b.is_empty()) {
+            Some(b) => Ok((StoredBinding::decode(&b), Vec::new())),
+            None => Ok((None, reply.filter_map(|c| Claim::decode(&c)).collect())),
+        }
+    }
+
+    /// [`set_if_absent`](Self::set_if_absent), and when it wrote, `claim`
+    /// added at `now_ms` to the route's claims (kept
+    /// [`claims_kept_ms`](Self::claims_kept_ms)).
+    pub async fn claim(
+        &self,
+        route: &str,
+        sid: u64,
+        b: &StoredBinding,
+        ttl: Duration,
+        claim: &Claim,
+        now_ms: u64,
+    ) -> Result<Option<StoredBinding>, ()> {
+        let keep_ms = self.claims_kept_ms().unwrap_or(1);
+        let key = binding_key(&self.cfg.key_prefix, route, sid);
+        let mut invocation = self.claim.key(&key);
+        invocation
+            .key(binding::claims_key(&self.cfg.key_prefix, route))
+            .arg(b.encode())
+            .arg(ttl_ms(ttl))
+            .arg(now_ms)
+            .arg(claim.encode(sid))
+            .arg(keep_ms);
+        let previous: Option<String> = self
+            .bounded("set_nx", |mut conn| async move {
+                invocation.invoke_async::<Option<String>>(&mut conn).await
+            })
+            .await
+            .ok_or(())?;
+        Ok(previous.as_deref().and_then(StoredBinding::decode))
     }
 
     /// Writes `b` unless a binding exists. `Ok(None)`: written; `Ok(Some)`:

@@ -7,16 +7,13 @@
 //!
 //! Each replica writes one hash, `<prefix>tenants:<replica>`, field
 //! `<dimension index>|<tenant>`, value the window's count, expiring with
-//! the replicas' load (`LOAD_TTL_MS`); the replicas that published lately
+//! the replicas' load (`balance/sync.rs` `load_ttl_ms`); the replicas that published lately
 //! are a sorted set, `<prefix>tenants-replicas`, by time. A replica that
 //! dies stops counting within that bound.
 
 use super::Tenants;
 use crate::store::RedisStore;
 use std::collections::HashMap;
-
-/// How long a replica's counts stay without a new publish.
-pub const TTL_MS: u64 = 1_500;
 
 fn counts_key(prefix: &str, replica: &str) -> String {
     format!("{prefix}tenants:{replica}")
@@ -41,7 +38,8 @@ fn parse_field(field: &str) -> Option<(usize, &str)> {
 /// Publishes this replica's counts and sets every tenant's `elsewhere` to
 /// the sum of the other live replicas'. With no budget anywhere and nothing
 /// published by the others, nothing is sent but the replicas' read.
-pub async fn exchange(redis: &RedisStore, tenants: &Tenants, now_ms: u64) {
+/// `ttl_ms`: how long a replica's counts stay without a new publish.
+pub async fn exchange(redis: &RedisStore, tenants: &Tenants, now_ms: u64, ttl_ms: u64) {
     let prefix = redis.prefix();
     let mine = counts_key(prefix, &redis.replica);
     let replicas = replicas_key(prefix);
@@ -57,9 +55,9 @@ pub async fn exchange(redis: &RedisStore, tenants: &Tenants, now_ms: u64) {
                 hset.arg(field(i, tenant)).arg(*n);
             }
         }
-        pipe.ignore().cmd("PEXPIRE").arg(&mine).arg(TTL_MS).ignore();
+        pipe.ignore().cmd("PEXPIRE").arg(&mine).arg(ttl_ms).ignore();
     }
-    redis.roll_call(&mut pipe, &replicas, now_ms, TTL_MS, !published.is_empty());
+    redis.roll_call(&mut pipe, &replicas, now_ms, ttl_ms, !published.is_empty());
     let Some((roll,)): Option<(Vec<String>,)> = redis.pipeline("tenants_publish", &pipe).await
     else {
         return;
