@@ -18,6 +18,7 @@ use crate::ids::SessionIds;
 use crate::plan::{fmt_secs, Plan};
 use crate::progress::{self, Progress};
 use crate::record::{write_records, Record};
+use crate::redis_relay::RedisRelay;
 use crate::reference::Placer;
 use crate::result::{summarize, ModeResult};
 use crate::router::{Fill, RouterProcess};
@@ -104,7 +105,7 @@ pub(crate) async fn run_mode(
         cell_started,
     )));
     let tasks = spawn_slots(&ctx, plan);
-    let window = observe(plan, &ctx, &gateways, &mut engines, &label).await?;
+    let window = observe(plan, &ctx, &mut gateways, &mut engines, &label).await?;
     let cut = drain(&ctx, tasks, &label).await;
     gateways.stop()?;
     // Redis and the gateways' directory go before the engines.
@@ -156,10 +157,11 @@ impl Engines {
 /// the Redis they share if any, and their directory; or, with
 /// `--router-cmd`, the external router in their place.
 struct Gateways {
-    // Fields drop in order: the replicas or the router, then Redis, then
-    // the directory they ran in.
+    // Fields drop in order: the replicas or the router, then the relay to
+    // Redis and Redis, then the directory they ran in.
     replicas: Vec<GatewayProcess>,
     router: Option<RouterProcess>,
+    relay: Option<RedisRelay>,
     redis: Option<gateway::RedisProcess>,
     dir: Option<TempDir>,
 }
@@ -174,6 +176,7 @@ impl Gateways {
         let mut g = Gateways {
             replicas: Vec::new(),
             router: None,
+            relay: None,
             redis: None,
             dir: None,
         };
@@ -203,12 +206,21 @@ impl Gateways {
             _ => (exe, mode),
         };
         if plan.opts.session_store == "redis" {
-            g.redis = Some(gateway::RedisProcess::start(&dir.0).await?);
+            let redis = gateway::RedisProcess::start(&dir.0).await?;
+            if !plan.opts.redis_delay.is_zero() {
+                g.relay = Some(
+                    RedisRelay::start(redis.addr, plan.opts.redis_delay)
+                        .await
+                        .map_err(|e| format!("cannot start the relay to Redis: {e}"))?,
+                );
+            }
+            g.redis = Some(redis);
         }
+        let relay = g.relay.as_ref().map(|r| r.addr);
         let gateway_extra = g
             .redis
             .as_ref()
-            .map(|r| r.gateway_yaml())
+            .map(|r| r.gateway_yaml(relay))
             .unwrap_or_default();
         let noisy = plan.scenario == crate::scenario::Scenario::NoisyNeighbor;
         let mut route = gateway::route_yaml(&RouteSpec {
@@ -343,11 +355,11 @@ fn spawn_slots(ctx: &Arc<Ctx>, plan: &Plan) -> JoinSet<()> {
 }
 
 /// The measured window: samplers over it, snapshots at its two ends, and
-/// the scenario's failover inside it.
+/// the scenario's failover and `--redis-stop-at` inside it.
 async fn observe(
     plan: &Plan,
     ctx: &Ctx,
-    gateways: &Gateways,
+    gateways: &mut Gateways,
     engines: &mut Engines,
     label: &str,
 ) -> Result<Window, String> {
@@ -367,7 +379,10 @@ async fn observe(
     sleep_until(warm).await;
     let before = snapshot(&gw_probe, &addrs).await;
     let mut retired = Vec::new();
-    if let Some(f) = plan.failover {
+    let failover = async {
+        let Some(f) = plan.failover else {
+            return Ok(());
+        };
         let i = f.engine;
         sleep_until(start + f.at).await;
         retired.push((i, scrape(addrs[i]).await));
@@ -384,7 +399,21 @@ async fn observe(
             .map_err(|e| format!("cannot restart e{i} on {}: {e}", addrs[i]))?;
         engines.live.lock()[i] = fresh.stats.clone();
         eprintln!("   {label}: e{i} back, with an empty cache");
-    }
+        Ok::<(), String>(())
+    };
+    let redis_stop = async {
+        let (Some(at), Some(redis)) = (plan.opts.redis_stop_at, gateways.redis.as_mut()) else {
+            return;
+        };
+        sleep_until(warm + at).await;
+        redis.kill();
+        eprintln!(
+            "   {label}: redis-server killed {} into the measured window",
+            fmt_secs(at)
+        );
+    };
+    let (failed_over, ()) = tokio::join!(failover, redis_stop);
+    failed_over?;
     sleep_until(end).await;
     let after = snapshot(&gw_probe, &addrs).await;
     Ok(Window {

@@ -162,21 +162,28 @@ impl RedisProcess {
         Ok(r)
     }
 
-    /// The gateway.yaml section that points a replica at it.
-    pub fn gateway_yaml(&self) -> String {
+    /// The gateway.yaml section that points a replica at it, or at the
+    /// relay in front of it (`--redis-delay`).
+    pub fn gateway_yaml(&self, relay: Option<SocketAddr>) -> String {
         format!(
             "session_store:\n  kind: redis\n  url: redis://{}/0\n",
-            self.addr
+            relay.unwrap_or(self.addr)
         )
+    }
+
+    /// Kills (SIGKILL) and reaps redis-server: `--redis-stop-at`, and every
+    /// way out of the cell. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
 impl Drop for RedisProcess {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.kill();
     }
 }
 
@@ -312,6 +319,24 @@ mod tests {
         assert!(y.contains("{name: e1, host: 127.0.0.1, port: 4002, max_concurrency: 256}"));
         assert!(y.contains("mode: load_aware"));
         assert!(y.contains("engine_metrics: {interval: 200ms}"));
+    }
+
+    #[test]
+    fn replicas_reach_redis_through_the_relay_when_there_is_one() {
+        let redis = RedisProcess {
+            child: None,
+            addr: "127.0.0.1:6390".parse().expect("addr"),
+        };
+        let relay: SocketAddr = "127.0.0.1:7001".parse().expect("addr");
+        let via_relay = redis.gateway_yaml(Some(relay));
+        assert!(
+            via_relay.contains("url: redis://127.0.0.1:7001/0"),
+            "{via_relay}"
+        );
+        assert!(!via_relay.contains("6390"), "{via_relay}");
+        // The control: no relay, Redis itself.
+        let direct = redis.gateway_yaml(None);
+        assert!(direct.contains("url: redis://127.0.0.1:6390/0"), "{direct}");
     }
 
     #[test]

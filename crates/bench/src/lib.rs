@@ -31,6 +31,12 @@
 //! compares every cell with the best of them and the reference cell
 //! (`versus.rs`).
 //!
+//! With `--replicas N` a gateway cell runs N gateways, each request sent to
+//! one of them; `--session-store redis` gives them a shared redis-server
+//! (`gateway.rs`), `--redis-delay` puts a latency relay in front of it
+//! (`redis_relay.rs`) and `--redis-stop-at` kills it inside the measured
+//! window (`cell.rs`).
+//!
 //! Everything listens on 127.0.0.1; the gateway process (or the router's
 //! process group) is killed on every way out (see `gateway.rs`,
 //! `router.rs`), Ctrl-C and SIGTERM included.
@@ -50,6 +56,7 @@ mod plot;
 mod process;
 mod progress;
 mod record;
+mod redis_relay;
 mod reference;
 mod report;
 mod result;

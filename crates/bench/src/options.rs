@@ -222,6 +222,15 @@ pub struct BenchArgs {
     /// or redis (a redis-server the bench starts, shared) [default: local]
     #[arg(long, value_name = "KIND", value_parser = ["local", "redis"], help_heading = "Gateway")]
     pub session_store: Option<String>,
+    /// With --session-store redis: the replicas reach Redis through a relay
+    /// the bench runs that holds every client-to-Redis chunk MS ms, so each
+    /// round trip gains MS [default: 0, no relay]
+    #[arg(long, value_name = "MS", help_heading = "Gateway")]
+    pub redis_delay: Option<u64>,
+    /// With --session-store redis: kill redis-server SECS seconds into each
+    /// gateway cell's measured window (after --warmup) and run on without it
+    #[arg(long, value_name = "SECS", value_parser = seconds, help_heading = "Gateway")]
+    pub redis_stop_at: Option<Duration>,
 
     /// Run each scenario's one cell through this router instead of the
     /// gateway: a shell command (sh -c, its own process group, killed at the
@@ -321,6 +330,12 @@ pub struct Options {
     pub replicas: usize,
     /// "local" or "redis".
     pub session_store: String,
+    /// `--redis-delay`: added to each round trip between a replica and
+    /// Redis; zero runs no relay.
+    pub redis_delay: Duration,
+    /// `--redis-stop-at`: when Redis is killed, from the measured window's
+    /// start.
+    pub redis_stop_at: Option<Duration>,
     /// `--router-cmd`: the one cell of each scenario goes through this
     /// router, and `modes` is its label alone.
     pub router: Option<RouterSpec>,
@@ -368,6 +383,8 @@ impl Default for Options {
             route_extra: None,
             replicas: 1,
             session_store: "local".into(),
+            redis_delay: Duration::ZERO,
+            redis_stop_at: None,
             router: None,
             peers: Vec::new(),
         }
@@ -375,6 +392,12 @@ impl Default for Options {
 }
 
 impl Options {
+    /// The part of each cell not measured: `--warmup`, else a sixth of the
+    /// duration.
+    pub fn warmup_or_default(&self) -> Duration {
+        self.warmup.unwrap_or(self.duration / 6)
+    }
+
     /// Whether a cell runs the gateway binary.
     pub fn needs_gateway(&self) -> bool {
         self.router.is_none() && self.modes.iter().any(|m| m != REFERENCE)
@@ -437,6 +460,13 @@ fn non_negative(v: &str) -> Result<f64, String> {
         .ok()
         .filter(|f| f.is_finite() && *f >= 0.0)
         .ok_or_else(|| "must be a non-negative number".to_string())
+}
+
+/// A number of seconds, fractions allowed.
+fn seconds(v: &str) -> Result<Duration, String> {
+    non_negative(v).and_then(|s| {
+        Duration::try_from_secs_f64(s).map_err(|_| "must be a number of seconds".to_string())
+    })
 }
 
 impl BenchArgs {
@@ -507,6 +537,10 @@ impl BenchArgs {
             route_extra: self.route_extra,
             replicas: self.replicas.unwrap_or(d.replicas),
             session_store: self.session_store.unwrap_or(d.session_store),
+            redis_delay: self
+                .redis_delay
+                .map_or(d.redis_delay, Duration::from_millis),
+            redis_stop_at: self.redis_stop_at,
             router: None,
             peers: match self.peers {
                 Some(names) if names.iter().any(|n| n == "all") => peers::PEERS.to_vec(),
@@ -538,6 +572,27 @@ impl BenchArgs {
         }
         if o.warmup.is_some_and(|w| w >= o.duration) {
             return Err("--warmup must be shorter than --duration".into());
+        }
+        let redis_only = [
+            ("--redis-delay", self.redis_delay.is_some()),
+            ("--redis-stop-at", self.redis_stop_at.is_some()),
+        ];
+        if let Some((flag, _)) = redis_only.iter().find(|(_, set)| *set) {
+            if o.session_store != "redis" {
+                return Err(format!("{flag} applies to --session-store redis only"));
+            }
+        }
+        if let Some(at) = o.redis_stop_at {
+            let measured = o.duration.saturating_sub(o.warmup_or_default());
+            if at >= measured {
+                return Err(format!(
+                    "--redis-stop-at {}: past the measured window ({:.1}s after a warm-up of \
+                     {:.1}s)",
+                    at.as_secs_f64(),
+                    measured.as_secs_f64(),
+                    o.warmup_or_default().as_secs_f64(),
+                ));
+            }
         }
         if self.id_share.is_some() && o.session_id != SessionIdMode::Mixed {
             return Err("--id-share applies to --session-id mixed only".into());

@@ -288,7 +288,7 @@ impl Plan {
                 t
             });
         workload.noisy_neighbor = scenario == Scenario::NoisyNeighbor;
-        let warmup = opts.warmup.unwrap_or(opts.duration / 6);
+        let warmup = opts.warmup_or_default();
         let failover =
             (scenario == Scenario::Failover).then(|| Failover::within(warmup, opts.duration));
         Plan {
@@ -425,6 +425,19 @@ impl Plan {
                 "\n{} gateway replica(s), each request sent to one at random; session store: {}",
                 self.opts.replicas, self.opts.session_store
             ));
+            if !self.opts.redis_delay.is_zero() {
+                out.push_str(&format!(
+                    "; Redis reached through a relay adding {} ms per round trip",
+                    self.opts.redis_delay.as_millis()
+                ));
+            }
+            if let Some(at) = self.opts.redis_stop_at {
+                out.push_str(&format!(
+                    "; redis-server killed {} into the measured window, the run going on \
+                     without it",
+                    fmt_secs(at)
+                ));
+            }
         }
         out
     }

@@ -205,3 +205,44 @@ fn bad_arguments_are_rejected() {
         assert!(parse(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn redis_delay_and_stop_need_the_redis_store() {
+    let o =
+        parse("--replicas 2 --session-store redis --redis-delay 5 --redis-stop-at 2.5").unwrap();
+    assert_eq!(o.redis_delay, Duration::from_millis(5));
+    assert_eq!(o.redis_stop_at, Some(Duration::from_millis(2_500)));
+    let d = parse("--session-store redis").unwrap();
+    assert_eq!((d.redis_delay, d.redis_stop_at), (Duration::ZERO, None));
+    // The same flags without the redis store, or with the local one, are
+    // refused and say why.
+    for flags in ["--redis-delay 5", "--redis-stop-at 5"] {
+        for store in ["", "--session-store local", "--replicas 2"] {
+            let e = parse(&format!("{flags} {store}")).unwrap_err();
+            assert!(
+                e.contains("--session-store redis only"),
+                "{flags} {store}: {e}"
+            );
+        }
+        assert!(
+            parse(&format!("{flags} --session-store redis")).is_ok(),
+            "{flags}"
+        );
+    }
+    // The stop falls inside the measured window: 60s with 10s of warm-up
+    // leaves 50s; --quick, 10s with 2s, leaves 8s.
+    assert!(parse("--session-store redis --redis-stop-at 49.9").is_ok());
+    let e = parse("--session-store redis --redis-stop-at 50").unwrap_err();
+    assert!(e.contains("past the measured window"), "{e}");
+    assert!(parse("--quick --session-store redis --redis-stop-at 7").is_ok());
+    assert!(parse("--quick --session-store redis --redis-stop-at 8").is_err());
+    for bad in [
+        "--session-store redis --redis-delay -1",
+        "--session-store redis --redis-delay 1.5",
+        "--session-store redis --redis-stop-at -1",
+        "--session-store redis --redis-stop-at x",
+        "--session-store redis --redis-stop-at 1e300",
+    ] {
+        assert!(parse(bad).is_err(), "{bad}");
+    }
+}

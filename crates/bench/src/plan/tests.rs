@@ -177,3 +177,22 @@ fn noisy_neighbor_is_overload_split_between_two_tenants() {
     assert_eq!(scenario::noisy_tenant(12), (1, "noisy"));
     assert!(p.describe().contains("x-gateway-inference-fairness-id"));
 }
+
+#[test]
+fn the_redis_delay_and_stop_are_in_the_header() {
+    let p = Plan::new(
+        parse("--replicas 2 --session-store redis --redis-delay 5 --redis-stop-at 3").unwrap(),
+    );
+    let d = p.describe();
+    assert!(d.contains("2 gateway replica(s)"), "{d}");
+    assert!(d.contains("relay adding 5 ms per round trip"), "{d}");
+    assert!(
+        d.contains("redis-server killed 3s into the measured window"),
+        "{d}"
+    );
+    // The control: Redis without either flag is said without them.
+    let plain = Plan::new(parse("--replicas 2 --session-store redis").unwrap());
+    let d = plain.describe();
+    assert!(d.contains("session store: redis"), "{d}");
+    assert!(!d.contains("relay") && !d.contains("killed"), "{d}");
+}

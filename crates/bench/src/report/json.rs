@@ -121,6 +121,8 @@ pub(super) fn parameters_json(plan: &Plan) -> Value {
         "route_extra": plan.opts.route_extra,
         "replicas": plan.opts.replicas,
         "session_store": plan.opts.session_store,
+        "redis_delay_ms": plan.opts.redis_delay.as_millis() as u64,
+        "redis_stop_at_s": plan.opts.redis_stop_at.map(|d| d.as_secs_f64()),
         "router": plan.opts.router.as_ref().map(|r| json!({
             "label": r.label,
             "command": r.command,

@@ -271,3 +271,22 @@ fn token_counts_and_spreads_read_at_a_glance() {
     };
     assert_eq!(prefill(&p), "1.50M / 1.00M = 1.50x");
 }
+
+#[test]
+fn the_json_parameters_name_the_redis_delay_and_stop() {
+    let parse = crate::options::tests::parse;
+    let p = Plan::new(
+        parse("--replicas 2 --session-store redis --redis-delay 5 --redis-stop-at 3").unwrap(),
+    );
+    let j = parameters_json(&p);
+    assert_eq!(
+        (j["replicas"].as_u64(), j["session_store"].as_str()),
+        (Some(2), Some("redis"))
+    );
+    assert_eq!(j["redis_delay_ms"], 5);
+    assert_eq!(j["redis_stop_at_s"], 3.0);
+    // The control: Redis without either flag.
+    let j = parameters_json(&Plan::new(parse("--session-store redis").unwrap()));
+    assert_eq!(j["redis_delay_ms"], 0);
+    assert!(j["redis_stop_at_s"].is_null());
+}
