@@ -208,6 +208,7 @@ fn model(c: &mut Criterion) {
                 prefill_us: Some(40.0 + (id % 7) as f32),
                 tpot_us: Some(20_000.0),
                 completions_per_s: Some(8.0),
+                prefill_us_at_least: None,
             },
             engine: Some(EngineLoad {
                 running: 20 + id % 9,

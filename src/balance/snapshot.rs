@@ -37,7 +37,7 @@ pub fn peer_loads(route: &Route, indices: &[usize], now_ms: u64) -> Vec<PeerLoad
                 // The cluster's: another replica's cold prompts are
                 // prefill ahead of a request here all the same.
                 backlog_tokens: p.state.cold_backlog_tokens() + p.state.remote_cold_tokens(now_ms),
-                speed: p.state.speed(),
+                speed: p.state.speed_at(now_ms),
                 max_concurrency: p.config.max_concurrency,
                 engine: fresh,
                 kv_full,

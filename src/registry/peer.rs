@@ -27,8 +27,10 @@
 //! `PeerLoad`) and by the status endpoints.
 
 use super::room::RoomSignal;
+use crate::placement::cold_cost::MIN_NEW_TOKENS;
 use crate::placement::{
-    CapacityLearner, CapacitySource, EngineLoad, EngineSpeed, PeerId, SpeedLearner,
+    prefill_us_at_least, CapacityLearner, CapacitySource, EngineLoad, EngineSpeed, PeerId,
+    SpeedLearner,
 };
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -119,6 +121,10 @@ pub struct PeerState {
     /// How fast the engine has been: its prefill per token, its time per
     /// output token and its completions per second (`placement::speed`).
     speed: Mutex<SpeedLearner>,
+    /// While the engine is not timed: the first cold prompt sent there
+    /// still awaiting its first token (when it was sent, ms; its work in
+    /// tokens), whose wait bounds how fast the engine can be.
+    untimed_probe: Mutex<Option<(u64, u64)>>,
     /// The route's queue signal, told whenever a slot here is released.
     room: Arc<RoomSignal>,
     /// Requests in flight to this peer through the other gateway replicas,
@@ -179,6 +185,7 @@ impl PeerState {
             engine_slots: AtomicU32::new(0),
             learner: Mutex::default(),
             speed: Mutex::default(),
+            untimed_probe: Mutex::default(),
             room,
             remote_in_flight: AtomicU32::new(0),
             remote_cold_backlog_tokens: AtomicU64::new(0),
@@ -459,6 +466,19 @@ impl PeerState {
         self.speed.lock().speed()
     }
 
+    /// [`speed`](Self::speed), and for an engine not timed yet, how slow its
+    /// first token still awaited says it is at least.
+    pub fn speed_at(&self, now_ms: u64) -> EngineSpeed {
+        let mut speed = self.speed();
+        if speed.prefill_us.is_none() {
+            if let Some((sent_ms, work)) = *self.untimed_probe.lock() {
+                speed.prefill_us_at_least =
+                    prefill_us_at_least(now_ms.saturating_sub(sent_ms), work);
+            }
+        }
+        speed
+    }
+
     pub fn engine_sample(&self) -> Option<EngineSample> {
         *self.engine.lock()
     }
@@ -479,6 +499,7 @@ impl PeerState {
                     awaiting_first: true,
                     cold_tokens: 0,
                     ahead: self.cold_backlog_tokens(),
+                    probe: false,
                 }
             })
     }
@@ -501,6 +522,8 @@ pub struct InFlightGuard {
     /// The cold prompts' tokens that were prefilling on the peer when the
     /// slot was taken: what the request waited behind.
     ahead: u64,
+    /// The peer's `untimed_probe` is this request's, until its first token.
+    probe: bool,
 }
 
 impl InFlightGuard {
@@ -521,6 +544,9 @@ impl InFlightGuard {
             return None;
         }
         self.peer.awaiting_first.fetch_sub(1, Ordering::AcqRel);
+        if std::mem::take(&mut self.probe) {
+            *self.peer.untimed_probe.lock() = None;
+        }
         let cold = std::mem::take(&mut self.cold_tokens);
         self.peer
             .cold_backlog_tokens
@@ -538,6 +564,20 @@ impl InFlightGuard {
                 .cold_backlog_tokens
                 .fetch_add(tokens, Ordering::AcqRel);
             self.peer.intake.fetch_add(tokens, Ordering::Relaxed);
+            self.probe_if_untimed();
+        }
+    }
+
+    /// The first cold prompt on an engine not timed yet becomes its probe.
+    fn probe_if_untimed(&mut self) {
+        let work = self.cold_tokens + self.ahead / 2;
+        if work < MIN_NEW_TOKENS || self.peer.speed().prefill_us.is_some() {
+            return;
+        }
+        let mut probe = self.peer.untimed_probe.lock();
+        if probe.is_none() {
+            *probe = Some((crate::clock::now_ms(), work));
+            self.probe = true;
         }
     }
 
@@ -567,6 +607,38 @@ impl Drop for InFlightGuard {
 mod tests {
     use super::*;
     use crate::balance::{discount_completed, half_full as load};
+
+    #[test]
+    fn a_first_token_awaited_on_an_engine_not_timed_yet_bounds_its_speed() {
+        let peer = Arc::new(PeerState::new(0, "127.0.0.1:1".into()));
+        let mut probe = peer.try_acquire(8).expect("slot");
+        probe.cold_prefill(8_000);
+        // A second cold prompt while the first is awaited is no probe.
+        let mut second = peer.try_acquire(8).expect("slot");
+        second.cold_prefill(8_000);
+        let now = crate::clock::now_ms();
+        let bound = |at| peer.speed_at(at).prefill_us_at_least.unwrap_or(0.0);
+        // 2 s on 8k tokens of work: at least ~250 µs a token.
+        assert!(
+            (240.0..=260.0).contains(&bound(now + 2_000)),
+            "{}",
+            bound(now + 2_000)
+        );
+        assert!(bound(now + 4_000) > bound(now + 2_000));
+        // The first token came: no bound (its time is a sample instead).
+        probe.first_token();
+        assert_eq!(peer.speed_at(now + 2_000).prefill_us_at_least, None);
+        drop(second);
+        // Control: on an engine already timed no prompt is a probe.
+        let timed = Arc::new(PeerState::new(1, "127.0.0.1:2".into()));
+        for _ in 0..3 {
+            timed.learn_first_token(8_000, 0, Duration::from_millis(400));
+        }
+        let mut cold = timed.try_acquire(8).expect("slot");
+        cold.cold_prefill(8_000);
+        assert_eq!(timed.speed_at(now + 2_000).prefill_us_at_least, None);
+        assert!(timed.speed_at(now + 2_000).prefill_us.is_some());
+    }
 
     #[test]
     fn a_released_slot_counts_as_a_completion_against_the_sample() {

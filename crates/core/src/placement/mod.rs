@@ -32,7 +32,7 @@ pub use cold_cost::ColdCost;
 pub use incoming::Incoming;
 pub use model::{Ask, Estimate, Prefix, RouteModel};
 pub use pick::{hash_place, least_conn, rendezvous};
-pub use speed::{EngineSpeed, SpeedLearner};
+pub use speed::{prefill_us_at_least, EngineSpeed, SpeedLearner};
 pub use table::{Admission, SessionTable, TableConfig};
 
 /// Stable id of a peer, assigned by the registry per (route, host:port) in order

@@ -180,7 +180,13 @@ pub fn prefill_speed(p: &PeerLoad, route: &RouteModel) -> f32 {
 }
 
 /// The prefill speed the model uses for `p`: its own, else the route's
-/// scaled by how much slower it decodes, else the prior.
+/// scaled by how much slower it decodes, else the prior; an engine not
+/// timed yet no faster than its first token still awaited allows. Every
+/// engine's first tokens come late at a start, the slower engine's last:
+/// until they did, a slow engine was taken to be as fast as the others and
+/// given its share of a burst of new sessions, each second more waiting
+/// behind the last (issue 42, shared-prefix f4: eleven prompts on e0 in
+/// 3 s, first tokens 3-11 s later, the run's p95).
 fn prefill_us(p: &PeerLoad, route: &RouteModel) -> (f32, bool) {
     if let Some(us) = p.speed.prefill_us {
         return (us, true);
@@ -190,7 +196,8 @@ fn prefill_us(p: &PeerLoad, route: &RouteModel) -> (f32, bool) {
         (Some(own), Some(route)) if route > 0.0 => (own / route).clamp(0.25, 4.0),
         _ => 1.0,
     };
-    (base * scale, false)
+    let at_least = p.speed.prefill_us_at_least.unwrap_or(0.0);
+    ((base * scale).max(at_least), false)
 }
 
 /// What an engine's sessions hold between turns now (each by its chance of

@@ -48,6 +48,18 @@ pub struct EngineSpeed {
     pub tpot_us: Option<f32>,
     /// Requests this gateway saw the engine finish per second.
     pub completions_per_s: Option<f32>,
+    /// Not timed yet, and a cold prompt sent there has waited this long
+    /// per token of its work without its first token: the engine is at
+    /// least this slow, whatever the others are (µs per token).
+    pub prefill_us_at_least: Option<f32>,
+}
+
+/// The prefill speed a first token still awaited says an engine has at
+/// least: `waited_ms` for `work` tokens (its own cold tokens and half the
+/// backlog it was sent behind, as [`SpeedLearner::observe_first_token`]
+/// counts a first token that came).
+pub fn prefill_us_at_least(waited_ms: u64, work: u64) -> Option<f32> {
+    (work >= MIN_NEW_TOKENS).then(|| waited_ms as f32 * 1_000.0 / work as f32)
 }
 
 /// Learns one engine's [`EngineSpeed`]. Placement reads it for every
@@ -153,6 +165,7 @@ impl SpeedLearner {
             prefill_us: self.prefill_median,
             tpot_us: self.tpot_median,
             completions_per_s: watched.then_some(self.rate as f32),
+            prefill_us_at_least: None,
         }
     }
 

@@ -468,6 +468,7 @@ fn a_templates_newcomer_joins_its_holders_batch_while_it_has_room() {
         prefill_us: Some(37.0),
         tpot_us: Some(26_000.0),
         completions_per_s: Some(6.0),
+        prefill_us_at_least: None,
     };
     let busy = |id, running, waiting| PeerLoad {
         in_flight: running + waiting,
@@ -517,4 +518,54 @@ fn a_backlog_passes_for_a_long_session_and_not_for_a_short_conversation() {
         chosen(&[more, busy], &new_session(8_000), &route(9_000)),
         Some(1)
     );
+}
+
+#[test]
+fn an_engine_not_timed_yet_is_as_slow_as_its_first_token_still_awaited_says() {
+    // A start: engines 1-3 timed at 75 µs a token; engine 4 not yet, and
+    // the 8k prompt sent there first has waited 1.3 s (160 µs a token of
+    // its work) without its first token. Each has one 8k prompt ahead.
+    let ahead = |peer: PeerLoad| PeerLoad {
+        backlog_tokens: 8_000,
+        in_flight: 1,
+        ..peer
+    };
+    let waiting = |at_least: Option<f32>| PeerLoad {
+        speed: EngineSpeed {
+            prefill_us_at_least: at_least,
+            ..EngineSpeed::default()
+        },
+        ..ahead(engine(4))
+    };
+    let starting = RouteModel {
+        prefill_us: Some(75.0),
+        ..route(9_000)
+    };
+    let timed_three = [
+        ahead(timed(engine(1), 75.0)),
+        ahead(timed(engine(2), 75.0)),
+        ahead(timed(engine(3), 75.0)),
+    ];
+    let with = |four: PeerLoad| [timed_three[0], timed_three[1], timed_three[2], four];
+    let slow = with(waiting(Some(160.0)));
+    let estimate = |peers: &[PeerLoad]| super::estimate(&peers[3], &new_session(8_000), &starting);
+    assert!(
+        estimate(&slow).prefill_ms > 1_200.0,
+        "{:?}",
+        estimate(&slow)
+    );
+    assert_ne!(chosen(&slow, &new_session(8_000), &starting), Some(4));
+    // Control: a wait the route's speed explains (40 µs a token so far)
+    // leaves engine 4 at the route's speed, as fast as the others; the
+    // hash of the session then picks it among equals.
+    let on_time = with(waiting(Some(40.0)));
+    assert_eq!(
+        estimate(&on_time).prefill_ms,
+        estimate(&with(waiting(None))).prefill_ms
+    );
+    let picked: std::collections::HashSet<_> = (0..64u64)
+        .filter_map(|rand| choose(&on_time, &new_session(8_000), &starting, rand, |p| p.ready))
+        .map(|(p, _)| p.id)
+        .collect();
+    assert!(picked.contains(&4), "{picked:?}");
 }
