@@ -598,10 +598,12 @@ fn route_state_shows_a_llama_cpp_peers_load_and_capacity() {
 
 /// llama.cpp's `/props` capacity (its slots' context, 8,192 tokens here) is
 /// not a limit on the sessions it keeps cached: between turns they live in
-/// its prompt cache in host memory. Two live sessions of ~3.5k tokens on
-/// one engine leave a third no room by that measure, yet it is placed at
-/// once, not held in the admission queue. The control: the same capacity
-/// configured as `kv_capacity_tokens` makes the newcomer wait.
+/// its prompt cache in host memory. Two live sessions of ~3.9k tokens on
+/// one engine already pass that measure's admission line (90 %), yet a
+/// third is placed at once, not held in the admission queue. The control:
+/// the same capacity configured as `kv_capacity_tokens` makes the newcomer
+/// wait. (At ~2.9k each the line fell within the newcomer's estimate, and
+/// whether it waited turned on how the tiny model's tokenizer counts.)
 #[test]
 fn a_llama_cpp_slot_context_does_not_hold_new_sessions_back() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -619,7 +621,7 @@ fn a_llama_cpp_slot_context_does_not_hold_new_sessions_back() {
         wait_peers_ready(&gw, 1);
         for sid in ["long-a", "long-b"] {
             let body = json!({"model": "tiny", "max_tokens": 4, "ignore_eos": true,
-                              "messages": [{"role": "user", "content": words(sid, 300)}]});
+                              "messages": [{"role": "user", "content": words(sid, 400)}]});
             let r = http::post_json(gw.addr, CHAT, &[("x-session-id", sid)], &body);
             assert_eq!(r.status(), 200, "{}", r.text());
         }
