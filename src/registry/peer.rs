@@ -473,7 +473,7 @@ impl PeerState {
         if speed.prefill_us.is_none() {
             if let Some((sent_ms, work)) = *self.untimed_probe.lock() {
                 speed.prefill_us_at_least =
-                    prefill_us_at_least(now_ms.saturating_sub(sent_ms), work);
+                    Some(prefill_us_at_least(now_ms.saturating_sub(sent_ms), work));
             }
         }
         speed

@@ -57,9 +57,10 @@ pub struct EngineSpeed {
 /// The prefill speed a first token still awaited says an engine has at
 /// least: `waited_ms` for `work` tokens (its own cold tokens and half the
 /// backlog it was sent behind, as [`SpeedLearner::observe_first_token`]
-/// counts a first token that came).
-pub fn prefill_us_at_least(waited_ms: u64, work: u64) -> Option<f32> {
-    (work >= MIN_NEW_TOKENS).then(|| waited_ms as f32 * 1_000.0 / work as f32)
+/// counts a first token that came; a prompt under `MIN_NEW_TOKENS` is no
+/// probe, as it is no sample).
+pub fn prefill_us_at_least(waited_ms: u64, work: u64) -> f32 {
+    waited_ms as f32 * 1_000.0 / work.max(1) as f32
 }
 
 /// Learns one engine's [`EngineSpeed`]. Placement reads it for every
