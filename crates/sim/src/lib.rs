@@ -50,6 +50,8 @@
 //!   after the first content frame (the real one still comes last)
 //! - `x-sim-gate: NAME`        after the first content frame, wait for
 //!   [`EngineHandle::open_gate`]`(NAME)`; gates stay open once opened
+//! - `x-sim-prefill-gate: NAME` before the first token (after prefill),
+//!   wait for [`EngineHandle::open_gate`]`(NAME)` (the `slots` profile)
 //! - `x-sim-echo: 1`           answer 200 with the request body bytes verbatim
 
 mod cli;

@@ -68,9 +68,12 @@ impl Shared {
         let uncached = (plan.prompt_tokens - cached_tokens) as u64;
         let prefill = Duration::from_micros(uncached.saturating_mul(self.cfg.prefill_us_per_token))
             + plan.extra_ttft;
-        if !prefill.is_zero() {
+        if !prefill.is_zero() || plan.prefill_gate.is_some() {
             let _prefilling = Gauge::enter(&self.prefilling);
             sleep(prefill).await;
+            if let Some(gate) = &plan.prefill_gate {
+                self.wait_gate(gate).await;
+            }
         }
         seq.with_kv(|kv, s| kv.publish_prompt(s, &hashes));
 

@@ -43,6 +43,9 @@ pub(super) struct Plan {
     /// content frame: the decoy a meter must not take for the final count.
     pub(super) decoy_usage: Option<u64>,
     pub(super) gate: Option<String>,
+    /// Held before the first token until this gate opens: a prompt the
+    /// engine has not finished prefilling, for as long as a test wants.
+    pub(super) prefill_gate: Option<String>,
     /// Responses: the turn this one continues (`previous_response_id`).
     pub(super) previous_response_id: Option<String>,
     /// Responses: keep this turn for a later `previous_response_id`.

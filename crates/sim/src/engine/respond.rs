@@ -212,6 +212,10 @@ impl Shared {
             .header("x-sim-gate")
             .map(str::to_string)
             .filter(|g| !g.is_empty());
+        let prefill_gate = req
+            .header("x-sim-prefill-gate")
+            .map(str::to_string)
+            .filter(|g| !g.is_empty());
         let number = |name| header_number(req, name).map_err(invalid);
         let paced = number("x-sim-frame-delay-ms")?;
         let frame_delay = paced.unwrap_or(self.cfg.decode_ms_per_token);
@@ -255,6 +259,7 @@ impl Shared {
             extra_ttft: Duration::from_millis(extra_ttft),
             decoy_usage,
             gate,
+            prefill_gate,
             previous_response_id,
             store: kind == Kind::Responses
                 && body.get("store").and_then(Value::as_bool).unwrap_or(true),
