@@ -226,11 +226,11 @@ impl Gateways {
         let mut route = gateway::route_yaml(&RouteSpec {
             mode,
             engines: engine_addrs,
-            max_concurrency: if noisy {
+            max_concurrency: plan.opts.max_concurrency.unwrap_or(if noisy {
                 crate::scenario::noisy_max_concurrency(plan.sessions_per_engine)
             } else {
                 256
-            },
+            }),
         });
         if noisy {
             route = gateway::merge_extra(&route, crate::scenario::NOISY_QUEUE_TIMEOUT)?;

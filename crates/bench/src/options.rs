@@ -214,6 +214,12 @@ pub struct BenchArgs {
     /// 'balancing: {session_affinity: {live_window: 3s}}' keeps each cell's mode
     #[arg(long, value_name = "YAML", help_heading = "Gateway")]
     pub route_extra: Option<String>,
+    /// Each engine's max_concurrency in the route file [default: 256, or
+    /// half an engine's sessions on noisy-neighbor]; with
+    /// --route-extra 'queue_timeout: 0s', noisy-neighbor on a route that
+    /// configures nothing
+    #[arg(long, value_name = "N", value_parser = positive::<u32>, help_heading = "Gateway")]
+    pub max_concurrency: Option<u32>,
     /// Gateway replicas behind a front that sends each request to one of
     /// them at random, as a Kubernetes Service spreads load [default: 1]
     #[arg(long, value_name = "N", value_parser = positive::<usize>, help_heading = "Gateway")]
@@ -327,6 +333,7 @@ pub struct Options {
     /// `mixed`: the share of sessions that send the header.
     pub id_share: f64,
     pub route_extra: Option<String>,
+    pub max_concurrency: Option<u32>,
     pub replicas: usize,
     /// "local" or "redis".
     pub session_store: String,
@@ -381,6 +388,7 @@ impl Default for Options {
             session_id: SessionIdMode::Header,
             id_share: 0.5,
             route_extra: None,
+            max_concurrency: None,
             replicas: 1,
             session_store: "local".into(),
             redis_delay: Duration::ZERO,
@@ -535,6 +543,7 @@ impl BenchArgs {
             session_id: self.session_id.unwrap_or(d.session_id),
             id_share: self.id_share.unwrap_or(d.id_share),
             route_extra: self.route_extra,
+            max_concurrency: self.max_concurrency,
             replicas: self.replicas.unwrap_or(d.replicas),
             session_store: self.session_store.unwrap_or(d.session_store),
             redis_delay: self
@@ -626,6 +635,7 @@ impl BenchArgs {
                     ("--replicas", o.replicas != 1),
                     ("--session-store redis", o.session_store != "local"),
                     ("--route-extra", o.route_extra.is_some()),
+                    ("--max-concurrency", o.max_concurrency.is_some()),
                     ("--gateway", o.gateway.is_some()),
                 ];
                 if let Some((flag, _)) = gateway_only.iter().find(|(_, set)| *set) {

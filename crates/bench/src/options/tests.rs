@@ -70,6 +70,12 @@ fn scenarios_and_modes_default_and_parse() {
     );
     assert_eq!(o.route_extra.as_deref(), Some("queue_timeout:30s"));
     assert_eq!(o.plot, Some(PathBuf::from("/tmp/x.svg")));
+    assert_eq!(o.max_concurrency, None);
+    assert_eq!(
+        parse("--max-concurrency 64").unwrap().max_concurrency,
+        Some(64)
+    );
+    assert!(parse("--max-concurrency 0").is_err());
     // The reference cell needs no gateway binary.
     assert!(parse("--gateway /nonexistent/gw --modes reference").is_ok());
     assert!(parse("--scenario forks").unwrap().scenarios == vec![Forks]);
