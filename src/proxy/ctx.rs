@@ -57,6 +57,8 @@ pub struct Admitted {
     /// The body with `stream_options.include_usage` added, waiting for the
     /// content guards to pass (they judge what the client sent).
     pub usage_rewrite: Option<RequestBody>,
+    /// The body asks for a streamed response (`"stream": true`).
+    pub streamed: bool,
     /// Indices into `route.peers` this request may use (model pool).
     pub pool: Vec<usize>,
     /// The request's session (hash and source only, never the raw value).

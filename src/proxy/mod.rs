@@ -248,7 +248,11 @@ fn record_placement(
     ctx.request.placement = Some(placed.placement);
     ctx.upstream.peer = Some(placed.peer);
     ctx.upstream.backlog_ahead = placed.slot.backlog_ahead();
-    ctx.upstream.slot = Some(placed.slot);
+    let mut slot = placed.slot;
+    if !ctx.request.streamed {
+        slot.not_streamed();
+    }
+    ctx.upstream.slot = Some(slot);
     Ok(())
 }
 

@@ -85,7 +85,10 @@ pub struct PeerState {
     pub id: PeerId,
     pub address: String,
     in_flight: AtomicU32,
-    /// Of those, the requests that have not had their first token yet.
+    /// Of those, the streamed requests that have not had their first token
+    /// yet: prompts queued or prefilling in the engine. (A response not
+    /// streamed comes whole, its first token with its last: no telling its
+    /// prefill from its decode, so it is not counted.)
     awaiting_first: AtomicU32,
     /// Of those, the estimated prompt tokens of the cold ones (a new or
     /// moved session's turn): prefill work still ahead of the engine.
@@ -497,6 +500,7 @@ impl PeerState {
                     peer: Arc::clone(self),
                     tokens: 0,
                     awaiting_first: true,
+                    counted_awaiting: true,
                     cold_tokens: 0,
                     ahead: self.cold_backlog_tokens(),
                     probe: false,
@@ -514,8 +518,11 @@ pub struct InFlightGuard {
     /// The request's estimated prompt tokens, counted in the peer's
     /// `in_flight_tokens` while the slot is held.
     tokens: u64,
-    /// Counted in the peer's `awaiting_first` until the first token.
+    /// Before the first token (the cold backlog and the probe wait for it).
     awaiting_first: bool,
+    /// Counted in the peer's `awaiting_first` until the first token: a
+    /// streamed request.
+    counted_awaiting: bool,
     /// A cold request's prompt tokens, in the peer's `cold_backlog_tokens`
     /// until the first token.
     cold_tokens: u64,
@@ -543,7 +550,11 @@ impl InFlightGuard {
         if !std::mem::take(&mut self.awaiting_first) {
             return None;
         }
-        self.peer.awaiting_first.fetch_sub(1, Ordering::AcqRel);
+        if std::mem::take(&mut self.counted_awaiting) {
+            self.peer.awaiting_first.fetch_sub(1, Ordering::AcqRel);
+            // A request held back for the engine's prompts ahead may go.
+            self.peer.room.room_may_have_freed();
+        }
         if std::mem::take(&mut self.probe) {
             *self.peer.untimed_probe.lock() = None;
         }
@@ -552,6 +563,14 @@ impl InFlightGuard {
             .cold_backlog_tokens
             .fetch_sub(cold, Ordering::AcqRel);
         Some(cold)
+    }
+
+    /// The response will not be streamed: its first token comes with its
+    /// last, so it is no prompt awaiting prefill for the fair hold.
+    pub fn not_streamed(&mut self) {
+        if std::mem::take(&mut self.counted_awaiting) {
+            self.peer.awaiting_first.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// The request starts cold there (no cache of its conversation): its

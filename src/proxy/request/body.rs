@@ -91,6 +91,7 @@ fn inspect(session: &Session, route: &Route, rest: &str, req: &mut Admitted) -> 
         }
     };
     req.json_object = view.is_some();
+    req.streamed = view.as_ref().is_some_and(|v| v.is_stream());
     req.model = view.and_then(|v| v.model()).map(Cow::into_owned);
     req.session = super::session::named(named, view.as_ref());
     if req.session.is_none() {

@@ -43,7 +43,7 @@ pub fn answer_gateway(
         routes.sort_by(|a, b| a.name().cmp(b.name()));
         let queues: Vec<crate::tenants::RouteQueue> = routes
             .iter()
-            .filter(|r| !r.config.queue_timeout.is_zero())
+            .filter(|r| !r.config.queue_timeout.is_zero() || r.config.fair_queue())
             .map(|r| crate::tenants::RouteQueue {
                 route: r.name().to_string(),
                 fair: r.config.fair_queue(),

@@ -26,9 +26,12 @@ pub fn next_peer(ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
             .route
             .clone()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "retry without route"))?;
-        let (peer, slot) = balance::retry(&route, &ctx.request.pool, &ctx.upstream.tried)
+        let (peer, mut slot) = balance::retry(&route, &ctx.request.pool, &ctx.upstream.tried)
             .ok_or_else(|| Error::explain(ErrorType::ConnectNoRoute, "no untried ready peer left"))
             .inspect_err(|_| ctx.upstream.peer = None)?;
+        if !ctx.request.streamed {
+            slot.not_streamed();
+        }
         ctx.upstream.peer = Some(peer);
         ctx.upstream.backlog_ahead = slot.backlog_ahead();
         ctx.upstream.slot = Some(slot);
