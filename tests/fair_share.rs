@@ -230,3 +230,173 @@ fn a_lower_class_keeps_its_minimum_share_of_the_releases() {
     let strict = placement_order("", Some("class_min_share: 0\n"), &waiters, |_| {});
     assert_eq!(strict, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0]);
 }
+
+// The fair hold: no queue configured, one engine whose prompts awaiting
+// their first token are held there by the simulator's prefill gates.
+
+/// A hold of 2 prompts, unless `extra` sets its own.
+fn hold_route(cluster: &SimCluster, extra: &str) -> String {
+    let depth = if extra.contains("fair_hold_depth") {
+        ""
+    } else {
+        "fair_hold_depth: 2\n"
+    };
+    format!(
+        "peers:\n  - {{name: e0, host: 127.0.0.1, port: {}}}\n{depth}{extra}",
+        cluster.engines[0].port()
+    )
+}
+
+/// A request of `tenant` whose first token waits for `gate` on the
+/// engine; not waited for.
+fn send_before_first_token(
+    gw: &Gateway,
+    tenant: &str,
+    session: &str,
+    gate: &str,
+    stream: bool,
+) -> Conn {
+    let mut conn = Conn::open(gw.addr);
+    let body = chat_body(session, "hold", stream);
+    conn.send(
+        "POST",
+        CHAT,
+        &[
+            ("content-type", "application/json"),
+            ("x-session-id", session),
+            (FAIRNESS_ID, tenant),
+            ("x-sim-prefill-gate", gate),
+        ],
+        body.to_string().as_bytes(),
+        http::Upload::Length,
+    );
+    conn
+}
+
+/// A request of `tenant` answered in full.
+fn served(gw: &Gateway, tenant: &str, session: &str) {
+    let r = http::post_json(
+        gw.addr,
+        CHAT,
+        &[("x-session-id", session), (FAIRNESS_ID, tenant)],
+        &chat_body(session, "hello", true),
+    );
+    assert_eq!(r.status(), 200, "{}", r.text());
+}
+
+/// Route `chat`'s engine e0: (in flight, awaiting their first token).
+fn on_engine(gw: &Gateway) -> (u64, u64) {
+    let state = http::get(gw.addr, "/chat/_route_state").json();
+    let peer = &state["peers"][0];
+    (
+        peer["in_flight"].as_u64().unwrap_or(0),
+        peer["awaiting_first_token"].as_u64().unwrap_or(0),
+    )
+}
+
+fn wait_on_engine(gw: &Gateway, in_flight: u64, awaiting: u64) {
+    wait_for(
+        &format!("{in_flight} in flight, {awaiting} awaiting their first token"),
+        DEADLINE,
+        || (on_engine(gw) == (in_flight, awaiting)).then_some(()),
+    );
+}
+
+/// Two noisy prompts on the engine before their first token, then three
+/// more noisy requests and a quiet one. The noisy tenant was served twice
+/// before, the quiet one once.
+fn contended(route_extra: &str) -> (Gateway, SimCluster, Vec<Conn>) {
+    let cluster = engines(1);
+    let gw = Gateway::start(&[("chat", hold_route(&cluster, route_extra))]);
+    served(&gw, "noisy", "n-a");
+    served(&gw, "noisy", "n-b");
+    served(&gw, "quiet", "q-a");
+    let mut conns = vec![
+        send_before_first_token(&gw, "noisy", "n0", "p0", true),
+        send_before_first_token(&gw, "noisy", "n1", "p1", true),
+    ];
+    wait_on_engine(&gw, 2, 2);
+    for i in 2..5 {
+        let id = format!("n{i}");
+        conns.push(send_before_first_token(&gw, "noisy", &id, &id, true));
+    }
+    conns.push(send_before_first_token(&gw, "quiet", "q0", "q0", true));
+    (gw, cluster, conns)
+}
+
+#[test]
+fn a_busy_engine_shared_by_two_tenants_takes_the_quiet_one_among_the_first() {
+    let (gw, cluster, _conns) = contended("");
+    // Held at the gateway, not sent into the engine's own queue.
+    wait_waiting(&gw, 4);
+    assert_eq!(on_engine(&gw), (2, 2));
+    assert_eq!(
+        queued_by_tenant(&gw),
+        [("noisy".to_string(), 3), ("quiet".to_string(), 1)]
+    );
+    // Each first token makes room for one more prompt. The quiet tenant
+    // started waiting level with the noisy one (no credit banked for its
+    // quiet spell), so it has one of the first two, though it came after
+    // all three of the noisy one's.
+    cluster.engines[0].open_gate("p0");
+    wait_waiting(&gw, 3);
+    assert_eq!(on_engine(&gw).1, 2, "one released for the one started");
+    cluster.engines[0].open_gate("p1");
+    wait_waiting(&gw, 2);
+    assert_eq!(
+        queued_by_tenant(&gw),
+        [("noisy".to_string(), 2), ("quiet".to_string(), 0)]
+    );
+}
+
+#[test]
+fn without_the_hold_the_busy_engine_gets_every_request_in_arrival_order() {
+    // Control: the same requests with the hold off go straight to the
+    // engine, the quiet one behind the noisy ones in its queue.
+    let (gw, _cluster, _conns) = contended("fair_hold_depth: 0\n");
+    wait_on_engine(&gw, 6, 6);
+    assert_eq!(waiting(&gw), 0);
+    // And so with fair share off.
+    let (gw, _cluster, _conns) = contended("fair_share: false\n");
+    wait_on_engine(&gw, 6, 6);
+    assert_eq!(waiting(&gw), 0);
+}
+
+#[test]
+fn one_tenant_alone_is_never_held() {
+    // The hold is for tenants sharing: a single tenant's requests all go
+    // to the busy engine, as they did before fair share.
+    let cluster = engines(1);
+    let gw = Gateway::start(&[("chat", hold_route(&cluster, ""))]);
+    let _conns: Vec<Conn> = (0..4)
+        .map(|i| send_before_first_token(&gw, "solo", &format!("s{i}"), &format!("p{i}"), true))
+        .collect();
+    wait_on_engine(&gw, 4, 4);
+    assert_eq!(waiting(&gw), 0);
+}
+
+#[test]
+fn a_held_request_goes_on_when_its_hold_times_out() {
+    let (gw, _cluster, _conns) = contended("fair_hold_timeout: 1s\n");
+    // Held at first (the control is the hold test above), then sent on
+    // though the engine still has two prompts ahead: a hold never refuses.
+    wait_on_engine(&gw, 6, 6);
+    assert_eq!(waiting(&gw), 0);
+}
+
+#[test]
+fn responses_not_streamed_are_not_prompts_awaiting_prefill() {
+    // Two noisy requests not streamed are on the engine before their first
+    // token: they do not count towards the hold, as a whole response's
+    // first token comes with its last.
+    let cluster = engines(1);
+    let gw = Gateway::start(&[("chat", hold_route(&cluster, ""))]);
+    served(&gw, "noisy", "n-a");
+    let _whole: Vec<Conn> = (0..2)
+        .map(|i| send_before_first_token(&gw, "noisy", &format!("w{i}"), &format!("w{i}"), false))
+        .collect();
+    wait_on_engine(&gw, 2, 0);
+    let _quiet = send_before_first_token(&gw, "quiet", "q0", "q0", true);
+    wait_on_engine(&gw, 3, 1);
+    assert_eq!(waiting(&gw), 0, "the quiet request was not held");
+}

@@ -39,21 +39,28 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     let (label, session) = (demand.label, demand.session);
     let timeout = route.config.queue_timeout;
     let may_wait = !timeout.is_zero();
-    let mut wait_for = timeout;
-    // Decided before the first try: a try that finds no free slot may
-    // already have bound a new session to its engine. Only a queue asks;
-    // without one the only turn that waits is a warm one, for its own
-    // engine (below), and a request placed at once, the rule, pays no
-    // look-up in the session table.
     let now = crate::clock::now_ms();
-    let mut warm =
-        may_wait && session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
     let fair = demand.fair.filter(|_| route.config.fair_queue());
     let signal = &route.runtime.queue;
+    let hold =
+        fair.is_some_and(|(tag, _)| signal.note_tenant(&tag.name, now)) && held(route, demand, now);
+    let mut wait_for = if may_wait {
+        timeout
+    } else {
+        route.config.fair_hold_timeout
+    };
+    // Decided before the first try: a try that finds no free slot may
+    // already have bound a new session to its engine. Only a queue (or a
+    // hold) asks; without one the only turn that waits is a warm one, for
+    // its own engine (below), and a request placed at once, the rule,
+    // pays no look-up in the session table.
+    let mut warm = (may_wait || hold)
+        && session.is_some_and(|sid| route.runtime.sessions.is_bound(sid.hash, now));
     // With waiters on a fair route, the order decides who has the room:
     // a newcomer trying first would take it from the one it woke.
-    let first_try =
-        (fair.is_none() || !signal.anyone_waits()).then(|| place_with(route, demand, may_wait));
+    // (Without a queue only held requests wait, each for its own engine.)
+    let first_try = (!hold && (fair.is_none() || !may_wait || !signal.anyone_waits()))
+        .then(|| place_with(route, demand, may_wait));
     match first_try {
         None => {}
         Some(Ok(placed)) => {
@@ -85,13 +92,20 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     }
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + wait_for;
-    let place = signal.enter(warm, now, warm_precedence(timeout), fair, label);
+    let precedence = if hold && !may_wait { wait_for } else { timeout };
+    let place = signal.enter(warm, now, warm_precedence(precedence), fair, label);
     loop {
         let notified = signal.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         // Warm turns go first, for a while; new sessions in arrival order.
-        if place.may_try(crate::clock::now_ms()) {
+        let now = crate::clock::now_ms();
+        let its_turn = place.may_try(now);
+        if its_turn && hold && held(route, demand, now) {
+            // Its engine's prompts ahead are still too many: the next
+            // first token there wakes it.
+            place.found_no_room();
+        } else if its_turn {
             let demand = Demand {
                 waited: started.elapsed(),
                 ..*demand
@@ -109,6 +123,17 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
                         error,
                         waited: Some(started.elapsed()),
                     })
+                }
+                // Without a queue, held only for a busy engine: a full
+                // pool is refused at once, as it would have been unheld.
+                Err(Refusal::Full(error, gate)) if !may_wait && hold => {
+                    return Err(refused_full(
+                        route,
+                        label,
+                        error,
+                        gate,
+                        Some(started.elapsed()),
+                    ))
                 }
                 Err(Refusal::Full(..) | Refusal::WarmHomeBusy(..)) => place.found_no_room(),
             }
@@ -144,6 +169,33 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
             crate::protect::gate::Gate::Concurrency,
             waited,
         )),
+    }
+}
+
+/// Whether a request on a route shared by tenants waits at the gateway
+/// rather than in its engine's own queue: the engine it would go to (its
+/// session's, else every candidate) already has the route's
+/// `fair_hold_depth` streamed prompts awaiting their first token. An
+/// engine's queue is first come, first served; held here, the next to go
+/// when one of those prompts starts is the fair order's pick
+/// (`registry/room.rs`), each first token waking the waiters.
+fn held(route: &Route, demand: &Demand<'_>, now: u64) -> bool {
+    let depth = route.config.fair_hold_depth;
+    let busy = |i: usize| route.peers[i].state.awaiting_first_token() >= depth;
+    // The common case first, and without a look-up: no engine is busy.
+    if depth == 0 || !demand.pool.iter().any(|&i| busy(i)) {
+        return false;
+    }
+    let home = demand
+        .session
+        .and_then(|sid| route.runtime.sessions.binding_of(sid.hash, now))
+        .and_then(|(peer, _)| route.peer_by_id(peer));
+    match home {
+        Some((i, _)) => busy(i),
+        None => {
+            let cands = super::candidates(route, demand.pool, now);
+            !cands.is_empty() && cands.into_iter().all(busy)
+        }
     }
 }
 

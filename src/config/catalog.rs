@@ -129,6 +129,8 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     opt("include_usage", "Include usage", "requests", Kind::Bool, L("false"), "ask streams for a usage frame and strip it from the client's copy if the client did not ask"),
     opt("queue_timeout", "Queue timeout", "protection", Kind::Duration, L("0s"), "wait this long for room instead of an immediate 429"),
     opt("fair_share", "Fair share", "protection", Kind::Bool, L("true"), "release the queue by priority class, then by tenant (least weighted tokens served first); false: arrival order"),
+    opt("fair_hold_depth", "Fair hold depth", "protection", Kind::Number, L("0"), "with fair_share and two tenants or more sending: a streamed request whose engine has this many prompts awaiting their first token waits at the gateway, released in the fair order; 0: never"),
+    opt("fair_hold_timeout", "Fair hold timeout", "protection", Kind::Duration, L("30s"), "the longest such a hold lasts; then the request goes on (never refused for it)"),
     opt("protection.ttft.limit_ms", "TTFT limit (ms)", "protection", Kind::Number, L("30000"), "TTFT EWMA at which a pool sheds with 429"),
     opt("protection.ttft.limit_by_model", "TTFT limit per model", "protection", Kind::Map, N("none"), "{model: ms}"),
     opt("protection.tps.limit_tps", "Decode-rate floor", "protection", Kind::Number, N("none"), "decode-rate EWMA (tok/s) at or under which a pool sheds (not on an adaptive route)"),
@@ -256,6 +258,8 @@ pub fn values(route: &RouteConfig) -> Value {
         "kimi_normalize": route.kimi_normalize,
         "queue_timeout": dur(route.queue_timeout),
         "fair_share": route.fair_share,
+        "fair_hold_depth": route.fair_hold_depth,
+        "fair_hold_timeout": dur(route.fair_hold_timeout),
         "protection": protection_values(&route.protection),
     })
 }

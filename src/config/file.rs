@@ -115,6 +115,8 @@ pub(super) struct RouteFile {
     pub allow_upgrade: Option<Flag>,
     pub queue_timeout: Option<Dur>,
     pub fair_share: Option<Flag>,
+    pub fair_hold_depth: Option<u32>,
+    pub fair_hold_timeout: Option<Dur>,
     /// The load gates: TTFT and decode-rate shedding, probes, adaptive
     /// concurrency, session turn priority, the rate-limit switch.
     #[serde(default)]

@@ -91,7 +91,18 @@ pub struct RoomSignal {
     /// group that found no room is passed over until it moves.
     epoch: AtomicU64,
     fair: Mutex<FairQueue>,
+    /// The tenant of the last request seen (by hash), and until when the
+    /// route counts as shared by more than one tenant: the fair hold
+    /// (`balance/queue.rs`) applies only then, so a gateway with one
+    /// tenant sends as it always did.
+    last_tenant: AtomicU64,
+    shared_until_ms: AtomicU64,
 }
+
+/// How long after two tenants' requests follow each other the route still
+/// counts as shared: longer than an agent's think time between turns, so a
+/// quiet tenant's sessions keep it shared while they live.
+pub const SHARED_FOR_MS: u64 = 10_000;
 
 impl RoomSignal {
     /// Wakes every waiter so each tries to place itself again.
@@ -100,6 +111,20 @@ impl RoomSignal {
             self.epoch.fetch_add(1, Ordering::AcqRel);
             self.notify.notify_waiters();
         }
+    }
+
+    /// A request of `tenant` arrived at `now_ms`: whether more than one
+    /// tenant sends on the route now. Two atomic operations when the
+    /// tenant is the last one's.
+    pub fn note_tenant(&self, tenant: &str, now_ms: u64) -> bool {
+        let hash = crate::hash::stable_hash64(tenant.as_bytes());
+        let last = self.last_tenant.swap(hash, Ordering::AcqRel);
+        // 0: no request before this one.
+        if last != hash && last != 0 {
+            self.shared_until_ms
+                .fetch_max(now_ms.saturating_add(SHARED_FOR_MS), Ordering::AcqRel);
+        }
+        now_ms < self.shared_until_ms.load(Ordering::Acquire)
     }
 
     pub fn anyone_waits(&self) -> bool {
@@ -350,6 +375,21 @@ impl Drop for QueuePlace<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_route_is_shared_from_a_second_tenant_until_the_mix_is_old() {
+        let signal = RoomSignal::default();
+        // One tenant alone, however long: not shared.
+        assert!(!signal.note_tenant("a", 1_000));
+        assert!(!signal.note_tenant("a", 50_000));
+        // A second tenant: shared, for both, for a while.
+        assert!(signal.note_tenant("b", 60_000));
+        assert!(signal.note_tenant("a", 61_000));
+        assert!(signal.note_tenant("a", 60_000 + SHARED_FOR_MS));
+        // The last switch (b to a at 61 s) carries it a little further,
+        // then only one tenant has sent for longer than the window.
+        assert!(!signal.note_tenant("a", 61_000 + SHARED_FOR_MS));
+    }
 
     #[test]
     fn new_sessions_try_in_arrival_order_and_after_every_warm_turn() {
