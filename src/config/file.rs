@@ -180,6 +180,18 @@ pub(super) struct PeerFile {
     pub max_concurrency: Option<i64>,
     pub probe_path: Option<String>,
     pub kv_capacity_tokens: Option<u64>,
+    pub tls: Option<PeerTlsFile>,
+}
+
+/// A peer's `tls:` (or `peers_from`'s): the engine is reached over TLS.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PeerTlsFile {
+    pub sni: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    pub verify: Option<Flag>,
 }
 
 /// `peers_from:` in a route file: one peer per address of a DNS name, or
@@ -195,6 +207,7 @@ pub(super) struct PeersFromFile {
     pub max_concurrency: Option<i64>,
     pub probe_path: Option<String>,
     pub kv_capacity_tokens: Option<u64>,
+    pub tls: Option<PeerTlsFile>,
 }
 
 #[derive(Debug, Deserialize)]
