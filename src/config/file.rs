@@ -37,6 +37,15 @@ pub(super) struct GatewayFile {
     pub h2c: Option<Flag>,
     pub tenants_file: Option<PathBuf>,
     pub tenant_header: Option<String>,
+    pub admin: Option<AdminFile>,
+}
+
+/// `admin:` in gateway.yaml: who may read the admin listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AdminFile {
+    pub token_file: Option<PathBuf>,
+    pub open_paths: Option<Vec<String>>,
 }
 
 /// `tls:` in gateway.yaml: the main listener's certificate and key files.
