@@ -216,6 +216,14 @@ mod with_tls {
         )
     }
 
+    /// [`tls_peer`] with the `tls:` map's text given whole.
+    fn tls_peer_with(name: &str, relay: &Relay, tls: &str) -> String {
+        format!(
+            "  - {{name: {name}, host: 127.0.0.1, port: {}, tls: {{{tls}}}}}\n",
+            relay.port
+        )
+    }
+
     /// Probes and scrapes often, so that a verdict comes within the test.
     const FAST: &str =
         "health: {interval: 200ms, ban_ttl: 30s, timeout: 2s}\nengine_metrics: {interval: 200ms}\n";
@@ -452,5 +460,80 @@ mod with_tls {
         for i in 0..3 {
             assert_eq!(stream_turn(&gw, "chat", &format!("c{i}")).0, "with");
         }
+    }
+
+    #[test]
+    fn a_wrong_name_is_refused_and_verify_off_takes_any_certificate() {
+        let (ca, other) = (new_ca("engines"), new_ca("someone else"));
+        let (right, wrong) = (files(&ca), files(&other));
+        let cluster = engines(3);
+        let relays: Vec<Relay> = ports(&cluster)
+            .iter()
+            .map(|&p| Relay::start(&ca, p))
+            .collect();
+        let client = format!(
+            "client_cert: {}, client_key: {}",
+            right.client_cert.display(),
+            right.client_key.display()
+        );
+        // Round robin: new sessions go to every ready peer in turn.
+        let route = format!(
+            "peers:\n{}{}{}{FAST}balancing: {{mode: round_robin}}\n",
+            // The relays' certificate is for engine.test.
+            tls_peer_with(
+                "misnamed",
+                &relays[0],
+                &format!("sni: other.test, ca_file: {}, {client}", right.ca.display())
+            ),
+            tls_peer_with(
+                "unverified",
+                &relays[1],
+                &format!(
+                    "sni: engine.test, ca_file: {}, verify: false, {client}",
+                    wrong.ca.display()
+                )
+            ),
+            tls_peer_with(
+                "named",
+                &relays[2],
+                &format!(
+                    "sni: engine.test, ca_file: {}, {client}",
+                    right.ca.display()
+                )
+            ),
+        );
+        let gw = Gateway::start(&[("chat", route)]);
+        let m = probed(&gw, "chat", "misnamed", "down");
+        let why = m["last_error"].as_str().unwrap_or_default();
+        assert!(
+            why.starts_with(
+                "TLS: certificate verify failed: certificate not valid for name \"other.test\""
+            ),
+            "{m}"
+        );
+        // Control: the same CA and certificate under the right name.
+        assert_eq!(
+            probed(&gw, "chat", "named", "ready")["last_error"],
+            Value::Null
+        );
+        // verify: false takes the certificate a wrong CA would refuse, for
+        // the probe, the scrape and the requests alike.
+        let u = probed(&gw, "chat", "unverified", "ready");
+        assert_eq!(u["last_error"], Value::Null, "{u}");
+        wait_for("unverified's engine metrics", DEADLINE, || {
+            let s = state(&gw, "chat");
+            (!peer_of(&s, "unverified")["engine"].is_null()).then_some(())
+        });
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..12 {
+            seen.insert(stream_turn(&gw, "chat", &format!("v{i}")).0);
+        }
+        assert!(seen.contains("unverified"), "{seen:?}");
+        assert!(!seen.contains("misnamed"), "{seen:?}");
+        assert_eq!(
+            relays[0].handshakes(),
+            0,
+            "the misnamed peer's handshakes all failed"
+        );
     }
 }
