@@ -90,6 +90,13 @@ impl EngineTls {
             check_name(sni)?;
         }
         let ca = settings.ca_file.as_deref().map(read_ca).transpose()?;
+        // Without a CA file Pingora checks with the system's roots, and
+        // builds even `verify: false`'s verifier from them: with none, every
+        // connection would fail, and only at run time.
+        let system = match &ca {
+            None => Some(system_roots()?),
+            Some(_) => None,
+        };
         let client = match (&settings.client_cert, &settings.client_key) {
             (Some(cert), Some(key)) => Some(read_identity(cert, key)?),
             (None, None) => None,
@@ -105,7 +112,7 @@ impl EngineTls {
             }
             id.key.secret_der().hash(&mut print);
         }
-        let connector = connector(&settings, ca.as_deref(), client.as_ref())?;
+        let connector = connector(&settings, ca.as_deref(), system, client.as_ref())?;
         Ok(EngineTls {
             fingerprint: print.finish(),
             connector,
@@ -230,6 +237,13 @@ fn system_roots() -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     pingora::tls::load_platform_certs_incl_env_into_store(&mut roots)
         .map_err(|e| format!("the system's CA certificates: {e}"))?;
+    if roots.is_empty() {
+        return Err(
+            "no ca_file, and the system has no CA certificates (SSL_CERT_FILE, SSL_CERT_DIR or the \
+             platform's store): set ca_file"
+                .into(),
+        );
+    }
     Ok(roots)
 }
 
@@ -245,6 +259,7 @@ fn system_roots() -> Result<RootCertStore, String> {
 fn connector(
     settings: &TlsSettings,
     ca: Option<&[CertificateDer<'static>]>,
+    system: Option<RootCertStore>,
     client: Option<&ClientIdentity>,
 ) -> Result<tokio_rustls::TlsConnector, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -253,14 +268,15 @@ fn connector(
         .with_protocol_versions(&[&rustls::version::TLS12, &rustls::version::TLS13])
         .map_err(|e| format!("TLS: {e}"))?;
     let builder = if settings.verify {
-        let roots = match ca {
-            Some(certs) => {
+        let roots = match (ca, system) {
+            (Some(certs), _) => {
                 let mut roots = RootCertStore::empty();
                 let (_, ignored) = roots.add_parsable_certificates(certs.iter().cloned());
                 debug_assert_eq!(ignored, 0, "read_ca checked each");
                 roots
             }
-            None => system_roots()?,
+            (None, Some(system)) => system,
+            (None, None) => system_roots()?,
         };
         builder.with_root_certificates(roots)
     } else {
