@@ -349,6 +349,15 @@ pub fn presented_key(headers: &http::HeaderMap) -> Option<&[u8]> {
         })
 }
 
+/// The token of the request's `Authorization: Bearer <token>`, the
+/// only way the admin listener takes its token (not `x-api-key`).
+pub fn bearer(headers: &http::HeaderMap) -> Option<&[u8]> {
+    headers
+        .get_all(http::header::AUTHORIZATION)
+        .iter()
+        .find_map(|value| bearer_token(value.as_bytes()))
+}
+
 fn bearer_token(header_value: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = header_value
         .trim_ascii()

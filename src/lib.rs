@@ -17,6 +17,7 @@
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
 //! - `tls`        the main listener's certificate: loaded, served, reloaded
+//! - `engine_tls` TLS to engines: a peer's `tls:` for its requests, probes and scrapes
 //! - `tenants`    who sends: the tenants file in force, budgets, in-flight caps, `/_tenants`
 //! - `discovery`  engines found while running: host names looked up again, `peers_from` (DNS, Kubernetes EndpointSlices)
 //!
@@ -33,6 +34,7 @@ pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod discovery;
+pub mod engine_tls;
 pub mod errors;
 pub mod health;
 pub mod lifecycle;

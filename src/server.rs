@@ -236,6 +236,16 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
         gateway.admin_listen,
         gateway.routes_dir.display()
     );
+    if let Some(file) = gateway.admin.token_file() {
+        log::info!(
+            "admin listener: a bearer token (from {}) is required, but on {}",
+            file.display(),
+            match gateway.admin.open_paths.as_slice() {
+                [] => "no path".to_string(),
+                open => open.join(", "),
+            }
+        );
+    }
     server.add_service(proxy);
     server.add_service(UntilExit::new(admin));
     server.add_service(controller);

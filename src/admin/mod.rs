@@ -71,6 +71,10 @@ pub fn json_response(status: u16, value: &serde_json::Value) -> Response<Vec<u8>
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
+        let bearer = crate::auth::bearer(&session.req_header().headers);
+        if !self.registry.gateway().admin.admits(&path, bearer) {
+            return unauthorized();
+        }
         if let Some(refused) = read_method(session, &path) {
             return refused;
         }
@@ -96,19 +100,31 @@ impl ServeHttp for AdminApp {
     }
 }
 
+/// A request without the admin token (`admin: {token_file}`), or with
+/// another: 401, whatever the path, so that a caller without it learns
+/// nothing of what is there.
+fn unauthorized() -> Response<Vec<u8>> {
+    let mut r = json_response(
+        401,
+        &json!({"error": {"type": "unauthorized",
+                          "message": "the admin listener needs its token: send Authorization: Bearer <token>"}}),
+    );
+    r.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static("Bearer realm=\"llm-gateway admin\""),
+    );
+    r
+}
+
 /// Every admin endpoint is read with GET (or HEAD), as the main listener's
 /// status endpoints are: a 405 naming what it serves, not a read answered
 /// to a DELETE. An unknown path stays a 404 whatever the method.
 fn read_method(session: &ServerSession, path: &str) -> Option<Response<Vec<u8>>> {
-    const ENDPOINTS: [&str; 5] = [
-        "/healthz",
-        "/metrics",
-        "/_routes",
-        "/dashboard",
-        "/dashboard.json",
-    ];
     let method = &session.req_header().method;
-    if *method == http::Method::GET || *method == http::Method::HEAD || !ENDPOINTS.contains(&path) {
+    if *method == http::Method::GET
+        || *method == http::Method::HEAD
+        || !crate::config::ADMIN_PATHS.contains(&path)
+    {
         return None;
     }
     let mut r = json_response(

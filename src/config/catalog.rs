@@ -94,6 +94,7 @@ pub const ROUTE_OPTIONS: &[RouteOption] = &[
     opt("peers[].max_concurrency", "Max concurrency", "peers", Kind::Integer, L("64"), "requests in flight to this peer at most; unset, a llama.cpp engine's own slots (its /props total_slots) when it says, else 64"),
     hidden(opt("peers[].probe_path", "Probe path", "peers", Kind::Text, N("health.probe_path"), "this peer's own health probe path")),
     hidden(opt("peers[].kv_capacity_tokens", "KV capacity", "peers", Kind::Integer, N("from the engine's metrics"), "KV capacity in tokens for KV-aware admission")),
+    opt("peers[].tls", "TLS to the engine", "peers", Kind::Map, N("plain HTTP"), "{sni, ca_file, client_cert, client_key, verify: true}: requests, probes and scrapes over TLS with this name, CA and client certificate; a build without the tls feature refuses it"),
     opt("peers_from", "Discovered peers", "peers", Kind::Map, N("none"), "{dns: name, port} or {kubernetes: {namespace, selector, port}}: a peer per address or ready endpoint, found while running; takes the peers[] settings"),
     opt("peers_by_model", "Model pools", "peers", Kind::Map, N("one pool"), "{model: [peer names]}: a pool per model"),
     opt("max_body_size", "Max body size", "requests", Kind::Size, L("10m"), "larger request bodies get a 413"),
@@ -192,6 +193,7 @@ pub fn values(route: &RouteConfig) -> Value {
             "name": p.name, "host": p.host, "port": p.port, "priority": p.priority,
             "max_concurrency": p.max_concurrency, "probe_path": p.probe_path,
             "kv_capacity_tokens": p.kv_capacity_tokens,
+            "tls": p.tls.as_deref().map(tls_json),
         })).collect::<Vec<_>>(),
         "peers_from": route.peers_from.as_ref().map(|from| {
             let source = match &from.source {
@@ -211,6 +213,7 @@ pub fn values(route: &RouteConfig) -> Value {
             v["max_concurrency"] = json!(from.max_concurrency);
             v["probe_path"] = json!(from.probe_path);
             v["kv_capacity_tokens"] = json!(from.kv_capacity_tokens);
+            v["tls"] = json!(from.tls.as_deref().map(tls_json));
             v
         }),
         "peers_by_model": if pools.is_empty() { Value::Null } else { Value::Object(pools) },
@@ -327,6 +330,15 @@ fn protection_values(p: &crate::config::Protection) -> Value {
             "warn_frac": prio.warn_frac,
             "rt_limit_factor": prio.rt_limit_factor,
         },
+    })
+}
+
+/// A peer's TLS as its route file set it: the file paths, never what they hold.
+fn tls_json(tls: &crate::engine_tls::EngineTls) -> Value {
+    let s = &tls.settings;
+    json!({
+        "sni": s.sni, "ca_file": s.ca_file, "client_cert": s.client_cert,
+        "client_key": s.client_key, "verify": s.verify,
     })
 }
 

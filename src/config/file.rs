@@ -37,6 +37,15 @@ pub(super) struct GatewayFile {
     pub h2c: Option<Flag>,
     pub tenants_file: Option<PathBuf>,
     pub tenant_header: Option<String>,
+    pub admin: Option<AdminFile>,
+}
+
+/// `admin:` in gateway.yaml: who may read the admin listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AdminFile {
+    pub token_file: Option<PathBuf>,
+    pub open_paths: Option<Vec<String>>,
 }
 
 /// `tls:` in gateway.yaml: the main listener's certificate and key files.
@@ -182,6 +191,18 @@ pub(super) struct PeerFile {
     pub max_concurrency: Option<i64>,
     pub probe_path: Option<String>,
     pub kv_capacity_tokens: Option<u64>,
+    pub tls: Option<PeerTlsFile>,
+}
+
+/// A peer's `tls:` (or `peers_from`'s): the engine is reached over TLS.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PeerTlsFile {
+    pub sni: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    pub verify: Option<Flag>,
 }
 
 /// `peers_from:` in a route file: one peer per address of a DNS name, or
@@ -197,6 +218,7 @@ pub(super) struct PeersFromFile {
     pub max_concurrency: Option<i64>,
     pub probe_path: Option<String>,
     pub kv_capacity_tokens: Option<u64>,
+    pub tls: Option<PeerTlsFile>,
 }
 
 #[derive(Debug, Deserialize)]

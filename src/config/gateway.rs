@@ -87,6 +87,9 @@ pub struct GatewayConfig {
     pub tenants_file: Option<PathBuf>,
     /// Where a request names its tenant when no API key does (keys off).
     pub tenant_header: http::HeaderName,
+    /// Who may read the admin listener (`admin:`): everyone, or a bearer
+    /// token's holders but on the paths left open.
+    pub admin: super::AdminAccess,
 }
 
 /// llm-d's name for it (its flow control's fairness id), so that clients
@@ -281,6 +284,7 @@ impl GatewayConfig {
             resolver: super::resolver::resolve(path, text, file.resolver.as_ref())?,
             access_log: super::access_log::resolve(path, text, file.access_log.as_ref())?,
             tls: super::tls::resolve(path, text, file.tls.as_ref())?,
+            admin: super::admin::resolve(path, text, file.admin.as_ref())?,
             trace_context: super::access_log::trace_mode(
                 path,
                 text,

@@ -6,6 +6,7 @@
 //! nothing downstream has to handle a half-valid config.
 
 mod access_log;
+mod admin;
 mod bodylog;
 pub mod catalog;
 mod error;
@@ -20,6 +21,7 @@ mod tls;
 pub mod units;
 
 pub use access_log::{AccessLogConfig, AccessLogTarget, TraceMode, DEFAULT_QUEUE_LINES};
+pub use admin::{AdminAccess, ADMIN_PATHS};
 pub use bodylog::{BodylogConfig, BodylogTarget, BODYLOG_ENV, DEFAULT_BODYLOG_PORT};
 pub use error::ConfigError;
 pub use gateway::{

@@ -969,3 +969,133 @@ fn tls_is_off_unless_set_and_needs_both_files() {
         assert!(parse(bad).is_err(), "{bad}");
     }
 }
+
+/// A CA, and a client certificate and key it signed, written to `dir`.
+#[cfg(feature = "tls")]
+fn engine_tls_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let ca_cert = ca.self_signed(&ca_key).expect("CA");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["gateway.test".to_string()])
+        .expect("params")
+        .signed_by(&key, &issuer)
+        .expect("client certificate");
+    let files = (
+        dir.join("ca.pem"),
+        dir.join("client.pem"),
+        dir.join("client.key"),
+    );
+    std::fs::write(&files.0, ca_cert.pem()).expect("ca");
+    std::fs::write(&files.1, cert.pem()).expect("cert");
+    std::fs::write(&files.2, key.serialize_pem()).expect("key");
+    files
+}
+
+#[cfg(not(feature = "tls"))]
+#[test]
+fn without_the_tls_feature_a_peers_tls_is_refused_at_its_line() {
+    let text =
+        "peers:\n  - name: a\n    host: 127.0.0.1\n    port: 8001\n    tls: {sni: engine.test}\n";
+    let e = route(text).unwrap_err().to_string();
+    assert!(e.starts_with("routes/chat.yaml:5:"), "{e}");
+    assert!(
+        e.contains("this build has no TLS; build with --features tls"),
+        "{e}"
+    );
+    let e = route("peers_from: {dns: pool.test, port: 80, tls: {}}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--features tls"), "{e}");
+    // Control: the same peer without `tls:` loads.
+    assert!(route("peers:\n  - {name: a, host: 127.0.0.1, port: 8001}\n").is_ok());
+}
+
+#[cfg(feature = "tls")]
+#[test]
+fn a_peers_tls_loads_its_files_and_each_broken_one_says_which_and_why() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (ca, cert, key) = engine_tls_files(dir.path());
+    let peer = |tls: &str| {
+        format!("peers:\n  - name: a\n    host: 127.0.0.1\n    port: 8001\n    tls: {tls}\n")
+    };
+    let good = format!(
+        "{{sni: engine.test, ca_file: {}, client_cert: {}, client_key: {}}}",
+        ca.display(),
+        cert.display(),
+        key.display()
+    );
+    let r = route(&peer(&good)).expect("loads");
+    let tls = r.peers[0].tls.as_ref().expect("tls");
+    assert_eq!(tls.settings.sni.as_deref(), Some("engine.test"));
+    assert!(tls.settings.verify);
+    // Without sni, the host is the name checked; peers_from's DNS name is its peers'.
+    let r = route(&peer("{}")).expect("system roots");
+    assert_eq!(
+        r.peers[0]
+            .tls
+            .as_ref()
+            .expect("tls")
+            .settings
+            .sni
+            .as_deref(),
+        Some("127.0.0.1")
+    );
+    let r = route(&format!(
+        "peers_from: {{dns: pool.test, port: 80, tls: {{ca_file: {}}}}}\n",
+        ca.display()
+    ))
+    .expect("peers_from");
+    let from = r.peers_from.expect("peers_from");
+    let found = from.peer("p".into(), "10.0.0.9:80".parse().expect("addr"));
+    assert_eq!(
+        found.tls.expect("inherited").settings.sni.as_deref(),
+        Some("pool.test")
+    );
+
+    let missing = dir.path().join("absent.pem");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(
+        &garbage,
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n",
+    )
+    .expect("garbage");
+    let cases = [
+        (format!("{{ca_file: {}}}", missing.display()), "ca_file"),
+        (format!("{{ca_file: {}}}", garbage.display()), "garbage.pem"),
+        (
+            format!("{{client_cert: {}}}", cert.display()),
+            "client_cert and client_key go together",
+        ),
+        (
+            format!(
+                "{{client_cert: {}, client_key: {}}}",
+                ca.display(),
+                key.display()
+            ),
+            "does not belong",
+        ),
+        (
+            format!(
+                "{{client_cert: {}, client_key: {}}}",
+                cert.display(),
+                cert.display()
+            ),
+            "client_key",
+        ),
+        ("{sni: 'not a name'}".to_string(), "not a host name"),
+        ("{verify: maybe}".to_string(), "verify"),
+        ("{ciphers: all}".to_string(), "unknown field"),
+    ];
+    for (tls, why) in cases {
+        let e = route(&peer(&tls)).unwrap_err().to_string();
+        assert!(e.starts_with("routes/chat.yaml:5:"), "{tls}: {e}");
+        assert!(e.contains(why), "{tls}: {e}");
+    }
+    assert!(route(&peer(&format!("{{ca_file: {}}}", missing.display())))
+        .unwrap_err()
+        .to_string()
+        .contains("absent.pem"));
+}

@@ -2,42 +2,83 @@
 //! connection (`Connection: close`), the head parsed by httparse. Pingora's
 //! connector would pool connections, which a probe must not do: a probe over
 //! a kept-alive connection can pass while the engine refuses new ones.
+//! A peer with `tls:` is reached over TLS with the settings its proxied
+//! requests use (`engine_tls.rs`).
 
+use crate::config::PeerConfig;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 #[derive(Debug)]
 pub enum GetError {
     Timeout,
     Connect(std::io::Error),
+    /// The TLS handshake failed, or TLS ended the exchange (an alert):
+    /// rustls' reason, as `engine_tls::describe` words it.
+    Tls(String),
     Io(std::io::Error),
     BadResponse,
 }
 
-/// GETs `path`, returning the status and up to `max_body` bytes of body.
-/// `timeout` bounds the whole exchange.
+impl GetError {
+    /// What a failed probe's ban shows in `/_health_status`.
+    pub fn reason(&self) -> String {
+        match self {
+            GetError::Timeout => "timeout".into(),
+            GetError::Connect(e) => format!("connect failed: {e}"),
+            GetError::Tls(why) => why.clone(),
+            GetError::Io(e) => format!("exchange failed: {e}"),
+            GetError::BadResponse => "not an HTTP response".into(),
+        }
+    }
+}
+
+/// GETs `path` from `peer` at `addr`, returning the status and up to
+/// `max_body` bytes of body. `timeout` bounds the whole exchange, the TLS
+/// handshake included.
 pub async fn get(
+    peer: &PeerConfig,
     addr: SocketAddr,
-    host: &str,
     path: &str,
     timeout: Duration,
     max_body: usize,
 ) -> Result<(u16, Vec<u8>), GetError> {
-    match tokio::time::timeout(timeout, get_inner(addr, host, path, max_body)).await {
+    match tokio::time::timeout(timeout, get_inner(peer, addr, path, max_body)).await {
         Ok(r) => r,
         Err(_) => Err(GetError::Timeout),
     }
 }
 
 async fn get_inner(
+    peer: &PeerConfig,
     addr: SocketAddr,
+    path: &str,
+    max_body: usize,
+) -> Result<(u16, Vec<u8>), GetError> {
+    let tcp = TcpStream::connect(addr).await.map_err(GetError::Connect)?;
+    let host = peer.address();
+    let Some(tls) = &peer.tls else {
+        return exchange(tcp, &host, path, max_body).await;
+    };
+    let stream = tls.connect(&peer.host, tcp).await.map_err(GetError::Tls)?;
+    exchange(stream, &host, path, max_body)
+        .await
+        .map_err(|e| match e {
+            GetError::Io(io) => {
+                crate::engine_tls::tls_io_error(&io).map_or(GetError::Io(io), GetError::Tls)
+            }
+            other => other,
+        })
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
     host: &str,
     path: &str,
     max_body: usize,
 ) -> Result<(u16, Vec<u8>), GetError> {
-    let mut stream = TcpStream::connect(addr).await.map_err(GetError::Connect)?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: llm-gateway\r\nAccept: */*\r\nConnection: close\r\n\r\n");
     stream
         .write_all(req.as_bytes())
@@ -47,7 +88,13 @@ async fn get_inner(
     let mut chunk = [0u8; 8192];
     // Read to EOF (Connection: close) or until the cap.
     loop {
-        let n = stream.read(&mut chunk).await.map_err(GetError::Io)?;
+        let n = match stream.read(&mut chunk).await {
+            Ok(n) => n,
+            // A TLS engine that closes without its close_notify: what
+            // came before the close is the answer (Connection: close).
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !buf.is_empty() => 0,
+            Err(e) => return Err(GetError::Io(e)),
+        };
         if n == 0 {
             break;
         }

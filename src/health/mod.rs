@@ -183,12 +183,11 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
         .probe_path
         .clone()
         .unwrap_or(cfg.probe_path.clone());
-    let host = peer.config.address();
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while current(&registry, &route, generation) {
         tick.tick().await;
-        let outcome = client::get(addr, &host, &path, cfg.timeout, 4096).await;
+        let outcome = client::get(&peer.config, addr, &path, cfg.timeout, 4096).await;
         let state = &peer.state;
         match outcome {
             Ok((status, _)) if (200..300).contains(&status) => {
@@ -227,7 +226,7 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
                 }
                 let why = match other {
                     Ok((status, _)) => format!("status {status}"),
-                    Err(e) => format!("{e:?}"),
+                    Err(e) => e.reason(),
                 };
                 if state.is_ready(now_ms()) {
                     log::warn!(
@@ -238,6 +237,7 @@ async fn probe_loop(registry: Arc<Registry>, route: Arc<Route>, index: usize, ge
                     );
                 }
                 state.ban(now_ms(), cfg.ban_ttl);
+                state.note_failure(why);
                 state.record_probe(ProbeVerdict::Down);
             }
         }
@@ -256,7 +256,6 @@ async fn scrape_loop(
     };
     let peer = &route.peers[index];
     let Some(addr) = peer.addr else { return };
-    let host = peer.config.address();
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = false;
@@ -266,7 +265,8 @@ async fn scrape_loop(
         // A scrape slower than its interval would be stale on arrival.
         let timeout = cfg.interval.max(Duration::from_millis(200));
         // A failed scrape leaves the last sample to go stale on its own.
-        let Ok((200, body)) = client::get(addr, &host, &cfg.path, timeout, 4 << 20).await else {
+        let Ok((200, body)) = client::get(&peer.config, addr, &cfg.path, timeout, 4 << 20).await
+        else {
             continue;
         };
         let text = String::from_utf8_lossy(&body);
@@ -297,7 +297,9 @@ async fn scrape_loop(
         let now = now_ms();
         if props_asked_at.is_none_or(|at| now.saturating_sub(at) >= PROPS_EVERY_MS) {
             props_asked_at = Some(now);
-            if let Ok((200, props)) = client::get(addr, &host, "/props", timeout, 1 << 20).await {
+            if let Ok((200, props)) =
+                client::get(&peer.config, addr, "/props", timeout, 1 << 20).await
+            {
                 let slots = prom::parse_props_slots(&props);
                 if slots.is_some_and(|n| peer.state.record_engine_slots(n)) && wants_slots {
                     // The peer's limit is part of its route's version: the

@@ -106,6 +106,9 @@ pub struct PeerState {
     banned_until_ms: AtomicU64,
     /// Set by a failing probe or a live connect failure, cleared by a passing probe.
     failing: AtomicBool,
+    /// Why the peer is failing, as the last probe or connection that
+    /// failed said (`/_health_status`); cleared with `failing`.
+    failure: Mutex<Option<String>>,
     /// The last probe's [`ProbeVerdict`] (0: none yet).
     last_probe: AtomicU8,
     engine: Mutex<Option<EngineSample>>,
@@ -181,6 +184,7 @@ impl PeerState {
             intake: AtomicU64::new(0),
             banned_until_ms: AtomicU64::new(0),
             failing: AtomicBool::new(false),
+            failure: Mutex::new(None),
             last_probe: AtomicU8::new(0),
             engine: Mutex::new(None),
             kv_capacity_tokens: AtomicU64::new(0),
@@ -359,6 +363,18 @@ impl PeerState {
     pub fn unban(&self) {
         self.failing.store(false, Ordering::Relaxed);
         self.banned_until_ms.store(0, Ordering::Relaxed);
+        *self.failure.lock() = None;
+    }
+
+    /// Why the peer was last banned (a probe's status or error, a refused
+    /// or failed TLS connection), until a passing probe clears it.
+    pub fn note_failure(&self, why: String) {
+        *self.failure.lock() = Some(why);
+    }
+
+    /// [`Self::note_failure`]'s reason while the peer is failing.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
     }
 
     pub fn is_failing(&self) -> bool {

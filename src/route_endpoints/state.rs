@@ -227,6 +227,11 @@ pub(super) fn health_status(route: &Route, registry: &Registry) -> Value {
             // ready, busy (a 429 or a timeout: not banned) or down; null
             // before the first probe answered.
             "last_probe": p.state.last_probe().map(|v| v.as_str()),
+            // Why it is failing, as its last failed probe or connection
+            // said ("status 503", "TLS: certificate verify failed:
+            // UnknownIssuer"); null once a probe passes.
+            "last_error": p.state.failure(),
+            "tls": p.config.tls.is_some(),
         })).collect::<Vec<_>>(),
     })
 }

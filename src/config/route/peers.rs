@@ -5,10 +5,13 @@ use super::locator::Locator;
 use super::settings::{
     ConcurrencyFrom, PeerConfig, PeerSource, PeersFrom, DEFAULT_MAX_CONCURRENCY,
 };
-use crate::config::file::{PeerFile, PeersFromFile};
+use crate::config::file::{PeerFile, PeerTlsFile, PeersFromFile};
+use crate::config::units::flag;
 use crate::config::ConfigError;
 use crate::discovery::kubernetes::{KubernetesSource, PortRef};
+use crate::engine_tls::{EngineTls, TlsSettings, NO_TLS};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The listed peers. None listed and no `peers_from` is not an error: the
 /// route loads and answers 503 until a reload gives it some, as the
@@ -43,6 +46,8 @@ pub(super) fn parse_peers(
         let (max_concurrency, max_concurrency_from) =
             max_concurrency(at, line, &what, p.max_concurrency)?;
         probe_path(at, line, &what, p.probe_path.as_deref())?;
+        let tls_line = at.line(&format!("peers[{i}].tls")).or(line);
+        let tls = peer_tls(at, tls_line, &what, p.tls, Some(&p.host))?;
         let peer = PeerConfig {
             name: p.name,
             host: p.host,
@@ -52,6 +57,7 @@ pub(super) fn parse_peers(
             max_concurrency_from,
             probe_path: p.probe_path,
             kv_capacity_tokens: p.kv_capacity_tokens.filter(|&n| n > 0),
+            tls,
         };
         if let Some(prev) = peers.iter().find(|q| q.name == peer.name) {
             return Err(at.error(
@@ -215,6 +221,14 @@ pub(super) fn parse_peers_from(
     probe_path(at, line, what, raw.probe_path.as_deref())?;
     let (max_concurrency, max_concurrency_from) =
         max_concurrency(at, line, what, raw.max_concurrency)?;
+    // A DNS name is the engines' name; an endpoint slice's addresses are
+    // all there is without `sni`.
+    let default_sni = match &source {
+        PeerSource::Dns { name, .. } => Some(name.as_str()),
+        PeerSource::Kubernetes(_) => None,
+    };
+    let tls_line = at.line("peers_from.tls").or(line);
+    let tls = peer_tls(at, tls_line, what, raw.tls, default_sni)?;
     Ok(Some(PeersFrom {
         source,
         priority: raw.priority.unwrap_or(0),
@@ -222,7 +236,40 @@ pub(super) fn parse_peers_from(
         max_concurrency_from,
         probe_path: raw.probe_path,
         kv_capacity_tokens: raw.kv_capacity_tokens.filter(|&n| n > 0),
+        tls,
     }))
+}
+
+/// A peer's `tls:` (or `peers_from`'s), its files read now: an error names
+/// the file and why. `default_sni`: the name checked when `sni` is not set.
+/// A build without TLS refuses it rather than reach the engine in plain
+/// text.
+fn peer_tls(
+    at: &Locator,
+    line: Option<usize>,
+    what: &str,
+    raw: Option<PeerTlsFile>,
+    default_sni: Option<&str>,
+) -> Result<Option<Arc<EngineTls>>, ConfigError> {
+    let Some(raw) = raw else { return Ok(None) };
+    if !cfg!(feature = "tls") {
+        return Err(at.error(line, format!("{what}: tls: {NO_TLS}")));
+    }
+    let sni = raw
+        .sni
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or(default_sni.map(str::to_string));
+    let settings = TlsSettings {
+        sni,
+        ca_file: raw.ca_file,
+        client_cert: raw.client_cert,
+        client_key: raw.client_key,
+        verify: flag(raw.verify, true),
+    };
+    EngineTls::load(settings)
+        .map(|tls| Some(Arc::new(tls)))
+        .map_err(|e| at.error(line, format!("{what}: tls: {e}")))
 }
 
 pub(super) fn parse_model_pools(

@@ -2,6 +2,8 @@
 //! mode, peers and `peers_from`, health probes, engine metrics and
 //! timeouts, and their bounds.
 
+use crate::engine_tls::EngineTls;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +56,9 @@ pub struct PeerConfig {
     /// unset, read from the engine's metrics (`vllm:cache_config_info`,
     /// `sglang:max_total_num_tokens`) where it reports it.
     pub kv_capacity_tokens: Option<u64>,
+    /// The engine is reached over TLS: requests, probes and scrapes alike
+    /// (`engine_tls.rs`). None: plain HTTP.
+    pub tls: Option<Arc<EngineTls>>,
 }
 
 /// Where a peer's `max_concurrency` comes from.
@@ -109,6 +114,9 @@ pub struct PeersFrom {
     pub max_concurrency_from: ConcurrencyFrom,
     pub probe_path: Option<String>,
     pub kv_capacity_tokens: Option<u64>,
+    /// Each peer's TLS (its `sni`, unless set, the DNS name; an
+    /// EndpointSlice endpoint's is its address).
+    pub tls: Option<Arc<EngineTls>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -131,6 +139,7 @@ impl PeersFrom {
             max_concurrency_from: self.max_concurrency_from,
             probe_path: self.probe_path.clone(),
             kv_capacity_tokens: self.kv_capacity_tokens,
+            tls: self.tls.clone(),
         }
     }
 }

@@ -59,7 +59,17 @@ fn build_peer(ctx: &RequestCtx) -> Result<Box<HttpPeer>> {
             format!("peer {} has no address", p.config.name),
         );
     };
-    let mut peer = HttpPeer::new(addr, false, String::new());
+    let mut peer = match &p.config.tls {
+        None => HttpPeer::new(addr, false, String::new()),
+        #[cfg(feature = "tls")]
+        Some(tls) => tls.http_peer(addr, &p.config.host),
+        // Config refuses a peer's `tls:` in a build without TLS; should one
+        // get here all the same, it is not reached in plain text.
+        #[cfg(not(feature = "tls"))]
+        Some(_) => {
+            return Error::e_explain(ErrorType::ConnectNoRoute, crate::engine_tls::NO_TLS);
+        }
+    };
     let t = &route.config.timeouts;
     peer.options.connection_timeout = Some(t.connect);
     // Bounded by the client connection's wrapper when it can (`conn`):
@@ -97,15 +107,16 @@ pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error>
         e.set_retry(false);
         return e;
     }
+    let why = failure_reason(&e, "connect failed");
     p.state.ban(now_ms(), route.config.health.ban_ttl);
+    p.state.note_failure(why.clone());
     // The engine may have moved (a restarted pod, a new address): its name
     // is looked up again now, not at its TTL's end.
     route.runtime.rediscover.notify_one();
     log::warn!(
-        "route {} peer {}: connect failed ({}), marked not ready",
+        "route {} peer {}: {why}, marked not ready",
         route.name(),
         p.config.name,
-        e.etype().as_str()
     );
     let failed = format!(
         "connect to {} failed: {}",
@@ -173,6 +184,12 @@ pub fn on_exchange_failure(ctx: &mut RequestCtx, e: &Error, reused: bool) {
         return;
     };
     p.state.ban(now_ms(), route.config.health.ban_ttl);
+    let what = if ctx.upstream.responded {
+        "exchange broke in its response"
+    } else {
+        "exchange broke before its response head"
+    };
+    p.state.note_failure(failure_reason(e, what));
     if ctx.upstream.responded {
         // Said by the line that reports the cut, so that one failure is
         // one line (`response::local::fail`).
@@ -185,6 +202,28 @@ pub fn on_exchange_failure(ctx: &mut RequestCtx, e: &Error, reused: bool) {
         p.config.name,
         e.etype().as_str()
     );
+}
+
+/// Why a connection to an engine failed, as the ban shows it in
+/// `/_health_status`: a TLS failure in rustls' words (as the probe tells
+/// the same failure, `engine_tls::describe`), else `what` and the kind.
+fn failure_reason(e: &Error, what: &str) -> String {
+    let tls = matches!(
+        e.etype(),
+        ErrorType::TLSHandshakeFailure | ErrorType::InvalidCert
+    );
+    match (&e.context, tls) {
+        (Some(context), true) => crate::engine_tls::describe_pingora(&context.to_string()),
+        _ => {
+            // After the handshake, an alert arrives as a read error whose
+            // root is rustls' own.
+            let alert = e
+                .root_cause()
+                .downcast_ref::<std::io::Error>()
+                .and_then(crate::engine_tls::tls_io_error);
+            alert.unwrap_or_else(|| format!("{what} ({})", e.etype().as_str()))
+        }
+    }
 }
 
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
