@@ -220,6 +220,10 @@ pub struct BenchArgs {
     /// configures nothing
     #[arg(long, value_name = "N", value_parser = positive::<u32>, help_heading = "Gateway")]
     pub max_concurrency: Option<u32>,
+    /// noisy-neighbor: only the quiet tenant's sessions send (its solo
+    /// run, what fair share is measured against)
+    #[arg(long)]
+    pub quiet_alone: bool,
     /// Gateway replicas behind a front that sends each request to one of
     /// them at random, as a Kubernetes Service spreads load [default: 1]
     #[arg(long, value_name = "N", value_parser = positive::<usize>, help_heading = "Gateway")]
@@ -334,6 +338,7 @@ pub struct Options {
     pub id_share: f64,
     pub route_extra: Option<String>,
     pub max_concurrency: Option<u32>,
+    pub quiet_alone: bool,
     pub replicas: usize,
     /// "local" or "redis".
     pub session_store: String,
@@ -389,6 +394,7 @@ impl Default for Options {
             id_share: 0.5,
             route_extra: None,
             max_concurrency: None,
+            quiet_alone: false,
             replicas: 1,
             session_store: "local".into(),
             redis_delay: Duration::ZERO,
@@ -544,6 +550,7 @@ impl BenchArgs {
             id_share: self.id_share.unwrap_or(d.id_share),
             route_extra: self.route_extra,
             max_concurrency: self.max_concurrency,
+            quiet_alone: self.quiet_alone,
             replicas: self.replicas.unwrap_or(d.replicas),
             session_store: self.session_store.unwrap_or(d.session_store),
             redis_delay: self
@@ -672,6 +679,9 @@ impl BenchArgs {
             return Err(
                 "--family draws the engines' KV; leave out --kv-tokens and --kv-factor".into(),
             );
+        }
+        if o.quiet_alone && !o.scenarios.contains(&Scenario::NoisyNeighbor) {
+            return Err("--quiet-alone applies to --scenario noisy-neighbor".into());
         }
         Ok(o)
     }

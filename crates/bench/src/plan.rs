@@ -147,6 +147,7 @@ impl Plan {
             pre_age: true,
             tenants: None,
             noisy_neighbor: false,
+            quiet_alone: false,
         };
         if scenario == Scenario::Outgrow {
             workload.user_tokens = scenario::OUTGROW_USER;
@@ -288,6 +289,7 @@ impl Plan {
                 t
             });
         workload.noisy_neighbor = scenario == Scenario::NoisyNeighbor;
+        workload.quiet_alone = workload.noisy_neighbor && opts.quiet_alone;
         let warmup = opts.warmup_or_default();
         let failover =
             (scenario == Scenario::Failover).then(|| Failover::within(warmup, opts.duration));

@@ -408,6 +408,9 @@ pub(crate) async fn slot_task(ctx: Arc<Ctx>, slot: u32) {
 
 async fn run_slot(ctx: &Arc<Ctx>, slot: u32, d: &mut Driver) {
     let w = Arc::clone(&ctx.workload);
+    if w.params.quiet_alone && crate::scenario::noisy_tenant(slot).0 != 0 {
+        return;
+    }
     sleep_until(ctx.start + w.start_offset(slot)).await;
     let mut conv = w.initial_conversation(slot);
     // After a fork: the sub-agents' results, the next message.

@@ -57,6 +57,8 @@ pub struct WorkloadParams {
     /// Each request names its slot's tenant, quiet or noisy
     /// (`noisy-neighbor`, `scenario::noisy_tenant`).
     pub noisy_neighbor: bool,
+    /// `noisy-neighbor --quiet-alone`: the noisy tenant's slots send nothing.
+    pub quiet_alone: bool,
 }
 
 /// `shared-prefix`: tenants, each with a prefix of its own that all its
@@ -456,6 +458,7 @@ mod tests {
             pre_age: true,
             tenants: None,
             noisy_neighbor: false,
+            quiet_alone: false,
         }
     }
 

@@ -76,6 +76,12 @@ fn scenarios_and_modes_default_and_parse() {
         Some(64)
     );
     assert!(parse("--max-concurrency 0").is_err());
+    assert!(
+        parse("--scenario noisy-neighbor --quiet-alone")
+            .unwrap()
+            .quiet_alone
+    );
+    assert!(parse("--scenario uniform --quiet-alone").is_err());
     // The reference cell needs no gateway binary.
     assert!(parse("--gateway /nonexistent/gw --modes reference").is_ok());
     assert!(parse("--scenario forks").unwrap().scenarios == vec![Forks]);
