@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::certs::{leaf, new_ca, TestCa};
 use common::dns::Dnsmasq;
 use common::http;
 use common::kube::{slice, slice_list, KubeApi};
@@ -479,46 +480,10 @@ fn a_name_server_that_never_answers_delays_the_start_by_its_bound_and_blocks_no_
 
 // ---- the API server over TLS, with the account's token and CA ----
 
-/// A certificate authority made for one test.
-struct TestCa {
-    pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-fn new_ca(name: &str) -> TestCa {
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, name);
-    params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
-    let key = rcgen::KeyPair::generate().expect("CA key");
-    let cert = params.self_signed(&key).expect("CA certificate");
-    TestCa {
-        pem: cert.pem(),
-        issuer: rcgen::Issuer::new(params, key),
-    }
-}
-
 /// What an API server on 127.0.0.1 serves: a certificate for that address
 /// (the name the gateway checks is the api URL's host), signed by `ca`.
 fn server_config(ca: &TestCa) -> Arc<rustls::ServerConfig> {
-    let mut params =
-        rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("server parameters");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "kube-apiserver");
-    params.use_authority_key_identifier_extension = true;
-    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    let key = rcgen::KeyPair::generate().expect("server key");
-    let cert = params
-        .signed_by(&key, &ca.issuer)
-        .expect("server certificate");
+    let (cert, key) = leaf(ca, "127.0.0.1", rcgen::ExtendedKeyUsagePurpose::ServerAuth);
     let key = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)

@@ -45,47 +45,7 @@ mod with_tls {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    /// A certificate authority made for one test, its certificate in `pem`.
-    struct Ca {
-        pem: String,
-        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    }
-
-    fn new_ca(name: &str) -> Ca {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = rcgen::KeyPair::generate().expect("CA key");
-        let cert = params.self_signed(&key).expect("CA certificate");
-        Ca {
-            pem: cert.pem(),
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for `name` signed by `ca`, for a server or a client.
-    fn leaf(
-        ca: &Ca,
-        name: &str,
-        usage: rcgen::ExtendedKeyUsagePurpose,
-    ) -> (rcgen::Certificate, rcgen::KeyPair) {
-        let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).expect("params");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![usage];
-        let key = rcgen::KeyPair::generate().expect("key");
-        let cert = params.signed_by(&key, &ca.issuer).expect("certificate");
-        (cert, key)
-    }
+    use super::common::certs::{leaf, new_ca, TestCa as Ca};
 
     /// The files a peer's `tls:` names: the CA, and the gateway's client
     /// certificate and key.

@@ -6,6 +6,7 @@
 
 pub mod bodylog;
 pub mod canned;
+pub mod certs;
 pub mod dns;
 pub mod http;
 pub mod kube;
