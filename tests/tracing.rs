@@ -69,8 +69,13 @@ impl Collector {
     }
 
     fn config(&self, extra: &str) -> String {
+        self.config_every("20ms", extra)
+    }
+
+    /// `tracing:` to this collector, a batch going at least every `interval`.
+    fn config_every(&self, interval: &str, extra: &str) -> String {
         format!(
-            "tracing:\n  endpoint: http://127.0.0.1:{}/v1/traces\n  export_interval: 20ms\n{extra}",
+            "tracing:\n  endpoint: http://127.0.0.1:{}/v1/traces\n  export_interval: {interval}\n{extra}",
             self.port
         )
     }
@@ -474,4 +479,29 @@ fn a_stalled_collector_drops_and_counts_spans_while_every_request_is_answered() 
     // Control: the exporter did reach the collector, which holds it.
     assert!(*collector.connections.lock() >= 1);
     assert!(collector.exports.lock().is_empty());
+}
+
+#[test]
+fn the_drain_sends_the_queued_spans_at_once_before_the_process_exits() {
+    let engine = sse_engine();
+    let collector = Collector::start(false);
+    // A batch that would wait ten minutes to fill.
+    let mut gw = Gateway::start_configured(
+        &[("chat", canned_route(engine.port(), ""))],
+        collector.config_every("10m", ""),
+        vec![],
+    );
+    chat(&gw, CHAT, &[("x-request-id", "last-before-exit")]);
+    gw.wait_idle();
+    assert!(collector.spans().is_empty(), "the batch is still waiting");
+    gw.signal("TERM");
+    assert_eq!(gw.wait_exit(DEADLINE), Some(0), "{}", gw.log());
+    // Exited, with the span delivered: the drain did not wait for the
+    // interval, and the process waited for the export.
+    let spans = collector.spans();
+    assert_eq!(spans.len(), 1, "{}", gw.log());
+    assert_eq!(
+        text(&spans[0], "llm_gateway.request_id"),
+        Some("last-before-exit")
+    );
 }
