@@ -34,7 +34,7 @@ use prometheus::IntCounter;
 use proto::Message;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::mpsc::{self, error::TryRecvError, error::TrySendError};
 
 /// How spans ended.
 struct SpanCounters {
@@ -142,8 +142,8 @@ impl BackgroundService for ExportService {
     }
 }
 
-/// How often a batch that waits for its interval looks whether the drain
-/// has begun (it then goes at once).
+/// How often a batch that waits for its interval looks at the queue (full
+/// enough: it goes) and whether the drain has begun (it then goes at once).
 const DRAIN_CHECK: Duration = Duration::from_millis(50);
 
 /// Batches and sends until every sender is gone.
@@ -157,17 +157,32 @@ async fn run(exporter: &Exporter, mut rx: mpsc::Receiver<Queued>) {
             return;
         };
         batch.push(first);
+        // The rest of the batch is collected by looking at the queue every
+        // `DRAIN_CHECK`, not by awaiting each span: a task that awaits the
+        // queue is woken by every span sent, a wake-up (and a timer) per
+        // request; one that sleeps is woken per batch.
         let deadline = tokio::time::Instant::now() + config.export_interval;
-        while batch.len() < config.batch_spans && !crate::lifecycle::is_draining() {
+        loop {
+            let mut closed = false;
+            while batch.len() < config.batch_spans {
+                match rx.try_recv() {
+                    Ok(queued) => batch.push(queued),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            }
             let now = tokio::time::Instant::now();
-            if now >= deadline {
+            if closed
+                || batch.len() >= config.batch_spans
+                || now >= deadline
+                || crate::lifecycle::is_draining()
+            {
                 break;
             }
-            match tokio::time::timeout((deadline - now).min(DRAIN_CHECK), rx.recv()).await {
-                Ok(Some(queued)) => batch.push(queued),
-                Ok(None) => break,
-                Err(_) => continue,
-            }
+            tokio::time::sleep((deadline - now).min(DRAIN_CHECK)).await;
         }
         let count = batch.len() as u64;
         let spans = batch

@@ -42,8 +42,9 @@ pub fn emit(
     }
 }
 
-/// The request as both sinks see it; `timed`: with the wall-clock time
-/// the access log writes (the span has its own, in nanoseconds).
+/// The request as both sinks see it; `timed`: with what only the access
+/// log writes, the wall-clock time and the trace id as text (the span has
+/// its own times, in nanoseconds, and the id as a number).
 fn summary<'a>(
     timed: bool,
     registry: &Registry,
@@ -70,7 +71,11 @@ fn summary<'a>(
             String::new()
         },
         request_id: ids.map_or("-", |i| i.request_id_str()),
-        trace_id: ids.and_then(|i| i.trace.as_ref()).map(|t| t.trace_id_hex()),
+        // The span has the id as a number.
+        trace_id: ids
+            .and_then(|i| i.trace.as_ref())
+            .filter(|_| timed)
+            .map(|t| t.trace_id_hex()),
         method: req.method.as_str(),
         path,
         route: ctx.route.as_ref().map(|r| r.name()),
