@@ -99,7 +99,13 @@ pub fn build(line: &Line, trace: &TraceContext, trace_state: &str, times: &Timel
         name: match line.route {
             // As HTTP's conventions name a server span: the method and a
             // route of few values, never the path itself.
-            Some(route) => format!("{} {route}", line.method),
+            Some(route) => {
+                let mut name = String::with_capacity(line.method.len() + 1 + route.len());
+                name.push_str(line.method);
+                name.push(' ');
+                name.push_str(route);
+                name
+            }
             None => line.method.to_string(),
         },
         kind: SpanKind::Server as i32,
