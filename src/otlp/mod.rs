@@ -95,7 +95,7 @@ impl Exporter {
     }
 
     /// The resource and scope every batch is sent under.
-    fn envelope(&self) -> (proto::Resource, proto::InstrumentationScope) {
+    fn request(&self, spans: Vec<proto::Span>) -> proto::ExportTraceServiceRequest {
         let resource = proto::Resource {
             attributes: vec![
                 proto::text("service.name", self.config.service_name.as_str()),
@@ -108,14 +108,6 @@ impl Exporter {
             version: env!("CARGO_PKG_VERSION").into(),
             ..Default::default()
         };
-        (resource, scope)
-    }
-
-    /// A batch as one `ExportTraceServiceRequest`, built whole by prost
-    /// (the reference `encode` is tested against).
-    #[cfg(test)]
-    fn request(&self, spans: Vec<proto::Span>) -> proto::ExportTraceServiceRequest {
-        let (resource, scope) = self.envelope();
         proto::ExportTraceServiceRequest {
             resource_spans: vec![proto::ResourceSpans {
                 resource: Some(resource),
@@ -127,40 +119,6 @@ impl Exporter {
                 schema_url: String::new(),
             }],
         }
-    }
-
-    /// The same bytes as `request(spans).encode_to_vec()`, each span
-    /// measured and written once. prost writes a nested message's length
-    /// before it, and measures it at every level it is nested in: a span
-    /// four levels down (request, resource spans, scope spans, span) was
-    /// measured four times, which made the encoding 12 k instructions a
-    /// span (`benches/instructions.sh`). Here only the three envelopes
-    /// around the spans, whose fields are a few bytes, are written by hand.
-    fn encode(&self, spans: &[proto::Span]) -> Vec<u8> {
-        use prost::encoding::{encode_key, encode_varint, WireType};
-        fn field(tag: u32, bytes: &[u8], out: &mut Vec<u8>) {
-            encode_key(tag, WireType::LengthDelimited, out);
-            encode_varint(bytes.len() as u64, out);
-            out.extend_from_slice(bytes);
-        }
-        let (resource, scope) = self.envelope();
-        // ScopeSpans: scope = 1, spans = 2 (each a length-delimited Span).
-        let mut scope_spans = Vec::with_capacity(spans.len() * 512 + 64);
-        field(1, &scope.encode_to_vec(), &mut scope_spans);
-        for span in spans {
-            encode_key(2, WireType::LengthDelimited, &mut scope_spans);
-            // Into a `Vec`, which grows: the only error, a full buffer,
-            // cannot happen.
-            let _ = span.encode_length_delimited(&mut scope_spans);
-        }
-        // ResourceSpans: resource = 1, scope_spans = 2.
-        let mut resource_spans = Vec::with_capacity(scope_spans.len() + 128);
-        field(1, &resource.encode_to_vec(), &mut resource_spans);
-        field(2, &scope_spans, &mut resource_spans);
-        // ExportTraceServiceRequest: resource_spans = 1.
-        let mut request = Vec::with_capacity(resource_spans.len() + 8);
-        field(1, &resource_spans, &mut request);
-        request
     }
 }
 
@@ -227,11 +185,11 @@ async fn run(exporter: &Exporter, mut rx: mpsc::Receiver<Queued>) {
             tokio::time::sleep((deadline - now).min(DRAIN_CHECK)).await;
         }
         let count = batch.len() as u64;
-        let spans: Vec<proto::Span> = batch
+        let spans = batch
             .iter_mut()
             .map(|q| std::mem::take(&mut q.span))
             .collect();
-        let body = Bytes::from(exporter.encode(&spans));
+        let body = Bytes::from(exporter.request(spans).encode_to_vec());
         let sent = tokio::time::timeout(
             config.export_timeout,
             post(&mut link, &config.endpoint, body),
@@ -388,24 +346,9 @@ mod tests {
         let exporter = Exporter::new(config(4));
         let span = proto::Span {
             name: "POST chat".into(),
-            trace_id: vec![7; 16],
-            span_id: vec![9; 8],
-            start_time_unix_nano: 1,
-            end_time_unix_nano: u64::MAX,
-            attributes: vec![proto::text("url.path", "/chat"), proto::int("n", -3)],
-            events: vec![proto::span::Event {
-                name: "first_token".into(),
-                time_unix_nano: 5,
-                attributes: vec![proto::double("ms", 1.5)],
-                ..Default::default()
-            }],
-            status: Some(proto::Status::default()),
             ..Default::default()
         };
-        let spans = vec![span.clone(), span];
-        let bytes = exporter.encode(&spans);
-        // The hand-written envelope is byte for byte prost's own.
-        assert_eq!(bytes, exporter.request(spans).encode_to_vec());
+        let bytes = exporter.request(vec![span.clone(), span]).encode_to_vec();
         let back = proto::ExportTraceServiceRequest::decode(bytes.as_slice()).expect("decodes");
         let [resource_spans] = back.resource_spans.as_slice() else {
             panic!("one resource: {back:?}");
