@@ -14,6 +14,7 @@
 //! - `controller`, `watch`, `lifecycle`  signals, reloads, the drain
 //! - `accesslog`  the access log: a JSON line per request, written off the request path
 //! - `trace_context` request ids and W3C trace context
+//! - `otlp`       OpenTelemetry spans, one per request, exported over OTLP/HTTP off the request path
 //! - `bodylog`    body-log frames, their sender, and the `bodylog-listen` listener/exporter
 //! - `store`      the shared session store (Redis)
 //! - `tls`        the main listener's certificate: loaded, served, reloaded
@@ -40,6 +41,7 @@ pub mod health;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
+pub mod otlp;
 pub mod proxy;
 pub mod query;
 pub mod registry;

@@ -48,6 +48,7 @@ pub struct Metrics {
     pub rejections: IntCounterVec,
     pub bodylog_frames: IntCounterVec,
     pub access_log_lines: IntCounterVec,
+    pub trace_spans: IntCounterVec,
     pub prefix_rewrites: IntCounterVec,
     pub session_store_up: IntGauge,
     pub session_store_errors: IntCounterVec,
@@ -274,6 +275,12 @@ impl Metrics {
                 &registry,
                 "llm_gateway_access_log_lines_total",
                 "Access-log lines: written, dropped (queue full) or error (write failed)",
+                &["result"],
+            ),
+            trace_spans: counter(
+                &registry,
+                "llm_gateway_trace_spans_total",
+                "OpenTelemetry spans: exported (the collector took them), dropped (queue full) or failed (export refused, unanswered or unreachable)",
                 &["result"],
             ),
             prefix_rewrites: counter(

@@ -2,7 +2,8 @@
 //! service on `admin_listen`, the controller (signals, reloads, per-route
 //! background tasks), the dashboard's sampler, with a body-log listener
 //! the body-log sender, with an access log its SIGHUP listener
-//! (`accesslog/`), and with a Redis session store the cluster sync
+//! (`accesslog/`), with `tracing:` the span exporter (`otlp/`), and with a
+//! Redis session store the cluster sync
 //! (`balance/sync.rs`), then runs it until shutdown. The admin listener,
 //! the dashboard's sampler and the cluster sync run until the process
 //! exits ([`UntilExit`]), through the drain.
@@ -141,6 +142,12 @@ pub fn check(path: Option<&Path>, overrides: &Overrides) -> ExitCode {
             r.url, r.key_prefix, r.timeout
         ),
     }
+    if let Some(t) = &gateway.tracing {
+        println!(
+            "tracing: spans to {} (sampling ratio {}, trace_context {:?})",
+            t.endpoint, t.sampling_ratio, gateway.trace_context
+        );
+    }
     ExitCode::SUCCESS
 }
 
@@ -180,11 +187,17 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let exporter = gateway.tracing.clone().map(crate::otlp::Exporter::new);
     // Pingora's proxy behind `Front`, which bounds how long a request head
     // may take (`proxy/conn/`); Pingora's HTTP loop is otherwise its own.
     let mut http = pingora::proxy::http_proxy(
         &server.configuration,
-        Gateway::new(Arc::clone(&registry), bodylog.clone(), access_log.clone()),
+        Gateway::new(
+            Arc::clone(&registry),
+            bodylog.clone(),
+            access_log.clone(),
+            exporter.clone(),
+        ),
     );
     // Pingora reads the h2c preface itself; over TLS it follows ALPN.
     let mut options = pingora::apps::HttpServerOptions::default();
@@ -264,6 +277,14 @@ pub fn run(gateway: GatewayConfig) -> ExitCode {
     }
     if let Some(bodylog) = bodylog {
         server.add_service(background_service("bodylog", SenderService::new(bodylog)));
+    }
+    if let Some(exporter) = exporter {
+        // Through the drain, as the body-log sender: the spans of the last
+        // requests still go out (`otlp/`).
+        server.add_service(background_service(
+            "otlp-export",
+            crate::otlp::ExportService(exporter),
+        ));
     }
     if store.redis().is_some() {
         log::info!("session store: redis (bindings shared with every replica)");

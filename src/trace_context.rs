@@ -45,10 +45,11 @@ pub struct RequestIds {
 }
 
 impl RequestIds {
-    /// The ids of a request with head `headers`, under `mode`.
-    pub fn of(headers: &HeaderMap, mode: TraceMode) -> Self {
+    /// The ids of a request with head `headers`, under `mode`; a trace
+    /// started here is sampled as `sampler` says.
+    pub fn of(headers: &HeaderMap, mode: TraceMode, sampler: Sampler) -> Self {
         let (request_id, client_request_id) = request_id(headers);
-        let (trace, traceparent_sent) = TraceContext::read(headers, mode);
+        let (trace, traceparent_sent) = TraceContext::read(headers, mode, sampler);
         RequestIds {
             request_id,
             client_request_id,
@@ -198,7 +199,7 @@ fn lower_hex(digits: &[u8]) -> Option<u128> {
 
 /// The request's place in a trace: the trace it belongs to, the client's
 /// span (when it sent one) and the gateway's own span, which is the parent
-/// the engine is told about. A future span exporter reports the gateway's
+/// the engine is told about. The span exporter (`otlp/`) reports the gateway's
 /// span as `span_id` with parent `parent_id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceContext {
@@ -208,10 +209,11 @@ pub struct TraceContext {
     pub parent_id: Option<u64>,
     /// The gateway's span for this request: the engine's parent.
     pub span_id: u64,
-    /// The incoming flags (the known ones, see [`RANDOM`]), or [`SAMPLED`]
-    /// for a trace started here, so that
-    /// an engine that samples by its parent (vLLM's and SGLang's default)
-    /// records the spans the access log's trace id then finds.
+    /// The incoming flags (the known ones, see [`RANDOM`]), or for a trace
+    /// started here [`SAMPLED`] when the [`Sampler`] samples it (always,
+    /// without a span exporter), so that an engine that samples by its
+    /// parent (vLLM's and SGLang's default) records exactly the traces
+    /// whose gateway span is recorded too.
     pub flags: u8,
 }
 
@@ -222,12 +224,17 @@ impl TraceContext {
     /// reads it with `traceparent_sent` ([`RequestIds::of`]).
     #[cfg(test)]
     pub fn of(headers: &HeaderMap, mode: TraceMode) -> Option<TraceContext> {
-        Self::read(headers, mode).0
+        Self::read(headers, mode, Sampler::ALWAYS).0
     }
 
     /// [`Self::of`], and whether the client sent any `traceparent` (always
-    /// `false` under `off`, which reads none).
-    pub fn read(headers: &HeaderMap, mode: TraceMode) -> (Option<TraceContext>, bool) {
+    /// `false` under `off`, which reads none); a trace started here is
+    /// marked sampled when `sampler` says so.
+    pub fn read(
+        headers: &HeaderMap,
+        mode: TraceMode,
+        sampler: Sampler,
+    ) -> (Option<TraceContext>, bool) {
         if mode == TraceMode::Off {
             return (None, false);
         }
@@ -238,11 +245,18 @@ impl TraceContext {
             // Two `traceparent` headers: which one holds is unknowable.
             _ => None,
         };
-        (Self::continue_or_start(incoming, mode), first.is_some())
+        (
+            Self::continue_or_start(incoming, mode, sampler),
+            first.is_some(),
+        )
     }
 
     /// The client's trace continued, or under `start` a new one.
-    fn continue_or_start(incoming: Option<Traceparent>, mode: TraceMode) -> Option<TraceContext> {
+    fn continue_or_start(
+        incoming: Option<Traceparent>,
+        mode: TraceMode,
+        sampler: Sampler,
+    ) -> Option<TraceContext> {
         match incoming {
             Some(tp) => Some(TraceContext {
                 trace_id: tp.trace_id,
@@ -250,14 +264,28 @@ impl TraceContext {
                 span_id: fastrand::u64(1..),
                 flags: tp.flags,
             }),
-            None if mode == TraceMode::Start => Some(TraceContext {
-                trace_id: fastrand::u128(1..),
-                parent_id: None,
-                span_id: fastrand::u64(1..),
-                flags: SAMPLED,
-            }),
+            None if mode == TraceMode::Start => {
+                let trace_id = fastrand::u128(1..);
+                Some(TraceContext {
+                    trace_id,
+                    parent_id: None,
+                    span_id: fastrand::u64(1..),
+                    flags: if sampler.samples(trace_id) {
+                        SAMPLED
+                    } else {
+                        0
+                    },
+                })
+            }
             None => None,
         }
+    }
+
+    /// Whether this request's span is recorded: the client's decision for
+    /// a trace it sent, the [`Sampler`]'s for one started here
+    /// (OpenTelemetry's `ParentBased(TraceIdRatioBased)`).
+    pub fn sampled(&self) -> bool {
+        self.flags & SAMPLED != 0
     }
 
     /// Whether the client's trace goes on (its `tracestate` with it).
@@ -279,9 +307,89 @@ impl TraceContext {
     }
 }
 
+/// The sampling decision for a trace the gateway starts: OpenTelemetry's
+/// `TraceIdRatioBased`, computed as its SDKs do (the trace id's low 63
+/// bits against the ratio's share of 2^63), so that every participant
+/// that samples by the same ratio decides the same for the same trace.
+/// A continued trace is not asked: its client's sampled flag decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sampler {
+    /// Sampled when the trace id's 63 bits are below this; `None`: always.
+    below: Option<u64>,
+}
+
+impl Sampler {
+    /// Every trace started here is sampled (the only choice without an
+    /// exporter: the engine's spans are then kept).
+    pub const ALWAYS: Sampler = Sampler { below: None };
+
+    /// A share `ratio` (0.0 to 1.0; outside, the nearest) of traces.
+    pub fn ratio(ratio: f64) -> Sampler {
+        if ratio >= 1.0 {
+            return Sampler::ALWAYS;
+        }
+        Sampler {
+            below: Some((ratio.max(0.0) * (1u64 << 63) as f64) as u64),
+        }
+    }
+
+    pub fn samples(&self, trace_id: u128) -> bool {
+        match self.below {
+            None => true,
+            Some(below) => ((trace_id as u64) >> 1) < below,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sampler_decides_by_the_trace_id_as_opentelemetry_does() {
+        let all = Sampler::ratio(1.0);
+        let none = Sampler::ratio(0.0);
+        let half = Sampler::ratio(0.5);
+        // The low 64 bits decide; the high ones do not.
+        let low = 0x0000_0000_0000_0000_0000_0000_0000_0002u128;
+        let high = 0x0000_0000_0000_0000_ffff_ffff_ffff_fffeu128;
+        for id in [low, high, u128::MAX << 64 | 2] {
+            assert!(all.samples(id) && !none.samples(id), "{id:x}");
+        }
+        assert!(half.samples(low) && !half.samples(high));
+        assert!(half.samples(u128::MAX << 64 | 2), "the high bits ignored");
+        // The edge: 2^62 (the ratio's bound) out, one below in.
+        let bound = 1u128 << 63;
+        assert!(!half.samples(bound) && half.samples(bound - 2));
+        // Over many random ids the share is the ratio's.
+        let tenth = Sampler::ratio(0.1);
+        let n = 100_000;
+        let kept = (0..n)
+            .filter(|_| tenth.samples(fastrand::u128(1..)))
+            .count();
+        assert!((9_000..11_000).contains(&kept), "{kept} of {n}");
+        // Out of range: the nearest.
+        assert_eq!(Sampler::ratio(7.0), Sampler::ALWAYS);
+        assert!(!Sampler::ratio(-1.0).samples(low));
+    }
+
+    #[test]
+    fn a_started_trace_is_marked_as_sampled_and_a_continued_one_keeps_its_flag() {
+        let (started, _) =
+            TraceContext::read(&HeaderMap::new(), TraceMode::Start, Sampler::ratio(0.0));
+        let started = started.expect("started");
+        assert_eq!(started.flags, 0);
+        assert!(!started.sampled());
+        let (kept, _) = TraceContext::read(&HeaderMap::new(), TraceMode::Start, Sampler::ALWAYS);
+        assert!(kept.expect("started").sampled());
+        // A client's decision holds, whatever the ratio.
+        let sampled = head(&[("traceparent", VALID)]);
+        let (c, _) = TraceContext::read(&sampled, TraceMode::Start, Sampler::ratio(0.0));
+        assert!(c.expect("continued").sampled());
+        let unsampled = head(&[("traceparent", &format!("{}00", &VALID[..53]))]);
+        let (c, _) = TraceContext::read(&unsampled, TraceMode::Start, Sampler::ALWAYS);
+        assert!(!c.expect("continued").sampled());
+    }
 
     const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

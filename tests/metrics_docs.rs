@@ -169,7 +169,10 @@ fn exercised() -> Exercised {
                 + &format!(
                     "access_log: {{path: {}}}\n",
                     keys.path().join("access.log").display()
-                ),
+                )
+                // Nothing listens there: the span counters are registered
+                // at start all the same.
+                + &format!("tracing: {{endpoint: \"http://127.0.0.1:{}/v1/traces\"}}\n", free_port()),
             ..Default::default()
         },
     );

@@ -17,7 +17,7 @@ pub struct Line<'a> {
     pub method: &'a str,
     /// The path as the client sent it, without the query string (which
     /// may carry a key).
-    pub path: &'a str,
+    pub path: std::borrow::Cow<'a, str>,
     pub route: Option<&'a str>,
     /// The status the client got; 0 when nothing was answered (the client
     /// went away first).
@@ -85,7 +85,7 @@ mod tests {
             request_id: "r\"1",
             trace_id: None,
             method: "POST",
-            path: "/chat/v1/chat/completions\n",
+            path: "/chat/v1/chat/completions\n".into(),
             route: Some("chat"),
             status: 200,
             peer: None,

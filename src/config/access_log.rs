@@ -35,9 +35,9 @@ pub enum TraceMode {
     /// engine always gets one.
     Start,
     /// Continue a valid incoming `traceparent`; without one the engine
-    /// gets none (the default: a request without a trace costs nothing
-    /// more; with no span exporter yet, a trace started here would be
-    /// known only to the engine and the access log).
+    /// gets none (the default without `tracing:`: a request without a
+    /// trace costs nothing more, and with no span exporter a trace started
+    /// here would be known only to the engine and the access log).
     #[default]
     Continue,
     /// Neither read nor write trace headers: the client's go to the engine
@@ -84,13 +84,20 @@ pub(super) fn resolve(
     }))
 }
 
+/// `trace_context:` as written, else `start` when spans are exported
+/// (`exporting`), else `continue`.
 pub(super) fn trace_mode(
     path: &Path,
     text: &str,
     name: Option<&str>,
+    exporting: bool,
 ) -> Result<TraceMode, ConfigError> {
     let Some(name) = name else {
-        return Ok(TraceMode::default());
+        return Ok(if exporting {
+            TraceMode::Start
+        } else {
+            TraceMode::default()
+        });
     };
     TraceMode::from_name(name).ok_or_else(|| {
         ConfigError::new(

@@ -33,6 +33,7 @@ pub(super) struct GatewayFile {
     pub resolver: Option<ResolverFile>,
     pub access_log: Option<AccessLogFile>,
     pub trace_context: Option<String>,
+    pub tracing: Option<TracingFile>,
     pub tls: Option<TlsFile>,
     pub h2c: Option<Flag>,
     pub tenants_file: Option<PathBuf>,
@@ -62,6 +63,19 @@ pub(super) struct TlsFile {
 pub(super) struct AccessLogFile {
     pub path: Option<String>,
     pub queue_lines: Option<usize>,
+}
+
+/// `tracing:` in gateway.yaml: OpenTelemetry spans over OTLP/HTTP.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TracingFile {
+    pub endpoint: Option<String>,
+    pub sampling_ratio: Option<f64>,
+    pub queue_spans: Option<usize>,
+    pub batch_spans: Option<usize>,
+    pub export_interval: Option<Dur>,
+    pub timeout: Option<Dur>,
+    pub service_name: Option<String>,
 }
 
 /// `resolver:` in gateway.yaml: how engine host names are looked up.

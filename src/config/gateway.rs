@@ -80,8 +80,11 @@ pub struct GatewayConfig {
     /// Cleartext HTTP/2 with prior knowledge on a listener without TLS
     /// (over TLS, ALPN offers h2 whatever this says).
     pub h2c: bool,
-    /// What the gateway does with W3C trace context (`trace_context.rs`).
+    /// What the gateway does with W3C trace context (`trace_context.rs`);
+    /// `start` unless the file says otherwise when `tracing` is set.
     pub trace_context: super::TraceMode,
+    /// OpenTelemetry spans to a collector, when set (`otlp/`).
+    pub tracing: Option<super::TracingConfig>,
     /// The tenants file (`config/tenants.rs`), reloaded with the routes;
     /// `None`: tenants are neither limited nor counted (`Tenants::tracked`).
     pub tenants_file: Option<PathBuf>,
@@ -274,6 +277,15 @@ impl GatewayConfig {
                     format!("tenant_header: {tenant_header:?} is not a header name"),
                 )
             })?;
+        // With an exporter, a request that brings no trace gets one: its
+        // span would otherwise be lost to the collector.
+        let trace_context = super::access_log::trace_mode(
+            path,
+            text,
+            file.trace_context.as_deref(),
+            file.tracing.is_some(),
+        )?;
+        let tracing = super::tracing::resolve(path, text, file.tracing.as_ref(), trace_context)?;
         let bodylog_env = std::env::var(BODYLOG_ENV).ok();
         let bodylog = bodylog::resolve(path, text, file.bodylog.as_ref(), bodylog_env.as_deref())?;
         Ok(GatewayConfig {
@@ -285,11 +297,8 @@ impl GatewayConfig {
             access_log: super::access_log::resolve(path, text, file.access_log.as_ref())?,
             tls: super::tls::resolve(path, text, file.tls.as_ref())?,
             admin: super::admin::resolve(path, text, file.admin.as_ref())?,
-            trace_context: super::access_log::trace_mode(
-                path,
-                text,
-                file.trace_context.as_deref(),
-            )?,
+            trace_context,
+            tracing,
             load_rate_limit: file.load_rate_limit.is_none_or(|f| f.0),
             h2c: file.h2c.is_some_and(|f| f.0),
             tenants_file: file.tenants_file,

@@ -18,6 +18,7 @@ mod spans;
 pub mod store;
 pub mod tenants;
 mod tls;
+mod tracing;
 pub mod units;
 
 pub use access_log::{AccessLogConfig, AccessLogTarget, TraceMode, DEFAULT_QUEUE_LINES};
@@ -36,6 +37,7 @@ pub use route::{
     MIN_IDLE_TIMEOUT,
 };
 pub use tls::TlsConfig;
+pub use tracing::{CollectorEndpoint, TracingConfig};
 
 use std::path::{Path, PathBuf};
 

@@ -1099,3 +1099,106 @@ fn a_peers_tls_loads_its_files_and_each_broken_one_says_which_and_why() {
         .to_string()
         .contains("absent.pem"));
 }
+
+#[test]
+fn tracing_is_off_unless_set_and_starts_traces_when_on() {
+    assert_eq!(gw().tracing, None);
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    let on = parse("tracing:\n  endpoint: http://collector:4318/v1/traces\n").unwrap();
+    let t = on.tracing.expect("tracing on");
+    assert_eq!(
+        (
+            t.endpoint.host.as_str(),
+            t.endpoint.port,
+            t.endpoint.path.as_str()
+        ),
+        ("collector", 4318, "/v1/traces")
+    );
+    assert_eq!(t.endpoint.to_string(), "http://collector:4318/v1/traces");
+    assert_eq!(
+        (
+            t.sampling_ratio,
+            t.queue_spans,
+            t.batch_spans,
+            t.service_name.as_str()
+        ),
+        (1.0, 2048, 512, "llm-gateway")
+    );
+    assert_eq!(
+        on.trace_context,
+        TraceMode::Start,
+        "with an exporter a trace is started by default"
+    );
+    // OTLP/HTTP's port and path when the URL leaves them out.
+    let bare = parse("tracing: {endpoint: \"http://[::1]\", sampling_ratio: 0.25}\n").unwrap();
+    let t = bare.tracing.expect("on");
+    assert_eq!(
+        (
+            t.endpoint.host.as_str(),
+            t.endpoint.port,
+            t.endpoint.path.as_str()
+        ),
+        ("::1", 4318, "/v1/traces")
+    );
+    assert_eq!(t.sampling_ratio, 0.25);
+    // An explicit mode stays.
+    let cont =
+        parse("trace_context: continue\ntracing: {endpoint: http://c:1/v1/traces}\n").unwrap();
+    assert_eq!(cont.trace_context, TraceMode::Continue);
+}
+
+#[test]
+fn tracing_errors_name_their_key_and_line() {
+    let parse = |text: &str| GatewayConfig::parse(Path::new("g.yaml"), text, &Overrides::default());
+    for (bad, line, says) in [
+        (
+            "threads: 1\ntracing:\n  sampling_ratio: 0.5\n",
+            2,
+            "needs endpoint",
+        ),
+        (
+            "tracing:\n  endpoint: https://collector:4318/v1/traces\n",
+            2,
+            "https is not supported",
+        ),
+        (
+            "tracing:\n  endpoint: grpc://c:4317\n",
+            2,
+            "not an http:// URL",
+        ),
+        (
+            "tracing:\n  endpoint: http://user:pw@c:4318/v1/traces\n",
+            2,
+            "credentials",
+        ),
+        (
+            "tracing:\n  endpoint: http://c:4318/v1/traces\n  sampling_ratio: 1.5\n",
+            3,
+            "between 0.0 and 1.0",
+        ),
+        (
+            "tracing:\n  endpoint: http://c:4318/v1/traces\n  queue_spans: 4\n  batch_spans: 5\n",
+            4,
+            "batch_spans",
+        ),
+        (
+            "tracing:\n  endpoint: http://c:4318/v1/traces\n  timeout: 1ms\n",
+            3,
+            "tracing.timeout",
+        ),
+        (
+            "trace_context: off\ntracing:\n  endpoint: http://c:4318/v1/traces\n",
+            1,
+            "trace_context: off",
+        ),
+        (
+            "tracing:\n  endpoint: http://c:4318/v1/traces\n  sample: 1\n",
+            3,
+            "sample",
+        ),
+    ] {
+        let e = parse(bad).unwrap_err();
+        assert_eq!(e.line, Some(line), "{bad}: {e}");
+        assert!(e.to_string().contains(says), "{bad}: {e}");
+    }
+}

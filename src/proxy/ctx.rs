@@ -29,7 +29,29 @@ pub struct RequestCtx {
     /// started after placement, fed the raw upstream chunks, sent in
     /// `logging`.
     pub bodylog: Option<Box<Capture>>,
+    /// When its phases ended, for its span; read only when it has one.
+    pub phases: Phases,
     _active: ActiveRequest,
+}
+
+/// When a traced request's phases ended (`otlp::span::Timeline`). Marked
+/// only while `on` (the request's span is exported: `request::identify`),
+/// so that a request without one reads no clock for it.
+#[derive(Default)]
+pub struct Phases {
+    pub on: bool,
+    pub body_read: Option<Instant>,
+    pub gated: Option<Instant>,
+    pub placed: Option<Instant>,
+    pub connecting: Option<Instant>,
+    pub engine_head: Option<Instant>,
+}
+
+impl Phases {
+    /// Now, for a traced request.
+    pub fn now(&self) -> Option<Instant> {
+        self.on.then(Instant::now)
+    }
 }
 
 /// Written by `request_filter`: what the request is and where it may go.
@@ -184,6 +206,7 @@ impl RequestCtx {
             upstream: Attempt::default(),
             response: Returning::default(),
             bodylog: None,
+            phases: Phases::default(),
             _active: ActiveRequest::new(),
         }
     }

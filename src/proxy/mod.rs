@@ -52,6 +52,7 @@ use crate::accesslog::AccessLog;
 use crate::balance::{Granted, Refused};
 use crate::bodylog::Bodylog;
 use crate::errors;
+use crate::otlp::Exporter;
 use crate::protect::route::TurnBucket;
 use crate::registry::Registry;
 use async_trait::async_trait;
@@ -71,6 +72,8 @@ pub struct Gateway {
     pub bodylog: Option<Arc<Bodylog>>,
     /// The access log, when gateway.yaml has `access_log:`.
     pub access_log: Option<Arc<AccessLog>>,
+    /// The span exporter, when gateway.yaml has `tracing:`.
+    pub exporter: Option<Arc<Exporter>>,
 }
 
 impl Gateway {
@@ -78,11 +81,13 @@ impl Gateway {
         registry: Arc<Registry>,
         bodylog: Option<Arc<Bodylog>>,
         access_log: Option<Arc<AccessLog>>,
+        exporter: Option<Arc<Exporter>>,
     ) -> Self {
         Gateway {
             registry,
             bodylog,
             access_log,
+            exporter,
         }
     }
 
@@ -90,7 +95,7 @@ impl Gateway {
     /// `Err(local)`: the gateway answers itself.
     async fn admit(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Local> {
         let gateway = self.registry.gateway();
-        request::identify(session, ctx, gateway.trace_context);
+        request::identify(session, ctx, gateway, self.exporter.is_some());
         conn::idle_timeout(session, gateway.client_idle_timeout);
         request::refuse_large_head(session, gateway.max_header_size)?;
         request::refuse_dot_segments(session)?;
@@ -110,6 +115,7 @@ impl Gateway {
         let owner = guards::auth::check(&route, &self.registry, session)?;
         request::endpoints::answer_models(&route, session, &rest)?;
         request::body::read(session, &route, &rest, &mut ctx.request).await?;
+        ctx.phases.body_read = ctx.phases.now();
         request::session::settle(&route, self.registry.store(), &mut ctx.request).await;
         ctx.request.client_held = conn::hold_client_bytes(session);
         guards::rules::check(&route, &ctx.request)?;
@@ -142,6 +148,7 @@ impl Gateway {
         let label = response::record::pool_label(route, req.model.as_deref());
         let turn = guards::prio::turn_of(route, session, req.json_object);
         self.load_gates(route, req, label, turn)?;
+        ctx.phases.gated = ctx.phases.now();
         crate::balance::forks::start_near_parent(route, req.session.as_ref(), req.content.as_ref());
         let outcome = self.placement(session, route, req, label, turn).await?;
         record_placement(route, ctx, turn, outcome)
@@ -253,6 +260,7 @@ fn record_placement(
         slot.not_streamed();
     }
     ctx.upstream.slot = Some(slot);
+    ctx.phases.placed = ctx.phases.now();
     Ok(())
 }
 
@@ -307,6 +315,7 @@ impl ProxyHttp for Gateway {
         _: &mut Session,
         ctx: &mut Box<RequestCtx>,
     ) -> Result<Box<HttpPeer>> {
+        ctx.phases.connecting = ctx.phases.now();
         upstream::next_peer(ctx)
     }
 
@@ -376,6 +385,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         ctx.upstream.responded = true;
+        ctx.phases.engine_head = ctx.phases.now();
         ctx.upstream.error_status = !resp.status.is_success();
         response::headers::refuse_switch(resp.status, ctx)?;
         response::bodylog::response_head(ctx, &resp.headers);
@@ -462,6 +472,7 @@ impl ProxyHttp for Gateway {
         let ended = response::record::record(session, ctx);
         response::access::emit(
             self.access_log.as_deref(),
+            self.exporter.as_deref(),
             &self.registry,
             session,
             ctx,

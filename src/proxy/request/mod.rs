@@ -13,7 +13,7 @@ use crate::errors::ErrorResponse;
 use crate::metrics::{body_forwarded, BodyVia};
 use crate::proxy::ctx::{Admitted, RequestCtx};
 use crate::registry::{Registry, Route};
-use crate::trace_context::RequestIds;
+use crate::trace_context::{RequestIds, Sampler};
 use pingora::proxy::Session;
 use std::sync::Arc;
 
@@ -39,9 +39,26 @@ pub async fn client_gone(session: &mut Session) {
 }
 
 /// The request's id and trace, first thing, so that every answer,
-/// refusals included, carries the id (`trace_context.rs`).
-pub fn identify(session: &Session, ctx: &mut RequestCtx, mode: crate::config::TraceMode) {
-    ctx.ids = Some(RequestIds::of(&session.req_header().headers, mode));
+/// refusals included, carries the id (`trace_context.rs`); with a span
+/// exporter (`exporting`), whether the request's span is recorded, and
+/// so its phases timed.
+pub fn identify(
+    session: &Session,
+    ctx: &mut RequestCtx,
+    gateway: &crate::config::GatewayConfig,
+    exporting: bool,
+) {
+    let sampler = gateway
+        .tracing
+        .as_ref()
+        .map_or(Sampler::ALWAYS, |t| Sampler::ratio(t.sampling_ratio));
+    let ids = RequestIds::of(
+        &session.req_header().headers,
+        gateway.trace_context,
+        sampler,
+    );
+    ctx.phases.on = exporting && ids.trace.is_some_and(|t| t.sampled());
+    ctx.ids = Some(ids);
 }
 
 impl From<ErrorResponse> for Local {
