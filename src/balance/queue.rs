@@ -94,6 +94,7 @@ pub async fn place_or_wait(route: &Route, demand: &Demand<'_>) -> Result<Granted
     let deadline = tokio::time::Instant::now() + wait_for;
     let precedence = if hold && !may_wait { wait_for } else { timeout };
     let place = signal.enter(warm, now, warm_precedence(precedence), fair, label);
+    let _held = hold.then(|| signal.hold());
     loop {
         let notified = signal.notify().notified();
         tokio::pin!(notified);

@@ -568,8 +568,7 @@ impl InFlightGuard {
         }
         if std::mem::take(&mut self.counted_awaiting) {
             self.peer.awaiting_first.fetch_sub(1, Ordering::AcqRel);
-            // A request held back for the engine's prompts ahead may go.
-            self.peer.room.room_may_have_freed();
+            self.peer.room.first_token_seen();
         }
         if std::mem::take(&mut self.probe) {
             *self.peer.untimed_probe.lock() = None;

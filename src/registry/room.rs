@@ -97,6 +97,19 @@ pub struct RoomSignal {
     /// tenant sends as it always did.
     last_tenant: AtomicU64,
     shared_until_ms: AtomicU64,
+    /// Requests waiting for their engine's prompts ahead (the fair hold):
+    /// only while there are some does a first token wake the waiters.
+    held: AtomicUsize,
+}
+
+/// A request counted among those the fair hold keeps, until dropped (also
+/// when its client leaves and the wait's future with it).
+pub struct HeldMark<'a>(&'a RoomSignal);
+
+impl Drop for HeldMark<'_> {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// How long after two tenants' requests follow each other the route still
@@ -125,6 +138,21 @@ impl RoomSignal {
                 .fetch_max(now_ms.saturating_add(SHARED_FOR_MS), Ordering::AcqRel);
         }
         now_ms < self.shared_until_ms.load(Ordering::Acquire)
+    }
+
+    /// A request starts waiting for its engine's prompts ahead.
+    pub fn hold(&self) -> HeldMark<'_> {
+        self.held.fetch_add(1, Ordering::AcqRel);
+        HeldMark(self)
+    }
+
+    /// An engine's prompt had its first token: a request held for its
+    /// engine's prompts ahead may go. Nothing else waits for that, so only
+    /// held requests are woken (one atomic load when none is).
+    pub fn first_token_seen(&self) {
+        if self.held.load(Ordering::Acquire) > 0 {
+            self.room_may_have_freed();
+        }
     }
 
     pub fn anyone_waits(&self) -> bool {
