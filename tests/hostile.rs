@@ -1151,3 +1151,84 @@ fn an_api_key_in_a_query_string_reaches_no_log_line() {
     assert!(!log.contains("api_key="), "{log}");
     gw.wait_idle();
 }
+
+// ------------------------------------------------------ hostile h2 (h2c)
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// One raw h2 frame: the 9-byte header then `payload`. Written by hand
+/// because the `h2` client cannot send floods of control frames.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("frame fits");
+    let mut f = len.to_be_bytes()[1..].to_vec();
+    f.extend([kind, flags]);
+    f.extend((stream & 0x7fff_ffff).to_be_bytes());
+    f.extend(payload);
+    f
+}
+
+/// Floods one h2c connection with `frame` after the preface, reading
+/// (and discarding) whatever the gateway answers meanwhile so it is never
+/// blocked on our receive window. Returns whether the gateway closed it.
+fn flood_h2c(gw: &Gateway, frame: &[u8], count: usize) -> bool {
+    let mut s = raw(gw);
+    s.set_write_timeout(Some(DEADLINE)).ok();
+    s.set_read_timeout(Some(Duration::from_millis(200))).ok();
+    let mut reader = s.try_clone().expect("clone");
+    let drain = std::thread::spawn(move || {
+        let deadline = Instant::now() + DEADLINE;
+        let mut buf = [0u8; 16 * 1024];
+        while Instant::now() < deadline {
+            match reader.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    });
+    let mut batch = H2_PREFACE.to_vec();
+    batch.extend(h2_frame(0x4, 0, 0, &[]));
+    let _ = s.write_all(&batch);
+    let burst: Vec<u8> = frame.repeat(256);
+    for _ in 0..count / 256 {
+        if s.write_all(&burst).is_err() {
+            break;
+        }
+    }
+    // Not closing our side: the gateway's answer (close or not) decides.
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    drain.join().expect("drain")
+}
+
+fn control_stream_served(gw: &Gateway) {
+    let body = chat_body("h2-control", "still served?", true).to_string();
+    let r = http::request(gw.addr, "POST", CHAT, &[], body.as_bytes());
+    assert_eq!(r.status(), 200);
+    assert!(r.text().contains("data: "), "no SSE frames: {}", r.text());
+}
+
+/// A flood of PING and of empty SETTINGS frames on one h2c connection:
+/// the gateway answers or closes, and stays up for other clients.
+#[test]
+fn h2c_ping_and_settings_floods_leave_the_gateway_serving() {
+    let (_cluster, mut gw) = gateway("h2c: true\n", &[]);
+    let rss_before = gw.rss_kib();
+    let ping = h2_frame(0x6, 0, 0, &[7; 8]);
+    let settings = h2_frame(0x4, 0, 0, &[]);
+    for (what, frame) in [("PING", ping), ("SETTINGS", settings)] {
+        let started = Instant::now();
+        let closed = flood_h2c(&gw, &frame, 100_000);
+        eprintln!(
+            "{what} flood: closed={closed} after {:?}",
+            started.elapsed()
+        );
+        assert!(gw.is_alive(), "gateway died under the {what} flood");
+        control_stream_served(&gw);
+    }
+    // 200k frames in: a per-frame allocation kept would show here.
+    let grown = gw.rss_kib().saturating_sub(rss_before);
+    assert!(grown < 64 * 1024, "RSS grew {grown} KiB under the floods");
+}
