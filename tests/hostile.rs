@@ -1167,10 +1167,24 @@ fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-/// Floods one h2c connection with `frame` after the preface, reading
-/// (and discarding) whatever the gateway answers meanwhile so it is never
-/// blocked on our receive window. Returns whether the gateway closed it.
+/// Floods one h2c connection with `frame` after the preface. Returns
+/// whether the gateway closed it.
 fn flood_h2c(gw: &Gateway, frame: &[u8], count: usize) -> bool {
+    let burst: Vec<u8> = frame.repeat(256);
+    h2c_session(gw, |s| {
+        for _ in 0..count / 256 {
+            if s.write_all(&burst).is_err() {
+                break;
+            }
+        }
+    })
+}
+
+/// One h2c connection: the preface and an empty SETTINGS, then what
+/// `write` sends, reading (and discarding) whatever the gateway answers
+/// meanwhile so it is never blocked on our receive window. Returns whether
+/// the gateway closed it.
+fn h2c_session(gw: &Gateway, write: impl FnOnce(&mut TcpStream)) -> bool {
     let mut s = raw(gw);
     s.set_write_timeout(Some(DEADLINE)).ok();
     s.set_read_timeout(Some(Duration::from_millis(200))).ok();
@@ -1192,12 +1206,7 @@ fn flood_h2c(gw: &Gateway, frame: &[u8], count: usize) -> bool {
     let mut batch = H2_PREFACE.to_vec();
     batch.extend(h2_frame(0x4, 0, 0, &[]));
     let _ = s.write_all(&batch);
-    let burst: Vec<u8> = frame.repeat(256);
-    for _ in 0..count / 256 {
-        if s.write_all(&burst).is_err() {
-            break;
-        }
-    }
+    write(&mut s);
     // Not closing our side: the gateway's answer (close or not) decides.
     let _ = s.shutdown(std::net::Shutdown::Write);
     drain.join().expect("drain")
@@ -1231,4 +1240,88 @@ fn h2c_ping_and_settings_floods_leave_the_gateway_serving() {
     // 200k frames in: a per-frame allocation kept would show here.
     let grown = gw.rss_kib().saturating_sub(rss_before);
     assert!(grown < 64 * 1024, "RSS grew {grown} KiB under the floods");
+}
+
+/// One h2 POST head for `path`, as an HPACK block of static-table and
+/// literal fields (no Huffman, nothing added to the dynamic table).
+fn h2_post_head(path: &str) -> Vec<u8> {
+    let literal = |name_index: u8, value: &str| {
+        let len = u8::try_from(value.len()).expect("short value");
+        assert!(len < 127, "one-byte length");
+        let mut f = vec![name_index, len];
+        f.extend(value.as_bytes());
+        f
+    };
+    // :method POST (static 3), :scheme http (static 6), then :path (4)
+    // and :authority (1) as literals without indexing.
+    let mut block = vec![0x83, 0x86];
+    block.extend(literal(0x04, path));
+    block.extend(literal(0x01, "127.0.0.1"));
+    block
+}
+
+/// Rapid reset (CVE-2023-44487): streams opened and reset at once, by the
+/// thousand, on one h2c connection.
+#[test]
+fn h2c_rapid_reset_is_bounded_and_leaks_nothing() {
+    let (cluster, mut gw) = gateway("h2c: true\n", &[]);
+    const STREAMS: u32 = 2_000;
+    let head = h2_post_head(CHAT);
+    let cancel = 0x8u32.to_be_bytes();
+    let mut attack = Vec::new();
+    for i in 0..STREAMS {
+        let id = 2 * i + 1;
+        // HEADERS with END_HEADERS, no END_STREAM (a body would follow),
+        // then RST_STREAM(CANCEL).
+        attack.extend(h2_frame(0x1, 0x4, id, &head));
+        attack.extend(h2_frame(0x3, 0, id, &cancel));
+    }
+    let started = Instant::now();
+    let closed = h2c_session(&gw, |s| {
+        let _ = s.write_all(&attack);
+    });
+    eprintln!("rapid reset: closed={closed} after {:?}", started.elapsed());
+    assert!(gw.is_alive(), "gateway died under rapid reset");
+    // Control: another client is served meanwhile.
+    control_stream_served(&gw);
+    // Every stream the gateway began for the attack has let its slot go.
+    wait_for("no request left in flight", DEADLINE, || {
+        let state = http::get(gw.addr, "/chat/_route_state").json();
+        let in_flight: u64 = state["peers"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .map(|p| p["in_flight"].as_u64().unwrap_or(0))
+                    .sum()
+            })
+            .unwrap_or(u64::MAX);
+        (in_flight == 0).then_some(())
+    });
+    // None of the reset requests had a body to send: the engine saw only
+    // the control's. And the same heads are requests it would have seen:
+    // three framed alike, each with its body rather than a reset, reach it.
+    let before = engine_requests(&cluster);
+    h2c_session(&gw, |s| {
+        for id in [1u32, 3, 5] {
+            let body = chat_body(&format!("h2-raw-{id}"), "framed by hand", false).to_string();
+            let _ = s.write_all(&h2_frame(0x1, 0x4, id, &head));
+            let _ = s.write_all(&h2_frame(0x0, 0x1, id, body.as_bytes()));
+        }
+        // The connection stays open until they are there.
+        wait_for("the three GETs at the engine", DEADLINE, || {
+            (engine_requests(&cluster) >= before + 3).then_some(())
+        });
+    });
+    assert!(
+        before <= 1,
+        "{before} requests reached the engines from {STREAMS} reset streams"
+    );
+}
+
+fn engine_requests(cluster: &SimCluster) -> u64 {
+    cluster
+        .engines
+        .iter()
+        .map(|e| e.stats.requests.load(std::sync::atomic::Ordering::SeqCst))
+        .sum()
 }
