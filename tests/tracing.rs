@@ -10,7 +10,10 @@
 mod common;
 
 use common::canned::{canned_route, Canned};
-use common::http::{self, Conn};
+
+use common::traced::{
+    chat, header_of, keys_env, sse_engine, traceparent_fields, CLIENT_SPAN, TRACE_ID,
+};
 use common::*;
 use llm_gateway::otlp::proto::{any_value::Value, ExportTraceServiceRequest, Message, Span};
 use parking_lot::Mutex;
@@ -19,18 +22,6 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 
 const CHAT: &str = "/chat/v1/chat/completions";
-const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
-const CLIENT_SPAN: &str = "00f067aa0ba902b7";
-const SSE: &str = concat!(
-    "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\n",
-    "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n",
-    "data: [DONE]\n\n",
-);
-
-fn sse_engine() -> Canned {
-    Canned::start("text/event-stream", vec![SSE.as_bytes().to_vec()], true)
-}
-
 /// One export as the collector received it.
 struct Export {
     path: String,
@@ -163,36 +154,13 @@ fn serve(stream: TcpStream, got: &Mutex<Vec<Export>>, stalled: bool) {
     }
 }
 
-fn chat(gw: &Gateway, path: &str, headers: &[(&str, &str)]) -> http::Response {
-    let body = br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let mut all = vec![("Content-Type", "application/json")];
-    all.extend_from_slice(headers);
-    let r = Conn::open(gw.addr).request("POST", path, &all, body);
-    assert_eq!(r.status(), 200, "{}", r.text());
-    r
-}
-
-/// The value of header `name` in a raw request head, as the engine got it.
-fn header_of(head: &str, name: &str) -> Option<String> {
-    head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim()
-            .eq_ignore_ascii_case(name)
-            .then(|| v.trim().to_string())
-    })
-}
-
 /// The `traceparent` fields of every request the engine received.
 fn engine_traces(engine: &Canned) -> Vec<[String; 4]> {
     engine
         .heads
         .lock()
         .iter()
-        .map(|head| {
-            let tp = header_of(head, "traceparent").expect("a traceparent");
-            let parts: Vec<String> = tp.split('-').map(str::to_string).collect();
-            parts.try_into().expect("four fields")
-        })
+        .map(|head| traceparent_fields(&header_of(head, "traceparent").expect("a traceparent")))
         .collect()
 }
 
@@ -219,15 +187,6 @@ fn int(span: &Span, key: &str) -> Option<i64> {
         Some(Value::IntValue(v)) => Some(*v),
         _ => None,
     }
-}
-
-fn keys_env(dir: &std::path::Path) -> Vec<(String, String)> {
-    let path = dir.join("api-keys");
-    std::fs::write(&path, "sk-test-1:alice\n").unwrap();
-    vec![(
-        "LLM_GATEWAY_API_KEYS_FILE".into(),
-        path.display().to_string(),
-    )]
 }
 
 #[test]

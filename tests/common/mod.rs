@@ -13,6 +13,7 @@ pub mod kube;
 pub mod process;
 pub mod redis;
 pub mod simproc;
+pub mod traced;
 pub mod volume;
 
 use process::Proc;
