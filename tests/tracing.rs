@@ -10,7 +10,6 @@
 mod common;
 
 use common::canned::{canned_route, Canned};
-
 use common::traced::{
     chat, header_of, keys_env, sse_engine, traceparent_fields, CLIENT_SPAN, TRACE_ID,
 };
